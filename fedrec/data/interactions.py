@@ -1,0 +1,113 @@
+"""The one in-memory form of a data set: parallel arrays of (user, item, rating, timestamp).
+
+Every parser returns an `Interactions`; every later stage (preprocessing, splitting,
+partitioning) consumes one. Ids are contiguous ``0..n-1``; the raw ids of the source file are
+kept in ``user_ids``/``item_ids`` so that results can be written in the file's own terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class Interactions:
+    """A set of user-item events with contiguous integer ids.
+
+    ``users``/``items`` are int64 indices into ``user_ids``/``item_ids`` (the raw ids, as
+    strings or ints). ``ratings`` is float32 (1.0 for implicit data). ``timestamps`` is int64
+    (seconds, or any monotone clock; the row order when the source has none).
+    ``row_order`` is the 0-based position of each event in the source file, kept so that
+    timestamp ties can be broken the way the source intended.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    timestamps: np.ndarray
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    row_order: np.ndarray = field(default=None)  # type: ignore[assignment]
+    name: str = "interactions"
+    implicit: bool = False
+
+    def __post_init__(self) -> None:
+        n = len(self.users)
+        if self.row_order is None:
+            object.__setattr__(self, "row_order", np.arange(n, dtype=np.int64))
+        for arr_name in ("items", "ratings", "timestamps", "row_order"):
+            if len(getattr(self, arr_name)) != n:
+                raise ValueError(f"Interactions.{arr_name} has {len(getattr(self, arr_name))} rows, expected {n}")
+
+    @property
+    def n_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    @property
+    def sparsity(self) -> float:
+        """Share of empty cells in the user x item matrix (counting distinct pairs)."""
+        cells = self.n_users * self.n_items
+        if cells == 0:
+            return 1.0
+        pairs = len(np.unique(self.users * self.n_items + self.items))
+        return 1.0 - pairs / cells
+
+    def subset(self, mask: np.ndarray) -> Interactions:
+        """Rows where ``mask`` holds, ids unchanged (call `remap` to make them contiguous again)."""
+        return Interactions(
+            users=self.users[mask],
+            items=self.items[mask],
+            ratings=self.ratings[mask],
+            timestamps=self.timestamps[mask],
+            user_ids=self.user_ids,
+            item_ids=self.item_ids,
+            row_order=self.row_order[mask],
+            name=self.name,
+            implicit=self.implicit,
+        )
+
+    def to_csr(self, values: np.ndarray | None = None) -> sp.csr_matrix:
+        """User x item CSR matrix (duplicates summed); ``values`` default to ratings."""
+        data = self.ratings if values is None else values
+        return sp.csr_matrix(
+            (data.astype(np.float32), (self.users, self.items)), shape=(self.n_users, self.n_items)
+        )
+
+    @staticmethod
+    def from_raw(
+        raw_users: np.ndarray,
+        raw_items: np.ndarray,
+        ratings: np.ndarray | None = None,
+        timestamps: np.ndarray | None = None,
+        *,
+        name: str = "interactions",
+        implicit: bool = False,
+    ) -> Interactions:
+        """Build from raw id columns; ids are numbered in order of first appearance."""
+        users, user_ids = _first_appearance_codes(np.asarray(raw_users))
+        items, item_ids = _first_appearance_codes(np.asarray(raw_items))
+        n = len(users)
+        ratings = np.ones(n, np.float32) if ratings is None else np.asarray(ratings, np.float32)
+        timestamps = (
+            np.arange(n, dtype=np.int64) if timestamps is None else np.asarray(timestamps, np.int64)
+        )
+        return Interactions(users, items, ratings, timestamps, user_ids, item_ids, name=name, implicit=implicit)
+
+
+def _first_appearance_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes 0..k-1 in order of first appearance (as the official implementations number ids)."""
+    uniq, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[inverse].astype(np.int64), uniq[order]

@@ -1,0 +1,26 @@
+"""User-facing errors: the CLI prints their message (never a traceback) and exits non-zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class FedrecError(Exception):
+    """An error caused by the user's input or environment, with a message that says what and where."""
+
+
+class DataFormatError(FedrecError):
+    """A raw data file that cannot be parsed; names the file and, where known, the 1-based line."""
+
+    def __init__(self, path: str | Path, message: str, line: int | None = None) -> None:
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class UnknownNameError(FedrecError):
+    """An unknown data set, algorithm or protocol name; lists the known ones."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown {kind} '{name}'; known: {', '.join(sorted(known))}")
