@@ -1,0 +1,30 @@
+# fedrec: `make demo` sets up and runs the main job; `make test` sets up and runs the tests.
+# PyTorch: a CPU build by default. GPU users: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu126
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --timeout 10 --retries 1 --extra-index-url $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/fedrec data stats ml-100k
+	$(BIN)/fedrec run mf --dataset ml-100k --protocol loo-sampled --seed 0
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check fedrec tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,47 @@
+"""The one place algorithms register by name.
+
+An `AlgorithmSpec` says what kind of run an algorithm is (centralised now; federated
+algorithms join with the engine) and how to build its model for a split. Adding an algorithm
+means adding one module that calls `register` and one test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from fedrec.errors import UnknownNameError
+from fedrec.protocols.protocol import Split
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A named algorithm: ``build(split, options)`` returns its model."""
+
+    name: str
+    kind: str
+    description: str
+    build: Callable[[Split, dict[str, Any]], nn.Module]
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {}
+
+
+def register(spec: AlgorithmSpec) -> AlgorithmSpec:
+    if spec.name in ALGORITHMS:
+        raise ValueError(f"algorithm '{spec.name}' registered twice")
+    ALGORITHMS[spec.name] = spec
+    return spec
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    if name not in ALGORITHMS:
+        raise UnknownNameError("algorithm", name, list(ALGORITHMS))
+    return ALGORITHMS[name]
+
+
+from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)

@@ -1,0 +1,64 @@
+"""Run one evaluation stage of a protocol against any scorer."""
+
+from __future__ import annotations
+
+from typing import Protocol as TypingProtocol
+
+import numpy as np
+
+from fedrec.eval.metrics import ranking_metrics, rmse
+from fedrec.protocols.protocol import EvalSet, Protocol
+
+
+class Scorer(TypingProtocol):
+    """Scores items for users: ``items`` is ``(n, C)`` item ids, or None for every item.
+
+    Returns ``(n, C)`` (or ``(n, n_items)``) scores, higher = more recommended; under the
+    rating protocol, predicted ratings.
+    """
+
+    def __call__(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray: ...
+
+
+def evaluate(
+    scorer: Scorer, stage: EvalSet, protocol: Protocol, *, chunk_users: int = 1024
+) -> dict[str, float]:
+    """Metrics of ``scorer`` on one stage (validation or test), averaged over its users."""
+    users = stage.users
+    if protocol.ranking == "rating":
+        t = stage.targets[users].tocoo()
+        u = users[t.row]
+        pred = scorer(u, t.col[:, None].astype(np.int64))[:, 0]
+        return {"rmse": rmse(pred, t.data), "users": float(len(users))}
+    if protocol.ranking == "sampled":
+        scores = _chunked(scorer, users, stage.candidates, chunk_users)
+        relevant = np.zeros_like(scores, dtype=bool)
+        relevant[:, 0] = True
+        return ranking_metrics(scores, relevant, ks=protocol.ks, metrics=protocol.metrics)
+    sums: dict[str, float] = {}
+    scored = 0
+    for start in range(0, len(users), chunk_users):
+        chunk = users[start : start + chunk_users]
+        scores = np.asarray(scorer(chunk, None), dtype=np.float64)
+        relevant = stage.targets[chunk].toarray() > 0
+        exclude = stage.exclude[chunk].toarray() > 0 if stage.exclude is not None else None
+        m = ranking_metrics(scores, relevant, ks=protocol.ks, metrics=protocol.metrics, exclude=exclude)
+        n = int(m.pop("users"))
+        scored += n
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v * n
+    out = {k: v / max(scored, 1) for k, v in sums.items()}
+    for k in protocol.ks:
+        if f"f1@{k}" in out:  # F1 is the harmonic mean of the *overall* mean precision and recall
+            p, r = out[f"precision@{k}"], out[f"recall@{k}"]
+            out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    out["users"] = float(scored)
+    return out
+
+
+def _chunked(scorer: Scorer, users: np.ndarray, items: np.ndarray, chunk: int) -> np.ndarray:
+    parts = [
+        np.asarray(scorer(users[s : s + chunk], items[s : s + chunk]), dtype=np.float64)
+        for s in range(0, len(users), chunk)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, items.shape[1]))

@@ -1,0 +1,1 @@
+"""PyTorch scoring models shared by centralised baselines and federated algorithms."""

@@ -1,0 +1,237 @@
+"""Named evaluation protocols and the `Split` they turn a data set into.
+
+A protocol fixes everything that decides a reported figure: how held-out items are chosen,
+what they are ranked against, which metrics are computed, and which one selects the model.
+The split also owns the training-negative sampler, because which items may serve as training
+negatives is part of the protocol's leak-freedom (see `NEGATIVE_POLICIES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedrec.data.interactions import Interactions
+from fedrec.errors import FedrecError, UnknownNameError
+from fedrec.protocols.negatives import ComplementSampler
+from fedrec.protocols.split import TEST, TRAIN, VALID, leave_one_out, ratio_split
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a data set is split and scored.
+
+    ``ranking`` is ``sampled`` (rank each target among ``eval_negatives`` items the user never
+    interacted with), ``full`` (rank against every item the user did not train on) or
+    ``rating`` (predict held-out explicit ratings; RMSE).
+    """
+
+    name: str
+    description: str
+    split: str
+    ranking: str
+    metrics: tuple[str, ...]
+    select: str
+    ks: tuple[int, ...] = (10,)
+    eval_negatives: int = 99
+    implicit: bool = True
+    test_ratio: float = 0.2
+    valid_ratio: float = 0.1
+
+
+PROTOCOLS: dict[str, Protocol] = {
+    p.name: p
+    for p in [
+        Protocol(
+            "loo-sampled",
+            "leave-one-out by time (last = test, second-to-last = validation); the target is "
+            "ranked among 99 items the user never interacted with, drawn once by seed "
+            "(distinct for validation and test). PFedRec, FedRAP, GFed-PP, GPFedRec.",
+            split="loo", ranking="sampled", metrics=("hr", "ndcg"), select="ndcg@10",
+        ),
+        Protocol(
+            "loo-full",
+            "leave-one-out by time; the target is ranked against every item the user did not "
+            "train on (the validation item is also removed when testing).",
+            split="loo", ranking="full", metrics=("hr", "ndcg", "mrr"), select="ndcg@10",
+        ),
+        Protocol(
+            "ratio-full",
+            "per-user random 80/20 split, 10% of training held out for validation; full "
+            "ranking against all items the user did not train on. FedCIA.",
+            split="ratio", ranking="full",
+            metrics=("precision", "recall", "f1", "mrr", "ndcg"), select="f1@10",
+        ),
+        Protocol(
+            "ratio-rating",
+            "per-user random 80/20 split of explicit ratings, 10% of training for validation; "
+            "RMSE of predicted ratings. PersonalFR.",
+            split="ratio", ranking="rating", metrics=("rmse",), select="rmse", implicit=False,
+        ),
+    ]
+}
+
+NEGATIVE_POLICIES: dict[str, str] = {
+    "leak-free": "the default: 'exclude-candidates' under sampled protocols, 'train-only' under "
+    "full ranking",
+    "exclude-candidates": "items outside the user's training items and outside every evaluation "
+    "candidate of the user (targets and sampled negatives): evaluation never sees an item that "
+    "training pushed down",
+    "train-only": "items outside the user's training items; held-out targets and evaluation "
+    "negatives are drawn alike, so no candidate is favoured",
+    "legacy-exclude-heldout": "LEAKY, for reproducing published figures only: items outside all "
+    "the user's interactions, as the official PFedRec/GPFedRec/FedRAP code does; the held-out "
+    "target is never pushed down while the evaluation negatives are",
+}
+
+
+def get_protocol(name: str) -> Protocol:
+    if name not in PROTOCOLS:
+        raise UnknownNameError("protocol", name, list(PROTOCOLS))
+    return PROTOCOLS[name]
+
+
+@dataclass
+class EvalSet:
+    """One evaluation stage (validation or test).
+
+    ``users`` are the users with a target. Sampled ranking: ``candidates[k]`` holds the items
+    ranked for ``users[k]``, the target in column 0. Full ranking: ``exclude`` marks items never
+    ranked (training items, and validation items when testing). Rating: ``targets`` values.
+    """
+
+    users: np.ndarray
+    targets: sp.csr_matrix
+    candidates: np.ndarray | None = None
+    exclude: sp.csr_matrix | None = None
+
+
+@dataclass
+class Split:
+    """A data set under a protocol: training matrix, evaluation sets, negative sampler."""
+
+    protocol: Protocol
+    data: Interactions
+    label: np.ndarray
+    train: sp.csr_matrix
+    valid: EvalSet
+    test: EvalSet
+    negatives: str
+    sampler: ComplementSampler = field(repr=False)
+
+    @property
+    def n_users(self) -> int:
+        return self.data.n_users
+
+    @property
+    def n_items(self) -> int:
+        return self.data.n_items
+
+    def train_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(users, items, ratings) of the training interactions, grouped by user."""
+        coo = self.train.tocoo()
+        order = np.lexsort((coo.col, coo.row))
+        return coo.row[order].astype(np.int64), coo.col[order].astype(np.int64), coo.data[order]
+
+    def sample_negatives(self, users: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+        """``k`` training negatives for each entry of ``users``, under the split's policy."""
+        return self.sampler.sample(users, k, rng)
+
+
+def _csr(x: Interactions, mask: np.ndarray) -> sp.csr_matrix:
+    m = sp.csr_matrix(
+        (x.ratings[mask].astype(np.float32), (x.users[mask], x.items[mask])),
+        shape=(x.n_users, x.n_items),
+    )
+    m.sum_duplicates()
+    m.sort_indices()
+    return m
+
+
+def _rows_to_csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
+    m = sp.csr_matrix(
+        (np.ones(cols.size, np.float32), (np.repeat(rows, cols.shape[1]), cols.ravel())), shape=shape
+    )
+    m.sum_duplicates()
+    m.data[:] = 1.0
+    return m
+
+
+def _binary(m: sp.csr_matrix) -> sp.csr_matrix:
+    b = m.copy()
+    b.data = np.ones_like(b.data)
+    return b
+
+
+def _sampled_evalset(targets: sp.csr_matrix, users: np.ndarray, negs: np.ndarray) -> EvalSet:
+    """Candidates = the user's single target in column 0, then its sampled negatives."""
+    target = targets.indices[targets.indptr[users]]
+    return EvalSet(users, targets, candidates=np.column_stack([target, negs]).astype(np.int64))
+
+
+def make_split(
+    x: Interactions,
+    protocol: Protocol | str,
+    *,
+    seed: int = 0,
+    negatives: str = "leak-free",
+    tie_break: str = "later-row-later",
+) -> Split:
+    """Apply ``protocol`` to preprocessed interactions (contiguous ids, one row per pair)."""
+    p = get_protocol(protocol) if isinstance(protocol, str) else protocol
+    if negatives not in NEGATIVE_POLICIES:
+        raise UnknownNameError("negative policy", negatives, list(NEGATIVE_POLICIES))
+    pairs = x.users * x.n_items + x.items
+    if len(np.unique(pairs)) != len(pairs):
+        raise FedrecError(
+            "the data holds duplicate (user, item) pairs; deduplicate before splitting "
+            "(a duplicate could put the same item in training and test)"
+        )
+    if p.split == "loo":
+        label = leave_one_out(x, tie_break)
+    else:
+        label = ratio_split(x, p.test_ratio, p.valid_ratio, seed)
+    shape = (x.n_users, x.n_items)
+    train = _csr(x, label == TRAIN)
+    valid_t = _csr(x, label == VALID)
+    test_t = _csr(x, label == TEST)
+    valid_users = np.flatnonzero(np.diff(valid_t.indptr))
+    test_users = np.flatnonzero(np.diff(test_t.indptr))
+    train_b = _binary(train)
+    rng = np.random.default_rng([seed, 1])
+
+    if p.ranking == "sampled":
+        if p.split != "loo":
+            raise FedrecError("sampled ranking needs one target per user (a leave-one-out split)")
+        everything = _binary(train + valid_t + test_t)
+        users = np.union1d(valid_users, test_users)
+        n = p.eval_negatives
+        drawn = ComplementSampler(everything).sample_distinct(users, 2 * n, rng)
+        valid = _sampled_evalset(valid_t, valid_users, drawn[np.searchsorted(users, valid_users), :n])
+        test = _sampled_evalset(test_t, test_users, drawn[np.searchsorted(users, test_users), n:])
+    elif p.ranking == "full":
+        valid = EvalSet(valid_users, valid_t, exclude=train_b)
+        test = EvalSet(test_users, test_t, exclude=_binary(train + valid_t))
+    else:
+        valid = EvalSet(valid_users, valid_t)
+        test = EvalSet(test_users, test_t)
+
+    policy = negatives
+    if policy == "leak-free":
+        policy = "exclude-candidates" if p.ranking == "sampled" else "train-only"
+    if policy == "exclude-candidates":
+        if p.ranking != "sampled":
+            raise FedrecError(
+                "--negatives exclude-candidates needs sampled candidates; under full ranking "
+                "every unseen item is a candidate (use train-only)"
+            )
+        forbidden = train_b + _rows_to_csr(valid.users, valid.candidates, shape)
+        forbidden = forbidden + _rows_to_csr(test.users, test.candidates, shape)
+    elif policy == "train-only":
+        forbidden = train_b
+    else:
+        forbidden = train_b + _binary(valid_t) + _binary(test_t)
+    sampler = ComplementSampler(_binary(forbidden.tocsr()))
+    return Split(p, x, label, train, valid, test, policy, sampler)

@@ -1,0 +1,94 @@
+"""The one results schema shared by every run, written atomically (never a partial file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fedrec
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class RoundRecord:
+    """One round (federated) or epoch (centralised) of training."""
+
+    round: int
+    loss: float
+    seconds: float
+    valid: dict[str, float] = field(default_factory=dict)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+@dataclass
+class RunResult:
+    """Everything needed to read, compare and reproduce one run.
+
+    ``test`` holds the test metrics of the model at ``best_round``, the round with the best
+    validation figure (``select``); test figures never take part in choosing it.
+    """
+
+    algorithm: str
+    dataset: str
+    protocol: str
+    seed: int
+    config: dict[str, Any]
+    select: str
+    history: list[RoundRecord] = field(default_factory=list)
+    best_round: int = 0
+    valid_at_best: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    peak_memory_mb: float = 0.0
+    fedrec_version: str = fedrec.__version__
+    git_revision: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: str | Path) -> Path:
+        """Write JSON atomically: a temporary file in the same folder renamed into place."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=2)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def git_revision() -> str | None:
+    """The git revision of the fedrec source tree, when it is a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(fedrec.__file__).parent,
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

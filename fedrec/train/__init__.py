@@ -1,0 +1,1 @@
+"""Training loops: centralised baselines here; the federated engine builds on the same pieces."""
