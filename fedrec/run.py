@@ -68,7 +68,7 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
     if m:
         from fedrec.data.synthetic import synthetic
 
-        users, items = (int(m.group(1)), int(m.group(2))) if m.group(1) else (1000, 500)
+        users, items = (int(m.group(1)), int(m.group(2))) if m.group(1) else (1000, 1000)
         return synthetic(users, items, seed=seed)
     from fedrec.data.registry import load
 

@@ -1,7 +1,46 @@
-"""The `fedrec` command line (placeholder until the root app lands)."""
+"""The `fedrec` command line: `fedrec data ...`, `fedrec run ...`, `fedrec audit-protocol ...`.
+
+Every user-facing failure is a `FedrecError`; `main` prints its message on one line and exits
+with status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
+import sys
 
-def main() -> None:
-    raise SystemExit("fedrec CLI is being built")
+import typer
+from rich.console import Console
+
+from fedrec.errors import FedrecError
+
+app = typer.Typer(
+    name="fedrec",
+    help="Federated recommendation: data sets, leak-free protocols, algorithms, runs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+err_console = Console(stderr=True)
+
+
+def _mount() -> None:
+    from fedrec.cli import data, experiments
+
+    app.add_typer(data.app, name="data", help="List, fetch and describe data sets.")
+    experiments.register(app)
+
+
+_mount()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    try:
+        app(args=argv, standalone_mode=True)
+    except FedrecError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        sys.exit(130)

@@ -1,0 +1,159 @@
+"""``fedrec data``: list, describe, fetch and summarise the known data sets.
+
+Errors are raised as `FedrecError`; the root CLI prints them as ``error: <message>``. This
+module imports no torch, so ``fedrec data`` stays quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fedrec.data import registry
+from fedrec.data.interactions import Interactions
+
+app = typer.Typer(help="List, describe, fetch and summarise data sets.", no_args_is_help=True)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Directory holding the raw file(s); defaults to $FEDREC_DATA, then the cache.",
+        file_okay=False,
+    ),
+]
+RawFileName = Annotated[
+    str | None,
+    typer.Option("--file", help="Which of the data set's raw files to read (see `info`)."),
+]
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the known data sets and whether each is cached."""
+    table = Table(box=None, pad_edge=False)
+    table.add_column("name", no_wrap=True)
+    table.add_column("description")
+    table.add_column("get", no_wrap=True)
+    table.add_column("cached", no_wrap=True)
+    for name in registry.list_datasets():
+        about = registry.info(name)
+        spec = about.spec
+        get = "manual" if spec.manual_download else "download"
+        label = f"{name} (default)" if name == registry.DEFAULT_DATASET else name
+        table.add_row(label, spec.description, get, "yes" if about.cached else "no")
+    _console().print(table)
+
+
+@app.command("info")
+def info_command(name: Annotated[str, typer.Argument(help="Data set name.")]) -> None:
+    """Describe a data set: citation, raw files, parsers, sources and checksums."""
+    about = registry.info(name)
+    spec = about.spec
+    out = _console()
+    out.print(f"[bold]{escape(spec.name)}[/bold]: {escape(spec.description)}")
+    out.print(f"homepage  {escape(spec.homepage)}")
+    out.print(f"citation  {escape(spec.citation)}")
+    out.print("raw files (first found is used unless --file names one):")
+    for raw in spec.files:
+        note = f" - {raw.note}" if raw.note else ""
+        out.print(f"  {escape(raw.name)}  parser {raw.parser.__name__}{escape(note)}")
+    if spec.sources:
+        out.print("sources, tried in order after --data-dir/$FEDREC_DATA and the cache:")
+        for source in spec.sources:
+            out.print(f"  {escape(source.label)}: {escape(source.url)}")
+            out.print(f"    checksum {escape(registry.describe_checksum(source))}")
+    if spec.manual_download:
+        out.print(f"manual download: {escape(spec.manual_download)}")
+    cached = ", ".join(str(p) for p in about.cached) or "nothing yet"
+    out.print(f"cache     {escape(str(about.cache_dir))} ({escape(cached)})")
+
+
+@app.command("fetch")
+def fetch_command(
+    name: Annotated[str, typer.Argument(help="Data set name.")],
+    data_dir: DataDir = None,
+    file: RawFileName = None,
+) -> None:
+    """Make sure a data set's raw file is available (downloading it if needed); print its path."""
+    found = registry.resolve(name, data_dir, file=file)
+    out = _console()
+    for failure in found.failures:
+        out.print(f"[dim]skipped: {escape(failure)}[/dim]")
+    out.print(f"{escape(str(found.path))}  [dim](from {escape(found.origin)})[/dim]")
+    if found.raw.sha256 is not None:
+        ok = registry.sha256_of(found.path) == found.raw.sha256
+        out.print("sha256 matches the known copy" if ok else "sha256 differs from the known copy")
+
+
+@app.command("stats")
+def stats_command(
+    name: Annotated[str, typer.Argument(help="Data set name.")],
+    data_dir: DataDir = None,
+    file: RawFileName = None,
+    implicit: Annotated[
+        bool | None,
+        typer.Option(
+            "--implicit/--explicit",
+            help="Count distinct user-item pairs (implicit) or every rating row (explicit); "
+            "defaults to the data set's nature.",
+        ),
+    ] = None,
+    min_rating: Annotated[
+        float | None,
+        typer.Option("--min-rating", help="Keep only events rated at least this."),
+    ] = None,
+) -> None:
+    """Print users, items, interactions and sparsity of a data set."""
+    found = registry.resolve(name, data_dir, file=file)
+    data = found.raw.parser(found.path)
+    as_implicit = (
+        (data.implicit or registry.get_spec(name).implicit) if implicit is None else implicit
+    )
+    users, items, events, sparsity = _summary(data, as_implicit, min_rating)
+    out = _console()
+    kept = f", rating >= {min_rating:g}" if min_rating is not None else ""
+    mode = "implicit" if as_implicit else "explicit"
+    out.print(
+        f"{escape(name)}: {escape(found.raw.name)} from {escape(found.origin)} ({mode}{kept})"
+    )
+    table = Table.grid(padding=(0, 2))
+    table.add_column()
+    table.add_column(justify="right")
+    table.add_row("users", f"{users:,}")
+    table.add_row("items", f"{items:,}")
+    table.add_row("interactions", f"{events:,}")
+    table.add_row("sparsity", f"{sparsity:.2%}")
+    out.print(table)
+
+
+def _summary(
+    data: Interactions, implicit: bool, min_rating: float | None
+) -> tuple[int, int, int, float]:
+    """(users, items, interactions, sparsity) over the events kept.
+
+    Users and items count those with at least one kept event; implicit mode counts distinct
+    user-item pairs, explicit mode every row. Sparsity always uses distinct pairs.
+    """
+    mask = np.ones(len(data), dtype=bool)
+    if min_rating is not None:
+        mask &= data.ratings >= min_rating
+    users = data.users[mask]
+    items = data.items[mask]
+    n_users = len(np.unique(users))
+    n_items = len(np.unique(items))
+    pairs = len(np.unique(users * max(data.n_items, 1) + items))
+    events = pairs if implicit else int(mask.sum())
+    cells = n_users * n_items
+    sparsity = 1.0 - pairs / cells if cells else 1.0
+    return n_users, n_items, events, sparsity

@@ -1,0 +1,152 @@
+"""Protocols: split shapes, tie breaking, and leak-freedom properties proven on data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from fedrec.errors import FedrecError, UnknownNameError
+from fedrec.protocols import PROTOCOLS, make_split
+from fedrec.protocols.negatives import ComplementSampler
+from fedrec.protocols.split import TEST, TRAIN, VALID, leave_one_out
+
+
+def _rows(m: sp.csr_matrix, u: int) -> set[int]:
+    return set(m.indices[m.indptr[u] : m.indptr[u + 1]].tolist())
+
+
+def _all_items(x) -> list[set[int]]:  # type: ignore[no-untyped-def]
+    out: list[set[int]] = [set() for _ in range(x.n_users)]
+    for u, i in zip(x.users, x.items, strict=True):
+        out[u].add(int(i))
+    return out
+
+
+def test_leave_one_out_takes_latest_rows(small_data):
+    label = leave_one_out(small_data)
+    for u in range(0, small_data.n_users, 37):
+        rows = np.flatnonzero(small_data.users == u)
+        ts = small_data.timestamps[rows]
+        assert (label[rows] == TEST).sum() == 1 and (label[rows] == VALID).sum() == 1
+        assert ts[label[rows] == TEST][0] == ts.max()
+        assert ts[label[rows] == VALID][0] >= ts[label[rows] == TRAIN].max()
+
+
+def test_timestamp_ties_are_broken_by_row_order(tied_data):
+    later = leave_one_out(tied_data, "later-row-later")
+    earlier = leave_one_out(tied_data, "earlier-row-later")
+    # user 0: items 2 and 3 share the latest timestamp; rows 2 and 3 of the file
+    assert tied_data.item_ids[tied_data.items[later == TEST]].tolist() == [3, 1]
+    assert tied_data.item_ids[tied_data.items[earlier == TEST]].tolist() == [2, 3]
+    with pytest.raises(FedrecError):
+        leave_one_out(tied_data, "coin-flip")
+
+
+@pytest.mark.parametrize("name", list(PROTOCOLS))
+def test_targets_never_in_training(small_data, name):
+    s = make_split(small_data, name, seed=3)
+    assert s.train.multiply(s.valid.targets).nnz == 0
+    assert s.train.multiply(s.test.targets).nnz == 0
+    assert s.valid.targets.multiply(s.test.targets).nnz == 0
+    assert s.train.nnz + s.valid.targets.nnz + s.test.targets.nnz == len(small_data)
+
+
+def test_sampled_candidates_hold_no_positive(small_data):
+    s = make_split(small_data, "loo-sampled", seed=1)
+    positives = _all_items(small_data)
+    for stage, other in ((s.valid, s.test), (s.test, s.valid)):
+        assert stage.candidates.shape == (len(stage.users), 100)
+        for k, u in enumerate(stage.users):
+            row = stage.candidates[k]
+            assert row[0] in _rows(stage.targets, u)
+            assert not (set(row[1:].tolist()) & positives[u])
+            assert len(set(row.tolist())) == 100
+    # validation and test negatives of a user are distinct draws
+    for k, u in enumerate(s.test.users):
+        j = np.searchsorted(s.valid.users, u)
+        assert not set(s.test.candidates[k, 1:]) & set(s.valid.candidates[j, 1:])
+
+
+def test_candidates_are_fixed_by_seed(small_data):
+    a = make_split(small_data, "loo-sampled", seed=5)
+    b = make_split(small_data, "loo-sampled", seed=5)
+    c = make_split(small_data, "loo-sampled", seed=6)
+    assert np.array_equal(a.test.candidates, b.test.candidates)
+    assert not np.array_equal(a.test.candidates, c.test.candidates)
+
+
+def _draw_many(s, rounds=30):  # type: ignore[no-untyped-def]
+    users, _, _ = s.train_pairs()
+    rng = np.random.default_rng(0)
+    drawn = [s.sample_negatives(users, 4, rng) for _ in range(rounds)]
+    return users, np.concatenate(drawn, axis=1)
+
+
+def test_default_training_negatives_avoid_every_candidate(small_data):
+    s = make_split(small_data, "loo-sampled", seed=2)
+    assert s.negatives == "exclude-candidates"
+    users, drawn = _draw_many(s)
+    pairs = sp.csr_matrix((np.ones(drawn.size), (np.repeat(users, drawn.shape[1]), drawn.ravel())),
+                          shape=s.train.shape)
+    assert pairs.multiply(s.train).nnz == 0
+    assert pairs.multiply(s.valid.targets).nnz == 0
+    assert pairs.multiply(s.test.targets).nnz == 0
+    for stage in (s.valid, s.test):
+        cand = sp.csr_matrix((np.ones(stage.candidates.size),
+                              (np.repeat(stage.users, 100), stage.candidates.ravel())), shape=s.train.shape)
+        assert pairs.multiply(cand).nnz == 0
+
+
+@pytest.mark.parametrize("name", ["loo-full", "ratio-full"])
+def test_full_ranking_negatives_avoid_training_items(small_data, name):
+    s = make_split(small_data, name, seed=2)
+    assert s.negatives == "train-only"
+    users, drawn = _draw_many(s, rounds=5)
+    pairs = sp.csr_matrix((np.ones(drawn.size), (np.repeat(users, drawn.shape[1]), drawn.ravel())),
+                          shape=s.train.shape)
+    assert pairs.multiply(s.train).nnz == 0
+
+
+def test_legacy_policy_is_explicit_and_excludes_heldout(small_data):
+    s = make_split(small_data, "loo-sampled", seed=2, negatives="legacy-exclude-heldout")
+    users, drawn = _draw_many(s, rounds=5)
+    pairs = sp.csr_matrix((np.ones(drawn.size), (np.repeat(users, drawn.shape[1]), drawn.ravel())),
+                          shape=s.train.shape)
+    assert pairs.multiply(s.test.targets).nnz == 0
+    assert pairs.multiply(s.train).nnz == 0
+    with pytest.raises(UnknownNameError):
+        make_split(small_data, "loo-sampled", negatives="leaky")
+    with pytest.raises(FedrecError):
+        make_split(small_data, "loo-full", negatives="exclude-candidates")
+
+
+def test_ratio_split_proportions(small_data):
+    s = make_split(small_data, "ratio-full", seed=0)
+    n = len(small_data)
+    assert abs(s.test.targets.nnz / n - 0.2) < 0.02
+    assert abs(s.valid.targets.nnz / (n - s.test.targets.nnz) - 0.1) < 0.02
+    assert (np.diff(s.train.indptr) >= 1).all()
+    assert not np.array_equal(make_split(small_data, "ratio-full", seed=1).label, s.label)
+
+
+def test_duplicates_are_refused(small_data):
+    dup = small_data.subset(np.r_[np.arange(len(small_data)), 0])
+    with pytest.raises(FedrecError, match="duplicate"):
+        make_split(dup, "loo-sampled")
+
+
+def test_complement_sampler_is_uniform_and_exact():
+    forbidden = sp.csr_matrix(np.array([[1, 0, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 0]], float))
+    s = ComplementSampler(forbidden)
+    rng = np.random.default_rng(0)
+    draws = s.sample(np.repeat([0, 1, 2], 20000), 1, rng).reshape(3, 20000)
+    freq0 = np.bincount(draws[0], minlength=6) / 20000
+    assert np.allclose(freq0, [0, 0.25, 0, 0.25, 0.25, 0.25], atol=0.015)
+    freq1 = np.bincount(draws[1], minlength=6) / 20000
+    assert np.allclose(freq1, [0.2] * 5 + [0], atol=0.015)
+    assert (draws[2] == 5).all()
+    distinct = s.sample_distinct(np.array([0, 1]), 4, rng)
+    assert sorted(distinct[0].tolist()) == [1, 3, 4, 5]
+    with pytest.raises(FedrecError):
+        s.sample_distinct(np.array([2]), 2, rng)

@@ -1,0 +1,102 @@
+"""End-to-end runs: MF/NCF learn, selection uses validation only, results JSON, CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedrec.cli import main
+from fedrec.errors import FedrecError, UnknownNameError
+from fedrec.run import RunConfig, run
+from fedrec.train.centralised import TrainConfig
+
+SYN = "synthetic:400x1000"
+
+
+def _cfg(algo: str = "mf", **train) -> RunConfig:  # type: ignore[no-untyped-def]
+    t = TrainConfig(epochs=train.pop("epochs", 6), batch_size=512, lr=5e-3, patience=0, **train)
+    return RunConfig(algorithm=algo, dataset=SYN, protocol="loo-sampled", seed=0, train=t)
+
+
+@pytest.mark.parametrize("algo", ["mf", "ncf"])
+def test_model_learns_well_above_chance(algo, tmp_path):
+    res = run(_cfg(algo), out=tmp_path / "r.json")
+    assert res.test["hr@10"] > 0.3  # chance is 0.10
+    assert res.history[-1].loss < res.history[0].loss
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["test"] == res.test
+    assert saved["best_round"] == res.best_round
+    assert {"history", "config", "wall_seconds", "peak_memory_mb", "fedrec_version", "git_revision",
+            "protocol", "seed", "select", "valid_at_best"} <= set(saved)
+    assert saved["history"][0]["valid"]["ndcg@10"] >= 0
+
+
+def test_best_round_is_chosen_by_validation(tmp_path):
+    res = run(_cfg(epochs=5))
+    valid = [r.valid["ndcg@10"] for r in res.history]
+    assert res.best_round == int(np.argmax(valid)) + 1
+    assert res.valid_at_best["ndcg@10"] == max(valid)
+
+
+def test_same_seed_same_figures():
+    a, b = run(_cfg(epochs=3)), run(_cfg(epochs=3))
+    assert a.test == b.test
+    assert [r.loss for r in a.history] == [r.loss for r in b.history]
+
+
+def test_rating_protocol_reports_rmse():
+    cfg = _cfg(epochs=4)
+    cfg.protocol = "ratio-rating"
+    res = run(cfg)
+    assert set(res.test) == {"rmse", "users"}
+    assert 0 < res.test["rmse"] < 2.0  # synthetic ratings 1-5; predicting the mean gives ~1.2
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"algorithm": "nope"}, UnknownNameError),
+        ({"protocol": "loo-magic"}, UnknownNameError),
+        ({"negatives": "leaky"}, FedrecError),
+        ({"dataset": "no-such-data"}, UnknownNameError),
+    ],
+)
+def test_bad_options_raise_clear_errors(change, error, tmp_path):
+    cfg = _cfg()
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    out = tmp_path / "r.json"
+    with pytest.raises(error):
+        run(cfg, out=out)
+    assert not out.exists()
+
+
+def test_cli_run_and_errors(tmp_path, capsys):
+    out = tmp_path / "cli.json"
+    with pytest.raises(SystemExit) as done:
+        main(["run", "mf", "--dataset", SYN, "--epochs", "2", "--batch-size", "512", "--out", str(out), "-q"])
+    assert done.value.code == 0
+    assert json.loads(out.read_text())["algorithm"] == "mf"
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    for argv, needle in [
+        (["run", "mf", "--dataset", SYN, "--epochs", "0", "--out", str(bad)], "--epochs"),
+        (["run", "nosuchalgo", "--dataset", SYN, "--out", str(bad)], "unknown algorithm 'nosuchalgo'"),
+        (["run", "mf", "--dataset", SYN, "--protocol", "x", "--out", str(bad)], "unknown protocol 'x'"),
+    ]:
+        with pytest.raises(SystemExit) as failed:
+            main(argv)
+        assert failed.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    assert not bad.exists()
+
+
+def test_cli_audit_protocol(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["audit-protocol", "--dataset", SYN, "--rounds", "30"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "legacy-exclude-heldout" in out and "exclude-candidates" in out
