@@ -55,7 +55,7 @@ def test_targets_never_in_training(small_data, name):
 def test_sampled_candidates_hold_no_positive(small_data):
     s = make_split(small_data, "loo-sampled", seed=1)
     positives = _all_items(small_data)
-    for stage, other in ((s.valid, s.test), (s.test, s.valid)):
+    for stage in (s.valid, s.test):
         assert stage.candidates.shape == (len(stage.users), 100)
         for k, u in enumerate(stage.users):
             row = stage.candidates[k]

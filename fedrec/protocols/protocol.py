@@ -165,6 +165,23 @@ def _binary(m: sp.csr_matrix) -> sp.csr_matrix:
     return b
 
 
+def _draw_eval_negatives(
+    sampler: ComplementSampler, users: np.ndarray, n: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``(len(users), 2n)``: n validation then n test negatives, distinct within each user.
+
+    A user with fewer than 2n unseen items gets one set of n for both stages (as FedRAP's
+    code does for everyone); fewer than n is an error naming the user.
+    """
+    share = sampler.n_allowed[users] < 2 * n
+    drawn = np.empty((len(users), 2 * n), dtype=np.int64)
+    drawn[~share] = sampler.sample_distinct(users[~share], 2 * n, rng)
+    if share.any():
+        once = sampler.sample_distinct(users[share], n, rng)
+        drawn[share] = np.concatenate([once, once], axis=1)
+    return drawn
+
+
 def _sampled_evalset(targets: sp.csr_matrix, users: np.ndarray, negs: np.ndarray) -> EvalSet:
     """Candidates = the user's single target in column 0, then its sampled negatives."""
     target = targets.indices[targets.indptr[users]]
@@ -208,7 +225,7 @@ def make_split(
         everything = _binary(train + valid_t + test_t)
         users = np.union1d(valid_users, test_users)
         n = p.eval_negatives
-        drawn = ComplementSampler(everything).sample_distinct(users, 2 * n, rng)
+        drawn = _draw_eval_negatives(ComplementSampler(everything), users, n, rng)
         valid = _sampled_evalset(valid_t, valid_users, drawn[np.searchsorted(users, valid_users), :n])
         test = _sampled_evalset(test_t, test_users, drawn[np.searchsorted(users, test_users), n:])
     elif p.ranking == "full":

@@ -1,0 +1,1 @@
+"""The data path: raw formats -> Interactions -> preprocessing; the data set registry; synthetic data."""
