@@ -80,6 +80,11 @@ def prepare_split(cfg: RunConfig) -> Split:
     from fedrec.data.preprocess import PreprocessConfig, preprocess
 
     protocol = get_protocol(cfg.protocol)
+    if cfg.threshold is not None and not protocol.implicit:
+        raise FedrecError(
+            f"--threshold turns ratings into implicit feedback, but protocol '{protocol.name}' "
+            "evaluates explicit ratings"
+        )
     raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=cfg.threshold,

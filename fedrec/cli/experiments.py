@@ -43,6 +43,7 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch."""
+    from fedrec.protocols.protocol import PROTOCOLS, get_protocol
     from fedrec.run import RunConfig, run
     from fedrec.train.centralised import TrainConfig
 
@@ -56,23 +57,25 @@ def run_command(
         ),
     )
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}.json"
-    with Progress(
+    bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-        console=console, disable=quiet, transient=False,
-    ) as bar:
-        task = bar.add_task(f"{algorithm} on {dataset}", total=epochs, status="")
+        console=console, disable=quiet,
+    )
+    task = bar.add_task(f"{algorithm} on {dataset}", total=epochs, status="")
+    select = get_protocol(protocol).select if protocol in PROTOCOLS else ""
 
-        def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
-            from fedrec.protocols.protocol import get_protocol
+    def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
+        bar.start()  # only once data and options have been accepted: errors print alone
+        status = f"loss {record.loss:.4f}"
+        if record.valid:
+            status += f"  valid {select} {record.valid[select]:.4f}  best {best_valid[select]:.4f} @ {best_round}"
+        bar.update(task, completed=record.round, status=status)
 
-            key = get_protocol(protocol).select
-            status = f"loss {record.loss:.4f}"
-            if record.valid:
-                status += f"  valid {key} {record.valid[key]:.4f}  best {best_valid[key]:.4f} @ {best_round}"
-            bar.update(task, completed=record.round, status=status)
-
+    try:
         result = run(cfg, out=out, on_round=on_round)
+    finally:
+        bar.stop()
     table = Table(title=f"{algorithm} · {dataset} · {protocol} · seed {seed}")
     table.add_column("metric")
     table.add_column(f"valid (epoch {result.best_round})", justify="right")
