@@ -14,6 +14,7 @@ import torch
 from fedrec.algorithms import get_algorithm
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
+from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols.protocol import NEGATIVE_POLICIES, Split, get_protocol, make_split
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
 from fedrec.train.centralised import TrainConfig, train_centralised
@@ -36,6 +37,7 @@ class RunConfig:
     min_item: int = 0
     data_dir: str | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -100,18 +102,31 @@ def run(
     cfg: RunConfig,
     out: str | Path | None = None,
     on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """Train and evaluate ``cfg.algorithm``; write the results JSON to ``out`` if given."""
+    """Train and evaluate ``cfg.algorithm``; write the results JSON to ``out`` if given.
+
+    Federated runs write a checkpoint every ``federated.checkpoint_every`` rounds to
+    ``checkpoint`` and, with ``resume``, continue from it.
+    """
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
+    if spec.kind == "federated":
+        cfg.federated.validate()
     options = {**spec.defaults, **cfg.model}
     split = prepare_split(cfg)
     torch.manual_seed(cfg.seed)
     model = spec.build(split, options)
-    outcome = train_centralised(model, split, cfg.train, seed=cfg.seed, on_round=on_round)
+    if spec.kind == "federated":
+        outcome = run_federated(model, split, cfg.federated, seed=cfg.seed, on_round=on_round,
+                                checkpoint=checkpoint, resume=resume)
+    else:
+        outcome = train_centralised(model, split, cfg.train, seed=cfg.seed, on_round=on_round)
     config = asdict(cfg)
     config["model"] = options
+    config.pop("federated" if spec.kind != "federated" else "train")
     result = RunResult(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,

@@ -11,20 +11,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
-
 from fedrec.errors import UnknownNameError
 from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """A named algorithm: ``build(split, options)`` returns its model."""
+    """A named algorithm: ``build(split, options)`` returns its model.
+
+    ``kind`` picks the trainer: ``centralised`` builds an ``nn.Module`` trained by
+    `fedrec.train.centralised`; ``federated`` builds a `FamilySpec` run by the simulator.
+    ``defaults`` hold model options and the learning rate the papers use.
+    """
 
     name: str
     kind: str
     description: str
-    build: Callable[[Split, dict[str, Any]], nn.Module]
+    build: Callable[[Split, dict[str, Any]], Any]
     defaults: dict[str, Any] = field(default_factory=dict)
 
 
@@ -45,3 +48,4 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 
 from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
+from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)

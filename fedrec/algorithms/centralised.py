@@ -26,10 +26,10 @@ def _build_ncf(split: Split, opts: dict[str, Any]) -> nn.Module:
 register(AlgorithmSpec(
     "mf", "centralised",
     "matrix factorisation, BCE with sampled negatives (biased MSE under ratio-rating)",
-    _build_mf, {"dim": 32},
+    _build_mf, {"dim": 32, "lr": 1e-3},
 ))
 register(AlgorithmSpec(
     "ncf", "centralised",
     "NeuMF: GMF + 3-layer MLP tower (64-32-16-8), BCE with sampled negatives",
-    _build_ncf, {"dim": 32, "layers": [32, 16, 8]},
+    _build_ncf, {"dim": 32, "layers": [32, 16, 8], "lr": 1e-3},
 ))

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrec.errors import FedrecError
+
 console = Console()
 
 
@@ -24,15 +26,26 @@ def run_command(
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (see `fedrec protocols`)."),
     seed: int = typer.Option(0, help="Seed of every random choice in the run."),
-    epochs: int = typer.Option(100, "--epochs", "--rounds", help="Maximum epochs (rounds)."),
+    rounds: int = typer.Option(100, "--rounds", "--epochs", help="Federated rounds (centralised: epochs)."),
     batch_size: int = typer.Option(256, help="Minibatch size."),
-    lr: float = typer.Option(1e-3, help="Learning rate (Adam)."),
-    weight_decay: float = typer.Option(0.0, help="L2 weight decay."),
-    num_negatives: int = typer.Option(4, help="Training negatives per positive, redrawn every epoch."),
+    lr: float | None = typer.Option(None, help="Learning rate (default: the algorithm's, see `fedrec algorithms`)."),
+    weight_decay: float = typer.Option(0.0, help="L2 weight decay (centralised)."),
+    num_negatives: int = typer.Option(4, help="Training negatives per positive, redrawn every epoch/round."),
     negatives: str = typer.Option("leak-free", help="Training-negative policy (see `fedrec protocols`)."),
-    patience: int = typer.Option(10, help="Stop after this many evaluations without a better validation figure (0: never)."),
-    eval_every: int = typer.Option(1, help="Evaluate on validation every N epochs."),
+    patience: int | None = typer.Option(None, help="Stop after this many evaluations without a better validation figure (0: never; default 10 centralised, 0 federated)."),
+    eval_every: int = typer.Option(1, help="Evaluate on validation every N epochs/rounds."),
     dim: int = typer.Option(32, help="Embedding size."),
+    dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
+    clients_per_round: float = typer.Option(1.0, help="Federated: fraction (<= 1) or number of clients per round."),
+    local_epochs: int = typer.Option(1, help="Federated: local epochs per round."),
+    lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
+    item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default n_items x 80, the official PFedRec rule)."),
+    item_std: float = typer.Option(1.0, help="Federated: std of the initial item and user vectors."),
+    ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
+    clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
+    memory_budget_mb: float = typer.Option(512.0, help="Federated: cohorts are trained in chunks that fit this budget."),
+    checkpoint_every: int = typer.Option(0, help="Federated: write a checkpoint every N rounds (0: never)."),
+    resume: bool = typer.Option(False, "--resume", help="Federated: continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
     min_user: int = typer.Option(0, help="Drop users with fewer interactions (iterated with --min-item)."),
     min_item: int = typer.Option(0, help="Drop items with fewer interactions."),
@@ -42,27 +55,42 @@ def run_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch."""
+    """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
+    from fedrec.algorithms import get_algorithm
+    from fedrec.federated.engine import FederatedConfig
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol
     from fedrec.run import RunConfig, run
     from fedrec.train.centralised import TrainConfig
 
+    spec = get_algorithm(algorithm)
+    federated = spec.kind == "federated"
+    lr = lr if lr is not None else float(spec.defaults.get("lr", 1e-3))
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
-        data_dir=data_dir, model={"dim": dim},
+        data_dir=data_dir, model={"dim": dim, **({"dual": dual} if federated else {})},
         train=TrainConfig(
-            epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-            negatives=num_negatives, patience=patience, eval_every=eval_every, device=device,
+            epochs=rounds, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+            negatives=num_negatives, patience=10 if patience is None else patience,
+            eval_every=eval_every, device=device,
+        ),
+        federated=FederatedConfig(
+            rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
+            batch_size=batch_size, lr=lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
+            item_std=item_std, negatives=num_negatives, eval_every=eval_every,
+            patience=0 if patience is None else patience, ldp=ldp, clip=clip,
+            memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
         ),
     )
+    if dual and not federated:
+        raise FedrecError("--dual applies to federated algorithms only")
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}.json"
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         console=console, disable=quiet,
     )
-    task = bar.add_task(f"{algorithm} on {dataset}", total=epochs, status="")
+    task = bar.add_task(f"{algorithm} on {dataset}", total=rounds, status="")
     select = get_protocol(protocol).select if protocol in PROTOCOLS else ""
 
     def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
@@ -73,17 +101,21 @@ def run_command(
         bar.update(task, completed=record.round, status=status)
 
     try:
-        result = run(cfg, out=out, on_round=on_round)
+        result = run(cfg, out=out, on_round=on_round, resume=resume,
+                     checkpoint=out.with_suffix(".ckpt") if federated else None)
     finally:
         bar.stop()
     table = Table(title=f"{algorithm} · {dataset} · {protocol} · seed {seed}")
     table.add_column("metric")
-    table.add_column(f"valid (epoch {result.best_round})", justify="right")
+    table.add_column(f"valid ({'round' if federated else 'epoch'} {result.best_round})", justify="right")
     table.add_column("test", justify="right")
     for key, value in result.test.items():
         if key == "users":
             continue
         table.add_row(key, f"{result.valid_at_best.get(key, float('nan')):.4f}", f"{value:.4f}")
+    if federated and result.history:
+        up = sum(h.bytes_up for h in result.history) / len(result.history)
+        console.print(f"upload per round: {up / 2**20:.2f} MiB (all clients)")
     console.print(table)
     console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)")
 

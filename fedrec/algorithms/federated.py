@@ -1,0 +1,51 @@
+"""FedMF, FedNCF, FedRecon and PFedRec: members of the item-embedding family.
+
+Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
+personalisation (private score function, post-tuned item table kept by the client) to any of
+them, as in PFedRec's Table 2. Default learning rates are PFedRec's Table 4 (ML-100K column).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.federated.family import FamilySpec
+from fedrec.protocols.protocol import Split
+
+
+def _family(score: str, *, private_score: bool = False, always_dual: bool = False,
+            reconstruct: bool = False):  # type: ignore[no-untyped-def]
+    def build(split: Split, opts: dict[str, Any]) -> FamilySpec:
+        dual = always_dual or bool(opts.get("dual", False))
+        return FamilySpec(
+            score=score,
+            private_score=private_score or dual,
+            dual=dual,
+            reconstruct=int(opts.get("reconstruct_epochs", 1)) if reconstruct else 0,
+            dim=int(opts["dim"]),
+        )
+
+    return build
+
+
+register(AlgorithmSpec(
+    "fedmf", "federated",
+    "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
+    _family("dot"), {"dim": 32, "lr": 0.1, "dual": False},
+))
+register(AlgorithmSpec(
+    "fedncf", "federated",
+    "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
+    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False},
+))
+register(AlgorithmSpec(
+    "fedrecon", "federated",
+    "FedRecon: user vector re-trained from scratch each round before the item update; --dual for DualPer",
+    _family("dot", reconstruct=True), {"dim": 32, "lr": 0.1, "dual": False, "reconstruct_epochs": 1},
+))
+register(AlgorithmSpec(
+    "pfedrec", "federated",
+    "PFedRec: private Linear(d,1) score function, item table post-tuned on the client, averaged",
+    _family("linear", private_score=True, always_dual=True), {"dim": 32, "lr": 0.1, "dual": True},
+))

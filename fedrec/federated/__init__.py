@@ -1,0 +1,1 @@
+"""Federated simulation: cohort-vectorised local training, uploads, aggregation, rounds."""

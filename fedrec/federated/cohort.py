@@ -1,0 +1,137 @@
+"""The local data of a cohort laid out for lockstep training of all its clients at once.
+
+Every client's samples (its training positives plus freshly drawn negatives) are shuffled and
+cut into its own minibatches. Clients are ordered by how many batches they have, so at step t
+the clients that still have a batch form a prefix ``[:n_active]``: a step touches exactly the
+active clients, and a client that ran out of batches is simply not in the step — the same as
+padding it with zero-weight steps, without the wasted work. The last batch of a client may be
+short; ``mask`` marks its real slots.
+
+Items live in *local rows*: the distinct (client, item) pairs the cohort touches this round,
+flattened with per-client pointers. A client that touches L items holds L rows, never the
+whole table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass
+class Step:
+    """One lockstep minibatch: ``rows``/``labels``/``mask`` are ``(n_active, batch_size)``."""
+
+    n_active: int
+    rows: np.ndarray
+    labels: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass
+class CohortBatches:
+    """A cohort's local rows and lockstep minibatches for one round.
+
+    ``clients`` are client ids (here: users) in training order. Local rows of client k are
+    ``row_ptr[k]:row_ptr[k+1]`` and hold items ``row_items`` (sorted within a client).
+    ``samples_*`` keep each client's sample sequence in order, for the reference engine.
+    """
+
+    clients: np.ndarray
+    row_items: np.ndarray
+    row_ptr: np.ndarray
+    steps: list[Step]
+    sample_client: np.ndarray
+    sample_row: np.ndarray
+    sample_label: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_items)
+
+    def rows_of(self, k: int) -> slice:
+        return slice(int(self.row_ptr[k]), int(self.row_ptr[k + 1]))
+
+
+def order_by_activity(train: sp.csr_matrix, clients: np.ndarray) -> np.ndarray:
+    """Clients sorted by decreasing training size (stable), so active clients form a prefix."""
+    counts = np.diff(train.indptr)[clients]
+    return clients[np.argsort(-counts, kind="stable")]
+
+
+def build_cohort(
+    train: sp.csr_matrix,
+    clients: np.ndarray,
+    negatives: np.ndarray | None,
+    batch_size: int,
+    shuffle_keys: np.ndarray,
+) -> CohortBatches:
+    """Lay out ``clients`` (already in `order_by_activity` order) for lockstep training.
+
+    ``negatives`` is ``(n_positives, k)``: k negatives for each training positive of the
+    cohort, in CSR order of ``clients``; None trains on positives only. ``shuffle_keys`` is
+    ``(epochs, n_samples)``: one random key per sample and local epoch, in canonical order
+    (client by client; a client's positives, then its negatives). Drawing randomness outside
+    keeps a round's result independent of how its cohort is cut into memory-sized chunks.
+    """
+    n_items = train.shape[1]
+    counts = np.diff(train.indptr)[clients].astype(np.int64)
+    starts = train.indptr[clients].astype(np.int64)
+    pos_client = np.repeat(np.arange(len(clients)), counts)
+    offset = np.arange(len(pos_client)) - np.repeat(np.cumsum(counts) - counts, counts)
+    pos_items = train.indices[np.repeat(starts, counts) + offset].astype(np.int64)
+    if negatives is not None and negatives.size:
+        k = negatives.shape[1]
+        items = np.concatenate([pos_items, negatives.ravel()])
+        client = np.concatenate([pos_client, np.repeat(pos_client, k)])
+        labels = np.concatenate([np.ones(len(pos_items), np.float32), np.zeros(negatives.size, np.float32)])
+    else:
+        items, client, labels = pos_items, pos_client, np.ones(len(pos_items), np.float32)
+
+    canonical = np.argsort(client, kind="stable")
+    items, client, labels = items[canonical], client[canonical], labels[canonical]
+    keys = client * n_items + items
+    uniq, sample_row = np.unique(keys, return_inverse=True)
+    row_items = uniq % n_items
+    row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
+
+    per_client = np.bincount(client, minlength=len(clients))
+    first = np.cumsum(per_client) - per_client
+    seq_client, seq_row, seq_label, steps = [], [], [], []
+    for epoch_keys in shuffle_keys:
+        order = np.lexsort((epoch_keys, client))
+        c, r, y = client[order], sample_row[order], labels[order]
+        seq_client.append(c)
+        seq_row.append(r)
+        seq_label.append(y)
+        steps.extend(_lockstep(c, r, y, per_client, first, batch_size))
+    return CohortBatches(
+        clients=clients, row_items=row_items, row_ptr=row_ptr, steps=steps,
+        sample_client=np.concatenate(seq_client), sample_row=np.concatenate(seq_row),
+        sample_label=np.concatenate(seq_label),
+    )
+
+
+def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client: np.ndarray,
+              first: np.ndarray, batch_size: int) -> list[Step]:
+    """Cut client-grouped samples into steps of ``(n_active, batch_size)`` blocks."""
+    pos = np.arange(len(client)) - first[client]
+    t, j = pos // batch_size, pos % batch_size
+    n_batches = -(-per_client // batch_size)
+    order = np.lexsort((j, client, t))
+    t_sorted = t[order]
+    bounds = np.searchsorted(t_sorted, np.arange(int(n_batches.max(initial=0)) + 1))
+    steps = []
+    for step in range(len(bounds) - 1):
+        sel = order[bounds[step] : bounds[step + 1]]
+        n_active = int((n_batches > step).sum())
+        rows = np.zeros((n_active, batch_size), np.int64)
+        labels = np.zeros((n_active, batch_size), np.float32)
+        mask = np.zeros((n_active, batch_size), np.float32)
+        rows[client[sel], j[sel]] = row[sel]
+        labels[client[sel], j[sel]] = label[sel]
+        mask[client[sel], j[sel]] = 1.0
+        steps.append(Step(n_active, rows, labels, mask))
+    return steps

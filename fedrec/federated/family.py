@@ -1,0 +1,136 @@
+"""The item-embedding family: FedMF, FedNCF, FedRecon and PFedRec as switches on one model.
+
+Each client scores an item from its item-table row through a score function. What differs
+between the methods is which parameters are private, which are averaged, and in what order
+they are updated:
+
+* ``score``: ``dot`` (a private user vector, FedMF/FedRecon), ``linear`` (a private
+  Linear(d, 1), PFedRec), ``ncf`` (private user vectors for GMF and the MLP tower, an MLP
+  64-32-16-8 and a head, FedNCF).
+* ``private_score``: the score function's own weights (NCF's MLP and head, PFedRec's linear
+  layer) stay on the client; otherwise they are averaged by the server like the item table.
+* ``dual``: PFedRec's dual personalisation. Each batch first updates the score function with
+  the item rows fixed, then post-tunes the item rows with the updated score function; the
+  client keeps its post-tuned rows and is evaluated with them.
+* ``reconstruct``: FedRecon. The user vector is re-initialised every round and trained alone
+  for that many local epochs before the item update, which then leaves it fixed.
+
+Every parameter is held with a leading client axis (``(C, ...)``), so one autograd pass over the
+sum of per-client losses gives each client exactly its own gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ITEMS = "items"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Which member of the family a run is (see the module docstring)."""
+
+    score: str
+    private_score: bool
+    dual: bool
+    reconstruct: int = 0
+    dim: int = 32
+    layers: tuple[int, ...] = (32, 16, 8)
+
+    @property
+    def item_width(self) -> int:
+        """Columns of an item row: NCF keeps a GMF and an MLP embedding side by side."""
+        return 2 * self.dim if self.score == "ncf" else self.dim
+
+    def user_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"user": (self.item_width,)} if self.score in ("dot", "ncf") else {}
+
+    def score_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.score == "linear":
+            return {"w": (self.dim,), "b": ()}
+        if self.score == "ncf":
+            shapes: dict[str, tuple[int, ...]] = {}
+            width = 2 * self.dim
+            for n, out in enumerate(self.layers):
+                shapes[f"W{n}"] = (width, out)
+                shapes[f"b{n}"] = (out,)
+                width = out
+            shapes["head_w"] = (self.dim + width,)
+            shapes["head_b"] = ()
+            return shapes
+        return {}
+
+    def private_names(self) -> list[str]:
+        names = list(self.user_shapes())
+        return names + list(self.score_shapes()) if self.private_score else names
+
+    def shared_names(self) -> list[str]:
+        """Dense parameters the server averages (besides the item table)."""
+        return [] if self.private_score else list(self.score_shapes())
+
+    def phases(self) -> list[list[str]]:
+        """Parameter groups stepped in sequence on every batch of the main local pass."""
+        user = [] if self.reconstruct else list(self.user_shapes())
+        score = user + list(self.score_shapes())
+        if self.dual:
+            return [score, [ITEMS]] if score else [[ITEMS]]
+        return [score + [ITEMS]]
+
+
+def init_params(spec: FamilySpec, names: list[str], n: int, gen: torch.Generator,
+                item_std: float) -> dict[str, torch.Tensor]:
+    """``n`` independent draws of the named parameters (leading axis n).
+
+    User vectors ~ N(0, item_std²) like the item rows; linear layers use PyTorch's default
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
+    """
+    shapes = {**spec.user_shapes(), **spec.score_shapes()}
+    out = {}
+    for name in names:
+        shape = (n, *shapes[name])
+        if name == "user":
+            out[name] = torch.randn(shape, generator=gen) * item_std
+        else:
+            fan_in = _fan_in(spec, name)
+            bound = 1.0 / math.sqrt(fan_in)
+            out[name] = (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    return out
+
+
+def _fan_in(spec: FamilySpec, name: str) -> int:
+    shapes = spec.score_shapes()
+    if name in ("w", "b"):
+        return spec.dim
+    if name.startswith("W"):
+        return shapes[name][0]
+    if name.startswith("b"):
+        return shapes["W" + name[1:]][0]
+    return shapes["head_w"][0]
+
+
+def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """Logits ``(C, B)`` of item rows ``v`` ``(C, B, item_width)`` under per-client params."""
+    if spec.score == "dot":
+        return torch.einsum("cd,cbd->cb", p["user"], v)
+    if spec.score == "linear":
+        return torch.einsum("cd,cbd->cb", p["w"], v) + p["b"][:, None]
+    d = spec.dim
+    u = p["user"]
+    gmf = u[:, None, :d] * v[..., :d]
+    x = torch.cat([u[:, None, d:].expand(-1, v.shape[1], -1), v[..., d:]], dim=-1)
+    for n in range(len(spec.layers)):
+        x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
+    return torch.einsum("cd,cbd->cb", p["head_w"], torch.cat([gmf, x], dim=-1)) + p["head_b"][:, None]
+
+
+def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], rows: torch.Tensor,
+               idx: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over the step's clients of each client's mean BCE over its own batch."""
+    n = idx.shape[0]
+    logits = score(spec, {k: t[:n] for k, t in p.items()}, rows[idx])
+    bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * mask
+    return (bce.sum(1) / mask.sum(1)).sum()

@@ -1,0 +1,177 @@
+"""fedrec's runs beside a paper's published figures, one row per method and setting.
+
+Runs are grouped by the training-negative policy they used, because the official code of
+PFedRec and its successors draws negatives in a way that leaks the test item: a paper's figure
+should be compared with our ``legacy`` column to check the reproduction, and with our
+``leak-free`` column to see what the method is worth without the leak.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fedrec.errors import FedrecError
+from fedrec.reproduce.papers import figure, load_figures
+
+DEFAULT_METRICS = ("hr@10", "ndcg@10")
+MISSING = "—"
+
+#: The column group each training-negative policy (`fedrec protocols`) is shown under.
+POLICY_GROUPS: dict[str, str] = {
+    "leak-free": "leak-free",
+    "exclude-candidates": "leak-free",
+    "train-only": "leak-free",
+    "legacy-exclude-heldout": "legacy",
+}
+_GROUP_ORDER = ("leak-free", "legacy")
+
+#: (method, dataset, setting, negatives)
+Key = tuple[str, str, str, str]
+#: (mean, std, n)
+Cell = tuple[float, float, int]
+Summary = dict[Key, dict[str, Cell]]
+
+
+def negatives_of(result: dict[str, Any]) -> str:
+    """The negative policy a run used: the resolved one in ``data`` if recorded, else the asked."""
+    data = result.get("data") or {}
+    config = result.get("config") or {}
+    return str(data.get("negatives") or config.get("negatives") or "")
+
+
+def summarise(results: Iterable[dict[str, Any]], metrics: Sequence[str] = DEFAULT_METRICS) -> Summary:
+    """Mean, std and count of each test metric over the seeds of each run group.
+
+    Groups are ``(algorithm, dataset, setting, negatives)``; ``setting`` is ``config["setting"]``
+    (empty when absent). The std is the population std (``ddof=0``), as "mean ± std over five
+    trials" in the papers; it is 0 for a single seed. A metric a run lacks is left out of its
+    group's count. Two runs of one group with the same seed are an error: counting a seed twice
+    would shrink the spread.
+    """
+    values: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seeds: dict[Key, set[int]] = defaultdict(set)
+    for r in results:
+        config = r.get("config") or {}
+        key = (r["algorithm"], r["dataset"], str(config.get("setting") or ""), negatives_of(r))
+        if r["seed"] in seeds[key]:
+            raise FedrecError(f"two results for {key} with seed {r['seed']}")
+        seeds[key].add(r["seed"])
+        for m in metrics:
+            if m in r["test"]:
+                values[key][m].append(float(r["test"][m]))
+    return {
+        key: {m: (statistics.fmean(v), statistics.pstdev(v), len(v)) for m, v in per.items()}
+        for key, per in values.items()
+    }
+
+
+def _group_labels(policies: Iterable[str]) -> dict[str, str]:
+    """Column label per policy; policies that would share a group keep their own names."""
+    policies = sorted(set(policies))
+    grouped = {p: POLICY_GROUPS.get(p, p or "unrecorded") for p in policies}
+    shared = {g for g in grouped.values() if list(grouped.values()).count(g) > 1}
+    return {p: p if g in shared else g for p, g in grouped.items()}
+
+
+def _rank(order: list[str]) -> Any:
+    """Sort key: names in ``order`` first, in that order, then the rest alphabetically."""
+    pos = {name: i for i, name in enumerate(order)}
+    return lambda name: (pos.get(name, len(pos)), name)
+
+
+def _fmt(mean: float, std: float | None, n: int = 0) -> str:
+    return f"{mean:.4f}" if std is None or n == 1 else f"{mean:.4f} ± {std:.4f}"
+
+
+def _build(
+    summary: Summary, paper: str, table: str | int, metrics: Sequence[str] | None,
+    paper_rows: bool,
+) -> tuple[list[str], list[list[str]], int]:
+    """Header, rows and the number of leading text columns of the comparison table."""
+    table = str(table)
+    published = [f for f in load_figures(paper) if f.table == table]
+    if not published:
+        tables = ", ".join(dict.fromkeys(f.table for f in load_figures(paper)))
+        raise FedrecError(f"no figures of {paper} Table {table} are transcribed; tables: {tables}")
+    if metrics is None:
+        seen = [m for cells in summary.values() for m in cells] + [f.metric for f in published]
+        metrics = list(dict.fromkeys(seen))
+    labels = _group_labels(k[3] for k in summary)
+    groups = sorted(set(labels.values()), key=_rank(list(_GROUP_ORDER)))
+
+    rows = {k[:3] for k in summary}
+    if paper_rows:
+        datasets = {k[1] for k in summary}
+        rows |= {(f.method, f.dataset, f.setting) for f in published if f.dataset in datasets}
+    method_rank = _rank(list(dict.fromkeys(f.method for f in published)))
+    dataset_rank = _rank(list(dict.fromkeys(f.dataset for f in published)))
+    setting_rank = _rank(list(dict.fromkeys(f.setting for f in published)))
+    ordered = sorted(rows, key=lambda r: (dataset_rank(r[1]), method_rank(r[0]), setting_rank(r[2])))
+    show_setting = any(r[2] for r in ordered)
+
+    header = ["method", "dataset"] + (["setting"] if show_setting else [])
+    lead = len(header)
+    for m in metrics:
+        header += [f"ours ({g}) {m.upper()}" for g in groups] + [f"paper {m.upper()}"]
+
+    body = []
+    for method, dataset, setting in ordered:
+        by_group = {
+            labels[k[3]]: cells for k, cells in summary.items() if k[:3] == (method, dataset, setting)
+        }
+        line = [method, dataset] + ([setting] if show_setting else [])
+        for m in metrics:
+            for g in groups:
+                cell = by_group.get(g, {}).get(m)
+                line.append(MISSING if cell is None else _fmt(*cell))
+            pub = figure(paper, table, method, dataset, m, setting)
+            line.append(MISSING if pub is None else _fmt(pub.mean, pub.std))
+        body.append(line)
+    return header, body, lead
+
+
+def _caption(summary: Summary, paper: str, table: str | int) -> str:
+    counts = sorted({n for cells in summary.values() for _, _, n in cells.values()})
+    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}" if counts else "0"
+    published = next((f.source for f in load_figures(paper) if f.table == str(table)), paper)
+    return (
+        f"ours: mean ± population std (ddof=0) over {seeds} seed(s); "
+        f"paper: as published in {published}"
+    )
+
+
+def render(
+    summary: Summary, paper: str, table: str | int, console: Console,
+    metrics: Sequence[str] | None = None, paper_rows: bool = True,
+) -> None:
+    """Print ours beside the paper as a rich table.
+
+    One row per (method, data set, setting); for each metric a column per negative-policy group
+    of ours, then the paper's figure; "—" where either has none. With ``paper_rows`` the
+    paper's methods that we have not run appear too, for the data sets we have run.
+    """
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows)
+    out = Table(title=f"{paper} Table {table}: ours beside the paper",
+                caption=_caption(summary, paper, table))
+    for i, name in enumerate(header):
+        out.add_column(name, justify="left" if i < lead else "right")
+    for line in body:
+        out.add_row(*line)
+    console.print(out)
+
+
+def to_markdown(
+    summary: Summary, paper: str, table: str | int,
+    metrics: Sequence[str] | None = None, paper_rows: bool = True,
+) -> str:
+    """The table of `render` as GitHub markdown, with its caption as a closing line."""
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows)
+    align = [":---" if i < lead else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(row) + " |" for row in [header, align, *body]]
+    return "\n".join(lines) + f"\n\n{_caption(summary, paper, table)}\n"
