@@ -82,26 +82,28 @@ def build_cohort(
     pos_client = np.repeat(np.arange(len(clients)), counts)
     offset = np.arange(len(pos_client)) - np.repeat(np.cumsum(counts) - counts, counts)
     pos_items = train.indices[np.repeat(starts, counts) + offset].astype(np.int64)
-    if negatives is not None and negatives.size:
-        k = negatives.shape[1]
-        items = np.concatenate([pos_items, negatives.ravel()])
-        client = np.concatenate([pos_client, np.repeat(pos_client, k)])
-        labels = np.concatenate([np.ones(len(pos_items), np.float32), np.zeros(negatives.size, np.float32)])
-    else:
-        items, client, labels = pos_items, pos_client, np.ones(len(pos_items), np.float32)
-
-    canonical = np.argsort(client, kind="stable")
-    items, client, labels = items[canonical], client[canonical], labels[canonical]
+    k = negatives.shape[1] if negatives is not None else 0
+    per_client = counts * (1 + k)
+    first = np.cumsum(per_client) - per_client
+    # canonical order without a sort: each client's positives, then its negatives
+    n = int(per_client.sum())
+    client = np.repeat(np.arange(len(clients)), per_client)
+    items = np.empty(n, np.int64)
+    labels = np.zeros(n, np.float32)
+    pos_at = first[pos_client] + offset
+    items[pos_at] = pos_items
+    labels[pos_at] = 1.0
+    if k:
+        neg_at = (first[pos_client] + counts[pos_client])[:, None] + offset[:, None] * k + np.arange(k)
+        items[neg_at.ravel()] = negatives.ravel()
     keys = client * n_items + items
     uniq, sample_row = np.unique(keys, return_inverse=True)
     row_items = uniq % n_items
     row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
 
-    per_client = np.bincount(client, minlength=len(clients))
-    first = np.cumsum(per_client) - per_client
     seq_client, seq_row, seq_label, steps = [], [], [], []
     for epoch_keys in shuffle_keys:
-        order = np.lexsort((epoch_keys, client))
+        order = np.argsort(client + epoch_keys * 0.999, kind="stable")  # shuffle within clients
         c, r, y = client[order], sample_row[order], labels[order]
         seq_client.append(c)
         seq_row.append(r)
@@ -120,7 +122,7 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
     pos = np.arange(len(client)) - first[client]
     t, j = pos // batch_size, pos % batch_size
     n_batches = -(-per_client // batch_size)
-    order = np.lexsort((j, client, t))
+    order = np.argsort(t, kind="stable")
     t_sorted = t[order]
     bounds = np.searchsorted(t_sorted, np.arange(int(n_batches.max(initial=0)) + 1))
     steps = []
@@ -133,5 +135,9 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
         rows[client[sel], j[sel]] = row[sel]
         labels[client[sel], j[sel]] = label[sel]
         mask[client[sel], j[sel]] = 1.0
+        # padding slots point at the client's own first row of the step, never another
+        # client's: a masked slot still computes 0 * value, and a non-finite row of one
+        # client must not turn into NaN gradients for every client with a short batch
+        rows = np.where(mask > 0, rows, rows[:, :1])
         steps.append(Step(n_active, rows, labels, mask))
     return steps

@@ -196,7 +196,7 @@ def _save(path: Path, r: int, state: FamilyState, out: TrainOutcome, spec: Famil
         "round": r, "spec": asdict(spec), "config": asdict(cfg),
         "items": state.items, "round_start_items": state.round_start_items,
         "shared": state.shared, "private": state.private,
-        "personal_items": state.personal_items, "personal_rows": state.personal_rows,
+        "personal": state.personal.state(),
         "history": [asdict(h) for h in out.history], "best_round": out.best_round,
         "valid_at_best": out.valid_at_best, "test": out.test,
     }
@@ -213,7 +213,7 @@ def _load(path: Path, state: FamilyState, out: TrainOutcome, spec: FamilySpec,
                           "remove it or drop --resume")
     state.items, state.round_start_items = blob["items"], blob["round_start_items"]
     state.shared, state.private = blob["shared"], blob["private"]
-    state.personal_items, state.personal_rows = blob["personal_items"], blob["personal_rows"]
+    state.personal.load(blob["personal"])
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
     return int(blob["round"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -159,18 +161,57 @@ def train_client(spec: FamilySpec, model: ClientModel, batches: list[tuple[torch
             step(opt, idx, y)
 
 
-def reference_train(state: FamilyState, cohort: CohortBatches, epochs: int, batch_size: int,
-                    fresh_user: torch.Tensor | None = None, clip: float | None = None,
-                    noise: torch.Tensor | None = None) -> FamilyState:
-    """Train ``cohort``'s clients one at a time from ``state``; return the aggregated new state.
+@dataclass
+class ReferenceState:
+    """The reference's own copy of the simulation state; ``personal[u]`` = (items, rows)."""
 
-    ``noise`` is the sum of the clients' LDP noise tables. ``state`` is not modified.
+    spec: FamilySpec
+    items: torch.Tensor
+    shared: dict[str, torch.Tensor]
+    private: dict[str, torch.Tensor]
+    lr: float
+    lr_item: float
+    round_start_items: torch.Tensor | None = None
+    personal: dict[int, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)
+
+    @staticmethod
+    def of(state: FamilyState) -> ReferenceState:
+        """A deep copy of an engine state, so both can start from the same point."""
+        personal = {}
+        owner, items, rows = state.personal.owner, state.personal.items, state.personal.rows
+        for u in np.unique(owner):
+            sel = np.flatnonzero(owner == u)
+            sel = sel[np.argsort(items[sel], kind="stable")]
+            personal[int(u)] = (items[sel].copy(), rows[torch.as_tensor(sel)].clone())
+        start = None if state.round_start_items is None else state.round_start_items.clone()
+        return ReferenceState(state.spec, state.items.clone(), copy.deepcopy(state.shared),
+                              copy.deepcopy(state.private), state.lr, state.lr_item, start, personal)
+
+
+@dataclass
+class ClientUpload:
+    """One client's upload: deltas of the rows it touched and its trained shared weights."""
+
+    client: int
+    items: np.ndarray
+    delta: torch.Tensor
+    shared: dict[str, torch.Tensor]
+    accepted: bool
+
+
+def reference_train(state: ReferenceState, cohort: CohortBatches, epochs: int, batch_size: int,
+                    fresh_user: torch.Tensor | None = None, clip: float | None = None,
+                    noise: Callable[[int], torch.Tensor] | None = None
+                    ) -> tuple[ReferenceState, list[ClientUpload]]:
+    """Train ``cohort``'s clients one at a time from ``state``; aggregate their uploads.
+
+    ``noise(n)`` gives the sum of the LDP noise tables of the n accepted uploads. Returns the
+    new state (``state`` is left unchanged) and every client's upload.
     """
-    spec, new = state.spec, copy.deepcopy(state)
+    spec = state.spec
+    new = copy.deepcopy(state)
     new.round_start_items = state.items.clone() if spec.dual else None
-    item_sum = torch.zeros_like(state.items)
-    shared_sum = {k: torch.zeros_like(v) for k, v in state.shared.items()}
-    n_ok = 0
+    uploads = []
     for k, client in enumerate(cohort.clients):
         items = cohort.row_items[cohort.rows_of(k)]
         start = {name: state.private[name][client] for name in spec.private_names()}
@@ -185,28 +226,27 @@ def reference_train(state: FamilyState, cohort: CohortBatches, epochs: int, batc
             new.private[name][client] = trained[name]
         rows = model.rows.detach()
         if spec.dual:
-            new.personal_items[client] = items
-            new.personal_rows[client] = rows.clone()
+            new.personal[int(client)] = (items.copy(), rows.clone())
         delta = rows - state.items[torch.as_tensor(items)]
         if clip is not None:
             delta = torch.stack([d * min(1.0, clip / max(float(d.norm()), 1e-12)) for d in delta])
         shared = {name: trained[name] for name in state.shared}
-        if not all(torch.isfinite(t).all() for t in [delta, *shared.values()]):
-            continue
-        n_ok += 1
-        for item, d in zip(items, delta, strict=True):
-            item_sum[int(item)] += d
-        for name, v in shared.items():
-            shared_sum[name] += v
-    if n_ok:
-        total = item_sum if noise is None else item_sum + noise
-        new.items = state.items + total / n_ok
-        new.shared = {name: v / n_ok for name, v in shared_sum.items()}
-    return new
+        ok = all(bool(torch.isfinite(t).all()) for t in [delta, *shared.values()])
+        uploads.append(ClientUpload(int(client), items, delta, shared, ok))
+    accepted = [up for up in uploads if up.accepted]
+    if accepted:
+        total = torch.zeros_like(state.items) if noise is None else noise(len(accepted))
+        for up in accepted:
+            for item, d in zip(up.items, up.delta, strict=True):
+                total[int(item)] += d
+        new.items = state.items + total / len(accepted)
+        new.shared = {name: sum(up.shared[name] for up in accepted) / len(accepted)
+                      for name in state.shared}
+    return new, uploads
 
 
-def reference_round(state: FamilyState, split: Split, cfg: FederatedConfig, seed: int,
-                    r: int) -> FamilyState:
+def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, seed: int,
+                    r: int) -> ReferenceState:
     """Round ``r`` of `run_federated` (same clients, negatives, shuffles, draws), unchunked."""
     spec = state.spec
     rng = np.random.default_rng([seed, r])
@@ -219,37 +259,41 @@ def reference_round(state: FamilyState, split: Split, cfg: FederatedConfig, seed
     if spec.reconstruct:
         fresh = torch.randn((len(cohort), spec.item_width), generator=gen) * cfg.item_std
     batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys)
-    new = reference_train(state, batches, cfg.local_epochs, cfg.batch_size, fresh, cfg.clip)
-    n_ok = len(cohort)
-    if cfg.ldp > 0 and n_ok:
-        noise = cfg.upload_path.noise_sum(n_ok, tuple(state.items.shape), gen)
-        new.items = new.items + noise / n_ok
-    return new
+
+    def noise(n: int) -> torch.Tensor:
+        return cfg.upload_path.noise_sum(n, tuple(state.items.shape), gen)
+
+    return reference_train(state, batches, cfg.local_epochs, cfg.batch_size, fresh, cfg.clip,
+                           noise)[0]
+
+
+def client_rows(state: ReferenceState, client: int, items: np.ndarray) -> torch.Tensor:
+    """The item rows ``client`` scores ``items`` with.
+
+    A dual client sees its post-tuned rows for the items it touched in its latest round and the
+    round-start table for the others; everyone else sees the global table.
+    """
+    dual = state.spec.dual and state.round_start_items is not None
+    v = (state.round_start_items if dual else state.items)[torch.as_tensor(items)].clone()
+    if state.spec.dual and client in state.personal:
+        own = dict(zip(state.personal[client][0].tolist(), state.personal[client][1], strict=True))
+        for j, item in enumerate(items.tolist()):
+            if item in own:
+                v[j] = own[item]
+    return v
 
 
 @torch.no_grad()
-def reference_scores(state: FamilyState, clients: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-    """Scores like `FamilyState.scores`, one client at a time through its own module.
-
-    A dual client sees its post-tuned rows for the items it touched in its last round and the
-    round-start table for the others.
-    """
-    spec = state.spec
-    n_items = state.items.shape[0]
-    base = state.round_start_items if spec.dual and state.round_start_items is not None else state.items
+def reference_scores(state: ReferenceState, clients: np.ndarray,
+                     items: np.ndarray | None) -> np.ndarray:
+    """Scores like `FamilyState.scores`, one client at a time through its own module."""
+    spec, n_items = state.spec, state.items.shape[0]
     out = np.empty((len(clients), n_items if items is None else items.shape[1]), np.float32)
     for k, client in enumerate(clients):
         wanted = np.arange(n_items) if items is None else items[k]
         values = {name: state.private[name][client] for name in spec.private_names()}
         scorer = make_scorer(spec, {**values, **state.shared})
-        v = base[torch.as_tensor(wanted)].clone()
-        if spec.dual:
-            own = {int(i): row for i, row in zip(state.personal_items[client],
-                                                 state.personal_rows[client], strict=True)}
-            for j, item in enumerate(wanted):
-                if int(item) in own:
-                    v[j] = own[int(item)]
-        out[k] = scorer(v).numpy()
+        out[k] = scorer(client_rows(state, int(client), wanted)).numpy()
     return out
 
 
@@ -259,8 +303,8 @@ def time_reference_rounds(spec: FamilySpec, split: Split, cfg: FederatedConfig, 
     n_items = split.n_items
     scale = cfg.item_lr_scale if cfg.item_lr_scale is not None else n_items * 80.0
     lr_item = cfg.lr_item if cfg.lr_item is not None else cfg.lr * scale
-    state = FamilyState.create(spec, split.n_users, n_items, lr=cfg.lr, lr_item=lr_item,
-                               item_std=cfg.item_std, seed=seed)
+    state = ReferenceState.of(FamilyState.create(spec, split.n_users, n_items, lr=cfg.lr,
+                                                 lr_item=lr_item, item_std=cfg.item_std, seed=seed))
     start = time.perf_counter()
     for r in range(1, rounds + 1):
         state = reference_round(state, split, cfg, seed, r)

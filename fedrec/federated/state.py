@@ -8,13 +8,21 @@ store per name, gathered for a cohort and scattered back after training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedrec.federated.cohort import CohortBatches
-from fedrec.federated.family import ITEMS, FamilySpec, batch_loss, init_params, score
+from fedrec.federated.family import (
+    ITEMS,
+    FamilySpec,
+    batch_loss,
+    init_params,
+    linear_grads,
+    score,
+)
+from fedrec.federated.personal import PersonalRows
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 
 
@@ -57,9 +65,8 @@ class FamilyState:
     lr: float
     lr_item: float
     item_std: float
+    personal: PersonalRows
     round_start_items: torch.Tensor | None = None
-    personal_items: list[np.ndarray] = field(default_factory=list)
-    personal_rows: list[torch.Tensor] = field(default_factory=list)
 
     @staticmethod
     def create(spec: FamilySpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
@@ -68,12 +75,8 @@ class FamilyState:
         items = torch.randn((n_items, spec.item_width), generator=gen) * item_std
         shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen, item_std).items()}
         private = init_params(spec, spec.private_names(), n_clients, gen, item_std)
-        empty = np.zeros(0, np.int64)
-        return FamilyState(
-            spec, items, shared, private, lr, lr_item, item_std,
-            personal_items=[empty] * n_clients,
-            personal_rows=[torch.zeros((0, spec.item_width))] * n_clients,
-        )
+        return FamilyState(spec, items, shared, private, lr, lr_item, item_std,
+                           PersonalRows(n_items, spec.item_width))
 
     # -- one round -------------------------------------------------------------------------
 
@@ -92,65 +95,87 @@ class FamilyState:
         spec, clients = self.spec, torch.as_tensor(cohort.clients)
         c = len(cohort.clients)
         row_items = torch.as_tensor(cohort.row_items)
-        rows = self.items[row_items].clone().requires_grad_(True)
-        params = {k: self.private[k][clients].clone() for k in spec.private_names()}
+        rows = self.items[row_items]
+        params = {k: self.private[k][clients] for k in spec.private_names()}
         params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
         if fresh_user is not None:
             params["user"] = fresh_user.clone()
-        for t in params.values():
-            t.requires_grad_(True)
-        every = {**params, ITEMS: rows}
         steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
                  for s in cohort.steps]
         for _ in range(spec.reconstruct):
-            for idx, y, m in steps:
-                self._sgd(every, ["user"], idx, y, m)
-        loss_sum = 0.0
-        for idx, y, m in steps:
-            for phase in spec.phases():
-                loss_sum_step = self._sgd(every, phase, idx, y, m)
-            loss_sum += loss_sum_step
+            for step in steps:
+                self._step(params, rows, step, [["user"]])
+        loss_sum = sum(self._step(params, rows, step, spec.phases()) for step in steps)
 
-        with torch.no_grad():
-            for k in spec.private_names():
-                self.private[k][clients] = params[k].detach()
-            if spec.dual:
-                for k in range(c):
-                    sl = cohort.rows_of(k)
-                    self.personal_items[cohort.clients[k]] = cohort.row_items[sl]
-                    self.personal_rows[cohort.clients[k]] = rows[sl].detach().clone()
-            delta = path.clip_rows(rows.detach() - self.items[row_items])
-            counts = torch.as_tensor(np.diff(cohort.row_ptr))
-            finite = torch.isfinite(delta).all(1).float()
-            bad_rows = torch.zeros(c).index_add_(0, torch.repeat_interleave(torch.arange(c), counts), 1 - finite)
-            accepted = bad_rows == 0
-            for k in self.shared:
-                accepted &= torch.isfinite(params[k].detach().reshape(c, -1)).all(1)
-            shared = {k: params[k].detach() for k in self.shared}
-            shared_floats = sum(v.numel() for v in self.shared.values())
-            width = spec.item_width
-            up = path.item_bytes(counts, self.items.shape[0], width) + c * shared_floats * FLOAT_BYTES
-            down = int(counts.sum()) * width * FLOAT_BYTES + c * shared_floats * FLOAT_BYTES
+        for k in spec.private_names():
+            self.private[k][clients] = params[k]
+        if spec.dual:
+            self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
+        delta = path.clip_rows(rows - self.items[row_items])
+        counts = torch.as_tensor(np.diff(cohort.row_ptr))
+        owner = torch.repeat_interleave(torch.arange(c), counts)
+        bad = torch.zeros(c).index_add_(0, owner, (~torch.isfinite(delta.sum(1))).float())
+        accepted = bad == 0
+        for k in self.shared:
+            accepted &= torch.isfinite(params[k].reshape(c, -1).sum(1))
+        shared = {k: params[k] for k in self.shared}
+        shared_floats = sum(v.numel() for v in self.shared.values())
+        width = spec.item_width
+        up = path.item_bytes(counts, self.items.shape[0], width) + c * shared_floats * FLOAT_BYTES
+        down = int(counts.sum()) * width * FLOAT_BYTES + c * shared_floats * FLOAT_BYTES
         n_batches = sum(s.n_active for s in cohort.steps)
         return CohortUpload(cohort, delta, shared, accepted, up, down, loss_sum, n_batches)
 
-    def _sgd(self, every: dict[str, torch.Tensor], names: list[str], idx: torch.Tensor,
-             y: torch.Tensor, m: torch.Tensor) -> float:
-        """One plain-SGD step on ``names`` (others held fixed); returns the loss before it."""
-        p = {k: v for k, v in every.items() if k != ITEMS}
-        loss = batch_loss(self.spec, p, every[ITEMS], idx, y, m)
-        grads = torch.autograd.grad(loss, [every[k] for k in names])
-        with torch.no_grad():
-            for k, g in zip(names, grads, strict=True):
-                every[k].sub_(g, alpha=self.lr_item if k == ITEMS else self.lr)
-        return float(loss.detach())
+    def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
+              step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]]) -> float:
+        """One minibatch: a plain-SGD step per phase, in order; returns the last phase's loss.
+
+        The item vectors of the batch are gathered once; the item phase differentiates the
+        loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
+        differentiating w.r.t. ``rows``, without a dense gradient of every local row).
+        """
+        idx, y, m = step
+        v = None
+        loss_value = 0.0
+        for names in phases:
+            if v is None:
+                v = rows[idx]
+            train_items = ITEMS in names
+            others = [k for k in names if k != ITEMS]
+            if self.spec.score == "ncf":
+                loss, grads = self._autograd(params, v, y, m, others, train_items)
+            else:
+                loss, grads = linear_grads(self.spec, params, v, y, m, others, train_items)
+            for k in others:
+                params[k].sub_(grads[k], alpha=self.lr)
+            if train_items:
+                rows.index_add_(0, idx.reshape(-1), grads[ITEMS].reshape(-1, rows.shape[1]),
+                                alpha=-self.lr_item)
+                v = None
+            loss_value = loss
+        return loss_value
+
+    def _autograd(self, params: dict[str, torch.Tensor], v: torch.Tensor, y: torch.Tensor,
+                  m: torch.Tensor, names: list[str], train_items: bool
+                  ) -> tuple[float, dict[str, torch.Tensor]]:
+        """Gradients of the batch loss by autograd (any score function)."""
+        leaves = {k: params[k].detach().requires_grad_(True) for k in names}
+        p = {**params, **leaves}
+        vv = v.detach().requires_grad_(True) if train_items else v
+        with torch.enable_grad():
+            loss = batch_loss(self.spec, p, vv, y, m)
+            got = torch.autograd.grad(loss, [*leaves.values(), *([vv] if train_items else [])])
+        grads = dict(zip([*leaves, *([ITEMS] if train_items else [])], got, strict=True))
+        return float(loss.detach()), grads
 
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None:
         """Add a cohort's accepted uploads to the round's running sums (scatter-add of rows)."""
-        counts = np.diff(up.cohort.row_ptr)
-        keep_rows = torch.repeat_interleave(up.accepted, torch.as_tensor(counts))
-        items = torch.as_tensor(up.cohort.row_items)[keep_rows]
-        acc.item_sum.index_add_(0, items, up.delta[keep_rows])
+        items = torch.as_tensor(up.cohort.row_items)
+        if bool(up.accepted.all()):
+            acc.item_sum.index_add_(0, items, up.delta)
+        else:
+            keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(up.cohort.row_ptr)))
+            acc.item_sum.index_add_(0, items[keep], up.delta[keep])
         for k, v in up.shared.items():
             acc.shared_sum[k] += v[up.accepted].sum(0)
         n_ok = int(up.accepted.sum())
@@ -189,24 +214,8 @@ class FamilyState:
         base = self.round_start_items if (self.spec.dual and self.round_start_items is not None) else self.items
         v = base[torch.as_tensor(items)]
         if self.spec.dual:
-            self._override_personal(v, clients, items)
+            self.personal.override(v, clients, items)
         c = torch.as_tensor(clients)
         p = {k: self.private[k][c] for k in self.spec.private_names()}
         p.update({k: t.expand(len(clients), *t.shape) for k, t in self.shared.items()})
         return score(self.spec, p, v)
-
-    def _override_personal(self, v: torch.Tensor, clients: np.ndarray, items: np.ndarray) -> None:
-        """Replace rows the client post-tuned by its own values (dual personalisation)."""
-        n_items = self.items.shape[0]
-        lens = np.array([len(self.personal_items[u]) for u in clients])
-        if lens.sum() == 0:
-            return
-        keys = np.concatenate([u * n_items + self.personal_items[u] for u in clients])
-        values = torch.cat([self.personal_rows[u] for u in clients])
-        owner = np.repeat(np.arange(len(clients)), lens)
-        keys = owner * n_items + keys % n_items
-        query = (np.arange(len(clients))[:, None] * n_items + items).ravel()
-        pos = np.searchsorted(keys, query).clip(max=len(keys) - 1)
-        hit = keys[pos] == query
-        flat = v.view(-1, v.shape[-1])
-        flat[torch.as_tensor(np.flatnonzero(hit))] = values[torch.as_tensor(pos[hit])]
