@@ -228,9 +228,13 @@ def reproduce_command(
             label = f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}"
             bar.update(task, advance=1, description=("reused " if reused else "") + label)
 
+        def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
+            console.print(f"[red]failed[/] {planned.method} {planned.setting} {planned.protocol} "
+                          f"{policy} s{seed}: {reason}")
+
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives], rounds=rounds, out_dir=out_dir,
-                          data_dir=data_dir, on_run=on_run)
+                          data_dir=data_dir, on_run=on_run, on_fail=on_fail)
     parts = []
     for table, runs in chosen.items():
         keys = {(r.method, r.setting, r.protocol) for r in runs}

@@ -43,6 +43,7 @@ class CohortBatches:
     row_items: np.ndarray
     row_ptr: np.ndarray
     steps: list[Step]
+    steps_per_epoch: int
     sample_client: np.ndarray
     sample_row: np.ndarray
     sample_label: np.ndarray
@@ -111,6 +112,7 @@ def build_cohort(
         steps.extend(_lockstep(c, r, y, per_client, first, batch_size))
     return CohortBatches(
         clients=clients, row_items=row_items, row_ptr=row_ptr, steps=steps,
+        steps_per_epoch=len(steps) // max(len(shuffle_keys), 1),
         sample_client=np.concatenate(seq_client), sample_row=np.concatenate(seq_row),
         sample_label=np.concatenate(seq_label),
     )

@@ -9,6 +9,7 @@ one would have done.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -158,6 +159,11 @@ def run_federated(
             batches = build_cohort(split.train, cohort[a:b], chunk_negs, cfg.batch_size,
                                    keys[:, s0 : smp_end[b - 1]])
             state.accumulate(acc, state.local_update(batches, path, None if fresh is None else fresh[a:b]))
+        if not math.isfinite(acc.loss_sum):
+            raise FedrecError(
+                f"training diverged in round {r} (the loss is not finite); lower --lr or "
+                f"--lr-item (item rows use {lr_item:g})"
+            )
         state.aggregate(acc, path, gen)
         record = RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
                              bytes_up=acc.bytes_up, bytes_down=acc.bytes_down)

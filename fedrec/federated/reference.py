@@ -13,6 +13,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ class NCFScorer(nn.Module):
         self.dim = dim
         self.user = nn.Parameter(torch.zeros(2 * dim))
         widths = [2 * dim, *layers]
-        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
         self.head = nn.Linear(dim + widths[-1], 1)
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
@@ -118,8 +119,10 @@ def export_scorer(spec: FamilySpec, scorer: nn.Module) -> dict[str, torch.Tensor
     return out
 
 
-def client_batches(cohort: CohortBatches, k: int, epochs: int,
-                   batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def client_batches(cohort: CohortBatches, k: int, epochs: int, batch_size: int) -> Batches:
     """Client ``k``'s minibatches (local row index, label), epoch after epoch."""
     mine = cohort.sample_client == k
     rows = cohort.sample_row[mine] - cohort.row_ptr[k]
@@ -133,9 +136,14 @@ def client_batches(cohort: CohortBatches, k: int, epochs: int,
     return out
 
 
-def train_client(spec: FamilySpec, model: ClientModel, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                 lr: float, lr_item: float) -> None:
-    """FedRecon's user-only passes, then per batch one SGD step per phase, in order."""
+def train_client(spec: FamilySpec, model: ClientModel, batches: Batches, lr: float,
+                 lr_item: float, epochs: int = 1) -> None:
+    """FedRecon's user-only passes, then per batch one SGD step per phase, in order.
+
+    A reconstruction epoch is one pass over the client's first local epoch of batches
+    (``batches`` holds ``epochs`` epochs back to back, equally long). Phases: the score function (and the user vector unless reconstructed) then
+    the item rows for dual personalisation; all of them in one step otherwise.
+    """
     bce = nn.BCEWithLogitsLoss()
     user = [model.scorer.user] if hasattr(model.scorer, "user") else []
     dense = [p for name, p in model.scorer.named_parameters() if name != "user"]
@@ -148,7 +156,7 @@ def train_client(spec: FamilySpec, model: ClientModel, batches: list[tuple[torch
     if spec.reconstruct:
         opt = torch.optim.SGD(user, lr=lr)
         for _ in range(spec.reconstruct):
-            for idx, y in batches:
+            for idx, y in batches[: len(batches) // epochs]:
                 step(opt, idx, y)
     score_params = dense + ([] if spec.reconstruct else user)
     groups = [[{"params": score_params, "lr": lr}], [{"params": [model.rows], "lr": lr_item}]]
@@ -185,7 +193,8 @@ class ReferenceState:
             personal[int(u)] = (items[sel].copy(), rows[torch.as_tensor(sel)].clone())
         start = None if state.round_start_items is None else state.round_start_items.clone()
         return ReferenceState(state.spec, state.items.clone(), copy.deepcopy(state.shared),
-                              copy.deepcopy(state.private), state.lr, state.lr_item, start, personal)
+                              copy.deepcopy(state.private), state.lr, state.lr_item, start,
+                              personal)
 
 
 @dataclass
@@ -220,7 +229,7 @@ def reference_train(state: ReferenceState, cohort: CohortBatches, epochs: int, b
             start["user"] = fresh_user[k]
         model = ClientModel(make_scorer(spec, start), state.items[torch.as_tensor(items)])
         train_client(spec, model, client_batches(cohort, k, epochs, batch_size), state.lr,
-                     state.lr_item)
+                     state.lr_item, epochs)
         trained = export_scorer(spec, model.scorer)
         for name in spec.private_names():
             new.private[name][client] = trained[name]
@@ -251,9 +260,12 @@ def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, s
     spec = state.spec
     rng = np.random.default_rng([seed, r])
     gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    cohort = order_by_activity(split.train, sample_clients(split.n_users, cfg.clients_per_round, rng))
+    sampled = sample_clients(split.n_users, cfg.clients_per_round, rng)
+    cohort = order_by_activity(split.train, sampled)
     counts = np.diff(split.train.indptr)[cohort]
-    negs = split.sample_negatives(np.repeat(cohort, counts), cfg.negatives, rng) if cfg.negatives else None
+    negs = None
+    if cfg.negatives:
+        negs = split.sample_negatives(np.repeat(cohort, counts), cfg.negatives, rng)
     keys = rng.random((cfg.local_epochs, int((counts * (1 + cfg.negatives)).sum())))
     fresh = None
     if spec.reconstruct:

@@ -102,8 +102,8 @@ class FamilyState:
             params["user"] = fresh_user.clone()
         steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
                  for s in cohort.steps]
-        for _ in range(spec.reconstruct):
-            for step in steps:
+        for _ in range(spec.reconstruct):  # one reconstruction epoch = one pass over the data
+            for step in steps[: cohort.steps_per_epoch]:
                 self._step(params, rows, step, [["user"]])
         loss_sum = sum(self._step(params, rows, step, spec.phases()) for step in steps)
 

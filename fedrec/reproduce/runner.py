@@ -66,6 +66,7 @@ def execute(
     runs: Iterable[PlannedRun], *, dataset: str, seeds: Iterable[int], policies: Iterable[str],
     rounds: int, out_dir: Path, data_dir: str | None = None,
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
+    on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -90,7 +91,12 @@ def execute(
                         federated=FederatedConfig(rounds=rounds, ldp=planned.ldp),
                     )
                     cfg.federated.lr = _default_lr(planned.algorithm)
-                    run(cfg, out=path)
+                    try:
+                        run(cfg, out=path)
+                    except FedrecError as e:  # one failed run must not end the reproduction
+                        if on_fail is not None:
+                            on_fail(planned, negatives, seed, str(e))
+                        continue
                 result = json.loads(path.read_text())
                 result["algorithm"] = planned.method
                 result["config"]["setting"] = planned.setting
