@@ -85,19 +85,18 @@ def init_params(spec: FamilySpec, names: list[str], n: int, gen: torch.Generator
                 item_std: float) -> dict[str, torch.Tensor]:
     """``n`` independent draws of the named parameters (leading axis n).
 
-    User vectors ~ N(0, item_std²) like the item rows; linear layers use PyTorch's default
-    U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
+    Everything, user vectors included, starts like PyTorch's ``nn.Linear`` weights:
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)). A user vector plays the part of a score function's
+    weight (FedMF is PFedRec's Linear(d, 1) without a bias), and drawing it N(0, 1) against
+    N(0, 1) item rows would start every logit at a std of sqrt(d), deep in the flat part of the
+    sigmoid. ``item_std`` is kept in the signature for the item table's scale.
     """
     shapes = {**spec.user_shapes(), **spec.score_shapes()}
     out = {}
     for name in names:
         shape = (n, *shapes[name])
-        if name == "user":
-            out[name] = torch.randn(shape, generator=gen) * item_std
-        else:
-            fan_in = _fan_in(spec, name)
-            bound = 1.0 / math.sqrt(fan_in)
-            out[name] = (torch.rand(shape, generator=gen) * 2 - 1) * bound
+        bound = 1.0 / math.sqrt(spec.dim if name == "user" else _fan_in(spec, name))
+        out[name] = (torch.rand(shape, generator=gen) * 2 - 1) * bound
     return out
 
 

@@ -10,6 +10,7 @@ It also gives `benchmarks/` a one-client-at-a-time baseline to time the engine a
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -269,7 +270,8 @@ def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, s
     keys = rng.random((cfg.local_epochs, int((counts * (1 + cfg.negatives)).sum())))
     fresh = None
     if spec.reconstruct:
-        fresh = torch.randn((len(cohort), spec.item_width), generator=gen) * cfg.item_std
+        bound = 1.0 / math.sqrt(spec.dim)  # the engine's user init, U(-1/sqrt(d), 1/sqrt(d))
+        fresh = (torch.rand((len(cohort), spec.item_width), generator=gen) * 2 - 1) * bound
     batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys)
 
     def noise(n: int) -> torch.Tensor:
