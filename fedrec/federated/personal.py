@@ -19,7 +19,7 @@ class PersonalRows:
         self.owner = np.zeros(0, np.int64)
         self.items = np.zeros(0, np.int64)
         self.rows = torch.zeros((0, width))
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (keys, rank), see `_keys`
 
     def update(self, clients: np.ndarray, row_items: np.ndarray, row_ptr: np.ndarray,
                rows: torch.Tensor) -> None:
@@ -38,17 +38,28 @@ class PersonalRows:
         """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``)."""
         if not len(self.owner):
             return
-        if self._sorted is None:
-            keys = self.owner * self.n_items + self.items
-            order = np.argsort(keys, kind="stable")
-            self._sorted = (keys[order], order)
-        keys, order = self._sorted
-        query = (clients[:, None] * self.n_items + items).ravel()
+        keys, rank = self._keys()
+        r = np.full(len(clients), -1, np.int64)  # -1: no rows; its queries are negative, never hit
+        inside = clients < len(rank)
+        r[inside] = rank[clients[inside]]
+        query = (r[:, None] * self.n_items + items).ravel()
         pos = np.searchsorted(keys, query).clip(max=len(keys) - 1)
         hit = np.flatnonzero(keys[pos] == query)
         if len(hit):
             flat = v.view(-1, v.shape[-1])
-            flat[torch.as_tensor(hit)] = self.rows[torch.as_tensor(order[pos[hit]])]
+            flat[torch.as_tensor(hit)] = self.rows[torch.as_tensor(pos[hit])]
+
+    def _keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted lookup keys without a sort: entries are stored owner by owner (each owner's
+        items sorted), so numbering owners in storage order makes ``rank * n_items + item``
+        increasing. ``rank`` is -1 for clients with no rows."""
+        if self._sorted is None:
+            starts = np.flatnonzero(np.r_[True, self.owner[1:] != self.owner[:-1]])
+            rank = np.full(int(self.owner.max()) + 1, -1, np.int64)
+            rank[self.owner[starts]] = np.arange(len(starts))
+            self._sorted = (rank[self.owner] * self.n_items + self.items, rank)
+        keys, rank = self._sorted
+        return keys, rank
 
     def state(self) -> dict[str, object]:
         return {"owner": self.owner, "items": self.items, "rows": self.rows}
