@@ -26,7 +26,7 @@ from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.centralised import TrainOutcome, lower_is_better
+from fedrec.train.selection import Selection, TrainOutcome
 
 
 @dataclass
@@ -130,10 +130,7 @@ def run_federated(
     if resume and ckpt is not None and ckpt.exists():
         first = _load(ckpt, state, out, spec, cfg) + 1
     path = cfg.upload_path
-    select = split.protocol.select
-    sign = -1.0 if lower_is_better(select) else 1.0
-    best = sign * out.valid_at_best[select] if out.valid_at_best else -np.inf
-    stale = _stale_since(out)
+    selection = Selection(split.protocol.select, cfg.patience, out)
     counts_all = np.diff(split.train.indptr)
     bytes_per_sample = spec.item_width * 4 * (12 if spec.score == "ncf" else 6)
 
@@ -171,27 +168,17 @@ def run_federated(
             record.valid["rejected_uploads"] = float(acc.rejected)
         if r % cfg.eval_every == 0 or r == cfg.rounds:
             record.valid.update(evaluate(scorer, split.valid, split.protocol))
-            value = sign * record.valid[select]
-            if value > best:
-                best, stale = value, 0
-                out.best_round, out.valid_at_best = r, dict(record.valid)
+            if selection.observe(r, record.valid):
                 out.test = evaluate(scorer, split.test, split.protocol)
-            else:
-                stale += 1
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:
             on_round(record, out.best_round, out.valid_at_best)
         if ckpt is not None and cfg.checkpoint_every and (r % cfg.checkpoint_every == 0):
             _save(ckpt, r, state, out, spec, cfg)
-        if cfg.patience and stale >= cfg.patience:
+        if selection.should_stop:
             break
     return out
-
-
-def _stale_since(out: TrainOutcome) -> int:
-    evaluated = [h.round for h in out.history if any(k != "rejected_uploads" for k in h.valid)]
-    return sum(1 for r in evaluated if r > out.best_round)
 
 
 def _save(path: Path, r: int, state: FamilyState, out: TrainOutcome, spec: FamilySpec,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 from fedrec.eval.evaluate import evaluate
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
+from fedrec.train.selection import Selection, TrainOutcome
 
 
 @dataclass
@@ -33,18 +34,6 @@ class TrainConfig:
     patience: int = 10
     eval_every: int = 1
     device: str = "cpu"
-
-
-@dataclass
-class TrainOutcome:
-    history: list[RoundRecord] = field(default_factory=list)
-    best_round: int = 0
-    valid_at_best: dict[str, float] = field(default_factory=dict)
-    test: dict[str, float] = field(default_factory=dict)
-
-
-def lower_is_better(metric: str) -> bool:
-    return metric.startswith("rmse") or metric.startswith("mae")
 
 
 def model_scorer(model: nn.Module, device: str) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
@@ -75,14 +64,11 @@ def train_centralised(
     loss_fn = nn.MSELoss() if rating_task else nn.BCEWithLogitsLoss()
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     users, items, ratings = split.train_pairs()
-    select = split.protocol.select
-    sign = -1.0 if lower_is_better(select) else 1.0
     scorer = model_scorer(model, device)
 
     out = TrainOutcome()
-    best_value = -np.inf
+    selection = Selection(split.protocol.select, config.patience, out)
     best_state = copy.deepcopy(model.state_dict())
-    stale = 0
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
         u_all, i_all, y_all = _epoch_samples(split, users, items, ratings, config.negatives, rating_task, rng)
@@ -103,18 +89,13 @@ def train_centralised(
         if epoch % config.eval_every == 0 or epoch == config.epochs:
             model.eval()
             record.valid = evaluate(scorer, split.valid, split.protocol)
-            value = sign * record.valid[select]
-            if value > best_value:
-                best_value, stale = value, 0
-                out.best_round, out.valid_at_best = epoch, record.valid
+            if selection.observe(epoch, record.valid):
                 best_state = copy.deepcopy(model.state_dict())
-            else:
-                stale += 1
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:
             on_round(record, out.best_round, out.valid_at_best)
-        if config.patience and stale >= config.patience:
+        if selection.should_stop:
             break
     model.load_state_dict(best_state)
     model.eval()
