@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedrec.data.interactions import Interactions
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
+
+
+# Test tensors are tiny: a second intra-op thread only adds synchronisation (and thrashes when
+# anything else runs on the machine), so the suite runs single-threaded.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
