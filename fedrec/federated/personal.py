@@ -16,23 +16,46 @@ class PersonalRows:
 
     def __init__(self, n_items: int, width: int) -> None:
         self.n_items = n_items
-        self.owner = np.zeros(0, np.int64)
-        self.items = np.zeros(0, np.int64)
-        self.rows = torch.zeros((0, width))
+        self._owner = np.zeros(0, np.int64)
+        self._items = np.zeros(0, np.int64)
+        self._rows = torch.zeros((0, width))
+        self._pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (keys, rank), see `_keys`
 
     def update(self, clients: np.ndarray, row_items: np.ndarray, row_ptr: np.ndarray,
                rows: torch.Tensor) -> None:
-        """Replace the entries of ``clients`` by their rows (client k: ``row_ptr[k]:row_ptr[k+1]``)."""
-        keep = ~np.isin(self.owner, clients)
-        owner = np.repeat(clients, np.diff(row_ptr))
-        if keep.any():
-            self.owner = np.concatenate([self.owner[keep], owner])
-            self.items = np.concatenate([self.items[keep], row_items])
-            self.rows = torch.cat([self.rows[torch.as_tensor(keep)], rows])
-        else:
-            self.owner, self.items, self.rows = owner, row_items.copy(), rows
+        """Replace the entries of ``clients`` by their rows (client k: ``row_ptr[k]:row_ptr[k+1]``).
+
+        Updates are queued and merged in one pass when the rows are next read, so a round
+        trained in many chunks costs one merge, not one per chunk.
+        """
+        self._pending.append((np.repeat(clients, np.diff(row_ptr)), row_items, rows))
         self._sorted = None
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        new_owner = np.concatenate([p[0] for p in self._pending])
+        keep = ~np.isin(self._owner, new_owner)
+        self._owner = np.concatenate([self._owner[keep], new_owner])
+        self._items = np.concatenate([self._items[keep], *(p[1] for p in self._pending)])
+        self._rows = torch.cat([self._rows[torch.as_tensor(keep)], *(p[2] for p in self._pending)])
+        self._pending = []
+
+    @property
+    def owner(self) -> np.ndarray:
+        self._merge()
+        return self._owner
+
+    @property
+    def items(self) -> np.ndarray:
+        self._merge()
+        return self._items
+
+    @property
+    def rows(self) -> torch.Tensor:
+        self._merge()
+        return self._rows
 
     def override(self, v: torch.Tensor, clients: np.ndarray, items: np.ndarray) -> None:
         """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``)."""
@@ -65,5 +88,5 @@ class PersonalRows:
         return {"owner": self.owner, "items": self.items, "rows": self.rows}
 
     def load(self, blob: dict[str, object]) -> None:
-        self.owner, self.items, self.rows = blob["owner"], blob["items"], blob["rows"]  # type: ignore[assignment]
-        self._sorted = None
+        self._owner, self._items, self._rows = blob["owner"], blob["items"], blob["rows"]  # type: ignore[assignment]
+        self._pending, self._sorted = [], None
