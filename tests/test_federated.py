@@ -105,3 +105,14 @@ def test_cli_federated_run_and_resume(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         main(["run", "mf", "--dataset", SYN, "--dual", "--out", str(tmp_path / "x.json")])
     assert bad.value.code == 2 and "--dual" in capsys.readouterr().err
+
+
+def test_ldp_noise_is_finite_laplace():
+    import torch
+
+    from fedrec.federated.upload import UploadPath
+
+    noise = UploadPath(ldp=0.5).noise_sum(1, (1000, 1000), torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(noise).all())
+    assert float(noise.abs().mean()) == pytest.approx(0.5, rel=0.01)  # E|X| = b
+    assert float(noise.var()) == pytest.approx(0.5, rel=0.02)  # Var X = 2 b^2

@@ -46,8 +46,11 @@ class UploadPath:
             return total
         for start in range(0, n_clients, chunk):
             m = min(chunk, n_clients - start)
-            u = torch.rand((m, *shape), generator=gen) - 0.5
-            total += (-self.ldp * torch.sign(u) * torch.log1p(-2 * u.abs())).sum(0)
+            # Laplace(0, b) = b (E1 - E2) with E ~ Exp(1). The inverse-CDF form
+            # -b sign(u) log(1 - 2|u|) is infinite when a uniform draw is exactly 0, which
+            # happens every few dozen million draws (every round of an ML-100K LDP run).
+            e = torch.empty((2, m, *shape)).exponential_(generator=gen)
+            total += self.ldp * (e[0] - e[1]).sum(0)
         return total
 
     def item_bytes(self, rows_per_client: torch.Tensor, n_items: int, width: int) -> int:
