@@ -116,6 +116,10 @@ def run(
     if spec.kind == "federated":
         cfg.federated.validate()
     options = {**spec.defaults, **cfg.model}
+    fed = cfg.federated
+    if "item_lr_scale" in options and fed.item_lr_scale is None and fed.lr_item is None:
+        fed.item_lr_scale = float(options.pop("item_lr_scale"))
+    options.pop("item_lr_scale", None)
     split = prepare_split(cfg)
     torch.manual_seed(cfg.seed)
     model = spec.build(split, options)

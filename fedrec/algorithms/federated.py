@@ -3,6 +3,9 @@
 Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
 personalisation (private score function, post-tuned item table kept by the client) to any of
 them, as in PFedRec's Table 2. Default learning rates are PFedRec's Table 4 (ML-100K column).
+Item rows use the official ``lr x n_items x 80`` rule, except FedNCF: at its lr of 0.5 that rule
+(67,280 on ML-100K) diverges (round 83, seed 0); ``item_lr_scale`` 20,000 was chosen on
+validation HR@10 over 100 rounds (0.662, against 0.610 for 5,000).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False},
+    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False, "item_lr_scale": 20000.0},
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",
