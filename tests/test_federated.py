@@ -116,3 +116,13 @@ def test_ldp_noise_is_finite_laplace():
     assert bool(torch.isfinite(noise).all())
     assert float(noise.abs().mean()) == pytest.approx(0.5, rel=0.01)  # E|X| = b
     assert float(noise.var()) == pytest.approx(0.5, rel=0.02)  # Var X = 2 b^2
+
+
+def test_algorithm_item_rate_defaults_reach_the_run():
+    ncf = run(_cfg("fedncf", rounds=1))
+    assert ncf.config["federated"]["item_lr_scale"] == 20000.0
+    assert "item_lr_scale" not in ncf.config["model"]
+    mf = run(_cfg("fedmf", rounds=1))
+    assert mf.config["federated"]["item_lr_scale"] is None  # the official n_items x 80 rule
+    explicit = run(_cfg("fedncf", rounds=1, item_lr_scale=3.0))
+    assert explicit.config["federated"]["item_lr_scale"] == 3.0
