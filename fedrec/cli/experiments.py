@@ -37,6 +37,7 @@ def run_command(
     eval_every: int = typer.Option(1, help="Evaluate on validation every N epochs/rounds."),
     dim: int = typer.Option(32, help="Embedding size."),
     dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
+    reconstruct_epochs: int | None = typer.Option(None, help="FedRecon: epochs re-training the user vector each round (default: the algorithm's)."),
     clients_per_round: float = typer.Option(1.0, help="Federated: fraction (<= 1) or number of clients per round."),
     local_epochs: int = typer.Option(1, help="Federated: local epochs per round."),
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
@@ -69,7 +70,9 @@ def run_command(
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
-        data_dir=data_dir, model={"dim": dim, **({"dual": dual} if federated else {})},
+        data_dir=data_dir,
+        model={"dim": dim, **({"dual": dual} if federated else {}),
+               **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {})},
         train=TrainConfig(
             epochs=rounds, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
             negatives=num_negatives, patience=10 if patience is None else patience,
