@@ -102,9 +102,12 @@ class FamilyState:
             params["user"] = fresh_user.clone()
         steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
                  for s in cohort.steps]
-        for _ in range(spec.reconstruct):  # one reconstruction epoch = one pass over the data
-            for step in steps[: cohort.steps_per_epoch]:
-                self._step(params, rows, step, [["user"]])
+        if spec.reconstruct:  # one reconstruction epoch = one pass over the data; rows are fixed
+            epoch = steps[: cohort.steps_per_epoch]
+            gathered = [rows[idx] for idx, _, _ in epoch]
+            for _ in range(spec.reconstruct):
+                for step, v in zip(epoch, gathered, strict=True):
+                    self._step(params, rows, step, [["user"]], v)
         loss_sum = sum(self._step(params, rows, step, spec.phases()) for step in steps)
 
         for k in spec.private_names():
@@ -127,15 +130,15 @@ class FamilyState:
         return CohortUpload(cohort, delta, shared, accepted, up, down, loss_sum, n_batches)
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
-              step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]]) -> float:
+              step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
+              v: torch.Tensor | None = None) -> float:
         """One minibatch: a plain-SGD step per phase, in order; returns the last phase's loss.
 
-        The item vectors of the batch are gathered once; the item phase differentiates the
+        The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
         differentiating w.r.t. ``rows``, without a dense gradient of every local row).
         """
         idx, y, m = step
-        v = None
         loss_value = 0.0
         for names in phases:
             if v is None:
