@@ -26,6 +26,7 @@ class RoundRecord:
     valid: dict[str, float] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
+    rejected_uploads: int = 0
 
 
 @dataclass

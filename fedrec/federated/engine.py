@@ -163,11 +163,10 @@ def run_federated(
             )
         state.aggregate(acc, path, gen)
         record = RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
-                             bytes_up=acc.bytes_up, bytes_down=acc.bytes_down)
-        if acc.rejected:
-            record.valid["rejected_uploads"] = float(acc.rejected)
+                             bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
+                             rejected_uploads=acc.rejected)
         if r % cfg.eval_every == 0 or r == cfg.rounds:
-            record.valid.update(evaluate(scorer, split.valid, split.protocol))
+            record.valid = evaluate(scorer, split.valid, split.protocol)
             if selection.observe(r, record.valid):
                 out.test = evaluate(scorer, split.test, split.protocol)
         record.seconds = time.perf_counter() - start
