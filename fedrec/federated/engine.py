@@ -73,6 +73,7 @@ class FederatedConfig:
             (self.clip is not None and self.clip <= 0, "--clip must be > 0"),
             (self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
+            (self.device != "cpu", "the federated engine runs on the CPU only so far (--device cpu)"),
         ]
         for bad, message in problems:
             if bad:
