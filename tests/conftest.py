@@ -10,7 +10,6 @@ from fedrec.data.interactions import Interactions
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 
-
 # Test tensors are tiny: a second intra-op thread only adds synchronisation (and thrashes when
 # anything else runs on the machine), so the suite runs single-threaded.
 torch.set_num_threads(1)
