@@ -1,14 +1,26 @@
-"""Clients' post-tuned item rows (dual personalisation), in flat arrays.
+"""Clients' post-tuned item rows (dual personalisation), kept as the blocks training made.
 
-A dual client keeps the rows it trained in its latest round. They are stored as one flat
-table of (owner, item, row) entries — memory proportional to the rows clients touched, never
-a table per client — and looked up for evaluation with one sorted-key search.
+A dual client keeps the rows it trained in its latest round. Each trained chunk of a cohort
+leaves one block (owners, items, rows) — memory proportional to the rows clients touched,
+never a table per client — and each client points at the block holding its latest rows, so
+a round's rows are kept without copying them. A block is dropped once no client points at it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+
+
+@dataclass
+class _Block:
+    owner: np.ndarray
+    items: np.ndarray
+    rows: torch.Tensor
+    keys: np.ndarray
+    rank: dict[int, int]
 
 
 class PersonalRows:
@@ -16,77 +28,69 @@ class PersonalRows:
 
     def __init__(self, n_items: int, width: int) -> None:
         self.n_items = n_items
-        self._owner = np.zeros(0, np.int64)
-        self._items = np.zeros(0, np.int64)
-        self._rows = torch.zeros((0, width))
-        self._pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (keys, rank), see `_keys`
+        self.width = width
+        self._blocks: dict[int, _Block] = {}
+        self._latest: dict[int, int] = {}
+        self._next = 0
 
     def update(self, clients: np.ndarray, row_items: np.ndarray, row_ptr: np.ndarray,
                rows: torch.Tensor) -> None:
-        """Replace the entries of ``clients`` by their rows (client k: ``row_ptr[k]:row_ptr[k+1]``).
-
-        Updates are queued and merged in one pass when the rows are next read, so a round
-        trained in many chunks costs one merge, not one per chunk.
-        """
-        self._pending.append((np.repeat(clients, np.diff(row_ptr)), row_items, rows))
-        self._sorted = None
-
-    def _merge(self) -> None:
-        if not self._pending:
-            return
-        new_owner = np.concatenate([p[0] for p in self._pending])
-        keep = ~np.isin(self._owner, new_owner)
-        self._owner = np.concatenate([self._owner[keep], new_owner])
-        self._items = np.concatenate([self._items[keep], *(p[1] for p in self._pending)])
-        self._rows = torch.cat([self._rows[torch.as_tensor(keep)], *(p[2] for p in self._pending)])
-        self._pending = []
-
-    @property
-    def owner(self) -> np.ndarray:
-        self._merge()
-        return self._owner
-
-    @property
-    def items(self) -> np.ndarray:
-        self._merge()
-        return self._items
-
-    @property
-    def rows(self) -> torch.Tensor:
-        self._merge()
-        return self._rows
+        """Keep ``rows`` as the rows of ``clients`` (client k: ``row_ptr[k]:row_ptr[k+1]``)."""
+        owner = np.repeat(clients, np.diff(row_ptr))
+        # Entries are stored owner by owner with each owner's items sorted, so numbering the
+        # owners in storage order makes ``rank * n_items + item`` increasing: sorted lookup
+        # keys without a sort.
+        rank_of = np.repeat(np.arange(len(clients)), np.diff(row_ptr))
+        block = _Block(owner, row_items, rows, rank_of * self.n_items + row_items,
+                       {int(c): k for k, c in enumerate(clients)})
+        bid, self._next = self._next, self._next + 1
+        self._blocks[bid] = block
+        for c in clients:
+            self._latest[int(c)] = bid
+        live = set(self._latest.values())
+        for old in [b for b in self._blocks if b not in live]:
+            del self._blocks[old]
 
     def override(self, v: torch.Tensor, clients: np.ndarray, items: np.ndarray) -> None:
         """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``)."""
-        if not len(self.owner):
+        if not self._blocks:
             return
-        keys, rank = self._keys()
-        r = np.full(len(clients), -1, np.int64)  # -1: no rows; its queries are negative, never hit
-        inside = clients < len(rank)
-        r[inside] = rank[clients[inside]]
-        query = (r[:, None] * self.n_items + items).ravel()
-        pos = np.searchsorted(keys, query).clip(max=len(keys) - 1)
-        hit = np.flatnonzero(keys[pos] == query)
-        if len(hit):
-            flat = v.view(-1, v.shape[-1])
-            flat[torch.as_tensor(hit)] = self.rows[torch.as_tensor(pos[hit])]
-
-    def _keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted lookup keys without a sort: entries are stored owner by owner (each owner's
-        items sorted), so numbering owners in storage order makes ``rank * n_items + item``
-        increasing. ``rank`` is -1 for clients with no rows."""
-        if self._sorted is None:
-            starts = np.flatnonzero(np.r_[True, self.owner[1:] != self.owner[:-1]])
-            rank = np.full(int(self.owner.max()) + 1, -1, np.int64)
-            rank[self.owner[starts]] = np.arange(len(starts))
-            self._sorted = (rank[self.owner] * self.n_items + self.items, rank)
-        keys, rank = self._sorted
-        return keys, rank
+        which = np.array([self._latest.get(int(c), -1) for c in clients])
+        flat = v.view(-1, v.shape[-1])
+        width = items.shape[1]
+        for bid, block in self._blocks.items():
+            mine = np.flatnonzero(which == bid)
+            if not len(mine):
+                continue
+            ranks = np.array([block.rank[int(c)] for c in clients[mine]])
+            query = (ranks[:, None] * self.n_items + items[mine]).ravel()
+            pos = np.searchsorted(block.keys, query).clip(max=len(block.keys) - 1)
+            hit = np.flatnonzero(block.keys[pos] == query)
+            if len(hit):
+                target = (mine[:, None] * width + np.arange(width)).ravel()[hit]
+                flat[torch.as_tensor(target)] = block.rows[torch.as_tensor(pos[hit])]
 
     def state(self) -> dict[str, object]:
-        return {"owner": self.owner, "items": self.items, "rows": self.rows}
+        """All live entries, flattened (for checkpoints)."""
+        parts = []
+        for bid, block in self._blocks.items():
+            keep = np.array([self._latest[int(o)] == bid for o in np.unique(block.owner)])
+            owners = np.unique(block.owner)[keep]
+            mask = np.isin(block.owner, owners)
+            parts.append((block.owner[mask], block.items[mask], block.rows[torch.as_tensor(mask)]))
+        if not parts:
+            return {"owner": np.zeros(0, np.int64), "items": np.zeros(0, np.int64),
+                    "rows": torch.zeros((0, self.width))}
+        return {"owner": np.concatenate([p[0] for p in parts]),
+                "items": np.concatenate([p[1] for p in parts]),
+                "rows": torch.cat([p[2] for p in parts])}
 
     def load(self, blob: dict[str, object]) -> None:
-        self._owner, self._items, self._rows = blob["owner"], blob["items"], blob["rows"]  # type: ignore[assignment]
-        self._pending, self._sorted = [], None
+        owner, items, rows = blob["owner"], blob["items"], blob["rows"]
+        self._blocks, self._latest, self._next = {}, {}, 0
+        if len(owner):  # type: ignore[arg-type]
+            order = np.lexsort((items, owner))  # type: ignore[arg-type]
+            owner, items = owner[order], items[order]  # type: ignore[index]
+            clients, starts = np.unique(owner, return_index=True)
+            ptr = np.r_[starts, len(owner)]
+            self.update(clients, items, ptr, rows[torch.as_tensor(order)])  # type: ignore[index]

@@ -187,7 +187,8 @@ class ReferenceState:
     def of(state: FamilyState) -> ReferenceState:
         """A deep copy of an engine state, so both can start from the same point."""
         personal = {}
-        owner, items, rows = state.personal.owner, state.personal.items, state.personal.rows
+        flat = state.personal.state()
+        owner, items, rows = flat["owner"], flat["items"], flat["rows"]
         for u in np.unique(owner):
             sel = np.flatnonzero(owner == u)
             sel = sel[np.argsort(items[sel], kind="stable")]

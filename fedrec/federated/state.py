@@ -95,7 +95,8 @@ class FamilyState:
         spec, clients = self.spec, torch.as_tensor(cohort.clients)
         c = len(cohort.clients)
         row_items = torch.as_tensor(cohort.row_items)
-        rows = self.items[row_items]
+        start = self.items[row_items]
+        rows = start.clone()
         params = {k: self.private[k][clients] for k in spec.private_names()}
         params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
         if fresh_user is not None:
@@ -114,7 +115,7 @@ class FamilyState:
             self.private[k][clients] = params[k]
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
-        delta = path.clip_rows(rows - self.items[row_items])
+        delta = path.clip_rows(rows - start)
         counts = torch.as_tensor(np.diff(cohort.row_ptr))
         owner = torch.repeat_interleave(torch.arange(c), counts)
         bad = torch.zeros(c).index_add_(0, owner, (~torch.isfinite(delta.sum(1))).float())
