@@ -20,7 +20,7 @@ class _Block:
     items: np.ndarray
     rows: torch.Tensor
     keys: np.ndarray
-    rank: dict[int, int]
+    rank: np.ndarray  # rank[client] = its position in the block, -1 if absent
 
 
 class PersonalRows:
@@ -30,7 +30,7 @@ class PersonalRows:
         self.n_items = n_items
         self.width = width
         self._blocks: dict[int, _Block] = {}
-        self._latest: dict[int, int] = {}
+        self._latest = np.zeros(0, np.int64)  # block id holding each client's rows, -1: none
         self._next = 0
 
     def update(self, clients: np.ndarray, row_items: np.ndarray, row_ptr: np.ndarray,
@@ -41,13 +41,15 @@ class PersonalRows:
         # owners in storage order makes ``rank * n_items + item`` increasing: sorted lookup
         # keys without a sort.
         rank_of = np.repeat(np.arange(len(clients)), np.diff(row_ptr))
-        block = _Block(owner, row_items, rows, rank_of * self.n_items + row_items,
-                       {int(c): k for k, c in enumerate(clients)})
+        rank = np.full(int(clients.max(initial=-1)) + 1, -1, np.int64)
+        rank[clients] = np.arange(len(clients))
+        block = _Block(owner, row_items, rows, rank_of * self.n_items + row_items, rank)
         bid, self._next = self._next, self._next + 1
         self._blocks[bid] = block
-        for c in clients:
-            self._latest[int(c)] = bid
-        live = set(self._latest.values())
+        if len(self._latest) < len(rank):
+            self._latest = np.concatenate([self._latest, np.full(len(rank) - len(self._latest), -1)])
+        self._latest[clients] = bid
+        live = set(np.unique(self._latest[self._latest >= 0]).tolist())
         for old in [b for b in self._blocks if b not in live]:
             del self._blocks[old]
 
@@ -55,14 +57,16 @@ class PersonalRows:
         """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``)."""
         if not self._blocks:
             return
-        which = np.array([self._latest.get(int(c), -1) for c in clients])
+        which = np.full(len(clients), -1, np.int64)
+        inside = clients < len(self._latest)
+        which[inside] = self._latest[clients[inside]]
         flat = v.view(-1, v.shape[-1])
         width = items.shape[1]
         for bid, block in self._blocks.items():
             mine = np.flatnonzero(which == bid)
             if not len(mine):
                 continue
-            ranks = np.array([block.rank[int(c)] for c in clients[mine]])
+            ranks = block.rank[clients[mine]]
             query = (ranks[:, None] * self.n_items + items[mine]).ravel()
             pos = np.searchsorted(block.keys, query).clip(max=len(block.keys) - 1)
             hit = np.flatnonzero(block.keys[pos] == query)
@@ -74,8 +78,8 @@ class PersonalRows:
         """All live entries, flattened (for checkpoints)."""
         parts = []
         for bid, block in self._blocks.items():
-            keep = np.array([self._latest[int(o)] == bid for o in np.unique(block.owner)])
-            owners = np.unique(block.owner)[keep]
+            owners = np.unique(block.owner)
+            owners = owners[self._latest[owners] == bid]
             mask = np.isin(block.owner, owners)
             parts.append((block.owner[mask], block.items[mask], block.rows[torch.as_tensor(mask)]))
         if not parts:
@@ -87,7 +91,7 @@ class PersonalRows:
 
     def load(self, blob: dict[str, object]) -> None:
         owner, items, rows = blob["owner"], blob["items"], blob["rows"]
-        self._blocks, self._latest, self._next = {}, {}, 0
+        self._blocks, self._latest, self._next = {}, np.zeros(0, np.int64), 0
         if len(owner):  # type: ignore[arg-type]
             order = np.lexsort((items, owner))  # type: ignore[arg-type]
             owner, items = owner[order], items[order]  # type: ignore[index]
