@@ -128,3 +128,12 @@ def test_algorithm_item_rate_defaults_reach_the_run():
     assert mf.config["federated"]["item_lr_scale"] is None  # the official n_items x 80 rule
     explicit = run(_cfg("fedncf", rounds=1, item_lr_scale=3.0))
     assert explicit.config["federated"]["item_lr_scale"] == 3.0
+
+
+def test_resume_refuses_changed_options(tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    run(_cfg(rounds=2, checkpoint_every=1), checkpoint=ckpt)
+    with pytest.raises(FedrecError, match="lr"):
+        run(_cfg(rounds=4, checkpoint_every=1, lr=0.3), checkpoint=ckpt, resume=True)
+    longer = run(_cfg(rounds=4, checkpoint_every=1), checkpoint=ckpt, resume=True)
+    assert [h.round for h in longer.history] == [1, 2, 3, 4]

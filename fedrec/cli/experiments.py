@@ -42,7 +42,7 @@ def run_command(
     local_epochs: int = typer.Option(1, help="Federated: local epochs per round."),
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
     item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default n_items x 80, the official PFedRec rule)."),
-    item_std: float = typer.Option(1.0, help="Federated: std of the initial item and user vectors."),
+    item_std: float = typer.Option(1.0, help="Federated: std of the initial item vectors (N(0, std²), as nn.Embedding)."),
     ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
     clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
     memory_budget_mb: float = typer.Option(512.0, help="Federated: cohorts are trained in chunks that fit this budget."),

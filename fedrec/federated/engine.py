@@ -148,7 +148,7 @@ def run_federated(
         samples = counts * (1 + cfg.negatives)
         keys = rng.random((cfg.local_epochs, int(samples.sum())))
         pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
-        fresh = (init_params(spec, ["user"], len(cohort), gen, cfg.item_std)["user"]
+        fresh = (init_params(spec, ["user"], len(cohort), gen)["user"]
                  if spec.reconstruct else None)
         acc = state.begin_round()
         for a, b in chunk_bounds(samples, bytes_per_sample * cfg.local_epochs, cfg.memory_budget_mb):
@@ -201,9 +201,16 @@ def _save(path: Path, r: int, state: FamilyState, out: TrainOutcome, spec: Famil
 def _load(path: Path, state: FamilyState, out: TrainOutcome, spec: FamilySpec,
           cfg: FederatedConfig) -> int:
     blob = torch.load(path, weights_only=False)
-    if blob["spec"] != asdict(spec) or blob["config"]["rounds"] < 1:
+    if blob["spec"] != asdict(spec):
         raise FedrecError(f"{path}: checkpoint was written by a different algorithm or model; "
                           "remove it or drop --resume")
+    # options that may change on resume: how long to go on and when to stop or save
+    free = {"rounds", "patience", "checkpoint_every"}
+    mine = asdict(cfg)
+    changed = sorted(k for k, v in blob["config"].items() if k not in free and mine.get(k) != v)
+    if changed:
+        raise FedrecError(f"{path}: checkpoint was written with other options ({', '.join(changed)}); "
+                          "resume with the same options, or remove it")
     state.items, state.round_start_items = blob["items"], blob["round_start_items"]
     state.shared, state.private = blob["shared"], blob["private"]
     state.personal.load(blob["personal"])

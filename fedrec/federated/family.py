@@ -81,15 +81,15 @@ class FamilySpec:
         return [score + [ITEMS]]
 
 
-def init_params(spec: FamilySpec, names: list[str], n: int, gen: torch.Generator,
-                item_std: float) -> dict[str, torch.Tensor]:
+def init_params(spec: FamilySpec, names: list[str], n: int,
+                gen: torch.Generator) -> dict[str, torch.Tensor]:
     """``n`` independent draws of the named parameters (leading axis n).
 
     Everything, user vectors included, starts like PyTorch's ``nn.Linear`` weights:
     U(-1/sqrt(fan_in), 1/sqrt(fan_in)). A user vector plays the part of a score function's
     weight (FedMF is PFedRec's Linear(d, 1) without a bias), and drawing it N(0, 1) against
     N(0, 1) item rows would start every logit at a std of sqrt(d), deep in the flat part of the
-    sigmoid. ``item_std`` is kept in the signature for the item table's scale.
+    sigmoid.
     """
     shapes = {**spec.user_shapes(), **spec.score_shapes()}
     out = {}

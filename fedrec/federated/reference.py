@@ -103,7 +103,7 @@ def make_scorer(spec: FamilySpec, values: dict[str, torch.Tensor]) -> nn.Module:
     return scorer
 
 
-def export_scorer(spec: FamilySpec, scorer: nn.Module) -> dict[str, torch.Tensor]:
+def export_scorer(scorer: nn.Module) -> dict[str, torch.Tensor]:
     """Inverse of `make_scorer`: the scorer's weights under the engine's names."""
     out: dict[str, torch.Tensor] = {}
     if isinstance(scorer, DotScorer | NCFScorer):
@@ -232,7 +232,7 @@ def reference_train(state: ReferenceState, cohort: CohortBatches, epochs: int, b
         model = ClientModel(make_scorer(spec, start), state.items[torch.as_tensor(items)])
         train_client(spec, model, client_batches(cohort, k, epochs, batch_size), state.lr,
                      state.lr_item, epochs)
-        trained = export_scorer(spec, model.scorer)
+        trained = export_scorer(model.scorer)
         for name in spec.private_names():
             new.private[name][client] = trained[name]
         rows = model.rows.detach()

@@ -64,7 +64,6 @@ class FamilyState:
     private: dict[str, torch.Tensor]
     lr: float
     lr_item: float
-    item_std: float
     personal: PersonalRows
     round_start_items: torch.Tensor | None = None
 
@@ -73,9 +72,9 @@ class FamilyState:
                item_std: float, seed: int) -> FamilyState:
         gen = torch.Generator().manual_seed(seed)
         items = torch.randn((n_items, spec.item_width), generator=gen) * item_std
-        shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen, item_std).items()}
-        private = init_params(spec, spec.private_names(), n_clients, gen, item_std)
-        return FamilyState(spec, items, shared, private, lr, lr_item, item_std,
+        shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen).items()}
+        private = init_params(spec, spec.private_names(), n_clients, gen)
+        return FamilyState(spec, items, shared, private, lr, lr_item,
                            PersonalRows(n_items, spec.item_width))
 
     # -- one round -------------------------------------------------------------------------
