@@ -150,3 +150,19 @@ def test_complement_sampler_is_uniform_and_exact():
     assert sorted(distinct[0].tolist()) == [1, 3, 4, 5]
     with pytest.raises(FedrecError):
         s.sample_distinct(np.array([2]), 2, rng)
+
+
+def test_complement_table_and_search_draw_the_same_items(small_data, monkeypatch):
+    from fedrec.protocols import negatives
+
+    forbidden = sp.csr_matrix((np.ones(len(small_data)), (small_data.users, small_data.items)),
+                              shape=(small_data.n_users, small_data.n_items))
+    users = np.repeat(np.arange(small_data.n_users), 7)
+    with_table = ComplementSampler(forbidden)
+    monkeypatch.setattr(negatives, "TABLE_CELLS", 0)
+    searched = ComplementSampler(forbidden)
+    assert with_table._table is not None and searched._table is None
+    a = with_table.sample(users, 5, np.random.default_rng(3))
+    b = searched.sample(users, 5, np.random.default_rng(3))
+    assert np.array_equal(a, b)
+    assert not forbidden[np.repeat(users, 5), a.ravel()].any()

@@ -45,7 +45,7 @@ def run_command(
     item_std: float = typer.Option(1.0, help="Federated: std of the initial item vectors (N(0, std²), as nn.Embedding)."),
     ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
     clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
-    memory_budget_mb: float = typer.Option(512.0, help="Federated: cohorts are trained in chunks that fit this budget."),
+    memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default 32, about a CPU's last-level cache)."),
     checkpoint_every: int = typer.Option(0, help="Federated: write a checkpoint every N rounds (0: never)."),
     resume: bool = typer.Option(False, "--resume", help="Federated: continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
@@ -83,7 +83,8 @@ def run_command(
             batch_size=batch_size, lr=lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
             patience=0 if patience is None else patience, ldp=ldp, clip=clip,
-            memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
+            checkpoint_every=checkpoint_every, device=device,
+            **({} if memory_budget_mb is None else {"memory_budget_mb": memory_budget_mb}),
         ),
     )
     if dual and not federated:

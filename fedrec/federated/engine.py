@@ -40,7 +40,11 @@ class FederatedConfig:
     batch of 256 in which a given row rarely appears, so its gradient is tiny, and with rows
     initialised N(0, 1) smaller item rates leave the model at chance (measured: scales 1, 100
     and 2,560 give HR@10 ~0.10 after 10 rounds on ML-100K; the official rule 0.43).
-    ``memory_budget_mb``: cohorts are trained in chunks estimated to fit in it.
+    ``memory_budget_mb``: cohorts are trained in chunks whose working set is estimated to fit
+    in it. Smaller chunks are faster as long as they stay big enough to vectorise: a chunk that
+    fits the CPU's last-level cache avoids streaming rows from memory (measured, PFedRec, 2-core
+    EPYC with 32 MB L3: ML-100K 0.21 s/round at 512 MB, 0.157 s at 32 MB; ML-1M scale 2.8 and
+    1.5 s/round). Results do not depend on it.
     """
 
     rounds: int = 100
@@ -57,7 +61,7 @@ class FederatedConfig:
     ldp: float = 0.0
     clip: float | None = None
     dense_upload: bool = False
-    memory_budget_mb: float = 512.0
+    memory_budget_mb: float = 32.0
     checkpoint_every: int = 0
     device: str = "cpu"
 
