@@ -27,6 +27,7 @@ class RoundRecord:
     bytes_up: int = 0
     bytes_down: int = 0
     rejected_uploads: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RunResult:
     valid_at_best: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float = 0.0
     peak_memory_mb: float = 0.0
     fedrec_version: str = fedrec.__version__

@@ -142,6 +142,7 @@ def run(
         best_round=outcome.best_round,
         valid_at_best=outcome.valid_at_best,
         test=outcome.test,
+        extra=outcome.extra,
         data={
             "users": split.n_users, "items": split.n_items, "interactions": len(split.data),
             "train": int(split.train.nnz), "valid_users": len(split.valid.users),

@@ -189,10 +189,10 @@ def test_uploads_match_reference(split: Split, name: str) -> None:
     cohort = build_cohort(split.train, clients, negs, cfg.batch_size, keys)
     fresh = torch.randn(len(clients), spec.item_width) if spec.reconstruct else None
 
-    acc = state.begin_round()
-    up = state.local_update(cohort, cfg.upload_path, fresh)
+    acc = state.begin_round(1)
+    up = state.local_update(cohort, cfg.upload_path(), fresh)
     state.accumulate(acc, up)
-    state.aggregate(acc, cfg.upload_path, torch.Generator())
+    state.aggregate(acc, cfg.upload_path(), torch.Generator())
     new, uploads = reference_train(ref, cohort, 2, cfg.batch_size, fresh, cfg.clip)
 
     assert bool(up.accepted.all()) and all(u.accepted for u in uploads)
@@ -222,10 +222,10 @@ def test_a_diverged_client_is_rejected_alone(split: Split, name: str) -> None:
     negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
     cohort = build_cohort(split.train, clients, negs, 8, rng.random((2, int(counts.sum()) * 5)))
 
-    acc = state.begin_round()
-    up = state.local_update(cohort, CFG.upload_path)
+    acc = state.begin_round(1)
+    up = state.local_update(cohort, CFG.upload_path())
     state.accumulate(acc, up)
-    state.aggregate(acc, CFG.upload_path, torch.Generator())
+    state.aggregate(acc, CFG.upload_path(), torch.Generator())
     new, uploads = reference_train(ref, cohort, 2, 8)
 
     expected = [False] + [True] * (len(clients) - 1)
@@ -288,7 +288,7 @@ def test_aggregate_adds_noise_only_with_ldp() -> None:
     state = FamilyState.create(spec, 4, 500, lr=0.1, lr_item=1.0, item_std=1.0, seed=0)
     before = state.items.clone()
     for ldp in (0.0, 0.2):
-        acc = state.begin_round()
+        acc = state.begin_round(1)
         acc.n = 50
         state.aggregate(acc, UploadPath(ldp=ldp), torch.Generator().manual_seed(0))
         diff = state.items - before

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,9 +22,9 @@ import torch
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.federated.cohort import build_cohort, order_by_activity
-from fedrec.federated.family import FamilySpec, init_params
-from fedrec.federated.state import FamilyState
-from fedrec.federated.upload import UploadPath
+from fedrec.federated.family import init_params
+from fedrec.federated.state import CohortState
+from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import Selection, TrainOutcome
@@ -61,6 +62,10 @@ class FederatedConfig:
     ldp: float = 0.0
     clip: float | None = None
     dense_upload: bool = False
+    encoding: str = "rows"
+    dp_clip: float | None = None
+    dp_noise: float = 0.0
+    dp_delta: float = 1e-5
     memory_budget_mb: float = 32.0
     checkpoint_every: int = 0
     device: str = "cpu"
@@ -75,6 +80,11 @@ class FederatedConfig:
             (self.negatives < 0, "--num-negatives must be >= 0"),
             (self.ldp < 0, "--ldp must be >= 0"),
             (self.clip is not None and self.clip <= 0, "--clip must be > 0"),
+            (self.dp_clip is not None and self.dp_clip <= 0, "--dp-clip must be > 0"),
+            (self.dp_noise < 0, "--dp-noise must be >= 0"),
+            (self.dp_noise > 0 and self.dp_clip is None, "--dp-noise needs --dp-clip (the sensitivity)"),
+            (not 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
+            (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
             (self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.device != "cpu", "the federated engine runs on the CPU only so far (--device cpu)"),
@@ -83,17 +93,33 @@ class FederatedConfig:
             if bad:
                 raise FedrecError(message)
 
-    @property
-    def upload_path(self) -> UploadPath:
-        return UploadPath(ldp=self.ldp, clip=self.clip, dense=self.dense_upload)
+    def upload_path(self, lr_item: float = 1.0) -> UploadPath:
+        """The clients' upload path. ``dp_clip`` bounds a client's gradient w.r.t. the item
+        table, so its whole update (learning rate x gradient) is clipped to ``lr_item * dp_clip``.
+        """
+        return UploadPath(ldp=self.ldp, clip=self.clip, dense=self.dense_upload,
+                          encoding=self.encoding,
+                          dp_clip=None if self.dp_clip is None else lr_item * self.dp_clip,
+                          dp_noise=self.dp_noise)
+
+    def item_lr(self, n_items: int) -> float:
+        """``lr_item``, or ``lr x item_lr_scale`` (default scale ``n_items x 80``)."""
+        if self.lr_item is not None:
+            return self.lr_item
+        scale = self.item_lr_scale if self.item_lr_scale is not None else n_items * 80.0
+        return self.lr * scale
+
+
+def cohort_size(n_clients: int, per_round: float) -> int:
+    """Clients per round: a fraction (<= 1) or a count (> 1) of ``n_clients``."""
+    if per_round <= 1.0:
+        return max(1, round(per_round * n_clients))
+    return min(int(per_round), n_clients)
 
 
 def sample_clients(n_clients: int, per_round: float, rng: np.random.Generator) -> np.ndarray:
     """All clients, a fraction (<= 1) or a count (> 1) of them, without replacement."""
-    if per_round <= 1.0:
-        k = max(1, round(per_round * n_clients))
-    else:
-        k = min(int(per_round), n_clients)
+    k = cohort_size(n_clients, per_round)
     if k >= n_clients:
         return np.arange(n_clients)
     return np.sort(rng.choice(n_clients, size=k, replace=False))
@@ -114,7 +140,7 @@ def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float)
 
 
 def run_federated(
-    spec: FamilySpec,
+    spec: Any,
     split: Split,
     cfg: FederatedConfig,
     seed: int = 0,
@@ -122,22 +148,25 @@ def run_federated(
     checkpoint: str | Path | None = None,
     resume: bool = False,
 ) -> TrainOutcome:
-    """Simulate ``cfg.rounds`` rounds with one client per user; test at the best validation round."""
+    """Simulate ``cfg.rounds`` rounds with one client per user; test at the best validation round.
+
+    ``spec`` is an algorithm's frozen description (`FamilySpec`, `RAPSpec`): it builds the
+    state (`spec.create_state`) that implements the batched algorithm interface.
+    """
     cfg.validate()
     n_clients, n_items = split.n_users, split.n_items
-    scale = cfg.item_lr_scale if cfg.item_lr_scale is not None else n_items * 80.0
-    lr_item = cfg.lr_item if cfg.lr_item is not None else cfg.lr * scale
-    state = FamilyState.create(spec, n_clients, n_items, lr=cfg.lr, lr_item=lr_item,
-                               item_std=cfg.item_std, seed=seed)
+    lr_item = cfg.item_lr(n_items)
+    state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=lr_item,
+                              item_std=cfg.item_std, seed=seed)
     out = TrainOutcome()
     first = 1
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt is not None and ckpt.exists():
         first = _load(ckpt, state, out, spec, cfg) + 1
-    path = cfg.upload_path
+    path = cfg.upload_path(lr_item)
     selection = Selection(split.protocol.select, cfg.patience, out)
     counts_all = np.diff(split.train.indptr)
-    bytes_per_sample = spec.item_width * 4 * (12 if spec.score == "ncf" else 6)
+    bytes_per_sample = spec.bytes_per_sample
 
     def scorer(users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return state.scores(users, items)
@@ -154,7 +183,7 @@ def run_federated(
         pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
         fresh = (init_params(spec, ["user"], len(cohort), gen)["user"]
                  if spec.reconstruct else None)
-        acc = state.begin_round()
+        acc = state.begin_round(r)
         for a, b in chunk_bounds(samples, bytes_per_sample * cfg.local_epochs, cfg.memory_budget_mb):
             p0, s0 = (pos_end[a - 1], smp_end[a - 1]) if a else (0, 0)
             chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
@@ -169,7 +198,7 @@ def run_federated(
         state.aggregate(acc, path, gen)
         record = RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
                              bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
-                             rejected_uploads=acc.rejected)
+                             rejected_uploads=acc.rejected, extra=state.round_extra())
         if r % cfg.eval_every == 0 or r == cfg.rounds:
             record.valid = evaluate(scorer, split.valid, split.protocol)
             if selection.observe(r, record.valid):
@@ -182,18 +211,34 @@ def run_federated(
             _save(ckpt, r, state, out, spec, cfg)
         if selection.should_stop:
             break
+    out.extra = state.run_extra()
+    if cfg.dp_noise > 0:
+        out.extra["privacy"] = privacy_spent(cfg, n_clients, len(out.history))
     return out
 
 
-def _save(path: Path, r: int, state: FamilyState, out: TrainOutcome, spec: FamilySpec,
+def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str, float | str]:
+    """(epsilon, delta) of the run's Gaussian mechanism, by Opacus' RDP accountant.
+
+    Each round is one application with noise multiplier z and sampling rate q = the share of
+    clients taking part (1 under full participation, where subsampling gives no amplification).
+    """
+    from opacus.accountants import RDPAccountant
+
+    q = cohort_size(n_clients, cfg.clients_per_round) / n_clients
+    accountant = RDPAccountant()
+    accountant.history = [(cfg.dp_noise, q, rounds)]
+    return {"epsilon": float(accountant.get_epsilon(cfg.dp_delta)), "delta": cfg.dp_delta,
+            "noise_multiplier": cfg.dp_noise, "clip": float(cfg.dp_clip or 0.0), "sample_rate": q,
+            "rounds": rounds, "accountant": "opacus.accountants.RDPAccountant"}
+
+
+def _save(path: Path, r: int, state: CohortState, out: TrainOutcome, spec: Any,
           cfg: FederatedConfig) -> None:
     """Write the whole simulation state atomically (temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
-        "round": r, "spec": asdict(spec), "config": asdict(cfg),
-        "items": state.items, "round_start_items": state.round_start_items,
-        "shared": state.shared, "private": state.private,
-        "personal": state.personal.state(),
+        "round": r, "spec": asdict(spec), "config": asdict(cfg), "state": state.state_dict(),
         "history": [asdict(h) for h in out.history], "best_round": out.best_round,
         "valid_at_best": out.valid_at_best, "test": out.test,
     }
@@ -202,22 +247,21 @@ def _save(path: Path, r: int, state: FamilyState, out: TrainOutcome, spec: Famil
     tmp.replace(path)
 
 
-def _load(path: Path, state: FamilyState, out: TrainOutcome, spec: FamilySpec,
+def _load(path: Path, state: CohortState, out: TrainOutcome, spec: Any,
           cfg: FederatedConfig) -> int:
     blob = torch.load(path, weights_only=False)
-    if blob["spec"] != asdict(spec):
+    if blob["spec"] != asdict(spec) or "state" not in blob:
         raise FedrecError(f"{path}: checkpoint was written by a different algorithm or model; "
                           "remove it or drop --resume")
     # options that may change on resume: how long to go on and when to stop or save
     free = {"rounds", "patience", "checkpoint_every"}
     mine = asdict(cfg)
-    changed = sorted(k for k, v in blob["config"].items() if k not in free and mine.get(k) != v)
+    changed = sorted(k for k in set(blob["config"]) | set(mine)
+                     if k not in free and mine.get(k) != blob["config"].get(k))
     if changed:
         raise FedrecError(f"{path}: checkpoint was written with other options ({', '.join(changed)}); "
                           "resume with the same options, or remove it")
-    state.items, state.round_start_items = blob["items"], blob["round_start_items"]
-    state.shared, state.private = blob["shared"], blob["private"]
-    state.personal.load(blob["personal"])
+    state.load_state_dict(blob["state"])
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
     return int(blob["round"])

@@ -41,6 +41,19 @@ class FamilySpec:
     dim: int = 32
     layers: tuple[int, ...] = (32, 16, 8)
 
+    def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+                     item_std: float, seed: int):  # type: ignore[no-untyped-def]
+        """The engine's state for this algorithm (`fedrec.federated.state.FamilyState`)."""
+        from fedrec.federated.state import FamilyState
+
+        return FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
+                                  item_std=item_std, seed=seed)
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """Estimated working set of one training sample, for sizing cohort chunks."""
+        return self.item_width * 4 * (12 if self.score == "ncf" else 6)
+
     @property
     def item_width(self) -> int:
         """Columns of an item row: NCF keeps a GMF and an MLP embedding side by side."""

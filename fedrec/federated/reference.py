@@ -276,7 +276,7 @@ def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, s
     batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys)
 
     def noise(n: int) -> torch.Tensor:
-        return cfg.upload_path.noise_sum(n, tuple(state.items.shape), gen)
+        return cfg.upload_path().noise_sum(n, tuple(state.items.shape), gen)
 
     return reference_train(state, batches, cfg.local_epochs, cfg.batch_size, fresh, cfg.clip,
                            noise)[0]

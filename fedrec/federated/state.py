@@ -9,11 +9,14 @@ store per name, gathered for a cohort and scattered back after training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fedrec.federated.cohort import CohortBatches
+
+Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 from fedrec.federated.family import (
     ITEMS,
     FamilySpec,
@@ -63,6 +66,21 @@ class Accumulator:
     client_batches: int = 0
 
 
+class CohortState(Protocol):
+    """The batched algorithm interface the engine drives (DESIGN.md's Algorithm, per cohort)."""
+
+    def begin_round(self, r: int) -> Accumulator: ...
+    def local_update(self, cohort: CohortBatches, path: UploadPath,
+                     fresh_user: torch.Tensor | None = None) -> CohortUpload: ...
+    def accumulate(self, acc: Accumulator, up: CohortUpload) -> None: ...
+    def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None: ...
+    def scores(self, clients: np.ndarray, items: np.ndarray | None) -> np.ndarray: ...
+    def round_extra(self) -> dict[str, float]: ...
+    def run_extra(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, blob: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class FamilyState:
     """Global item table, shared dense parameters, private stores and personalised rows."""
@@ -88,7 +106,8 @@ class FamilyState:
 
     # -- one round -------------------------------------------------------------------------
 
-    def begin_round(self) -> Accumulator:
+    def begin_round(self, r: int) -> Accumulator:
+        """Start round ``r`` (1-based): empty running sums of the uploads to come."""
         self.round_start_items = self.items.clone() if self.spec.dual else None
         return Accumulator(
             torch.zeros_like(self.items), {k: torch.zeros_like(v) for k, v in self.shared.items()}
@@ -100,17 +119,10 @@ class FamilyState:
 
         ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction).
         """
-        spec, clients = self.spec, torch.as_tensor(cohort.clients)
-        c = len(cohort.clients)
-        row_items = torch.as_tensor(cohort.row_items)
-        start = self.items.index_select(0, row_items)
-        rows = start.clone()
-        params = {k: self.private[k][clients] for k in spec.private_names()}
-        params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
+        spec = self.spec
+        start, rows, params, steps = self._gather(cohort)
         if fresh_user is not None:
             params["user"] = fresh_user.clone()
-        steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
-                 for s in cohort.steps]
         if spec.reconstruct:  # one reconstruction epoch = one pass over the data; rows are fixed
             epoch = steps[: cohort.steps_per_epoch]
             gathered = [gather_rows(rows, idx) for idx, _, _ in epoch]
@@ -118,25 +130,42 @@ class FamilyState:
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
         loss_sum = sum(self._step(params, rows, step, spec.phases()) for step in steps)
-
-        for k in spec.private_names():
-            self.private[k][clients] = params[k]
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
-        delta = path.clip_rows(rows - start)
+        return self._finish(cohort, params, start, rows, path, loss_sum)
+
+    def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor,
+                                                       dict[str, torch.Tensor], list[Step]]:
+        """What the cohort downloads and holds: its global rows (and a copy to train), its
+        private and shared parameters stacked along a client axis, and its steps as tensors."""
+        c = len(cohort.clients)
+        clients = torch.as_tensor(cohort.clients)
+        start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
+        params = {k: self.private[k][clients] for k in self.spec.private_names()}
+        params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
+        steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
+                 for s in cohort.steps]
+        return start, start.clone(), params, steps
+
+    def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
+                rows: torch.Tensor, path: UploadPath, loss_sum: float) -> CohortUpload:
+        """Keep the private parameters; encode the item upload through ``path``; count bytes."""
+        c = len(cohort.clients)
+        clients = torch.as_tensor(cohort.clients)
+        for k in self.spec.private_names():
+            self.private[k][clients] = params[k]
         counts = torch.as_tensor(np.diff(cohort.row_ptr))
+        delta, up_items, down_items = path.transmit(rows, start, counts, self.items.shape[0])
         owner = torch.repeat_interleave(torch.arange(c), counts)
         bad = torch.zeros(c).index_add_(0, owner, (~torch.isfinite(delta.sum(1))).float())
         accepted = bad == 0
         for k in self.shared:
             accepted &= torch.isfinite(params[k].reshape(c, -1).sum(1))
         shared = {k: params[k] for k in self.shared}
-        shared_floats = sum(v.numel() for v in self.shared.values())
-        width = spec.item_width
-        up = path.item_bytes(counts, self.items.shape[0], width) + c * shared_floats * FLOAT_BYTES
-        down = int(counts.sum()) * width * FLOAT_BYTES + c * shared_floats * FLOAT_BYTES
+        shared_bytes = c * sum(v.numel() for v in self.shared.values()) * FLOAT_BYTES
         n_batches = sum(s.n_active for s in cohort.steps)
-        return CohortUpload(cohort, delta, shared, accepted, up, down, loss_sum, n_batches)
+        return CohortUpload(cohort, delta, shared, accepted, up_items + shared_bytes,
+                            down_items + shared_bytes, loss_sum, n_batches)
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
@@ -207,6 +236,25 @@ class FamilyState:
         self.items += (acc.item_sum + noise) / acc.n
         for k in self.shared:
             self.shared[k] = acc.shared_sum[k] / acc.n
+
+    # -- records and checkpoints -------------------------------------------------------------
+
+    def round_extra(self) -> dict[str, float]:
+        """Algorithm-specific figures for the round record (none for this family)."""
+        return {}
+
+    def run_extra(self) -> dict[str, Any]:
+        """Algorithm-specific figures for the results JSON (none for this family)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "round_start_items": self.round_start_items,
+                "shared": self.shared, "private": self.private, "personal": self.personal.state()}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        self.items, self.round_start_items = blob["items"], blob["round_start_items"]
+        self.shared, self.private = blob["shared"], blob["private"]
+        self.personal.load(blob["personal"])
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -1,9 +1,21 @@
 """The single client-upload path: clip -> noise -> encode -> count bytes.
 
-Item tables travel as *row deltas* of the rows a client touched (index + values: 4 + 4·D
-bytes a row), or, for local differential privacy, as the whole table: noise on the touched
-rows alone would tell the server which items the client touched, so an LDP upload is dense
-and every entry carries Laplace(0, λ) noise (PFedRec Eq. 12).
+A client's item-table upload is one of:
+
+* ``rows`` (default): the row deltas of the rows it touched, index + values (4 + 4·D bytes a
+  row);
+* ``sparse``: the new values of the rows it touched, keeping only non-zero entries (a 4-byte
+  item id and a 1-byte entry count per row, a 1-byte column and a 4-byte value per entry). The
+  server subtracts the global rows it sent. It pays off when training keeps rows sparse
+  (FedRAP's soft-thresholded C); the encoding is really applied — the server trains on the
+  decoded rows — so the count is of what travels;
+* ``dense``: the whole table, forced under any noise: noise on the touched rows alone would
+  tell the server which items the client touched.
+
+Privacy, in order: ``clip`` bounds the L2 norm of every row delta; ``dp_clip`` bounds the L2
+norm of a client's whole update (the Gaussian mechanism's sensitivity, FedRAP Eq. 4);
+``ldp`` adds Laplace(0, λ) to every entry (PFedRec Eq. 12); ``dp_noise`` z adds Gaussian noise
+so that the server's mean carries N(0, (2 z dp_clip / n)²) on every entry (FedRAP Section 3.3).
 """
 
 from __future__ import annotations
@@ -15,46 +27,110 @@ import torch
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 4
+ENCODINGS = ("rows", "sparse", "dense")
 
 
 @dataclass(frozen=True)
 class UploadPath:
-    """How clients encode their item-table upload.
-
-    ``ldp``: Laplace scale λ (0 = none). ``clip``: maximum L2 norm of each uploaded row delta
-    (None = no clipping). ``dense``: send the full table (forced when ``ldp > 0``).
-    """
+    """How clients clip, noise and encode their item-table upload (see the module docstring)."""
 
     ldp: float = 0.0
     clip: float | None = None
     dense: bool = False
+    encoding: str = "rows"
+    dp_clip: float | None = None
+    dp_noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"unknown upload encoding '{self.encoding}'; known: {', '.join(ENCODINGS)}")
+
+    @property
+    def noisy(self) -> bool:
+        return self.ldp > 0 or self.dp_noise > 0
 
     @property
     def sends_dense(self) -> bool:
-        return self.dense or self.ldp > 0
+        return self.dense or self.encoding == "dense" or self.noisy
 
-    def clip_rows(self, delta: torch.Tensor) -> torch.Tensor:
+    def transmit(self, rows: torch.Tensor, start: torch.Tensor, counts: torch.Tensor,
+                 n_items: int) -> tuple[torch.Tensor, int, int]:
+        """Clip and encode a cohort's trained ``rows`` (client k owns ``counts[k]`` of them).
+
+        Returns the row deltas the server receives (before noise, which the server's sum adds
+        in one draw, see `noise_sum`) and the bytes up and down.
+        """
+        width = rows.shape[1]
+        down = int(counts.sum()) * (INDEX_BYTES + width * FLOAT_BYTES)
+        if self.encoding == "sparse" and not self.sends_dense:
+            rows, up = decode_sparse(*encode_sparse(rows))
+            delta = rows - start
+        else:
+            delta = rows - start
+            up = (len(counts) * n_items * width * FLOAT_BYTES if self.sends_dense
+                  else int(counts.sum()) * (INDEX_BYTES + width * FLOAT_BYTES))
+        delta = self._clip_rows(delta)
+        if self.dp_clip is not None:
+            delta = clip_clients(delta, counts, self.dp_clip)
+        return delta, up, down
+
+    def _clip_rows(self, delta: torch.Tensor) -> torch.Tensor:
         if self.clip is None:
             return delta
         norms = delta.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return delta * (self.clip / norms).clamp(max=1.0)
 
     def noise_sum(self, n_clients: int, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
-        """Sum over ``n_clients`` uploads of their independent Laplace(0, λ) noise tables.
+        """Sum over ``n_clients`` uploads of their independent noise tables, drawn in one pass.
 
-        Drawn exactly in one pass: Laplace(0, b) = b (E1 - E2) with E ~ Exp(1), and a sum of n
-        independent Exp(1) is Gamma(n, 1), so the sum is b (G1 - G2), G ~ Gamma(n, 1). (The
-        inverse-CDF form -b sign(u) log(1 - 2|u|) is also avoided: it is infinite when a uniform
-        draw is exactly 0, which happens every few dozen million draws.)
+        Laplace(0, b) = b (E1 - E2) with E ~ Exp(1), and a sum of n independent Exp(1) is
+        Gamma(n, 1), so the Laplace sum is b (G1 - G2), G ~ Gamma(n, 1). (The inverse-CDF form
+        -b sign(u) log(1 - 2|u|) is avoided: it is infinite when a uniform draw is exactly 0.)
+        Each client's Gaussian share is N(0, (2 z S)² / n), so the sum is N(0, (2 z S)²).
         """
-        if self.ldp <= 0 or n_clients <= 0:
-            return torch.zeros(shape)
+        total = torch.zeros(shape)
+        if not self.noisy or n_clients <= 0:
+            return total
         rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen)))
-        g = rng.standard_gamma(float(n_clients), size=(2, *shape))
-        return torch.from_numpy(self.ldp * (g[0] - g[1])).float()
+        if self.ldp > 0:
+            g = rng.standard_gamma(float(n_clients), size=(2, *shape))
+            total += torch.from_numpy(self.ldp * (g[0] - g[1])).float()
+        if self.dp_noise > 0 and self.dp_clip is not None:
+            std = 2.0 * self.dp_noise * self.dp_clip
+            total += torch.from_numpy(rng.normal(0.0, std, size=shape)).float()
+        return total
 
-    def item_bytes(self, rows_per_client: torch.Tensor, n_items: int, width: int) -> int:
-        """Bytes the cohort uploads for its item tables."""
-        if self.sends_dense:
-            return int(len(rows_per_client)) * n_items * width * FLOAT_BYTES
-        return int(rows_per_client.sum()) * (INDEX_BYTES + width * FLOAT_BYTES)
+
+def clip_clients(delta: torch.Tensor, counts: torch.Tensor, bound: float) -> torch.Tensor:
+    """Scale each client's rows (client k owns ``counts[k]`` consecutive rows) to L2 norm <= bound."""
+    owner = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    sq = torch.zeros(len(counts), dtype=delta.dtype).index_add_(0, owner, delta.square().sum(1))
+    scale = (bound / sq.sqrt().clamp_min(1e-12)).clamp(max=1.0)
+    return delta * scale[owner, None]
+
+
+def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Non-zero entries of ``rows``: per-row entry counts, column of each entry, its value.
+
+    (Row ids travel too; both sides know them from the rows' order, so they are counted, not
+    built.) Returns the arrays and the row width.
+    """
+    width = rows.shape[1]
+    if width > 255:
+        raise ValueError("the sparse row encoding stores columns in one byte (width <= 255)")
+    dense = rows.numpy()
+    nz = dense != 0
+    per_row = nz.sum(1).astype(np.uint8)
+    cols = np.nonzero(nz)[1].astype(np.uint8)
+    values = dense[nz].astype(np.float32)
+    return per_row, cols, values, width
+
+
+def decode_sparse(per_row: np.ndarray, cols: np.ndarray, values: np.ndarray,
+                  width: int) -> tuple[torch.Tensor, int]:
+    """Rows back from `encode_sparse`, and the bytes the encoding took."""
+    rows = np.zeros((len(per_row), width), np.float32)
+    which = np.repeat(np.arange(len(per_row)), per_row.astype(np.int64))
+    rows[which, cols.astype(np.int64)] = values
+    n_bytes = len(per_row) * INDEX_BYTES + per_row.nbytes + cols.nbytes + values.nbytes
+    return torch.from_numpy(rows), int(n_bytes)

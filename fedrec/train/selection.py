@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ class TrainOutcome:
     best_round: int = 0
     valid_at_best: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Selection:
