@@ -77,6 +77,24 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
     return load(dataset, data_dir=data_dir)
 
 
+def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
+    """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's (its learning
+    rate and `AlgorithmSpec.engine`), then ``options`` (None means "not given")."""
+    from dataclasses import fields
+
+    spec = get_algorithm(algorithm)
+    known = {f.name for f in fields(FederatedConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise FedrecError(f"unknown engine option(s): {', '.join(unknown)}")
+    merged: dict[str, Any] = {}
+    if "lr" in spec.defaults:
+        merged["lr"] = float(spec.defaults["lr"])
+    merged.update(spec.engine)
+    merged.update({k: v for k, v in options.items() if v is not None})
+    return FederatedConfig(**merged)
+
+
 def prepare_split(cfg: RunConfig) -> Split:
     """Load, preprocess (as the protocol needs) and split the run's data set."""
     from fedrec.data.preprocess import PreprocessConfig, preprocess
@@ -116,10 +134,6 @@ def run(
     if spec.kind == "federated":
         cfg.federated.validate()
     options = {**spec.defaults, **cfg.model}
-    fed = cfg.federated
-    if "item_lr_scale" in options and fed.item_lr_scale is None and fed.lr_item is None:
-        fed.item_lr_scale = float(options.pop("item_lr_scale"))
-    options.pop("item_lr_scale", None)
     split = prepare_split(cfg)
     torch.manual_seed(cfg.seed)
     model = spec.build(split, options)

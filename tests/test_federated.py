@@ -10,7 +10,7 @@ import pytest
 from fedrec.cli import main
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, chunk_bounds, sample_clients
-from fedrec.run import RunConfig, run
+from fedrec.run import RunConfig, federated_config, run
 
 SYN = "synthetic:150x400"
 
@@ -120,14 +120,24 @@ def test_ldp_noise_is_finite_laplace():
     assert float(noise.var()) == pytest.approx(0.5, rel=0.02)  # Var X = 2 b^2
 
 
-def test_algorithm_item_rate_defaults_reach_the_run():
-    ncf = run(_cfg("fedncf", rounds=1))
+def test_algorithm_engine_defaults_reach_the_run():
+    def cfg(algo, **options):  # type: ignore[no-untyped-def]
+        return RunConfig(algorithm=algo, dataset=SYN, federated=federated_config(algo, rounds=1, **options),
+                         model={"dim": 8})
+
+    ncf = run(cfg("fedncf"))
     assert ncf.config["federated"]["item_lr_scale"] == 20000.0
+    assert ncf.config["federated"]["lr"] == 0.5
     assert "item_lr_scale" not in ncf.config["model"]
-    mf = run(_cfg("fedmf", rounds=1))
+    mf = run(cfg("fedmf"))
     assert mf.config["federated"]["item_lr_scale"] is None  # the official n_items x 80 rule
-    explicit = run(_cfg("fedncf", rounds=1, item_lr_scale=3.0))
+    explicit = run(cfg("fedncf", item_lr_scale=3.0, lr=None))
     assert explicit.config["federated"]["item_lr_scale"] == 3.0
+    assert explicit.config["federated"]["lr"] == 0.5  # None means "not given"
+    rap = federated_config("fedrap", batch_size=None)
+    assert (rap.local_epochs, rap.batch_size, rap.encoding) == (10, 2048, "sparse")
+    with pytest.raises(FedrecError, match="unknown engine option"):
+        federated_config("fedmf", rouds=3)
 
 
 def test_resume_refuses_changed_options(tmp_path):

@@ -21,7 +21,9 @@ class AlgorithmSpec:
 
     ``kind`` picks the trainer: ``centralised`` builds an ``nn.Module`` trained by
     `fedrec.train.centralised`; ``federated`` builds a `FamilySpec` run by the simulator.
-    ``defaults`` hold model options and the learning rate the papers use.
+    ``defaults`` hold model options and the learning rate the papers use; ``engine`` holds
+    the federated engine options the algorithm runs with unless the user says otherwise
+    (`fedrec.run.federated_config`).
     """
 
     name: str
@@ -29,6 +31,7 @@ class AlgorithmSpec:
     description: str
     build: Callable[[Split, dict[str, Any]], Any]
     defaults: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
@@ -49,3 +52,4 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
 from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)
+from fedrec.algorithms import rap as _rap  # noqa: E402,F401  (registers)

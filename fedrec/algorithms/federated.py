@@ -43,7 +43,7 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False, "item_lr_scale": 20000.0},
+    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False}, {"item_lr_scale": 20000.0},
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",

@@ -28,7 +28,7 @@ def run_command(
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (see `fedrec protocols`)."),
     seed: int = typer.Option(0, help="Seed of every random choice in the run."),
     rounds: int = typer.Option(100, "--rounds", "--epochs", help="Federated rounds (centralised: epochs)."),
-    batch_size: int = typer.Option(256, help="Minibatch size."),
+    batch_size: int | None = typer.Option(None, help="Minibatch size (default: the algorithm's, else 256)."),
     lr: float | None = typer.Option(None, help="Learning rate (default: the algorithm's, see `fedrec algorithms`)."),
     weight_decay: float = typer.Option(0.0, help="L2 weight decay (centralised)."),
     num_negatives: int = typer.Option(4, help="Training negatives per positive, redrawn every epoch/round."),
@@ -39,12 +39,17 @@ def run_command(
     dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
     reconstruct_epochs: int | None = typer.Option(None, help="FedRecon: epochs re-training the user vector each round (default: the algorithm's)."),
     clients_per_round: float = typer.Option(1.0, help="Federated: fraction (<= 1) or number of clients per round."),
-    local_epochs: int = typer.Option(1, help="Federated: local epochs per round."),
+    local_epochs: int | None = typer.Option(None, help="Federated: local epochs per round (default: the algorithm's, else 1)."),
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
     item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default n_items x 80, the official PFedRec rule)."),
     item_std: float = typer.Option(1.0, help="Federated: std of the initial item vectors (N(0, std²), as nn.Embedding)."),
     ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
     clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
+    dp_clip: float | None = typer.Option(None, help="Federated DP: clip each client's gradient w.r.t. the item table to this L2 norm (tau)."),
+    dp_noise: float = typer.Option(0.0, help="Federated DP: Gaussian noise multiplier z (noise std z x sensitivity); epsilon is reported."),
+    dp_delta: float = typer.Option(1e-5, help="Federated DP: delta of the reported (epsilon, delta)."),
+    encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
+    set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default 32, about a CPU's last-level cache)."),
     checkpoint_every: int = typer.Option(0, help="Federated: write a checkpoint every N rounds (0: never)."),
     resume: bool = typer.Option(False, "--resume", help="Federated: continue from the run's checkpoint."),
@@ -59,9 +64,8 @@ def run_command(
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
     from fedrec.algorithms import get_algorithm
-    from fedrec.federated.engine import FederatedConfig
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol
-    from fedrec.run import RunConfig, run
+    from fedrec.run import RunConfig, federated_config, run
     from fedrec.train.centralised import TrainConfig
 
     spec = get_algorithm(algorithm)
@@ -72,19 +76,21 @@ def run_command(
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
         data_dir=data_dir,
         model={"dim": dim, **({"dual": dual} if federated else {}),
-               **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {})},
+               **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
+               **_parse_settings(set_options)},
         train=TrainConfig(
-            epochs=rounds, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+            epochs=rounds, batch_size=batch_size or 256, lr=lr, weight_decay=weight_decay,
             negatives=num_negatives, patience=10 if patience is None else patience,
             eval_every=eval_every, device=device,
         ),
-        federated=FederatedConfig(
+        federated=federated_config(
+            algorithm,
             rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
             batch_size=batch_size, lr=lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
-            patience=0 if patience is None else patience, ldp=ldp, clip=clip,
-            checkpoint_every=checkpoint_every, device=device,
-            **({} if memory_budget_mb is None else {"memory_budget_mb": memory_budget_mb}),
+            patience=0 if patience is None else patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
+            dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding,
+            memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
         ),
     )
     if dual and not federated:
@@ -250,3 +256,26 @@ def reproduce_command(
     if markdown is not None:
         markdown.write_text("\n\n".join(parts) + "\n")
         console.print(f"wrote {markdown}")
+
+
+def _parse_settings(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` strings as model options (booleans, numbers, else text)."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            from fedrec.errors import FedrecError
+
+            raise FedrecError(f"--set expects KEY=VALUE, got '{item}'")
+        value: object = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    pass
+        out[key.replace("-", "_")] = value
+    return out

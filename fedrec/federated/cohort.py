@@ -22,12 +22,19 @@ import scipy.sparse as sp
 
 @dataclass
 class Step:
-    """One lockstep minibatch: ``rows``/``labels``/``mask`` are ``(n_active, batch_size)``."""
+    """One lockstep minibatch: ``rows``/``labels``/``mask`` are ``(n_active, batch_size)``.
+
+    The same slots without padding, client by client (``flat_owner`` is the client's position
+    among the active ones), suit large batches that most clients do not fill: FedRAP's 2048.
+    """
 
     n_active: int
     rows: np.ndarray
     labels: np.ndarray
     mask: np.ndarray
+    flat_rows: np.ndarray
+    flat_owner: np.ndarray
+    flat_labels: np.ndarray
 
 
 @dataclass
@@ -166,8 +173,11 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
     # one client must not turn into NaN gradients for every client with a short batch
     filled = np.maximum.accumulate(np.where(mask > 0, np.arange(size), 0))
     rows = rows[filled]
+    flat_label = label[order]
+    flat_at = np.searchsorted(ts, np.arange(len(n_active) + 1))
     return [
         Step(int(n), rows[a:b].reshape(n, batch_size), labels[a:b].reshape(n, batch_size),
-             mask[a:b].reshape(n, batch_size))
-        for n, a, b in zip(n_active, step_start[:-1], step_start[1:], strict=True)
+             mask[a:b].reshape(n, batch_size), r[fa:fb], c[fa:fb], flat_label[fa:fb])
+        for n, a, b, fa, fb in zip(n_active, step_start[:-1], step_start[1:], flat_at[:-1],
+                                   flat_at[1:], strict=True)
     ]

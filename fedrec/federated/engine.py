@@ -184,7 +184,9 @@ def run_federated(
         fresh = (init_params(spec, ["user"], len(cohort), gen)["user"]
                  if spec.reconstruct else None)
         acc = state.begin_round(r)
-        for a, b in chunk_bounds(samples, bytes_per_sample * cfg.local_epochs, cfg.memory_budget_mb):
+        # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
+        per_sample = bytes_per_sample + (16 * cfg.local_epochs if bytes_per_sample else 0)
+        for a, b in chunk_bounds(samples, per_sample, cfg.memory_budget_mb):
             p0, s0 = (pos_end[a - 1], smp_end[a - 1]) if a else (0, 0)
             chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
             batches = build_cohort(split.train, cohort[a:b], chunk_negs, cfg.batch_size,

@@ -15,8 +15,6 @@ import numpy as np
 import torch
 
 from fedrec.federated.cohort import CohortBatches
-
-Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 from fedrec.federated.family import (
     ITEMS,
     FamilySpec,
@@ -27,6 +25,8 @@ from fedrec.federated.family import (
 )
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
+
+Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

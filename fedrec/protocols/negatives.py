@@ -20,7 +20,6 @@ import scipy.sparse as sp
 
 from fedrec.errors import FedrecError
 
-
 TABLE_CELLS = 1 << 25
 
 

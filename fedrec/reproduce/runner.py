@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrec.errors import FedrecError, UnknownNameError
-from fedrec.federated.engine import FederatedConfig
-from fedrec.run import RunConfig, run
+from fedrec.run import RunConfig, federated_config, run
 
 LEGACY = "legacy-exclude-heldout"
 POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "legacy": (LEGACY,)}
@@ -88,9 +87,8 @@ def execute(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
                         seed=seed, negatives=negatives, data_dir=data_dir,
                         model={"dim": 32, "dual": planned.dual},
-                        federated=FederatedConfig(rounds=rounds, ldp=planned.ldp),
+                        federated=federated_config(planned.algorithm, rounds=rounds, ldp=planned.ldp),
                     )
-                    cfg.federated.lr = _default_lr(planned.algorithm)
                     try:
                         run(cfg, out=path)
                     except FedrecError as e:  # one failed run must not end the reproduction
@@ -102,9 +100,3 @@ def execute(
                 result["config"]["setting"] = planned.setting
                 results.append(result)
     return results
-
-
-def _default_lr(algorithm: str) -> float:
-    from fedrec.algorithms import get_algorithm
-
-    return float(get_algorithm(algorithm).defaults["lr"])

@@ -1,0 +1,301 @@
+"""FedRAP: additive personalisation of item embeddings (Li, Long and Zhou, ICLR 2024).
+
+Client i scores item j with sigma(<a_i, D_i[j] + C[j]> + b_i): a private head (``linear``: a
+weight vector and a bias, as the official code; ``dot``: the paper's user vector u_i, no bias),
+a private item table D_i and the global item table C, averaged by the server. Its batch
+objective (Eq. 3) adds two regularisers whose weights follow a curriculum over rounds a (0 in
+the first round):
+
+    mean BCE  + s * lambda(a) * mean ||D_i[j] - C[j]||^2 / k  +  mu(a) * mean |C[j]|_1 / k
+
+with means over the batch's slots, as the official code's ``MSELoss`` / ``L1Loss`` on the batch
+rows (Appendix A's gradients, too, sum the regularisers over the rated entries). So a step
+touches exactly the rows of its batch, and the plain update needs no dense pass over D_i.
+
+* ``dc_sign`` s: the paper contradicts itself. Eq. 3 subtracts the D-C term (``push``: views
+  kept apart); Appendix A's gradients add it (``pull``). ``push`` is unbounded below (the
+  official code's loss runs to -46,000); fedrec caps each slot's term at ``push_cap`` (mean
+  squared entry), past which it stops pushing. ``pull`` is the default: it is stable as
+  written and validated better (see docs/fedrap.md).
+* The L1 term is applied by soft-thresholding after each step (the proximal step of Eq. 13):
+  a touched row of C shrinks by lr x mu(a) x (its share of the batch) / k. ``reg="l2"`` uses
+  mu ||C||^2 instead (FedRAP-L2); ``"none"`` drops it (FedRAP-No).
+* ``use_c`` / ``use_d`` switch a view off (FedRAP-D / FedRAP-C); the D-C term then goes too.
+* ``centralised`` is CentRAP: the same model and objective with all data on one server. C is
+  not copied to clients and averaged; every lockstep step updates it directly with the mean
+  over the step's users of their gradients (one minibatch step on the mean of the users'
+  losses), and the whole population trains as one block, so a step always spans every user
+  that still has a batch.
+* D_i starts at zero, so an item a client never trained is scored by the global view alone.
+  (The official code draws D_i ~ N(0, 1): unseen items then get random personal offsets, which
+  only its leaky negatives hide, by training every evaluation negative.)
+
+D is one dense ``(n_clients x n_items, k)`` table (0.2 GB on ML-100K, 2.9 GB at ML-1M scale):
+after a few rounds of 4 fresh negatives per positive, most clients have touched most items,
+so a sparse store would end up as large and slower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedrec.federated.cohort import CohortBatches, Step
+from fedrec.federated.family import FamilySpec
+from fedrec.federated.personal import PersonalRows
+from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gather_rows
+from fedrec.federated.upload import FLOAT_BYTES, UploadPath
+
+FlatStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
+CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
+REGULARISERS = ("l1", "l2", "none")
+DC_SIGNS = ("pull", "push")
+
+
+def _flat(step: Step) -> FlatStep:
+    """A step's real slots (rows, owners, labels), each slot's weight 1/n_owner, and n_active."""
+    owner = torch.as_tensor(step.flat_owner)
+    counts = torch.bincount(owner, minlength=step.n_active).float()
+    return (torch.as_tensor(step.flat_rows), owner, torch.as_tensor(step.flat_labels),
+            1.0 / counts[owner], step.n_active)
+
+
+def curriculum(name: str, a: int) -> float:
+    """Weight in [0, 1] of the regularisers in round ``a`` (0-based), paper Section 4.5.
+
+    ``sin`` is (sin(a/10) + 1) / 2 (the official code's form; the paper's sin(a/10) would go
+    negative, outside the stated range [0, v]); ``square`` is 0 for ten rounds, then 1 for ten.
+    """
+    if name == "tanh":
+        return math.tanh(a / 10)
+    if name == "fixed":
+        return 1.0
+    if name == "sin":
+        return (math.sin(a / 10) + 1) / 2
+    if name == "square":
+        return float((a // 10) % 2)
+    if name == "frac":
+        return 1.0 / (a + 1)
+    raise ValueError(f"unknown curriculum '{name}'; known: {', '.join(CURRICULA)}")
+
+
+@dataclass(frozen=True)
+class RAPSpec:
+    """A FedRAP variant (see the module docstring). ``lam`` and ``mu`` are v1 and v2."""
+
+    score: str = "linear"
+    dim: int = 32
+    use_c: bool = True
+    use_d: bool = True
+    reg: str = "l1"
+    lam: float = 0.1
+    mu: float = 0.1
+    curriculum: str = "tanh"
+    dc_sign: str = "pull"
+    push_cap: float = 1.0
+    centralised: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.score in ("linear", "dot"), f"FedRAP score must be linear or dot, not '{self.score}'"),
+            (self.use_c or self.use_d, "FedRAP needs at least one of C and D"),
+            (self.reg in REGULARISERS, f"unknown regulariser '{self.reg}'; known: {', '.join(REGULARISERS)}"),
+            (self.curriculum in CURRICULA, f"unknown curriculum '{self.curriculum}'; known: {', '.join(CURRICULA)}"),
+            (self.dc_sign in DC_SIGNS, f"dc_sign must be pull or push, not '{self.dc_sign}'"),
+            (self.lam >= 0 and self.mu >= 0 and self.push_cap > 0, "lam, mu >= 0 and push_cap > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                from fedrec.errors import FedrecError
+
+                raise FedrecError(message)
+
+    @property
+    def family(self) -> FamilySpec:
+        """The head as a member of the item-embedding family (for its init and score)."""
+        return FamilySpec(score=self.score, private_score=True, dual=False, dim=self.dim)
+
+    # what the engine reads off a spec
+    reconstruct = 0
+    dual = False
+
+    @property
+    def item_width(self) -> int:
+        return self.dim
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """Working set per sample; 0 for CentRAP, whose population trains as one block."""
+        return 0 if self.centralised else self.dim * 4 * 12
+
+    def weights(self, r: int) -> tuple[float, float]:
+        """(lambda, mu) of round ``r`` (1-based)."""
+        w = curriculum(self.curriculum, r - 1)
+        return self.lam * w, self.mu * w
+
+    def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+                     item_std: float, seed: int) -> RAPState:
+        return RAPState.create_rap(self, n_clients, n_items, lr=lr, lr_item=lr_item,
+                                   item_std=item_std, seed=seed)
+
+
+@dataclass
+class RAPState(FamilyState):
+    """Global C (``items``), private heads, and every client's D_i in one flat table."""
+
+    rap: RAPSpec = RAPSpec()
+    personal_table: torch.Tensor | None = None
+    lam_now: float = 0.0
+    mu_now: float = 0.0
+    round_clients: int = 0
+
+    @staticmethod
+    def create_rap(rap: RAPSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+                   item_std: float, seed: int) -> RAPState:
+        base = FamilyState.create(rap.family, n_clients, n_items, lr=lr, lr_item=lr_item,
+                                  item_std=item_std, seed=seed)
+        items = base.items if rap.use_c else torch.zeros_like(base.items)
+        table = torch.zeros((n_clients * n_items if rap.use_d else 0, rap.dim))
+        return RAPState(base.spec, items, base.shared, base.private, lr, lr_item,
+                        PersonalRows(n_items, rap.dim), None, rap, table)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.items.shape[0])
+
+    def begin_round(self, r: int) -> Accumulator:
+        self.lam_now, self.mu_now = self.rap.weights(r)
+        return super().begin_round(r)
+
+    def local_update(self, cohort: CohortBatches, path: UploadPath,
+                     fresh_user: torch.Tensor | None = None) -> CohortUpload:
+        start, rows_c, params, _ = self._gather(cohort)
+        keys = self._keys(cohort)
+        rows_d = self.personal_table.index_select(0, keys) if self.rap.use_d else None
+        item_of = torch.as_tensor(cohort.row_items) if self.rap.centralised else None
+        loss_sum = 0.0
+        for step in cohort.steps:
+            loss_sum += self._rap_step(params, rows_c, rows_d, _flat(step), item_of)
+        if rows_d is not None:
+            self.personal_table.index_copy_(0, keys, rows_d)
+        if item_of is not None:
+            rows_c = start  # C was trained in place: clients upload nothing
+        up = self._finish(cohort, params, start, rows_c, path, loss_sum)
+        if not self.rap.use_c or self.rap.centralised:  # nothing shared travels
+            up.bytes_up = up.bytes_down = 0
+        return up
+
+    def _keys(self, cohort: CohortBatches) -> torch.Tensor:
+        owner = np.repeat(cohort.clients, np.diff(cohort.row_ptr))
+        return torch.as_tensor(owner * self.n_items + cohort.row_items)
+
+    def _rap_step(self, params: dict[str, torch.Tensor], rows_c: torch.Tensor,
+                  rows_d: torch.Tensor | None, step: FlatStep, item_of: torch.Tensor | None = None) -> float:
+        """One plain SGD step of every active client on its batch objective, then the L1 prox.
+
+        Slots are flat (no padding); ``owner`` says whose each is. With ``item_of`` (CentRAP)
+        C's rows are the global table's, indexed by item, and its step is the mean over the
+        active users.
+        """
+        rap = self.rap
+        idx, owner, y, weight, n = step
+        k = rap.dim
+        c_idx, c_scale = idx, 1.0
+        if item_of is not None:
+            rows_c, c_idx, c_scale = self.items, item_of[idx], 1.0 / n
+        head = params["w" if rap.score == "linear" else "user"]
+        a = head.index_select(0, owner)
+        v_c = rows_c.index_select(0, c_idx) if rap.use_c else None
+        v_d = rows_d.index_select(0, idx) if rows_d is not None else None
+        v = v_c if v_d is None else (v_d if v_c is None else v_c + v_d)
+        logits = (a * v).sum(1)
+        if rap.score == "linear":
+            logits = logits + params["b"].index_select(0, owner)
+        g = (torch.sigmoid(logits) - y) * weight
+        loss = ((F.softplus(logits) - y * logits) * weight).sum()
+        grad_head = torch.zeros((n, k)).index_add_(0, owner, g[:, None] * v)
+        grad_bias = torch.zeros(n).index_add_(0, owner, g) if rap.score == "linear" else None
+        grad_v = g[:, None] * a
+        per_entry = (weight / k)[:, None]
+        grad_d = grad_c = grad_v
+        if v_c is not None and v_d is not None and self.lam_now > 0:
+            diff = v_d - v_c
+            if rap.dc_sign == "pull":
+                loss = loss + self.lam_now * (per_entry * diff.square()).sum()
+                pull = (2 * self.lam_now) * per_entry * diff
+            else:
+                ms = diff.square().mean(1, keepdim=True)
+                loss = loss - self.lam_now * (weight[:, None] * ms.clamp(max=rap.push_cap)).sum()
+                pull = (-2 * self.lam_now) * per_entry * diff * (ms < rap.push_cap)
+            grad_d, grad_c = grad_v + pull, grad_v - pull
+        if v_c is not None and self.mu_now > 0:
+            if rap.reg == "l2":
+                loss = loss + self.mu_now * (per_entry * v_c.square()).sum()
+                grad_c = grad_c + (2 * self.mu_now) * per_entry * v_c
+            elif rap.reg == "l1":
+                loss = loss + self.mu_now * (per_entry * v_c.abs()).sum()
+
+        head[:n] -= self.lr * grad_head
+        if grad_bias is not None:
+            params["b"][:n] -= self.lr * grad_bias
+        # scaled first: index_add_ with alpha takes a slow path (torch 2.13 CPU)
+        if rows_d is not None:
+            rows_d.index_add_(0, idx, grad_d.mul_(-self.lr_item) if grad_d is not grad_v else grad_d * -self.lr_item)
+        if v_c is not None:
+            lr_c = self.lr_item * c_scale
+            rows_c.index_add_(0, c_idx, grad_c * -lr_c)
+            if rap.reg == "l1" and self.mu_now > 0:
+                threshold = torch.zeros(rows_c.shape[0]).index_add_(0, c_idx, (lr_c * self.mu_now / k) * weight)
+                shrink = rows_c.index_select(0, c_idx)
+                shrink = shrink.sign() * (shrink.abs() - threshold[c_idx, None]).clamp_min(0)
+                rows_c.index_copy_(0, c_idx, shrink)  # duplicates carry equal values
+        return float(loss)
+
+    def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
+        self.round_clients = acc.n + acc.rejected
+        if self.rap.use_c and not self.rap.centralised:
+            super().aggregate(acc, path, gen)
+
+    # -- records and checkpoints -------------------------------------------------------------
+
+    def round_extra(self) -> dict[str, float]:
+        """Sparsity of C (share of entries above 1e-1 and 1e-2) and the bytes of a dense upload."""
+        c = self.items.abs()
+        return {
+            "c_above_1e-1": float((c > 1e-1).float().mean()),
+            "c_above_1e-2": float((c > 1e-2).float().mean()),
+            "c_zero": float((c == 0).float().mean()),
+            "bytes_up_dense": float(self.round_clients * self.items.numel() * FLOAT_BYTES),
+            "lambda": self.lam_now,
+            "mu": self.mu_now,
+        }
+
+    def run_extra(self) -> dict[str, Any]:
+        return {"sparsity_of_c": {k: v for k, v in self.round_extra().items() if k.startswith("c_")}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "personal_table": self.personal_table}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        super().load_state_dict(blob)
+        self.personal_table = blob["personal_table"]
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def _score_block(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:
+        it = torch.as_tensor(items)
+        v = gather_rows(self.items, it)
+        if self.rap.use_d:
+            keys = torch.as_tensor(clients)[:, None] * self.n_items + it
+            v = v + gather_rows(self.personal_table, keys)
+        c = torch.as_tensor(clients)
+        head = self.private["w" if self.rap.score == "linear" else "user"][c]
+        logits = torch.einsum("cd,cbd->cb", head, v)
+        if self.rap.score == "linear":
+            logits = logits + self.private["b"][c][:, None]
+        return logits
