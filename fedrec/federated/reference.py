@@ -315,11 +315,9 @@ def reference_scores(state: ReferenceState, clients: np.ndarray,
 def time_reference_rounds(spec: FamilySpec, split: Split, cfg: FederatedConfig, rounds: int = 2,
                           seed: int = 0) -> float:
     """Seconds per round of training one client at a time (evaluation excluded)."""
-    n_items = split.n_items
-    scale = cfg.item_lr_scale if cfg.item_lr_scale is not None else n_items * 80.0
-    lr_item = cfg.lr_item if cfg.lr_item is not None else cfg.lr * scale
-    state = ReferenceState.of(FamilyState.create(spec, split.n_users, n_items, lr=cfg.lr,
-                                                 lr_item=lr_item, item_std=cfg.item_std, seed=seed))
+    state = ReferenceState.of(FamilyState.create(spec, split.n_users, split.n_items, lr=cfg.lr,
+                                                 lr_item=cfg.item_lr(split.n_items),
+                                                 item_std=cfg.item_std, seed=seed))
     start = time.perf_counter()
     for r in range(1, rounds + 1):
         state = reference_round(state, split, cfg, seed, r)
