@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -203,14 +204,15 @@ def protocols_command() -> None:
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec)."),
-    tables: str = typer.Option("1,2,7,8", help="Comma-separated table numbers."),
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap)."),
+    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
     rounds: int = typer.Option(100, help="Rounds per run."),
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
+    plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
@@ -218,7 +220,15 @@ def reproduce_command(
     Every run is done under the legacy negative policy the paper's code used and under
     fedrec's leak-free default, so a gap can be told apart from the leak.
     """
-    from fedrec.reproduce.runner import POLICY_CHOICES, execute, plan
+    from fedrec.reproduce.papers import load_figures
+    from fedrec.reproduce.runner import (
+        PLOTS,
+        POLICY_CHOICES,
+        execute,
+        plan,
+        privacy_notes,
+        sparsity_notes,
+    )
     from fedrec.reproduce.table import render, summarise, to_markdown
 
     if negatives not in POLICY_CHOICES:
@@ -227,7 +237,7 @@ def reproduce_command(
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as e:
         raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
-    chosen = plan(paper, [t.strip() for t in tables.split(",") if t.strip()])
+    chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -245,17 +255,50 @@ def reproduce_command(
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives], rounds=rounds, out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail)
+    figures = load_figures(paper)
     parts = []
+    drawn = []
     for table, runs in chosen.items():
         keys = {(r.method, r.setting, r.protocol) for r in runs}
         mine = [r for r in results
                 if (r["algorithm"], r["config"]["setting"], r["protocol"]) in keys]
         summary = summarise(mine)
-        render(summary, paper, table, console)
-        parts.append(to_markdown(summary, paper, table))
+        # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
+        metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or None
+        render(summary, paper, table, console, metrics=metrics, unpublished=True)
+        parts.append(f"### {paper} Table {table}\n\n"
+                     + to_markdown(summary, paper, table, metrics=metrics, unpublished=True))
+        if table in PLOTS.get(paper, {}) and mine:
+            drawn += _convergence_plots(mine, paper, table, PLOTS[paper][table], dataset,
+                                        plots or out_dir / "plots")
+    notes = privacy_notes(results) + sparsity_notes(paper, results)
+    for line in notes:
+        console.print(line, highlight=False)
+    for path in drawn:
+        console.print(f"wrote {path}")
     if markdown is not None:
-        markdown.write_text("\n\n".join(parts) + "\n")
+        text = "\n\n".join(parts) + "\n"
+        if notes:
+            text += "\n" + "".join(f"- {line}\n" for line in notes)
+        markdown.write_text(text)
         console.print(f"wrote {markdown}")
+
+
+def _convergence_plots(
+    results: list[dict[str, Any]], paper: str, table: str, figure: str, dataset: str, folder: Path
+) -> list[Path]:
+    """The validation HR@10 and NDCG@10 per round of one table's runs, one PNG each."""
+    from fedrec.reproduce.plots import convergence
+
+    paths = []
+    for metric in ("hr@10", "ndcg@10"):
+        path = folder / f"{paper}-{table}-{metric.split('@')[0]}.png"
+        title = f"{paper} {figure} on {dataset}: validation {metric.upper()}"
+        try:
+            paths.append(convergence(results, metric, path, title))
+        except FedrecError as e:  # e.g. runs evaluated on another protocol's metrics
+            console.print(f"[yellow]no plot[/] {path.name}: {e}")
+    return paths
 
 
 def _parse_settings(items: list[str]) -> dict[str, object]:

@@ -1,7 +1,8 @@
 """The runs behind a paper's tables, executed (or reused) and summarised beside its figures.
 
 A plan lists runs by a canonical key (method, protocol, setting); tables share runs where the
-paper does (Table 2's baselines are Table 1's rows). Each run is done once per seed and
+paper does (Table 2's baselines are Table 1's rows), and across papers where the configuration is
+the same (FedRAP's FedMF, FedNCF and PFedRec rows reuse the PFedRec plan's runs). Each run is done once per seed and
 negative policy and stored as a results JSON in the output folder, so an interrupted
 reproduction resumes where it stopped and a finished one re-renders instantly.
 """
@@ -9,12 +10,16 @@ reproduction resumes where it stopped and a finished one re-renders instantly.
 from __future__ import annotations
 
 import json
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fedrec.errors import FedrecError, UnknownNameError
+from fedrec.reproduce.papers import load_figures
+from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 from fedrec.run import RunConfig, federated_config, run
 
 LEGACY = "legacy-exclude-heldout"
@@ -23,7 +28,12 @@ POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "l
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One configuration of a reproduction (repeated over seeds and negative policies)."""
+    """One configuration of a reproduction (repeated over seeds and negative policies).
+
+    ``model`` and ``engine`` are extra model and engine options as ``(name, value)`` pairs (a
+    tuple, so that runs stay hashable and shared runs are found by equality). They are not part
+    of the file name: a run that sets any must say so in its ``setting``.
+    """
 
     method: str
     algorithm: str
@@ -31,6 +41,8 @@ class PlannedRun:
     protocol: str = "loo-sampled"
     setting: str = ""
     ldp: float = 0.0
+    model: tuple[tuple[str, object], ...] = ()
+    engine: tuple[tuple[str, object], ...] = ()
 
     def file_name(self, negatives: str, seed: int) -> str:
         setting = f"-{self.setting}" if self.setting else ""
@@ -46,7 +58,40 @@ def _pfedrec_tables() -> dict[str, list[PlannedRun]]:
     return {"1": table1, "2": table1[:3] + dual, "7": ldp, "8": full}
 
 
-PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {"pfedrec": _pfedrec_tables}
+#: FedRAP's differential privacy (Section 4.5): each client's gradient w.r.t. C clipped to
+#: tau = 0.1, Gaussian noise multiplier z = 1. The setting is named after z.
+DP_SETTING = "dp=1"
+DP_ENGINE: tuple[tuple[str, object], ...] = (("dp_clip", 0.1), ("dp_noise", 1.0))
+CURRICULA = ("fixed", "sin", "square", "frac")
+
+
+def _fedrap_tables() -> dict[str, list[PlannedRun]]:
+    """FedRAP's Tables 1 and 3-6 and the runs of its Figures 5 (ablation) and 6 (curricula)."""
+    fedrap = PlannedRun("fedrap", "fedrap")
+    baselines = [PlannedRun(m, m) for m in ("fedmf", "fedncf", "pfedrec")]  # as in _pfedrec_tables
+
+    def with_dp(r: PlannedRun) -> PlannedRun:
+        return replace(r, setting=DP_SETTING, engine=DP_ENGINE)
+
+    main = [PlannedRun("centrap", "centrap"), *baselines, fedrap]
+    degradation = [x for r in (*baselines, fedrap) for x in (r, with_dp(r))]
+    variants = [PlannedRun(m, m) for m in ("fedrap-c", "fedrap-d", "fedrap-no", "fedrap-l2")]
+    curricula = [PlannedRun("fedrap", "fedrap", setting=f"curriculum={c}", model=(("curriculum", c),))
+                 for c in CURRICULA]
+    return {
+        "1": [fedrap, with_dp(fedrap)], "3": main, "4": main, "5": degradation, "6": degradation,
+        "ablation": [fedrap, *variants, baselines[2]], "curriculum": [fedrap, *curricula],
+    }
+
+
+PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {
+    "pfedrec": _pfedrec_tables, "fedrap": _fedrap_tables,
+}
+
+#: Tables drawn as convergence plots (validation metric per round), with the paper's figure.
+PLOTS: dict[str, dict[str, str]] = {
+    "fedrap": {"ablation": "Fig. 5 (ablation)", "curriculum": "Fig. 6 (curricula)"},
+}
 
 
 def plan(paper: str, tables: Iterable[str] | None = None) -> dict[str, list[PlannedRun]]:
@@ -86,8 +131,9 @@ def execute(
                     cfg = RunConfig(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
                         seed=seed, negatives=negatives, data_dir=data_dir,
-                        model={"dim": 32, "dual": planned.dual},
-                        federated=federated_config(planned.algorithm, rounds=rounds, ldp=planned.ldp),
+                        model={"dim": 32, "dual": planned.dual, **dict(planned.model)},
+                        federated=federated_config(planned.algorithm, rounds=rounds,
+                                                   ldp=planned.ldp, **dict(planned.engine)),
                     )
                     try:
                         run(cfg, out=path)
@@ -100,3 +146,58 @@ def execute(
                 result["config"]["setting"] = planned.setting
                 results.append(result)
     return results
+
+
+def _groups(
+    results: Iterable[dict[str, Any]], by_policy: bool
+) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """Results by (method, setting, data set), and by negative-policy group when asked."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        key = (r["algorithm"], str(r["config"].get("setting") or ""), r["dataset"])
+        if by_policy:
+            neg = negatives_of(r)
+            key += (POLICY_GROUPS.get(neg, neg),)
+        groups[key].append(r)
+    return groups
+
+
+def privacy_notes(results: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per DP run group: the (epsilon, delta) its results record, mean over runs.
+
+    Epsilon depends on the noise, the share of clients per round and the rounds, not on the
+    negative policy, so the policies are pooled.
+    """
+    lines = []
+    dp = [r for r in results if (r.get("extra") or {}).get("privacy")]
+    for (method, setting, dataset), runs in _groups(dp, by_policy=False).items():
+        eps = statistics.fmean(float(r["extra"]["privacy"]["epsilon"]) for r in runs)
+        delta = statistics.fmean(float(r["extra"]["privacy"]["delta"]) for r in runs)
+        lines.append(f"privacy of {method}{' ' + setting if setting else ''} on {dataset}: "
+                     f"epsilon = {eps:.3g}, delta = {delta:g} (mean over {len(runs)} run(s))")
+    return lines
+
+
+def sparsity_notes(paper: str, results: Iterable[dict[str, Any]]) -> list[str]:
+    """Share of entries of C above 1e-1 and 1e-2, per policy group, beside the paper's figures.
+
+    Only for the methods and settings the paper reports it for (its "sparsity" figures).
+    """
+    keys = ("c_above_1e-1", "c_above_1e-2")
+    published = [f for f in load_figures(paper) if f.table == "sparsity"]
+    lines = []
+    have = [r for r in results if (r.get("extra") or {}).get("sparsity_of_c")]
+    for (method, setting, dataset, policy), runs in _groups(have, by_policy=True).items():
+        theirs = {(f.dataset, f.metric): f.mean for f in published
+                  if (f.method, f.setting) == (method, setting)}
+        if not theirs:
+            continue
+        ours = [statistics.fmean(float(r["extra"]["sparsity_of_c"][k]) for r in runs) for k in keys]
+        on = dataset if any(d == dataset for d, _ in theirs) else next(iter(theirs))[0]
+        lines.append(
+            f"C of {method}{' ' + setting if setting else ''} on {dataset} ({policy}, mean over "
+            f"{len(runs)} seed(s)): {ours[0]:.2%} of entries above 1e-1, {ours[1]:.2%} above 1e-2; "
+            f"paper on {on}: {theirs.get((on, keys[0]), float('nan')):.2%}, "
+            f"{theirs.get((on, keys[1]), float('nan')):.2%}"
+        )
+    return lines

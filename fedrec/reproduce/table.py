@@ -91,12 +91,12 @@ def _fmt(mean: float, std: float | None, n: int = 0) -> str:
 
 def _build(
     summary: Summary, paper: str, table: str | int, metrics: Sequence[str] | None,
-    paper_rows: bool,
+    paper_rows: bool, unpublished: bool = False,
 ) -> tuple[list[str], list[list[str]], int]:
     """Header, rows and the number of leading text columns of the comparison table."""
     table = str(table)
     published = [f for f in load_figures(paper) if f.table == table]
-    if not published:
+    if not published and not unpublished:
         tables = ", ".join(dict.fromkeys(f.table for f in load_figures(paper)))
         raise FedrecError(f"no figures of {paper} Table {table} are transcribed; tables: {tables}")
     if metrics is None:
@@ -139,24 +139,24 @@ def _build(
 def _caption(summary: Summary, paper: str, table: str | int) -> str:
     counts = sorted({n for cells in summary.values() for _, _, n in cells.values()})
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}" if counts else "0"
-    published = next((f.source for f in load_figures(paper) if f.table == str(table)), paper)
-    return (
-        f"ours: mean ± population std (ddof=0) over {seeds} seed(s); "
-        f"paper: as published in {published}"
-    )
+    published = next((f.source for f in load_figures(paper) if f.table == str(table)), None)
+    theirs = f"as published in {published}" if published else "no published figures (plots only)"
+    return f"ours: mean ± population std (ddof=0) over {seeds} seed(s); paper: {theirs}"
 
 
 def render(
     summary: Summary, paper: str, table: str | int, console: Console,
-    metrics: Sequence[str] | None = None, paper_rows: bool = True,
+    metrics: Sequence[str] | None = None, paper_rows: bool = True, unpublished: bool = False,
 ) -> None:
     """Print ours beside the paper as a rich table.
 
     One row per (method, data set, setting); for each metric a column per negative-policy group
     of ours, then the paper's figure; "—" where either has none. With ``paper_rows`` the
-    paper's methods that we have not run appear too, for the data sets we have run.
+    paper's methods that we have not run appear too, for the data sets we have run. A table
+    with no transcribed figures is an error (a mistyped table number, most likely) unless
+    ``unpublished``: the paper shows some results only as plots (FedRAP's ablations).
     """
-    header, body, lead = _build(summary, paper, table, metrics, paper_rows)
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished)
     out = Table(title=f"{paper} Table {table}: ours beside the paper",
                 caption=_caption(summary, paper, table))
     for i, name in enumerate(header):
@@ -168,10 +168,10 @@ def render(
 
 def to_markdown(
     summary: Summary, paper: str, table: str | int,
-    metrics: Sequence[str] | None = None, paper_rows: bool = True,
+    metrics: Sequence[str] | None = None, paper_rows: bool = True, unpublished: bool = False,
 ) -> str:
     """The table of `render` as GitHub markdown, with its caption as a closing line."""
-    header, body, lead = _build(summary, paper, table, metrics, paper_rows)
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished)
     align = [":---" if i < lead else "---:" for i in range(len(header))]
     lines = ["| " + " | ".join(row) + " |" for row in [header, align, *body]]
     return "\n".join(lines) + f"\n\n{_caption(summary, paper, table)}\n"
