@@ -9,6 +9,7 @@ slot layout, the closed-form gradients, the proximal step and the aggregation.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -261,3 +262,25 @@ def test_push_stays_finite_where_it_is_capped(split: Split) -> None:
     out = run_federated(spec, split, FederatedConfig(rounds=3, local_epochs=3, batch_size=64,
                                                      lr=0.1, lr_item=5.0), seed=0)
     assert all(math.isfinite(h.loss) for h in out.history)
+
+
+def test_cli_runs_fedrap_with_settings_dp_and_engine_defaults(tmp_path, capsys) -> None:
+    from fedrec.cli import main
+
+    out = tmp_path / "rap.json"
+    argv = ["run", "fedrap", "--dataset", "synthetic:60x300", "--rounds", "2", "--dim", "8",
+            "--set", "curriculum=sin", "--set", "lam=0.05", "--set", "dc-sign=push",
+            "--dp-clip", "0.1", "--dp-noise", "2", "--out", str(out), "-q"]
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    model, fed = result["config"]["model"], result["config"]["federated"]
+    assert (model["curriculum"], model["lam"], model["dc_sign"]) == ("sin", 0.05, "push")
+    assert (fed["local_epochs"], fed["batch_size"], fed["encoding"]) == (10, 2048, "sparse")
+    assert (fed["dp_clip"], fed["dp_noise"]) == (0.1, 2.0)
+    assert result["extra"]["privacy"]["noise_multiplier"] == 2.0
+    assert result["history"][-1]["extra"]["lambda"] == pytest.approx(0.05 * (math.sin(0.1) + 1) / 2)
+    with pytest.raises(SystemExit) as bad:
+        main(["run", "fedrap", "--dataset", "synthetic:60x300", "--set", "lam", "--out", str(tmp_path / "x.json")])
+    assert bad.value.code == 2 and "KEY=VALUE" in capsys.readouterr().err

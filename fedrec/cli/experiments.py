@@ -178,10 +178,11 @@ def algorithms_command() -> None:
     from fedrec.algorithms import ALGORITHMS
 
     table = Table(title="algorithms")
-    for c in ("name", "kind", "description"):
+    for c in ("name", "kind", "description", "defaults (model: --set KEY=VALUE; engine: options)"):
         table.add_column(c)
     for spec in ALGORITHMS.values():
-        table.add_row(spec.name, spec.kind, spec.description)
+        defaults = ", ".join(f"{k}={v}" for k, v in {**spec.defaults, **spec.engine}.items())
+        table.add_row(spec.name, spec.kind, spec.description, defaults)
     console.print(table)
 
 
