@@ -7,7 +7,6 @@ state and the same `CohortBatches`, so their results may differ only by float32 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -52,15 +51,6 @@ CASES = [
     ("fedrecon", {"dual": True}, {}),
     ("fedmf", {}, {"clip": 0.05, "lr_item": None}),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: one thread is fastest, and a busy machine cannot oversubscribe it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,14 +31,6 @@ from fedrec.protocols.protocol import Split
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.1, 3.0, 8, 2
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
