@@ -112,6 +112,7 @@ CASES = [
     ("fedrap-no", {}),
     ("fedrap-l2", {}),
     ("fedrap-c", {}),
+    ("fedrap-c", {"reg": "l2"}),
     ("fedrap-d", {}),
 ]
 

@@ -15,6 +15,7 @@ whole table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,19 +23,45 @@ import scipy.sparse as sp
 
 @dataclass
 class Step:
-    """One lockstep minibatch: ``rows``/``labels``/``mask`` are ``(n_active, batch_size)``.
+    """One lockstep minibatch of the ``n_active`` clients that still have a batch.
 
-    The same slots without padding, client by client (``flat_owner`` is the client's position
-    among the active ones), suit large batches that most clients do not fill: FedRAP's 2048.
+    Its real slots are flat, client by client (``flat_owner``: the client's position among the
+    active ones; ``flat_slot``: the slot's place in its client's batch). ``rows``/``labels``/
+    ``mask`` lay them out as ``(n_active, batch_size)`` blocks, built on first use: the item
+    family trains on blocks, FedRAP on the flat slots (its batch of 2048 is mostly padding).
     """
 
     n_active: int
-    rows: np.ndarray
-    labels: np.ndarray
-    mask: np.ndarray
+    batch_size: int
     flat_rows: np.ndarray
     flat_owner: np.ndarray
     flat_labels: np.ndarray
+    flat_slot: np.ndarray
+
+    @cached_property
+    def _blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shape = (self.n_active, self.batch_size)
+        rows, labels, mask = np.zeros(shape, np.int64), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        at = (self.flat_owner, self.flat_slot)
+        rows[at], labels[at], mask[at] = self.flat_rows, self.flat_labels, 1.0
+        # padding slots (the tail of a client's last batch) repeat the client's last real row,
+        # never another client's: a masked slot still computes 0 * value, and a non-finite row
+        # of one client must not turn into NaN gradients for every client with a short batch
+        counts = np.bincount(self.flat_owner, minlength=self.n_active)
+        last = rows[np.arange(self.n_active), counts - 1]
+        return np.where(mask > 0, rows, last[:, None]), labels, mask
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._blocks[0]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._blocks[1]
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self._blocks[2]
 
 
 @dataclass
@@ -146,8 +173,8 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
 
     Batch t of a client holds its samples ``t*B .. (t+1)*B - 1`` in shuffled order. Within a
     batch the slots are ordered by local row: a batch's loss is a mean, so slot order is free,
-    and sorted indices make gathering and scatter-adding rows several times faster. All steps
-    are views into three flat arrays, filled by one scatter.
+    and sorted indices make gathering and scatter-adding rows several times faster. Each step
+    is a slice of the sorted samples.
     """
     if not len(client):
         return []
@@ -155,7 +182,6 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
     t = pos // batch_size
     n_batches = -(-per_client // batch_size)
     n_active = (n_batches[None, :] > np.arange(int(n_batches.max()))[:, None]).sum(1)
-    step_start = np.concatenate([[0], np.cumsum(n_active * batch_size)])
     # local rows are numbered client by client, so sorting by (step, row) also groups clients
     order = np.argsort(t * (int(row.max()) + 1) + row)
     c, r, ts = client[order], row[order], t[order]
@@ -164,20 +190,7 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
     new_group[1:] = (c[1:] != c[:-1]) | (ts[1:] != ts[:-1])
     group_first = np.flatnonzero(new_group)
     j = np.arange(len(c)) - group_first[np.cumsum(new_group) - 1]
-    cell = step_start[ts] + c * batch_size + j
-    size = int(step_start[-1])
-    rows, labels, mask = np.zeros(size, np.int64), np.zeros(size, np.float32), np.zeros(size, np.float32)
-    rows[cell], labels[cell], mask[cell] = r, label[order], 1.0
-    # padding slots (the tail of a client's last batch) repeat the client's last real row,
-    # never another client's: a masked slot still computes 0 * value, and a non-finite row of
-    # one client must not turn into NaN gradients for every client with a short batch
-    filled = np.maximum.accumulate(np.where(mask > 0, np.arange(size), 0))
-    rows = rows[filled]
-    flat_label = label[order]
-    flat_at = np.searchsorted(ts, np.arange(len(n_active) + 1))
-    return [
-        Step(int(n), rows[a:b].reshape(n, batch_size), labels[a:b].reshape(n, batch_size),
-             mask[a:b].reshape(n, batch_size), r[fa:fb], c[fa:fb], flat_label[fa:fb])
-        for n, a, b, fa, fb in zip(n_active, step_start[:-1], step_start[1:], flat_at[:-1],
-                                   flat_at[1:], strict=True)
-    ]
+    y = label[order]
+    at = np.searchsorted(ts, np.arange(len(n_active) + 1))
+    return [Step(int(n), batch_size, r[a:b], c[a:b], y[a:b], j[a:b])
+            for n, a, b in zip(n_active, at[:-1], at[1:], strict=True)]

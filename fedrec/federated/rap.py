@@ -174,7 +174,7 @@ class RAPState(FamilyState):
 
     def local_update(self, cohort: CohortBatches, path: UploadPath,
                      fresh_user: torch.Tensor | None = None) -> CohortUpload:
-        start, rows_c, params, _ = self._gather(cohort)
+        start, rows_c, params = self._gather(cohort)
         keys = self._keys(cohort)
         rows_d = self.personal_table.index_select(0, keys) if self.rap.use_d else None
         item_of = torch.as_tensor(cohort.row_items) if self.rap.centralised else None
@@ -213,46 +213,51 @@ class RAPState(FamilyState):
         v_c = rows_c.index_select(0, c_idx) if rap.use_c else None
         v_d = rows_d.index_select(0, idx) if rows_d is not None else None
         v = v_c if v_d is None else (v_d if v_c is None else v_c + v_d)
-        logits = (a * v).sum(1)
+        logits = torch.linalg.vecdot(a, v)
         if rap.score == "linear":
-            logits = logits + params["b"].index_select(0, owner)
+            logits += params["b"].index_select(0, owner)
         g = (torch.sigmoid(logits) - y) * weight
         loss = ((F.softplus(logits) - y * logits) * weight).sum()
-        grad_head = torch.zeros((n, k)).index_add_(0, owner, g[:, None] * v)
-        grad_bias = torch.zeros(n).index_add_(0, owner, g) if rap.score == "linear" else None
-        grad_v = g[:, None] * a
-        per_entry = (weight / k)[:, None]
-        grad_d = grad_c = grad_v
+        fresh = v_c is not None and v_d is not None  # v is a sum of its own, free to overwrite
+        head_step = torch.zeros((n, k)).index_add_(0, owner, v.mul_(g[:, None]) if fresh else v * g[:, None])
+        bias_step = torch.zeros(n).index_add_(0, owner, g) if rap.score == "linear" else None
+        # every row step is -lr_item x its gradient; folding the rate into the coefficients
+        # first keeps the passes over (slots x k) arrays few (this loop is the engine's hot path)
+        step_v = a.mul_(g.mul_(-self.lr_item)[:, None])  # a is spent: -lr x dBCE/dv
+        step_d = step_c = step_v
         if v_c is not None and v_d is not None and self.lam_now > 0:
-            diff = v_d - v_c
+            diff = v_d.sub_(v_c)  # v_d is spent
+            sq = torch.linalg.vecdot(diff, diff)
             if rap.dc_sign == "pull":
-                loss = loss + self.lam_now * (per_entry * diff.square()).sum()
-                pull = (2 * self.lam_now) * per_entry * diff
+                loss = loss + (self.lam_now / k) * (weight * sq).sum()
+                coef = weight * (-2 * self.lam_now * self.lr_item / k)
             else:
-                ms = diff.square().mean(1, keepdim=True)
-                loss = loss - self.lam_now * (weight[:, None] * ms.clamp(max=rap.push_cap)).sum()
-                pull = (-2 * self.lam_now) * per_entry * diff * (ms < rap.push_cap)
-            grad_d, grad_c = grad_v + pull, grad_v - pull
+                inside = sq / k < rap.push_cap
+                loss = loss - self.lam_now * (weight * (sq / k).clamp(max=rap.push_cap)).sum()
+                coef = weight * inside * (2 * self.lam_now * self.lr_item / k)
+            pull = diff.mul_(coef[:, None])
+            step_d, step_c = step_v + pull, step_v.sub_(pull)
         if v_c is not None and self.mu_now > 0:
             if rap.reg == "l2":
-                loss = loss + self.mu_now * (per_entry * v_c.square()).sum()
-                grad_c = grad_c + (2 * self.mu_now) * per_entry * v_c
+                loss = loss + (self.mu_now / k) * (weight * torch.linalg.vecdot(v_c, v_c)).sum()
+                step_c = step_c - v_c * (weight * (2 * self.mu_now * self.lr_item / k))[:, None]
             elif rap.reg == "l1":
-                loss = loss + self.mu_now * (per_entry * v_c.abs()).sum()
+                loss = loss + (self.mu_now / k) * (weight * v_c.abs().sum(1)).sum()
 
-        head[:n] -= self.lr * grad_head
-        if grad_bias is not None:
-            params["b"][:n] -= self.lr * grad_bias
-        # scaled first: index_add_ with alpha takes a slow path (torch 2.13 CPU)
+        head[:n] -= self.lr * head_step
+        if bias_step is not None:
+            params["b"][:n] -= self.lr * bias_step
+        # (index_add_ with alpha takes a slow path in torch 2.13's CPU kernel: steps are scaled)
         if rows_d is not None:
-            rows_d.index_add_(0, idx, grad_d.mul_(-self.lr_item) if grad_d is not grad_v else grad_d * -self.lr_item)
+            rows_d.index_add_(0, idx, step_d)
         if v_c is not None:
-            lr_c = self.lr_item * c_scale
-            rows_c.index_add_(0, c_idx, grad_c * -lr_c)
+            rows_c.index_add_(0, c_idx, step_c if c_scale == 1.0 else step_c * c_scale)
             if rap.reg == "l1" and self.mu_now > 0:
+                lr_c = self.lr_item * c_scale
                 threshold = torch.zeros(rows_c.shape[0]).index_add_(0, c_idx, (lr_c * self.mu_now / k) * weight)
+                t = threshold.index_select(0, c_idx)[:, None]
                 shrink = rows_c.index_select(0, c_idx)
-                shrink = shrink.sign() * (shrink.abs() - threshold[c_idx, None]).clamp_min(0)
+                shrink -= shrink.clamp(min=-t, max=t)  # soft-thresholding
                 rows_c.index_copy_(0, c_idx, shrink)  # duplicates carry equal values
         return float(loss)
 

@@ -120,7 +120,9 @@ class FamilyState:
         ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction).
         """
         spec = self.spec
-        start, rows, params, steps = self._gather(cohort)
+        start, rows, params = self._gather(cohort)
+        steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
+                 for s in cohort.steps]
         if fresh_user is not None:
             params["user"] = fresh_user.clone()
         if spec.reconstruct:  # one reconstruction epoch = one pass over the data; rows are fixed
@@ -134,18 +136,15 @@ class FamilyState:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         return self._finish(cohort, params, start, rows, path, loss_sum)
 
-    def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor,
-                                                       dict[str, torch.Tensor], list[Step]]:
-        """What the cohort downloads and holds: its global rows (and a copy to train), its
-        private and shared parameters stacked along a client axis, and its steps as tensors."""
+    def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """What the cohort downloads and holds: its global rows (and a copy to train), and its
+        private and shared parameters stacked along a client axis."""
         c = len(cohort.clients)
         clients = torch.as_tensor(cohort.clients)
         start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
         params = {k: self.private[k][clients] for k in self.spec.private_names()}
         params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
-        steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
-                 for s in cohort.steps]
-        return start, start.clone(), params, steps
+        return start, start.clone(), params
 
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
                 rows: torch.Tensor, path: UploadPath, loss_sum: float) -> CohortUpload:
