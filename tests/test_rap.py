@@ -194,11 +194,14 @@ def test_untrained_items_keep_a_zero_personal_view(split: Split) -> None:
 
 def test_sparse_encoding_is_lossless_and_counts_what_travels() -> None:
     rows = torch.zeros(5, 32)
-    rows[0, 3], rows[2, :] = 1.5, -0.25
+    rows[0, 3], rows[2, :], rows[4, :20] = 1.5, -0.25, torch.arange(1.0, 21.0)
     encoded = encode_sparse(rows)
     back, n_bytes = decode_sparse(*encoded)
     torch.testing.assert_close(back, rows, rtol=0, atol=0)
-    assert n_bytes == 5 * 4 + 5 + 33 * (1 + 4)  # ids, counts, (column, value) per entry
+    # ids and counts; row 0: one (column, value) entry; row 2 whole (32 entries would take 160
+    # bytes, the row 128); row 4: 20 entries (100 bytes < 128)
+    assert n_bytes == 5 * 4 + 5 + (1 + 4) + 32 * 4 + 20 * (1 + 4)
+    assert list(encoded[0]) == [1, 0, 255, 0, 20]
     dense = UploadPath(encoding="dense").transmit(rows, torch.zeros_like(rows), torch.tensor([2, 3]), 10)
     sparse = UploadPath(encoding="sparse").transmit(rows, torch.zeros_like(rows), torch.tensor([2, 3]), 10)
     assert sparse[1] == n_bytes < dense[1] == 2 * 10 * 32 * 4

@@ -4,11 +4,12 @@ A client's item-table upload is one of:
 
 * ``rows`` (default): the row deltas of the rows it touched, index + values (4 + 4·D bytes a
   row);
-* ``sparse``: the new values of the rows it touched, keeping only non-zero entries (a 4-byte
-  item id and a 1-byte entry count per row, a 1-byte column and a 4-byte value per entry). The
-  server subtracts the global rows it sent. It pays off when training keeps rows sparse
-  (FedRAP's soft-thresholded C); the encoding is really applied — the server trains on the
-  decoded rows — so the count is of what travels;
+* ``sparse``: the new values of the rows it touched, each row in the shorter of two forms: its
+  non-zero entries (a 1-byte column and a 4-byte value each) or all of it (4·D bytes), after a
+  4-byte item id and a 1-byte entry count (255 marks a whole row). The server subtracts the
+  global rows it sent. It pays off when training keeps rows sparse (FedRAP's soft-thresholded
+  C) and costs one byte a row when it does not; the encoding is really applied — the server
+  trains on the decoded rows — so the count is of what travels;
 * ``dense``: the whole table, forced under any noise: noise on the touched rows alone would
   tell the server which items the client touched.
 
@@ -109,28 +110,42 @@ def clip_clients(delta: torch.Tensor, counts: torch.Tensor, bound: float) -> tor
     return delta * scale[owner, None]
 
 
-def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Non-zero entries of ``rows``: per-row entry counts, column of each entry, its value.
+WHOLE_ROW = 255  # entry-count byte marking a row sent whole
 
-    (Row ids travel too; both sides know them from the rows' order, so they are counted, not
-    built.) Returns the arrays and the row width.
+
+def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Each row as its non-zero entries or whole, whichever is shorter (see the module docs).
+
+    Returns the per-row count bytes (``WHOLE_ROW`` for a whole row), the column byte of each
+    sparse entry, the float32 values (sparse entries and whole rows, in row order) and the
+    width. (Row ids travel too; both sides know them from the rows' order, so they are counted,
+    not built.)
     """
     width = rows.shape[1]
-    if width > 255:
-        raise ValueError("the sparse row encoding stores columns in one byte (width <= 255)")
+    if width >= WHOLE_ROW:
+        raise ValueError("the sparse row encoding stores columns in one byte (width < 255)")
     dense = rows.numpy()
     nz = dense != 0
-    per_row = nz.sum(1).astype(np.uint8)
-    cols = np.nonzero(nz)[1].astype(np.uint8)
-    values = dense[nz].astype(np.float32)
-    return per_row, cols, values, width
+    per_row = nz.sum(1)
+    whole = per_row * (1 + FLOAT_BYTES) >= width * FLOAT_BYTES
+    keep = nz | whole[:, None]
+    counts = np.where(whole, WHOLE_ROW, per_row).astype(np.uint8)
+    cols = np.nonzero(nz & ~whole[:, None])[1].astype(np.uint8)
+    return counts, cols, dense[keep].astype(np.float32), width
 
 
-def decode_sparse(per_row: np.ndarray, cols: np.ndarray, values: np.ndarray,
+def decode_sparse(counts: np.ndarray, cols: np.ndarray, values: np.ndarray,
                   width: int) -> tuple[torch.Tensor, int]:
     """Rows back from `encode_sparse`, and the bytes the encoding took."""
-    rows = np.zeros((len(per_row), width), np.float32)
-    which = np.repeat(np.arange(len(per_row)), per_row.astype(np.int64))
-    rows[which, cols.astype(np.int64)] = values
-    n_bytes = len(per_row) * INDEX_BYTES + per_row.nbytes + cols.nbytes + values.nbytes
+    whole = counts == WHOLE_ROW
+    entries = np.where(whole, width, counts).astype(np.int64)
+    which = np.repeat(np.arange(len(counts)), entries)
+    col = np.empty(len(values), np.int64)
+    is_whole = np.repeat(whole, entries)
+    col[~is_whole] = cols
+    start = np.repeat(np.cumsum(entries) - entries, entries)
+    col[is_whole] = (np.arange(len(values)) - start)[is_whole]
+    rows = np.zeros((len(counts), width), np.float32)
+    rows[which, col] = values
+    n_bytes = len(counts) * INDEX_BYTES + counts.nbytes + cols.nbytes + values.nbytes
     return torch.from_numpy(rows), int(n_bytes)
