@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--reference-rounds", type=int, default=1, help="0 to skip the reference")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr-item", type=float, default=None, help="item-row learning rate (default: the algorithm's)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,7 +64,7 @@ def main() -> None:
     else:
         split = ml1m_scale(args.ml1m_split, args.seed)
     spec = spec_a.build(split, {**spec_a.defaults})
-    cfg = federated_config(args.algorithm, rounds=args.rounds)
+    cfg = federated_config(args.algorithm, rounds=args.rounds, lr_item=args.lr_item)
     print(f"{args.algorithm} on {args.scale}: {split.n_users:,} clients, {split.n_items:,} items, "
           f"{split.train.nnz:,} training interactions; torch threads {torch.get_num_threads()}")
 

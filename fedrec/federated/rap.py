@@ -51,18 +51,27 @@ from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gather_rows
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 
-FlatStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
+FlatStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]
 CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
 REGULARISERS = ("l1", "l2", "none")
 DC_SIGNS = ("pull", "push")
 
 
 def _flat(step: Step) -> FlatStep:
-    """A step's real slots (rows, owners, labels), each slot's weight 1/n_owner, and n_active."""
+    """A step's real slots (rows, owners, labels), each slot's weight 1/n_owner, n_active, and
+    how many slots share each slot's row (its multiplicity in the batch).
+
+    Slots are sorted by local row (`cohort._lockstep`), so equal rows are adjacent and the
+    multiplicity is a run length: no scatter over the chunk's rows is needed.
+    """
+    rows = step.flat_rows
     owner = torch.as_tensor(step.flat_owner)
     counts = torch.bincount(owner, minlength=step.n_active).float()
-    return (torch.as_tensor(step.flat_rows), owner, torch.as_tensor(step.flat_labels),
-            1.0 / counts[owner], step.n_active)
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else np.zeros(0, np.int64)
+    runs = np.diff(np.r_[starts, len(rows)])
+    mult = torch.as_tensor(np.repeat(runs, runs).astype(np.float32))
+    return (torch.as_tensor(rows), owner, torch.as_tensor(step.flat_labels),
+            1.0 / counts[owner], step.n_active, mult)
 
 
 def curriculum(name: str, a: int) -> float:
@@ -130,7 +139,9 @@ class RAPSpec:
 
     @property
     def bytes_per_sample(self) -> int:
-        """Working set per sample; 0 for CentRAP, whose population trains as one block."""
+        """Working set per sample: its D and C rows (a step's temporaries are per slot of that
+        step only, and the engine adds the steps' index arrays). 0 for CentRAP, whose
+        population trains as one block."""
         return 0 if self.centralised else self.dim * 4 * 12
 
     def weights(self, r: int) -> tuple[float, float]:
@@ -203,7 +214,7 @@ class RAPState(FamilyState):
         active users.
         """
         rap = self.rap
-        idx, owner, y, weight, n = step
+        idx, owner, y, weight, n, mult = step
         k = rap.dim
         c_idx, c_scale = idx, 1.0
         if item_of is not None:
@@ -254,8 +265,12 @@ class RAPState(FamilyState):
             rows_c.index_add_(0, c_idx, step_c if c_scale == 1.0 else step_c * c_scale)
             if rap.reg == "l1" and self.mu_now > 0:
                 lr_c = self.lr_item * c_scale
-                threshold = torch.zeros(rows_c.shape[0]).index_add_(0, c_idx, (lr_c * self.mu_now / k) * weight)
-                t = threshold.index_select(0, c_idx)[:, None]
+                if item_of is None:  # a row's slots are adjacent and share one owner
+                    t = ((lr_c * self.mu_now / k) * weight * mult)[:, None]
+                else:  # CentRAP: one item's slots come from many users
+                    threshold = torch.zeros(rows_c.shape[0]).index_add_(
+                        0, c_idx, (lr_c * self.mu_now / k) * weight)
+                    t = threshold.index_select(0, c_idx)[:, None]
                 shrink = rows_c.index_select(0, c_idx)
                 shrink -= shrink.clamp(min=-t, max=t)  # soft-thresholding
                 rows_c.index_copy_(0, c_idx, shrink)  # duplicates carry equal values
