@@ -26,8 +26,6 @@ from fedrec.federated.family import (
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 
-Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``table[idx]`` for an index array of any shape.
