@@ -61,7 +61,6 @@ class FederatedConfig:
     patience: int = 0
     ldp: float = 0.0
     clip: float | None = None
-    dense_upload: bool = False
     encoding: str = "rows"
     dp_clip: float | None = None
     dp_noise: float = 0.0
@@ -97,8 +96,7 @@ class FederatedConfig:
         """The clients' upload path. ``dp_clip`` bounds a client's gradient w.r.t. the item
         table, so its whole update (learning rate x gradient) is clipped to ``lr_item * dp_clip``.
         """
-        return UploadPath(ldp=self.ldp, clip=self.clip, dense=self.dense_upload,
-                          encoding=self.encoding,
+        return UploadPath(ldp=self.ldp, clip=self.clip, encoding=self.encoding,
                           dp_clip=None if self.dp_clip is None else lr_item * self.dp_clip,
                           dp_noise=self.dp_noise)
 

@@ -37,7 +37,6 @@ class UploadPath:
 
     ldp: float = 0.0
     clip: float | None = None
-    dense: bool = False
     encoding: str = "rows"
     dp_clip: float | None = None
     dp_noise: float = 0.0
@@ -52,7 +51,7 @@ class UploadPath:
 
     @property
     def sends_dense(self) -> bool:
-        return self.dense or self.encoding == "dense" or self.noisy
+        return self.encoding == "dense" or self.noisy
 
     def transmit(self, rows: torch.Tensor, start: torch.Tensor, counts: torch.Tensor,
                  n_items: int) -> tuple[torch.Tensor, int, int]:
