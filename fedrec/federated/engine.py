@@ -155,7 +155,7 @@ def run_federated(
     n_clients, n_items = split.n_users, split.n_items
     lr_item = cfg.item_lr(n_items)
     state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=lr_item,
-                              item_std=cfg.item_std, seed=seed)
+                              item_std=cfg.item_std, seed=seed, train=split.train)
     out = TrainOutcome()
     first = 1
     ckpt = Path(checkpoint) if checkpoint else None

@@ -6,7 +6,10 @@ they are updated:
 
 * ``score``: ``dot`` (a private user vector, FedMF/FedRecon), ``linear`` (a private
   Linear(d, 1), PFedRec), ``ncf`` (private user vectors for GMF and the MLP tower, an MLP
-  64-32-16-8 and a head, FedNCF).
+  64-32-16-8 and a head, FedNCF), ``mlp`` (the user vector concatenated with the item row
+  through the MLP 64-32-16-8 and a head, no GMF: GPFedRec's and GFed-PP's score function),
+  ``metamf`` (a score function generated from the user vector by a shared hypernetwork,
+  `fedrec.federated.metamf.MetaMFSpec`).
 * ``private_score``: the score function's own weights (NCF's MLP and head, PFedRec's linear
   layer) stay on the client; otherwise they are averaged by the server like the item table.
 * ``dual``: PFedRec's dual personalisation. Each batch first updates the score function with
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +46,12 @@ class FamilySpec:
     layers: tuple[int, ...] = (32, 16, 8)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int):  # type: ignore[no-untyped-def]
-        """The engine's state for this algorithm (`fedrec.federated.state.FamilyState`)."""
+                     item_std: float, seed: int, train: Any = None):  # type: ignore[no-untyped-def]
+        """The engine's state for this algorithm (`fedrec.federated.state.FamilyState`).
+
+        ``train`` (the training matrix) is what a server that receives interactions would
+        see; this family's server never does, so it is ignored.
+        """
         from fedrec.federated.state import FamilyState
 
         return FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
@@ -52,7 +60,7 @@ class FamilySpec:
     @property
     def bytes_per_sample(self) -> int:
         """Estimated working set of one training sample, for sizing cohort chunks."""
-        return self.item_width * 4 * (12 if self.score == "ncf" else 6)
+        return self.item_width * 4 * (12 if self.score in ("ncf", "mlp") else 6)
 
     @property
     def item_width(self) -> int:
@@ -60,19 +68,19 @@ class FamilySpec:
         return 2 * self.dim if self.score == "ncf" else self.dim
 
     def user_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"user": (self.item_width,)} if self.score in ("dot", "ncf") else {}
+        return {"user": (self.item_width,)} if self.score in ("dot", "ncf", "mlp") else {}
 
     def score_shapes(self) -> dict[str, tuple[int, ...]]:
         if self.score == "linear":
             return {"w": (self.dim,), "b": ()}
-        if self.score == "ncf":
+        if self.score in ("ncf", "mlp"):
             shapes: dict[str, tuple[int, ...]] = {}
             width = 2 * self.dim
             for n, out in enumerate(self.layers):
                 shapes[f"W{n}"] = (width, out)
                 shapes[f"b{n}"] = (out,)
                 width = out
-            shapes["head_w"] = (self.dim + width,)
+            shapes["head_w"] = (self.dim + width if self.score == "ncf" else width,)
             shapes["head_b"] = ()
             return shapes
         return {}
@@ -102,12 +110,16 @@ def init_params(spec: FamilySpec, names: list[str], n: int,
     U(-1/sqrt(fan_in), 1/sqrt(fan_in)). A user vector plays the part of a score function's
     weight (FedMF is PFedRec's Linear(d, 1) without a bias), and drawing it N(0, 1) against
     N(0, 1) item rows would start every logit at a std of sqrt(d), deep in the flat part of the
-    sigmoid.
+    sigmoid. Under the ``mlp`` score the user vector is an input of the MLP beside the item
+    row, and starts N(0, 1) like it (as ``nn.Embedding`` in GPFedRec's code).
     """
     shapes = {**spec.user_shapes(), **spec.score_shapes()}
     out = {}
     for name in names:
         shape = (n, *shapes[name])
+        if name == "user" and spec.score == "mlp":  # an MLP input like the item rows: N(0, 1)
+            out[name] = torch.randn(shape, generator=gen)
+            continue
         bound = 1.0 / math.sqrt(spec.dim if name == "user" else _fan_in(spec, name))
         out[name] = (torch.rand(shape, generator=gen) * 2 - 1) * bound
     return out
@@ -126,16 +138,23 @@ def _fan_in(spec: FamilySpec, name: str) -> int:
 
 def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Logits ``(C, B)`` of item rows ``v`` ``(C, B, item_width)`` under per-client params."""
+    if spec.score == "metamf":
+        return spec.logits(p, v)  # type: ignore[attr-defined]  (a MetaMFSpec)
     if spec.score == "dot":
         return torch.einsum("cd,cbd->cb", p["user"], v)
     if spec.score == "linear":
         return torch.einsum("cd,cbd->cb", p["w"], v) + p["b"][:, None]
     d = spec.dim
     u = p["user"]
-    gmf = u[:, None, :d] * v[..., :d]
-    x = torch.cat([u[:, None, d:].expand(-1, v.shape[1], -1), v[..., d:]], dim=-1)
+    if spec.score == "mlp":
+        x = torch.cat([u[:, None, :].expand(-1, v.shape[1], -1), v], dim=-1)
+    else:
+        x = torch.cat([u[:, None, d:].expand(-1, v.shape[1], -1), v[..., d:]], dim=-1)
     for n in range(len(spec.layers)):
         x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
+    if spec.score == "mlp":
+        return torch.einsum("cd,cbd->cb", p["head_w"], x) + p["head_b"][:, None]
+    gmf = u[:, None, :d] * v[..., :d]
     return torch.einsum("cd,cbd->cb", p["head_w"], torch.cat([gmf, x], dim=-1)) + p["head_b"][:, None]
 
 

@@ -150,7 +150,7 @@ class RAPSpec:
         return self.lam * w, self.mu * w
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int) -> RAPState:
+                     item_std: float, seed: int, train: Any = None) -> RAPState:
         return RAPState.create_rap(self, n_clients, n_items, lr=lr, lr_item=lr_item,
                                    item_std=item_std, seed=seed)
 

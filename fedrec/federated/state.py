@@ -180,19 +180,27 @@ class FamilyState:
                 v = gather_rows(rows, idx)
             train_items = ITEMS in names
             others = [k for k in names if k != ITEMS]
-            if self.spec.score == "ncf":
+            if self.spec.score not in ("dot", "linear"):
                 loss, grads = self._autograd(params, v, y, m, others, train_items)
             else:
                 loss, grads = linear_grads(self.spec, params, v, y, m, others, train_items)
             for k in others:
-                params[k].sub_(grads[k], alpha=self.lr)
+                params[k].sub_(grads[k], alpha=self.lr_of(k))
             if train_items:
                 # scaling first: index_add_ with alpha takes a slow path (4x, torch 2.13 CPU)
                 step_rows = grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item)
-                rows.index_add_(0, idx.reshape(-1), step_rows)
+                self._apply_item_step(rows, idx, step_rows)
                 v = None
             loss_value = loss
         return loss_value
+
+    def lr_of(self, name: str) -> float:
+        """Learning rate of a (non-item) parameter; one rate for all in this family."""
+        return self.lr
+
+    def _apply_item_step(self, rows: torch.Tensor, idx: torch.Tensor, step_rows: torch.Tensor) -> None:
+        """Add a step's scaled item gradients (``step_rows``, one per slot of ``idx``) to ``rows``."""
+        rows.index_add_(0, idx.reshape(-1), step_rows)
 
     def _autograd(self, params: dict[str, torch.Tensor], v: torch.Tensor, y: torch.Tensor,
                   m: torch.Tensor, names: list[str], train_items: bool
