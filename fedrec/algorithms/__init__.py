@@ -52,4 +52,6 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
 from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)
+from fedrec.algorithms import graph as _graph  # noqa: E402,F401  (registers)
+from fedrec.algorithms import metamf as _metamf  # noqa: E402,F401  (registers)
 from fedrec.algorithms import rap as _rap  # noqa: E402,F401  (registers)
