@@ -311,6 +311,10 @@ def test_gfedpp_learns_through_the_cli_and_records_its_graph(tmp_path: Any, caps
     assert (result["config"]["model"]["public_ratio"], result["config"]["model"]["alpha"]) == (0.6, 0.4)
     assert (result["extra"]["public_users"], result["extra"]["private_users"]) == (90, 60)
     assert result["history"][0]["bytes_up"] > result["history"][1]["bytes_up"]  # interactions, once
+    groups = result["extra"]["test_groups"]
+    assert (groups["public"]["users"], groups["private"]["users"]) == (90, 60)
+    mean = (90 * groups["public"]["hr@10"] + 60 * groups["private"]["hr@10"]) / 150
+    assert mean == pytest.approx(result["test"]["hr@10"])
 
     argv = ["run", "gpfedrec", "--dataset", "synthetic:150x400", "--rounds", "2", "--dim", "8",
             "--set", "similarity=legacy-distance", "--out", str(out), "-q"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol as TypingProtocol
 
 import numpy as np
@@ -54,6 +55,13 @@ def evaluate(
             out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
     out["users"] = float(scored)
     return out
+
+
+def restrict(stage: EvalSet, keep: np.ndarray) -> EvalSet:
+    """The stage for the users marked in ``keep`` (a boolean mask over all user ids)."""
+    rows = np.flatnonzero(keep[stage.users])
+    return replace(stage, users=stage.users[rows],
+                   candidates=None if stage.candidates is None else stage.candidates[rows])
 
 
 def _chunked(scorer: Scorer, users: np.ndarray, items: np.ndarray, chunk: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.eval.evaluate import evaluate
+from fedrec.eval.evaluate import evaluate, restrict
 from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.family import init_params
 from fedrec.federated.state import CohortState
@@ -169,6 +169,9 @@ def run_federated(
     def scorer(users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return state.scores(users, items)
 
+    # groups of users an algorithm reports apart (GFed-PP: public and private), tested apart too
+    groups: dict[str, np.ndarray] = getattr(state, "user_groups", dict)()
+
     for r in range(first, cfg.rounds + 1):
         start = time.perf_counter()
         rng = np.random.default_rng([seed, r])
@@ -203,6 +206,9 @@ def run_federated(
             record.valid = evaluate(scorer, split.valid, split.protocol)
             if selection.observe(r, record.valid):
                 out.test = evaluate(scorer, split.test, split.protocol)
+                out.extra["test_groups"] = {
+                    name: evaluate(scorer, restrict(split.test, mask), split.protocol)
+                    for name, mask in groups.items() if mask.any()}
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:
@@ -211,7 +217,7 @@ def run_federated(
             _save(ckpt, r, state, out, spec, cfg)
         if selection.should_stop:
             break
-    out.extra = state.run_extra()
+    out.extra = {**state.run_extra(), **out.extra}
     if cfg.dp_noise > 0:
         out.extra["privacy"] = privacy_spent(cfg, n_clients, len(out.history))
     return out
@@ -240,7 +246,7 @@ def _save(path: Path, r: int, state: CohortState, out: TrainOutcome, spec: Any,
     blob = {
         "round": r, "spec": asdict(spec), "config": asdict(cfg), "state": state.state_dict(),
         "history": [asdict(h) for h in out.history], "best_round": out.best_round,
-        "valid_at_best": out.valid_at_best, "test": out.test,
+        "valid_at_best": out.valid_at_best, "test": out.test, "extra": out.extra,
     }
     tmp = path.with_name(path.name + ".tmp")
     torch.save(blob, tmp)
@@ -264,4 +270,5 @@ def _load(path: Path, state: CohortState, out: TrainOutcome, spec: Any,
     state.load_state_dict(blob["state"])
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
+    out.extra = blob.get("extra", {})
     return int(blob["round"])

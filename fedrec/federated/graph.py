@@ -448,6 +448,12 @@ class GraphState(FamilyState):
                 out["graph_density"] = nnz / max(int(self.public.sum()) ** 2, 1)
         return out
 
+    def user_groups(self) -> dict[str, np.ndarray]:
+        """GFed-PP's public and private users, whose test figures the engine reports apart."""
+        if self.graph.gpfedrec:
+            return {}
+        return {"public": self.public.copy(), "private": ~self.public}
+
     def state_dict(self) -> dict[str, Any]:
         owner, items, rows = self._flat_uploads()
         return {**super().state_dict(), "table": self.table, "decay": self.decay, "pending": self.pending,
