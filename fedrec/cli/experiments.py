@@ -205,8 +205,8 @@ def protocols_command() -> None:
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap)."),
-    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum)."),
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp)."),
+    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
@@ -259,10 +259,13 @@ def reproduce_command(
     figures = load_figures(paper)
     parts = []
     drawn = []
+    notes_first: list[str] = []
     for table, runs in chosen.items():
         keys = {(r.method, r.setting, r.protocol) for r in runs}
         mine = [r for r in results
                 if (r["algorithm"], r["config"]["setting"], r["protocol"]) in keys]
+        mine, table_notes = _adjust(paper, table, mine)
+        notes_first += table_notes
         summary = summarise(mine)
         # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
         metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or None
@@ -272,7 +275,9 @@ def reproduce_command(
         if table in PLOTS.get(paper, {}) and mine:
             drawn += _convergence_plots(mine, paper, table, PLOTS[paper][table], dataset,
                                         plots or out_dir / "plots")
-    notes = privacy_notes(results) + sparsity_notes(paper, results)
+        if (paper, table) == ("gfedpp", "heatmap") and mine:
+            drawn += _heatmaps(mine, dataset, plots or out_dir / "plots")
+    notes = notes_first + privacy_notes(results) + sparsity_notes(paper, results)
     for line in notes:
         console.print(line, highlight=False)
     for path in drawn:
@@ -283,6 +288,27 @@ def reproduce_command(
             text += "\n" + "".join(f"- {line}\n" for line in notes)
         markdown.write_text(text)
         console.print(f"wrote {markdown}")
+
+
+def _adjust(paper: str, table: str, results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tables whose rows are not one run each: GFed-PP's alpha chosen on validation (Table 2)
+    and its public / private / all users (the ratio sweep, as Table 6)."""
+    from fedrec.reproduce.gfedpp import by_group, choose_alpha
+
+    if (paper, table) == ("gfedpp", "2"):
+        return choose_alpha(results)
+    if (paper, table) == ("gfedpp", "ratio"):
+        return by_group(results), []
+    return results, []
+
+
+def _heatmaps(results: list[dict[str, Any]], dataset: str, folder: Path) -> list[Path]:
+    """GFed-PP's Figure 6: test HR@10 and NDCG@10 over public ratio x alpha, one PNG each."""
+    from fedrec.reproduce.gfedpp import heatmap
+
+    return [heatmap(results, metric, folder / f"gfedpp-heatmap-{metric.split('@')[0]}.png",
+                    f"GFed-PP Fig. 6 on {dataset}: test {metric.upper()} (frame: best validation alpha)")
+            for metric in ("hr@10", "ndcg@10")]
 
 
 def _convergence_plots(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fedrec.algorithms import get_algorithm
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
@@ -84,8 +85,45 @@ def _fedrap_tables() -> dict[str, list[PlannedRun]]:
     }
 
 
+#: GFed-PP's public-user ratios and personalisation levels alpha swept for its Figures 5-6
+#: (the paper steps both by 0.1; a coarser grid keeps a full reproduction to hours, not days).
+GFEDPP_RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0)
+GFEDPP_ALPHAS = (0.1, 0.5, 0.9)
+GFEDPP_LDP = (0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def gfedpp_cell(ratio: float, alpha: float) -> PlannedRun:
+    """GFed-PP at a public ratio and alpha; the registered defaults are the plain ``gfedpp`` run."""
+    defaults = get_algorithm("gfedpp").defaults
+    if (ratio, alpha) == (defaults["public_ratio"], defaults["alpha"]):
+        return PlannedRun("gfedpp", "gfedpp")
+    return PlannedRun("gfedpp", "gfedpp", setting=f"ratio={ratio:g},alpha={alpha:g}",
+                      model=(("public_ratio", ratio), ("alpha", alpha)))
+
+
+def _gfedpp_tables() -> dict[str, list[PlannedRun]]:
+    """GFed-PP's Tables 2-4 (ML-100K rows), its public-ratio sweep (Table 6 / Figure 5) and the
+    ratio x alpha grid of Figure 6. Table 2's GFed-PP row is the alpha chosen on validation among
+    the all-public runs (`fedrec.reproduce.gfedpp.choose_alpha`)."""
+    alpha = get_algorithm("gfedpp").defaults["alpha"]
+    baselines = [PlannedRun(m, m) for m in ("fedmf", "fedncf", "fedrecon", "pfedrec", "metamf", "gpfedrec")]
+    official = PlannedRun("gpfedrec", "gpfedrec", setting="official-graph",
+                          model=(("similarity", "legacy-distance"),))
+    choose = [gfedpp_cell(1.0, a) for a in GFEDPP_ALPHAS]
+    ablations = [PlannedRun(m, m) for m in ("gfedpp-no-iei", "gfedpp-no-ugc", "gfedpp-no-upie")]
+    default = gfedpp_cell(1.0, alpha)
+    ldp = [PlannedRun("gfedpp", "gfedpp", setting=f"ldp={d:g}", ldp=d) for d in GFEDPP_LDP]
+    return {
+        "2": [*baselines, official, *choose],
+        "3": [*ablations, default],
+        "4": [default, *ldp],
+        "ratio": [gfedpp_cell(r, alpha) for r in GFEDPP_RATIOS],
+        "heatmap": [gfedpp_cell(r, a) for r in GFEDPP_RATIOS for a in (GFEDPP_ALPHAS if r > 0 else (alpha,))],
+    }
+
+
 PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {
-    "pfedrec": _pfedrec_tables, "fedrap": _fedrap_tables,
+    "pfedrec": _pfedrec_tables, "fedrap": _fedrap_tables, "gfedpp": _gfedpp_tables,
 }
 
 #: Tables drawn as convergence plots (validation metric per round), with the paper's figure.
