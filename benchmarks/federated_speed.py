@@ -76,6 +76,10 @@ def main() -> None:
     print(f"engine: {len(out.history)} rounds in {wall:.1f} s ({per_round:.3f} s/round incl. "
           f"validation every round); peak RSS {peak:,.0f} MB")
     print(f"        best validation round {out.best_round}: valid {out.valid_at_best}, test {out.test}")
+    server = [h.extra["server_seconds"] for h in out.history if "server_seconds" in h.extra]
+    if server:  # GPFedRec / GFed-PP: the graph step over every user's table
+        print(f"        of which the server's graph step: {sum(server):.1f} s "
+              f"({sum(server) / len(server):.3f} s/round over {len(server)} rounds)")
     if args.reference_rounds and not isinstance(spec, FamilySpec):
         print("reference: none for this algorithm (its equivalence test has its own reference)")
     elif args.reference_rounds:

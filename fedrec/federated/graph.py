@@ -46,6 +46,7 @@ reveal them.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -356,6 +357,11 @@ class GraphState(FamilyState):
     # -- the server step ---------------------------------------------------------------------
 
     def _server_step(self) -> None:
+        start = time.perf_counter()
+        self._graph_step()
+        self.extra["server_seconds"] = time.perf_counter() - start
+
+    def _graph_step(self) -> None:
         owner, items, rows = self._flat_uploads()
         order = np.argsort(items, kind="stable")
         owner, items, rows = owner[order], items[order], rows[torch.as_tensor(order)]
@@ -381,7 +387,8 @@ class GraphState(FamilyState):
             gram = torch.zeros((n, n))
             for k in range(len(blocks)):
                 add_gram(gram, uploaded(k).view(n, -1))
-            g, self.extra = neighbour_graph(gram, self.graph.similarity, self.graph.threshold)
+            g, stats = neighbour_graph(gram, self.graph.similarity, self.graph.threshold)
+            self.extra.update(stats)
             assert self.table is not None
             for k, (a, b, _) in enumerate(blocks):
                 x = uploaded(k).view(n, -1)
@@ -434,7 +441,8 @@ class GraphState(FamilyState):
     # -- records, checkpoints, evaluation ----------------------------------------------------
 
     def round_extra(self) -> dict[str, float]:
-        """GPFedRec: the graph built at the start of this round (neighbours, their similarity)."""
+        """The server step at the start of this round: its seconds and, for GPFedRec, the graph
+        it built (mean neighbours, their mean similarity and the others')."""
         return dict(self.extra)
 
     def run_extra(self) -> dict[str, Any]:
