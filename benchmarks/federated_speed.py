@@ -44,6 +44,25 @@ def ml1m_scale(split_path: str | None, seed: int):  # type: ignore[no-untyped-de
     return make_split(x, "loo-sampled", seed=seed)
 
 
+def dense_floor(n_users: int, n_items: int, dim: int, products: int) -> tuple[float, float]:
+    """Seconds per round that ``products`` exact (n_users x n_users) @ (n_users x n_items*dim)
+    products take at this machine's measured float32 matrix rate, and that rate (GFLOP/s).
+
+    The graph servers cannot do less: GPFedRec needs the Gram matrix of all uploaded tables and
+    the graph times all tables (two such products; fedrec's Gram is the upper half, 3/4 of one),
+    GFed-PP needs Ã times all tables (one). The rate is timed on 32 MB column blocks, as the
+    server step runs."""
+    width = max(1, (32 << 20) // (n_users * 4))
+    a, b = torch.randn(n_users, n_users), torch.randn(n_users, width)
+    a @ b
+    reps, start = 5, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    rate = 2 * n_users * n_users * width * reps / (time.perf_counter() - start)
+    flops = products * 2 * n_users * n_users * n_items * dim
+    return flops / rate, rate / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algorithm", default="pfedrec")
@@ -80,6 +99,11 @@ def main() -> None:
     if server:  # GPFedRec / GFed-PP: the graph step over every user's table
         print(f"        of which the server's graph step: {sum(server):.1f} s "
               f"({sum(server) / len(server):.3f} s/round over {len(server)} rounds)")
+        products = 1.75 if args.algorithm == "gpfedrec" else 1.0
+        floor, gflops = dense_floor(split.n_users, split.n_items, spec.dim, products)
+        print(f"        floor of an exact graph step: {products:g} dense user x user products of "
+              f"all tables = {floor:.3f} s/round at {gflops:.0f} GFLOP/s measured here "
+              f"({floor * len(server):.0f} s over {len(server)} rounds)")
     if args.reference_rounds and not isinstance(spec, FamilySpec):
         print("reference: none for this algorithm (its equivalence test has its own reference)")
     elif args.reference_rounds:
