@@ -51,6 +51,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 
 from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
+from fedrec.algorithms import cia as _cia  # noqa: E402,F401  (registers)
 from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)
 from fedrec.algorithms import graph as _graph  # noqa: E402,F401  (registers)
 from fedrec.algorithms import metamf as _metamf  # noqa: E402,F401  (registers)

@@ -1,0 +1,223 @@
+"""A stack of clients that each hold a whole model of the same shape, trained all at once.
+
+FedCIA's clients (and its baselines') are groups of users with their *own* item table, user
+embeddings and, for MLP, score network: nothing is shared unless the aggregation shares it. A
+`ClientStack` keeps the parameters of K such clients along a leading client axis (item table
+``(K, M, d)``, user embeddings ``(users, d)`` with each user in its client's block, MLP
+weights ``(K, ...)``) and trains them with one autograd pass a step: the loss is the sum over
+clients of each client's mean BPR loss over its own batch, so each client gets exactly its own
+gradient.
+
+Clients are ordered by their number of training pairs (most first), so at step t the clients
+that still have a batch are a prefix; only that prefix takes an Adam step. Adam is written out
+here (`_adam`) because `torch.optim.Adam` cannot step a slice of a parameter, and stepping a
+finished client with a zero gradient would still move it by momentum, which a client training
+alone never does. With that, a stack equals K separate `torch.optim.Adam` trainings (tested).
+
+Backbones: ``mf`` (⟨u, q⟩), ``mlp`` (an NCF-style tower on [u, q]), ``lightgcn`` (LightGCN on the
+client's own user-item graph, layer mean; He et al., SIGIR 2020). FedCIA's item similarity is
+always taken from the layer-0 item table ``item`` (the paper's choice for LightGCN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+BACKBONES = ("mf", "mlp", "lightgcn")
+_B1, _B2, _EPS = 0.9, 0.999, 1e-8
+
+
+class ClientStack:
+    """K clients of one backbone and dimension; ``clients`` are global client ids."""
+
+    def __init__(self, backbone: str, dim: int, clients: np.ndarray, users: list[np.ndarray],
+                 n_items: int, train: sp.csr_matrix, *, tower: tuple[int, ...], layers: int,
+                 init_std: float, gen: torch.Generator) -> None:
+        if backbone not in BACKBONES:
+            raise ValueError(f"unknown backbone {backbone!r}")
+        pairs = np.array([train[u].nnz for u in users], dtype=np.int64)
+        order = np.argsort(-pairs, kind="stable")
+        self.backbone, self.dim, self.n_items, self.layers = backbone, dim, n_items, layers
+        self.clients = np.asarray(clients, dtype=np.int64)[order]
+        self.users = np.concatenate([users[k] for k in order]).astype(np.int64)
+        sizes = np.array([len(users[k]) for k in order], dtype=np.int64)
+        self.user_ptr = np.r_[0, np.cumsum(sizes)]
+        self.user_client = np.repeat(np.arange(len(order)), sizes)
+        self.train = train[self.users].tocsr()
+        self.train.data[:] = 1.0
+        self.pairs = self.train.getnnz(axis=1)  # per local user
+        self.client_pairs = pairs[order]
+        K = len(order)
+        self.params: dict[str, torch.Tensor] = {
+            "user": torch.randn(len(self.users), dim, generator=gen) * init_std,
+            # one draw shared by every client: the common start of a federated model
+            "item": (torch.randn(n_items, dim, generator=gen) * init_std).expand(K, -1, -1).clone(),
+        }
+        if backbone == "mlp":
+            widths = (2 * dim, *tower, 1)
+            for j, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+                bound = 1.0 / math.sqrt(a)  # nn.Linear's default init, drawn once
+                w = (torch.rand(a, b, generator=gen) * 2 - 1) * bound
+                self.params[f"w{j}"] = w.expand(K, -1, -1).clone()
+                self.params[f"b{j}"] = ((torch.rand(b, generator=gen) * 2 - 1) * bound).expand(K, -1).clone()
+        self.moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in self.params.items()}
+        self.steps = torch.zeros(K)
+        self.adjacency = _lightgcn_adjacency(self.train, self.user_client, K, n_items) \
+            if backbone == "lightgcn" else None
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    # ---- training ---------------------------------------------------------------------------
+
+    def train_round(self, sample_negatives: Callable[[np.ndarray, int, np.random.Generator], np.ndarray],
+                    k_neg: int, epochs: int, batch_size: int, lr: float,
+                    rng: np.random.Generator) -> tuple[float, int]:
+        """One round of local BPR training: each training pair with ``k_neg`` negatives drawn by
+        ``sample_negatives(global users, k, rng)`` (the split's policy). Returns (sum of the
+        clients' batch losses, client batches)."""
+        coo = self.train.tocoo()
+        negatives = sample_negatives(self.users[coo.row], k_neg, rng).T.ravel()
+        user = np.tile(coo.row, k_neg)
+        pos = np.tile(coo.col, k_neg)
+        client = self.user_client[user]
+        counts = self.client_pairs * k_neg
+        ptr = np.r_[0, np.cumsum(counts)]
+        loss_sum, batches = 0.0, 0
+        for _ in range(epochs):
+            order = np.lexsort((rng.random(len(user)), client))  # grouped by client, shuffled within
+            u, p, n = (torch.from_numpy(x[order]) for x in (user, pos, negatives))
+            n_steps = -(-counts // batch_size)
+            for s in range(int(n_steps.max(initial=0))):
+                active = int((n_steps > s).sum())
+                lens = np.minimum(counts[:active] - s * batch_size, batch_size)
+                width = int(lens.max())
+                idx = ptr[:active, None] + s * batch_size + np.arange(width)[None]
+                mask = np.arange(width)[None] < lens[:, None]
+                idx = torch.from_numpy(np.where(mask, idx, ptr[:active, None]))
+                losses = self._step(active, u[idx], p[idx], n[idx], torch.from_numpy(mask), lr)
+                loss_sum += float(losses.sum())
+                batches += active
+        return loss_sum, batches
+
+    def _step(self, active: int, u: torch.Tensor, p: torch.Tensor, n: torch.Tensor,
+              mask: torch.Tensor, lr: float) -> torch.Tensor:
+        """One Adam step of the first ``active`` clients on their (active, width) batches."""
+        for v in self.params.values():
+            v.requires_grad_(True)
+        user_emb, item_emb = self._embeddings()
+        k = torch.arange(active)[:, None]
+        diff = self._pair_scores(user_emb, item_emb, k, u, p) - self._pair_scores(user_emb, item_emb, k, u, n)
+        per = -(F.logsigmoid(diff) * mask).sum(1) / mask.sum(1)
+        grads = torch.autograd.grad(per.sum(), list(self.params.values()), allow_unused=True)
+        with torch.no_grad():
+            self.steps[:active] += 1
+            t = self.steps[:active]
+            n_users = int(self.user_ptr[active])
+            for (name, param), g in zip(self.params.items(), grads, strict=True):
+                param.requires_grad_(False)
+                if g is None:
+                    continue
+                rows = n_users if name == "user" else active
+                steps = t[self.user_client[:n_users]] if name == "user" else t
+                m, v = self.moments[name]
+                _adam(param[:rows], g[:rows], m[:rows], v[:rows], steps, lr)
+        return per.detach()
+
+    def _embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """User and item vectors the score uses: the tables, or LightGCN's layer mean."""
+        user, item = self.params["user"], self.params["item"]
+        if self.adjacency is None:
+            return user, item
+        x = torch.cat([user, item.reshape(-1, self.dim)])
+        total = x
+        for _ in range(self.layers):
+            x = torch.sparse.mm(self.adjacency, x)
+            total = total + x
+        total = total / (self.layers + 1)
+        return total[: len(user)], total[len(user):].reshape(item.shape)
+
+    def _pair_scores(self, user_emb: torch.Tensor, item_emb: torch.Tensor, k: torch.Tensor,
+                     u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        """Scores of (user u, item i) pairs of client k: (active, width)."""
+        uv, iv = user_emb[u], item_emb[k, i]
+        if self.backbone != "mlp":
+            return (uv * iv).sum(-1)
+        h = torch.cat([uv, iv], dim=-1)
+        n_layers = sum(1 for name in self.params if name.startswith("w"))
+        for j in range(n_layers):
+            w, b = self.params[f"w{j}"][: len(k)], self.params[f"b{j}"][: len(k)]
+            h = torch.baddbmm(b[:, None, :], h, w)
+            if j < n_layers - 1:
+                h = torch.relu(h)
+        return h[..., 0]
+
+    # ---- evaluation ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def scores(self, local_users: np.ndarray, chunk: int = 256) -> np.ndarray:
+        """Scores of every item for the given local users (rows of this stack)."""
+        user_emb, item_emb = self._embeddings()
+        out = np.empty((len(local_users), self.n_items), dtype=np.float32)
+        for s in range(0, len(local_users), chunk):
+            lu = torch.from_numpy(local_users[s : s + chunk])
+            k = torch.from_numpy(self.user_client[local_users[s : s + chunk]])
+            uv = user_emb[lu]
+            if self.backbone != "mlp":
+                out[s : s + chunk] = torch.bmm(item_emb[k], uv[:, :, None])[..., 0].numpy()
+                continue
+            # first layer split into its user and item halves: W0 = [W_u; W_i]
+            w0, b0 = self.params["w0"][k], self.params["b0"][k]
+            h = (torch.bmm(uv[:, None, :], w0[:, : self.dim]) + b0[:, None, :]) \
+                + torch.bmm(item_emb[k], w0[:, self.dim :])
+            n_layers = sum(1 for name in self.params if name.startswith("w"))
+            for j in range(1, n_layers):
+                h = torch.baddbmm(self.params[f"b{j}"][k][:, None, :], torch.relu(h), self.params[f"w{j}"][k])
+            out[s : s + chunk] = h[..., 0].numpy()
+        return out
+
+    # ---- what aggregation touches ----------------------------------------------------------
+
+    def shared_names(self) -> list[str]:
+        """Parameters a parameter-averaging server averages (everything but user embeddings)."""
+        return [k for k in self.params if k != "user"]
+
+    def payload_floats(self) -> int:
+        """Floats one client uploads under parameter averaging."""
+        return sum(int(self.params[k][0].numel()) for k in self.shared_names())
+
+
+def _adam(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+          steps: torch.Tensor, lr: float) -> None:
+    """Adam (torch's defaults) on rows of clients whose step counts are ``steps``."""
+    m.mul_(_B1).add_(g, alpha=1 - _B1)
+    v.mul_(_B2).addcmul_(g, g, value=1 - _B2)
+    shape = (-1,) + (1,) * (p.dim() - 1)
+    bc1 = (1 - _B1 ** steps).reshape(shape)
+    bc2 = (1 - _B2 ** steps).reshape(shape)
+    p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + _EPS))
+
+
+def _lightgcn_adjacency(train: sp.csr_matrix, user_client: np.ndarray, n_clients: int,
+                        n_items: int) -> torch.Tensor:
+    """D^-1/2 A D^-1/2 of every client's own user-item graph, block-diagonal over clients:
+    nodes are the stack's users, then client k's copy of item i at ``users + k * M + i``."""
+    coo = train.tocoo()
+    n_users = train.shape[0]
+    item_node = n_users + user_client[coo.row] * n_items + coo.col
+    rows = np.r_[coo.row, item_node]
+    cols = np.r_[item_node, coo.row]
+    n = n_users + n_clients * n_items
+    deg = np.bincount(rows, minlength=n).astype(np.float64)
+    inv = np.divide(1.0, np.sqrt(deg), out=np.zeros_like(deg), where=deg > 0)
+    vals = inv[rows] * inv[cols]
+    index = torch.from_numpy(np.vstack([rows, cols]))
+    return torch.sparse_coo_tensor(index, torch.from_numpy(vals.astype(np.float32)), (n, n),
+                                   check_invariants=False).coalesce()

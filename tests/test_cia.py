@@ -1,0 +1,268 @@
+"""FedCIA and the client stacks it runs on.
+
+The stack is checked against clients trained one at a time with plain `nn` parameters and
+`torch.optim.Adam`; the eigenbasis fine-tune against autograd on ‖E Eᵀ − S‖; the server's
+similarity mean against explicit per-client matrices; GF-CF against its dense formula.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrec.algorithms import get_algorithm
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.federated.cia import CIASpec, CIAState, finetune
+from fedrec.federated.engine import FederatedConfig, run_federated
+from fedrec.federated.stack import ClientStack
+from fedrec.federated.upload import UploadPath
+from fedrec.models.gfcf import LocalFilter
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+
+DIM, BATCH, LR = 4, 5, 0.05
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    x = to_implicit(synthetic(30, 50, mean_interactions=8, min_interactions=4, seed=4))
+    return make_split(x, "ratio-full", seed=0)
+
+
+def _reference(stack: ClientStack, split: Split, init: dict[str, torch.Tensor],
+               rng: np.random.Generator, epochs: int, k_neg: int) -> dict[str, torch.Tensor]:
+    """Each client of ``stack`` trained alone: its own parameters, torch.optim.Adam, the batches
+    the stack's shuffle gives it, its own LightGCN graph."""
+    coo = stack.train.tocoo()
+    neg = split.sample_negatives(stack.users[coo.row], k_neg, rng).T.ravel()  # same draws
+    user, pos = np.tile(coo.row, k_neg), np.tile(coo.col, k_neg)
+    client = stack.user_client[user]
+    orders = [np.lexsort((rng.random(len(user)), client)) for _ in range(epochs)]
+    out = {k: v.clone() for k, v in init.items()}
+    m = stack.n_items
+    for c in range(stack.n_clients):
+        lo, hi = stack.user_ptr[c], stack.user_ptr[c + 1]
+        params = {k: (v[lo:hi] if k == "user" else v[c]).clone().requires_grad_(True) for k, v in init.items()}
+        opt = torch.optim.Adam(list(params.values()), lr=LR)
+        if stack.backbone == "lightgcn":
+            a = np.zeros((hi - lo + m, hi - lo + m))
+            r = stack.train[lo:hi].toarray()
+            a[: hi - lo, hi - lo :], a[hi - lo :, : hi - lo] = r, r.T
+            deg = a.sum(1)
+            inv = np.divide(1.0, np.sqrt(deg), out=np.zeros_like(deg), where=deg > 0)
+            adj = torch.tensor(inv[:, None] * a * inv[None], dtype=torch.float32)
+        for order in orders:
+            mine = order[client[order] == c]
+            for s in range(0, len(mine), BATCH):
+                b = mine[s : s + BATCH]
+                u, p, n = (torch.from_numpy(x[b]) for x in (user - lo, pos, neg))
+                ue, ie = params["user"], params["item"]
+                if stack.backbone == "lightgcn":
+                    x = torch.cat([ue, ie])
+                    total, h = x, x
+                    for _ in range(stack.layers):
+                        h = adj @ h
+                        total = total + h
+                    total = total / (stack.layers + 1)
+                    ue, ie = total[: hi - lo], total[hi - lo :]
+
+                def score(ue: torch.Tensor, uv: torch.Tensor, i: torch.Tensor,
+                          params: dict[str, torch.Tensor]) -> torch.Tensor:
+                    if stack.backbone != "mlp":
+                        return (uv * ue[i]).sum(-1)
+                    h = torch.cat([uv, ue[i]], -1)
+                    n_layers = sum(1 for k in params if k.startswith("w"))
+                    for j in range(n_layers):
+                        h = h @ params[f"w{j}"] + params[f"b{j}"]
+                        h = torch.relu(h) if j < n_layers - 1 else h
+                    return h[:, 0]
+
+                loss = -F.logsigmoid(score(ie, ue[u], p, params) - score(ie, ue[u], n, params)).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        for k, v in params.items():
+            if k == "user":
+                out[k][lo:hi] = v.detach()
+            else:
+                out[k][c] = v.detach()
+    return out
+
+
+@pytest.mark.parametrize("backbone", ["mf", "mlp", "lightgcn"])
+def test_stack_equals_clients_trained_alone(split: Split, backbone: str) -> None:
+    users = [np.arange(0, 4), np.arange(4, 13), np.arange(13, 15), np.arange(15, 30)]
+    stack = ClientStack(backbone, DIM, np.arange(4), users, split.n_items, split.train,
+                        tower=(6, 3), layers=2, init_std=0.3, gen=torch.Generator().manual_seed(1))
+    assert list(stack.client_pairs) == sorted(stack.client_pairs, reverse=True)  # busiest first
+    init = {k: v.clone() for k, v in stack.params.items()}
+    expected = _reference(stack, split, init, np.random.default_rng(9), epochs=2, k_neg=2)
+    stack.train_round(split.sample_negatives, 2, 2, BATCH, LR, np.random.default_rng(9))
+    # Adam divides by sqrt(v): float32 rounding of near-zero gradients (summed in another order)
+    # is amplified to ~1e-4; a client seeing another's data would be off by ~LR (0.05)
+    for k, v in expected.items():
+        torch.testing.assert_close(stack.params[k], v, rtol=1e-3, atol=5e-4, msg=k)
+    assert not torch.equal(stack.params["item"][0], stack.params["item"][1])  # clients differ
+
+
+@pytest.mark.parametrize("loss", ["norm", "mse"])
+def test_eigenbasis_finetune_equals_autograd(loss: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    k, m, d = 3, 20, 4
+    item = torch.randn(k, m, d, generator=g, dtype=torch.float64)
+    a = torch.randn(m, m, generator=g, dtype=torch.float64)
+    target = a @ a.T / m + 0.1 * torch.randn(m, m, generator=g, dtype=torch.float64)  # not symmetric
+    sym = (target + target.T) / 2
+    ref = item.clone()
+    for _ in range(6):
+        e = ref.clone().requires_grad_(True)
+        x = e @ e.transpose(1, 2) - target
+        value = x.pow(2).sum((1, 2)).sqrt() if loss == "norm" else x.pow(2).sum((1, 2)) / m**2
+        (grad,) = torch.autograd.grad(value.sum(), e)
+        ref = ref - 0.05 * grad
+    lam, u = torch.linalg.eigh(sym)
+    mine = item.clone()
+    finetune(mine, u, lam, 6, 0.05, loss, float(((target - sym) ** 2).sum()))
+    torch.testing.assert_close(mine, ref, rtol=1e-7, atol=1e-9)
+    before = ((item @ item.transpose(1, 2) - sym) ** 2).sum()
+    assert ((mine @ mine.transpose(1, 2) - sym) ** 2).sum() < before
+
+
+def _state(split: Split, **kw: object) -> CIAState:
+    """Clients start from one shared table; a per-client perturbation stands in for training."""
+    spec = CIASpec(**{"clients": 5, "init_std": 0.3, **kw})  # type: ignore[arg-type]
+    state = CIAState(spec, split, spec.partition(split.n_users, 0), seed=3)
+    g = torch.Generator().manual_seed(5)
+    for stack in state.stacks:
+        stack.params["item"] += 0.2 * torch.randn(stack.params["item"].shape, generator=g)
+    return state
+
+
+def test_server_mean_is_the_mean_of_client_similarities(split: Split, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state(split, models=(("mf", 3), ("mf", 5)), finetune_steps=0)
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(item, u, lam, *args):  # type: ignore[no-untyped-def]
+        seen["mean"] = (u.double() * lam.double()) @ u.double().T
+
+    monkeypatch.setattr("fedrec.federated.cia.finetune", capture)
+    up, down, _ = state.aggregate(UploadPath(), np.random.default_rng(0))
+    per_client = [e @ e.T for s in state.stacks for e in s.params["item"].double()]
+    assert len(per_client) == 5
+    torch.testing.assert_close(seen["mean"], sum(per_client) / 5, rtol=1e-5, atol=1e-6)  # U sent as float32
+    m = split.n_items
+    assert up == 5 * m * m * 4 and down == 5 * (m * m + m) * 4
+
+
+def _server_mean(state: CIAState, path: UploadPath, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, int]:
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(item, u, lam, *args):  # type: ignore[no-untyped-def]
+        seen["mean"] = (u.double() * lam.double()) @ u.double().T
+
+    monkeypatch.setattr("fedrec.federated.cia.finetune", capture)
+    up, _, _ = state.aggregate(path, np.random.default_rng(0))
+    monkeypatch.undo()
+    return seen["mean"], up
+
+
+def test_rank_d_upload_is_lossless_and_smaller(split: Split, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = split.n_items
+    dense, up_dense = _server_mean(_state(split, models=(("mf", 4),)), UploadPath(), monkeypatch)
+    low, up_low = _server_mean(_state(split, models=(("mf", 4),), upload_rank=4), UploadPath(), monkeypatch)
+    torch.testing.assert_close(low, dense, rtol=1e-5, atol=1e-6)
+    assert up_low == 5 * (m * 4 + 4) * 4 < up_dense == 5 * m * m * 4
+    cut, _ = _server_mean(_state(split, models=(("mf", 4),), upload_rank=2), UploadPath(), monkeypatch)
+    assert torch.linalg.matrix_rank(cut) <= 5 * 2 < torch.linalg.matrix_rank(dense)
+
+
+def test_ldp_noises_the_similarity(split: Split) -> None:
+    plain, noisy = _state(split), _state(split)
+    _, _, a = plain.aggregate(UploadPath(), np.random.default_rng(0))
+    _, _, b = noisy.aggregate(UploadPath(ldp=0.5), np.random.default_rng(0))
+    assert b["similarity_norm"] != pytest.approx(a["similarity_norm"])
+    assert torch.isfinite(noisy.stacks[0].params["item"]).all()
+
+
+def test_finetune_moves_clients_towards_the_mean_but_keeps_them_apart(split: Split) -> None:
+    state = _state(split, finetune_steps=50)
+    e0 = state.stacks[0].params["item"].clone()
+    state.aggregate(UploadPath(), np.random.default_rng(0))
+    e1 = state.stacks[0].params["item"]
+    s = sum(x @ x.T for x in e0) / len(e0)
+    gap = lambda e: torch.stack([((x @ x.T - s) ** 2).sum() for x in e])  # noqa: E731
+    assert (gap(e1) < gap(e0)).all()
+    assert not torch.allclose(e1[0], e1[1])  # no common table is imposed
+
+
+def test_weighted_average_within_a_shape_only(split: Split) -> None:
+    state = _state(split, models=(("mf", 3), ("mlp", 3)), aggregation="waa")
+    users_before = [s.params["user"].clone() for s in state.stacks]
+    state.train(FederatedConfig(batch_size=BATCH, negatives=1, lr=LR), np.random.default_rng(0))
+    trained = [s.params["item"].clone() for s in state.stacks]
+    state.aggregate(UploadPath(), np.random.default_rng(0))
+    for s, t, ub in zip(state.stacks, trained, users_before, strict=True):
+        w = torch.tensor(s.client_pairs / s.client_pairs.sum(), dtype=torch.float32)
+        torch.testing.assert_close(s.params["item"][0], (w[:, None, None] * t).sum(0))
+        assert torch.equal(s.params["item"][0], s.params["item"][-1])
+        assert not torch.equal(s.params["user"], ub)  # trained, never averaged
+    assert not torch.allclose(state.stacks[0].params["item"][0], state.stacks[1].params["item"][0])
+
+
+def test_gfcf_filter_matches_its_formula(split: Split) -> None:
+    r = (split.train > 0).astype(np.float64).toarray()
+    f = LocalFilter.fit(split.train, rank=3, ideal_weight=0.3)
+    du, di = r.sum(1), r.sum(0)
+    dinv = np.where(di > 0, 1 / np.sqrt(np.maximum(di, 1e-12)), 0.0)
+    norm = r / np.sqrt(du)[:, None] * dinv[None]
+    _, _, vt = np.linalg.svd(norm, full_matrices=False)
+    v = vt[:3]
+    expected = norm.T @ norm + 0.3 * (dinv[:, None] * (v.T @ v)) * np.sqrt(di)[None]
+    np.testing.assert_allclose(f.dense(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(f.apply(split.train[:7]), r[:7] @ expected, rtol=1e-4, atol=1e-5)
+    # a client of two users has at most two singular vectors
+    assert LocalFilter.fit(split.train[:2], rank=32, ideal_weight=0.3).v.shape[0] <= 2
+
+
+def test_fedcia_gfcf_mixes_local_and_mean_filters(split: Split) -> None:
+    state = _state(split, models=(("gfcf", 1),), clients=3, beta=2.0, filter_rank=2)
+    state.aggregate(UploadPath(), np.random.default_rng(0))
+    filters = [LocalFilter.fit(split.train[u], 2, 0.3) for u in state.users_of_client]
+    mean = sum(f.dense() for f in filters) / 3
+    users = state.users_of_client[1]
+    rows = split.train[users]
+    expected = filters[1].apply(rows) + 2.0 * (rows @ mean)
+    np.testing.assert_allclose(state.scores(users, None), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_runs_end_to_end_and_learn(small_data) -> None:  # type: ignore[no-untyped-def]
+    split = make_split(small_data, "ratio-full", seed=0)
+    cfg = FederatedConfig(rounds=15, batch_size=256, negatives=1, lr=0.05, patience=0)
+    spec = CIASpec(models=(("mf", 16),), clients=10, finetune_steps=20)
+    out = run_federated(spec, split, cfg, seed=0)
+    assert out.history[-1].loss < out.history[0].loss
+    gf = run_federated(get_algorithm("gfcf").build(split, {**get_algorithm("gfcf").defaults}), split, cfg)
+    assert len(gf.history) == 1  # one shot
+    # GF-CF on all training data ranks far above chance (F1@10 of random ranking is ~0.01 here)
+    assert gf.test["f1@10"] > 0.05
+    assert out.test["f1@10"] > 0.0 and out.extra["clients"] == 10
+
+
+def test_errors(split: Split) -> None:
+    with pytest.raises(FedrecError, match="GF-CF cannot be mixed"):
+        CIASpec(models=(("gfcf", 1), ("mf", 4)))
+    with pytest.raises(FedrecError, match="aggregation"):
+        CIASpec(aggregation="sum")
+    with pytest.raises(FedrecError, match="every client every round"):
+        run_federated(CIASpec(clients=3), split, FederatedConfig(clients_per_round=0.5))
+    with pytest.raises(FedrecError, match="clients=99"):
+        CIASpec(clients=99).partition(30, 0)
+    alg = get_algorithm("fedcia")
+    spec = alg.build(split, {**alg.defaults, "dims": "4/8", "clients": 6})
+    assert spec.models == (("mf", 4), ("mf", 8))
+    spec = alg.build(split, {**alg.defaults, "backbone": "mixed"})
+    assert [b for b, _ in spec.models] == ["mf", "mlp", "lightgcn"]
