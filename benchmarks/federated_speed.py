@@ -4,6 +4,7 @@
     python benchmarks/federated_speed.py --scale ml-1m --rounds 100
     python benchmarks/federated_speed.py --algorithm fedncf --rounds 10
     python benchmarks/federated_speed.py --algorithm fedrap --reference-rounds 0
+    python benchmarks/federated_speed.py --algorithm fedcia-mf --reference-rounds 0   # ratio-full
 
 All clients train every round with the algorithm's engine defaults (PFedRec: 1 local epoch,
 batch 256; FedRAP: 10 local epochs, batch 2048) and validation runs every round, as in the
@@ -32,7 +33,7 @@ from fedrec.protocols import make_split
 from fedrec.run import RunConfig, federated_config, prepare_split
 
 
-def ml1m_scale(split_path: str | None, seed: int):  # type: ignore[no-untyped-def]
+def ml1m_scale(split_path: str | None, seed: int, protocol: str):  # type: ignore[no-untyped-def]
     if split_path:
         from fedrec.data.parsers import parse_fedcia_split
 
@@ -41,7 +42,7 @@ def ml1m_scale(split_path: str | None, seed: int):  # type: ignore[no-untyped-de
         x = preprocess(synthetic(6040, 3706, mean_interactions=165, seed=seed), PreprocessConfig())
         counts = np.bincount(x.users, minlength=x.n_users)
         x = preprocess(x.subset(counts[x.users] <= x.n_items - 2 * 99), PreprocessConfig())
-    return make_split(x, "loo-sampled", seed=seed)
+    return make_split(x, protocol, seed=seed)
 
 
 def dense_floor(n_users: int, n_items: int, dim: int, products: int) -> tuple[float, float]:
@@ -73,16 +74,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr-item", type=float, default=None, help="item-row learning rate (default: the algorithm's)")
+    ap.add_argument("--protocol", default=None,
+                    help="default: ratio-full for FedCIA-style algorithms, else loo-sampled")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model option")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     spec_a = get_algorithm(args.algorithm)
+    protocol = args.protocol or ("ratio-full" if "aggregation" in spec_a.defaults else "loo-sampled")
     if args.scale == "ml-100k":
-        split = prepare_split(RunConfig(algorithm=args.algorithm, dataset="ml-100k", seed=args.seed))
+        split = prepare_split(RunConfig(algorithm=args.algorithm, dataset="ml-100k", seed=args.seed,
+                                        protocol=protocol))
     else:
-        split = ml1m_scale(args.ml1m_split, args.seed)
-    spec = spec_a.build(split, {**spec_a.defaults})
+        split = ml1m_scale(args.ml1m_split, args.seed, protocol)
+    options = dict(item.split("=", 1) for item in args.set)
+    spec = spec_a.build(split, {**spec_a.defaults, **options})
     cfg = federated_config(args.algorithm, rounds=args.rounds, lr_item=args.lr_item)
     print(f"{args.algorithm} on {args.scale}: {split.n_users:,} clients, {split.n_items:,} items, "
           f"{split.train.nnz:,} training interactions; torch threads {torch.get_num_threads()}")
@@ -95,6 +102,12 @@ def main() -> None:
     print(f"engine: {len(out.history)} rounds in {wall:.1f} s ({per_round:.3f} s/round incl. "
           f"validation every round); peak RSS {peak:,.0f} MB")
     print(f"        best validation round {out.best_round}: valid {out.valid_at_best}, test {out.test}")
+    train = [h.extra["train_seconds"] for h in out.history if "train_seconds" in h.extra]
+    if train:  # FedCIA-style: local training, then upload, server mean and fine-tune
+        aggregate = [h.extra["aggregate_seconds"] for h in out.history]
+        print(f"        of which local training {np.mean(train):.3f} s/round, aggregation "
+              f"(upload, server mean, eigendecomposition, fine-tune) {np.mean(aggregate):.3f} s/round; "
+              f"upload {out.history[-1].bytes_up / 2**20:,.1f} MiB/round")
     server = [h.extra["server_seconds"] for h in out.history if "server_seconds" in h.extra]
     if server:  # GPFedRec / GFed-PP: the graph step over every user's table
         print(f"        of which the server's graph step: {sum(server):.1f} s "

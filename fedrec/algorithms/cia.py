@@ -5,7 +5,8 @@ thirds of MF, MLP and LightGCN), ``dims`` (several sizes, e.g. ``128/256/512``: 
 clients each), ``aggregation`` (cia, waa, none), ``clients`` (100; 0 = one user per client),
 ``grouping`` (contiguous, as the official split, or random), ``layers`` (LightGCN, 3),
 ``finetune_steps`` (100), ``finetune_lr`` (0.1), ``finetune_loss`` (norm, mse),
-``upload_rank`` (0 = dense), and for GF-CF ``beta`` (60), ``ideal_weight`` (0.3),
+``upload_rank`` (0 = dense), ``scope`` (all: the M x M similarity; local: only the items a
+client has), and for GF-CF ``beta`` (60), ``ideal_weight`` (0.3),
 ``filter_rank`` (32), the official ML-100K values.
 
 Training: BPR with one leak-free negative per positive, Adam lr 0.01, batch 4096, one local
@@ -23,7 +24,7 @@ from fedrec.federated.cia import CIASpec
 from fedrec.protocols.protocol import Split
 
 OPTIONS = ("aggregation", "clients", "grouping", "layers", "finetune_steps", "finetune_lr",
-           "finetune_loss", "upload_rank", "beta", "ideal_weight", "filter_rank")
+           "finetune_loss", "upload_rank", "scope", "beta", "ideal_weight", "filter_rank")
 ENGINE: dict[str, Any] = {"lr": 0.01, "batch_size": 4096, "negatives": 1, "patience": 10,
                           "rounds": 200}
 

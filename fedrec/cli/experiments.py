@@ -205,8 +205,8 @@ def protocols_command() -> None:
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp)."),
-    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap)."),
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia)."),
+    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),

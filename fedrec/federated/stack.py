@@ -51,7 +51,8 @@ class ClientStack:
         self.user_client = np.repeat(np.arange(len(order)), sizes)
         self.train = train[self.users].tocsr()
         self.train.data[:] = 1.0
-        self.pairs = self.train.getnnz(axis=1)  # per local user
+        self.client_items = [np.unique(self.train[a:b].indices)
+                             for a, b in zip(self.user_ptr[:-1], self.user_ptr[1:], strict=True)]
         self.client_pairs = pairs[order]
         K = len(order)
         self.params: dict[str, torch.Tensor] = {

@@ -122,8 +122,43 @@ def _gfedpp_tables() -> dict[str, list[PlannedRun]]:
     }
 
 
+#: Embedding size of FedCIA's parameter models (the official code uses 512; see docs/fedcia.md).
+FEDCIA_DIM = 64
+
+
+def fedcia_run(method: str, backbone: str, aggregation: str, setting: str = "",
+               **options: object) -> PlannedRun:
+    """A FedCIA-paper run on clients that each hold a whole model (`stacked`), under ratio-full."""
+    model = (("backbone", backbone), ("aggregation", aggregation), ("dim", FEDCIA_DIM),
+             *sorted(options.items()))
+    return PlannedRun(method, "stacked", protocol="ratio-full", setting=setting, model=model)
+
+
+def _fedcia_tables() -> dict[str, list[PlannedRun]]:
+    """FedCIA's Table 1 (100 clients of consecutive users), Table 3 (one user per client) and the
+    heterogeneous clients of its Figure 5 (MF at 128/256/512 dims; MF, MLP and LightGCN mixed)."""
+    table1 = [
+        fedcia_run("mf-im", "mf", "none"), fedcia_run("lightgcn-im", "lightgcn", "none"),
+        fedcia_run("gfcf-im", "gfcf", "none"), fedcia_run("fedmf", "mf", "waa"),
+        fedcia_run("fedncf", "mlp", "waa"),
+        PlannedRun("pfedrec", "pfedrec", protocol="ratio-full"),
+        PlannedRun("gpfedrec", "gpfedrec", protocol="ratio-full"),
+        fedcia_run("fedlightgcn", "lightgcn", "waa"), fedcia_run("fedcia-mf", "mf", "cia"),
+        fedcia_run("fedcia-lightgcn", "lightgcn", "cia"), fedcia_run("fedcia-gfcf", "gfcf", "cia"),
+    ]
+    aggregations = (("im", "none"), ("waa", "waa"), ("cia", "cia"))
+    table3 = [fedcia_run(f"{b}-{a}", b, agg, "per-user", clients=0)
+              for b in ("mlp", "mf") for a, agg in aggregations]
+    table3.insert(2, PlannedRun("mlp-gga", "gpfedrec", protocol="ratio-full", setting="per-user"))
+    sizes = [fedcia_run(f"mf-{a}", "mf", agg, "dims=128-256-512", dims="128/256/512")
+             for a, agg in aggregations]
+    mixed = [fedcia_run(f"mixed-{a}", "mixed", agg, "mf-mlp-lightgcn") for a, agg in aggregations]
+    return {"1": table1, "3": table3, "hetero": sizes + mixed}
+
+
 PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {
     "pfedrec": _pfedrec_tables, "fedrap": _fedrap_tables, "gfedpp": _gfedpp_tables,
+    "fedcia": _fedcia_tables,
 }
 
 #: Tables drawn as convergence plots (validation metric per round), with the paper's figure.
