@@ -275,6 +275,17 @@ def test_runs_end_to_end_and_learn(small_data) -> None:  # type: ignore[no-untyp
     assert out.test["f1@10"] > 0.0 and out.extra["clients"] == 10
 
 
+def test_a_resumed_run_ends_as_an_uninterrupted_one(split: Split, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = CIASpec(models=(("mf", 4), ("lightgcn", 4)), clients=4, finetune_steps=5)
+    cfg = FederatedConfig(rounds=4, batch_size=16, negatives=1, lr=0.05, checkpoint_every=2)
+    whole = run_federated(spec, split, cfg, seed=1)
+    ckpt = tmp_path / "run.ckpt"
+    run_federated(spec, split, FederatedConfig(**{**cfg.__dict__, "rounds": 2}), seed=1, checkpoint=ckpt)
+    resumed = run_federated(spec, split, cfg, seed=1, checkpoint=ckpt, resume=True)
+    assert [h.valid for h in resumed.history] == [h.valid for h in whole.history]
+    assert resumed.test == whole.test and resumed.best_round == whole.best_round
+
+
 def test_errors(split: Split) -> None:
     with pytest.raises(FedrecError, match="GF-CF cannot be mixed"):
         CIASpec(models=(("gfcf", 1), ("mf", 4)))

@@ -9,7 +9,7 @@ clients each), ``aggregation`` (cia, waa, none), ``clients`` (100; 0 = one user 
 client has), and for GF-CF ``beta`` (60), ``ideal_weight`` (0.3),
 ``filter_rank`` (32), the official ML-100K values.
 
-Training: BPR with one leak-free negative per positive, Adam lr 0.01, batch 4096, one local
+Training: BPR with one leak-free negative per positive, Adam lr 0.03, batch 4096, one local
 epoch, early stopping after 10 rounds without a better validation F1@10, as the official code
 (which uses Adam 0.1 with 512 dimensions; see docs/fedcia.md for what we chose and why).
 """
@@ -25,7 +25,7 @@ from fedrec.protocols.protocol import Split
 
 OPTIONS = ("aggregation", "clients", "grouping", "layers", "finetune_steps", "finetune_lr",
            "finetune_loss", "upload_rank", "scope", "beta", "ideal_weight", "filter_rank")
-ENGINE: dict[str, Any] = {"lr": 0.01, "batch_size": 4096, "negatives": 1, "patience": 10,
+ENGINE: dict[str, Any] = {"lr": 0.03, "batch_size": 4096, "negatives": 1, "patience": 10,
                           "rounds": 200}
 
 

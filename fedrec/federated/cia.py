@@ -40,6 +40,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -116,8 +117,11 @@ class CIASpec:
         return contiguous_groups(n_users, self.clients)
 
     def simulate(self, split: Split, cfg: Any, seed: int,
-                 on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None) -> TrainOutcome:
-        return _simulate(self, split, cfg, seed, on_round)
+                 on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+                 checkpoint: str | Path | None = None, resume: bool = False) -> TrainOutcome:
+        """Run it (`run_federated` hands specs with this method their runs)."""
+        return _simulate(self, split, cfg, seed, on_round,
+                         Path(checkpoint) if checkpoint else None, resume)
 
 
 class CIAState:
@@ -148,6 +152,19 @@ class CIAState:
             self.user_stack[stack.users] = len(self.stacks)
             self.user_local[stack.users] = np.arange(len(stack.users))
             self.stacks.append(stack)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: each stack's parameters, Adam moments and step counts,
+        GF-CF's scores."""
+        return {
+            "stacks": [{"params": s.params, "moments": s.moments, "steps": s.steps} for s in self.stacks],
+            "local_scores": self._local_scores, "global_filter": self._global_filter,
+        }
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        for stack, saved in zip(self.stacks, blob["stacks"], strict=True):
+            stack.params, stack.moments, stack.steps = saved["params"], saved["moments"], saved["steps"]
+        self._local_scores, self._global_filter = blob["local_scores"], blob["global_filter"]
 
     # ---- a round ---------------------------------------------------------------------------
 
@@ -340,7 +357,11 @@ def _factored_sum(e: torch.Tensor, rank: int, ldp: float, rng: np.random.Generat
 
 
 def _simulate(spec: CIASpec, split: Split, cfg: Any, seed: int,
-              on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None) -> TrainOutcome:
+              on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None,
+              checkpoint: Path | None, resume: bool) -> TrainOutcome:
+    from fedrec.federated.engine import _load, _save  # the engine's checkpoint format
+
+
     if cfg.clients_per_round != 1.0:
         raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
     if cfg.dp_noise > 0 or cfg.clip is not None:
@@ -349,9 +370,12 @@ def _simulate(spec: CIASpec, split: Split, cfg: Any, seed: int,
     state = CIAState(spec, split, partition, seed)
     path = UploadPath(ldp=cfg.ldp)
     out = TrainOutcome()
+    first = 1
+    if resume and checkpoint is not None and checkpoint.exists():
+        first = _load(checkpoint, state, out, spec, cfg) + 1
     selection = Selection(split.protocol.select, cfg.patience, out)
     rounds = 1 if state.gfcf else cfg.rounds
-    for r in range(1, rounds + 1):
+    for r in range(first, rounds + 1):
         start = time.perf_counter()
         rng = np.random.default_rng([seed, r])
         loss, batches = state.train(cfg, rng)
@@ -371,6 +395,8 @@ def _simulate(spec: CIASpec, split: Split, cfg: Any, seed: int,
         out.history.append(record)
         if on_round is not None:
             on_round(record, out.best_round, out.valid_at_best)
+        if checkpoint is not None and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
+            _save(checkpoint, r, state, out, spec, cfg)
         if selection.should_stop:
             break
     out.extra = {"clients": state.n_clients,

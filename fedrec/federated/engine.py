@@ -153,10 +153,7 @@ def run_federated(
     """
     cfg.validate()
     if hasattr(spec, "simulate"):  # clients that each hold a whole model (FedCIA and kin)
-        if checkpoint is not None and (cfg.checkpoint_every or resume):
-            raise FedrecError(f"{type(spec).__name__} runs do not checkpoint yet (drop "
-                              "--checkpoint-every/--resume)")
-        return spec.simulate(split, cfg, seed, on_round)
+        return spec.simulate(split, cfg, seed, on_round, checkpoint, resume)
     n_clients, n_items = split.n_users, split.n_items
     lr_item = cfg.item_lr(n_items)
     state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=lr_item,
