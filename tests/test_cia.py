@@ -262,6 +262,18 @@ def test_fedcia_gfcf_mixes_local_and_mean_filters(split: Split) -> None:
     np.testing.assert_allclose(state.scores(users, None), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_gfcf_upload_rank_truncates_the_filter(split: Split) -> None:
+    m = split.n_items
+    dense = _state(split, models=(("gfcf", 1),), clients=3, filter_rank=2)
+    full = _state(split, models=(("gfcf", 1),), clients=3, filter_rank=2, upload_rank=m)
+    cut = _state(split, models=(("gfcf", 1),), clients=3, filter_rank=2, upload_rank=3)
+    ups = [s.aggregate(UploadPath(), np.random.default_rng(0))[0] for s in (dense, full, cut)]
+    assert ups == [3 * m * m * 4, 3 * (2 * m * m + m) * 4, 3 * (2 * m * 3 + 3) * 4]
+    users = np.arange(split.n_users)
+    np.testing.assert_allclose(full.scores(users, None), dense.scores(users, None), rtol=1e-3, atol=1e-4)
+    assert np.abs(cut.scores(users, None) - dense.scores(users, None)).max() > 1e-3
+
+
 def test_runs_end_to_end_and_learn(small_data) -> None:  # type: ignore[no-untyped-def]
     split = make_split(small_data, "ratio-full", seed=0)
     cfg = FederatedConfig(rounds=15, batch_size=256, negatives=1, lr=0.05, patience=0)
