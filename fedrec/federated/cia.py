@@ -329,15 +329,16 @@ def finetune(item: torch.Tensor, u: torch.Tensor, lam: torch.Tensor, steps: int,
     lam_sq = float((lam64**2).sum())
     for _ in range(steps):
         gram = e.transpose(1, 2) @ e
-        descent = torch.baddbmm(lam[:, None] * e, e, gram, alpha=-1.0)  # ΛẼ − ẼG = −grad / 4
         if loss == "mse":
-            scale = torch.full((len(e),), 4.0 / (m * m))
+            c = torch.full((len(e),), lr * 4.0 / (m * m))
         else:
             # ‖X‖² = ‖G‖² − 2 Σ_i λ_i ‖Ẽ_i‖² + ‖Λ‖², combined in float64 (it cancels near the end)
-            rows = (e * e).sum(2).double()
+            rows = torch.linalg.vector_norm(e, dim=2).double() ** 2
             sq = (gram.double() ** 2).sum((1, 2)) - 2.0 * (rows @ lam64) + lam_sq + offset
-            scale = (2.0 / sq.clamp_min(1e-30).sqrt()).float()  # d‖X‖ = d‖X‖² / (2‖X‖)
-        e.add_(descent * (lr * scale)[:, None, None])
+            c = (lr * 2.0 / sq.clamp_min(1e-30).sqrt()).float()  # d‖X‖ = d‖X‖² / (2‖X‖)
+        # Ẽ − lr·grad = Ẽ + c (ΛẼ − ẼG) = (1 + cΛ) ⊙ Ẽ − c ẼG, in place
+        step = torch.bmm(e, gram).mul_(c[:, None, None])
+        e.mul_(1.0 + c[:, None, None] * lam[None, :, None]).sub_(step)
     item.copy_(torch.matmul(u, e))
 
 
