@@ -31,3 +31,30 @@ def test_fedcia_plan_has_a_run_for_every_ml100k_row() -> None:
             assert spec.kind == "federated"
     per_user = [r for r in chosen["3"] if r.algorithm == "stacked"]
     assert all(dict(r.model)["clients"] == 0 for r in per_user)
+
+
+def test_cli_prints_the_papers_metrics_for_our_runs(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Our F1@10 and MRR@10 appear beside the paper's (not only the default HR/NDCG)."""
+    import json
+    from dataclasses import asdict
+
+    import pytest
+
+    from fedrec.cli import main
+
+    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        test = {"f1@10": 0.1234, "mrr@10": 0.4321, "ndcg@10": 0.2222, "users": 5.0}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "algorithm": cfg.algorithm, "dataset": cfg.dataset, "protocol": cfg.protocol,
+            "seed": cfg.seed, "config": asdict(cfg), "data": {"negatives": cfg.negatives},
+            "history": [], "valid_at_best": {"f1@10": 0.1}, "test": test, "extra": {}}))
+
+    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    md = tmp_path / "fedcia.md"
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "fedcia", "--tables", "1", "--rounds", "1", "--negatives", "leak-free",
+              "--out-dir", str(tmp_path / "runs"), "--markdown", str(md)])
+    assert done.value.code == 0, capsys.readouterr().out
+    row = next(line for line in md.read_text().splitlines() if line.startswith("| fedcia-mf "))
+    assert "0.1234" in row and "0.4321" in row and "0.2326" in row  # ours F1, ours MRR, paper F1

@@ -266,9 +266,9 @@ def reproduce_command(
                 if (r["algorithm"], r["config"]["setting"], r["protocol"]) in keys]
         mine, table_notes = _adjust(paper, table, mine)
         notes_first += table_notes
-        summary = summarise(mine)
         # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
         metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or None
+        summary = summarise(mine, metrics=metrics) if metrics else summarise(mine)
         render(summary, paper, table, console, metrics=metrics, unpublished=True)
         parts.append(f"### {paper} Table {table}\n\n"
                      + to_markdown(summary, paper, table, metrics=metrics, unpublished=True))
