@@ -126,19 +126,12 @@ def _gfedpp_tables() -> dict[str, list[PlannedRun]]:
 FEDCIA_DIM = 64
 
 
-#: Adam rate of LightGCN clients, chosen on validation F1@10 (FedLightGCN, ML-100K: 0.01 gave
-#: 0.1026 after 100 rounds, the MF clients' 0.03 peaked at 0.0775 in round 6).
-LIGHTGCN_LR = 0.01
-
-
 def fedcia_run(method: str, backbone: str, aggregation: str, setting: str = "",
                **options: object) -> PlannedRun:
     """A FedCIA-paper run on clients that each hold a whole model (`stacked`), under ratio-full."""
     model = (("backbone", backbone), ("aggregation", aggregation), ("dim", FEDCIA_DIM),
              *sorted(options.items()))
-    engine = (("lr", LIGHTGCN_LR),) if backbone == "lightgcn" else ()
-    return PlannedRun(method, "stacked", protocol="ratio-full", setting=setting, model=model,
-                      engine=engine)
+    return PlannedRun(method, "stacked", protocol="ratio-full", setting=setting, model=model)
 
 
 def _fedcia_tables() -> dict[str, list[PlannedRun]]:
