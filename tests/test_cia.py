@@ -312,3 +312,23 @@ def test_errors(split: Split) -> None:
     assert spec.models == (("mf", 4), ("mf", 8))
     spec = alg.build(split, {**alg.defaults, "backbone": "mixed"})
     assert [b for b, _ in spec.models] == ["mf", "mlp", "lightgcn"]
+
+
+def test_cli_run_keeps_the_algorithms_own_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`fedrec run` options left out take the algorithm's defaults (not the CLI's generic ones)."""
+    import json
+
+    from fedrec.cli import main
+
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as done:
+        main(["run", "stacked", "--dataset", "synthetic:60x40", "--protocol", "ratio-full",
+              "--rounds", "2", "--set", "clients=3", "--out", str(out), "--quiet"])
+    assert done.value.code == 0
+    config = json.loads(out.read_text())["config"]
+    engine = get_algorithm("stacked").engine
+    assert config["model"]["dim"] == get_algorithm("stacked").defaults["dim"] == 64
+    assert config["federated"]["lr"] == engine["lr"]
+    assert config["federated"]["negatives"] == engine["negatives"] == 1
+    assert config["federated"]["patience"] == engine["patience"] == 10
+    assert config["federated"]["rounds"] == 2

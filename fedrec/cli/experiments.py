@@ -28,15 +28,15 @@ def run_command(
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (see `fedrec protocols`)."),
     seed: int = typer.Option(0, help="Seed of every random choice in the run."),
-    rounds: int = typer.Option(100, "--rounds", "--epochs", help="Federated rounds (centralised: epochs)."),
+    rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Federated rounds (centralised: epochs); default: the algorithm's, else 100."),
     batch_size: int | None = typer.Option(None, help="Minibatch size (default: the algorithm's, else 256)."),
     lr: float | None = typer.Option(None, help="Learning rate (default: the algorithm's, see `fedrec algorithms`)."),
     weight_decay: float = typer.Option(0.0, help="L2 weight decay (centralised)."),
-    num_negatives: int = typer.Option(4, help="Training negatives per positive, redrawn every epoch/round."),
+    num_negatives: int | None = typer.Option(None, help="Training negatives per positive, redrawn every epoch/round (default: the algorithm's, else 4)."),
     negatives: str = typer.Option("leak-free", help="Training-negative policy (see `fedrec protocols`)."),
-    patience: int | None = typer.Option(None, help="Stop after this many evaluations without a better validation figure (0: never; default 10 centralised, 0 federated)."),
+    patience: int | None = typer.Option(None, help="Stop after this many evaluations without a better validation figure (0: never; default 10 centralised, the algorithm's or 0 federated)."),
     eval_every: int = typer.Option(1, help="Evaluate on validation every N epochs/rounds."),
-    dim: int = typer.Option(32, help="Embedding size."),
+    dim: int | None = typer.Option(None, help="Embedding size (default: the algorithm's, see `fedrec algorithms`)."),
     dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
     reconstruct_epochs: int | None = typer.Option(None, help="FedRecon: epochs re-training the user vector each round (default: the algorithm's)."),
     clients_per_round: float = typer.Option(1.0, help="Federated: fraction (<= 1) or number of clients per round."),
@@ -71,25 +71,27 @@ def run_command(
 
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
+    given_lr = lr  # None: federated_config takes the algorithm's (its defaults or engine options)
     lr = lr if lr is not None else float(spec.defaults.get("lr", 1e-3))
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
         data_dir=data_dir,
-        model={"dim": dim, **({"dual": dual} if federated else {}),
+        model={**({"dim": dim} if dim is not None else {}), **({"dual": dual} if federated else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
                **_parse_settings(set_options)},
         train=TrainConfig(
-            epochs=rounds, batch_size=batch_size or 256, lr=lr, weight_decay=weight_decay,
-            negatives=num_negatives, patience=10 if patience is None else patience,
+            epochs=100 if rounds is None else rounds, batch_size=batch_size or 256, lr=lr,
+            weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
+            patience=10 if patience is None else patience,
             eval_every=eval_every, device=device,
         ),
         federated=federated_config(
             algorithm,
             rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
-            batch_size=batch_size, lr=lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
+            batch_size=batch_size, lr=given_lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
-            patience=0 if patience is None else patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
+            patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
             dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
         ),
@@ -102,7 +104,8 @@ def run_command(
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         console=console, disable=quiet,
     )
-    task = bar.add_task(f"{algorithm} on {dataset}", total=rounds, status="")
+    total = cfg.federated.rounds if federated else cfg.train.epochs
+    task = bar.add_task(f"{algorithm} on {dataset}", total=total, status="")
     select = get_protocol(protocol).select if protocol in PROTOCOLS else ""
 
     def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
