@@ -131,7 +131,7 @@ class CIAState:
         self.spec, self.split = spec, split
         self.n_users, self.n_items = split.n_users, split.n_items
         gen = torch.Generator().manual_seed(seed)
-        users = [partition.users_of(np.array([c])) for c in range(partition.n_clients)]
+        users = np.split(partition.client_users, partition.client_ptr[1:-1])  # users of each client
         self.n_clients = partition.n_clients
         self.stacks: list[ClientStack] = []
         self.gfcf = spec.models[0][0] == "gfcf"

@@ -41,7 +41,8 @@ class ClientStack:
                  init_std: float, gen: torch.Generator) -> None:
         if backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {backbone!r}")
-        pairs = np.array([train[u].nnz for u in users], dtype=np.int64)
+        per_user = np.diff(train.indptr)
+        pairs = np.array([per_user[u].sum() for u in users], dtype=np.int64)
         order = np.argsort(-pairs, kind="stable")
         self.backbone, self.dim, self.n_items, self.layers = backbone, dim, n_items, layers
         self.clients = np.asarray(clients, dtype=np.int64)[order]
