@@ -104,9 +104,6 @@ class CIASpec:
             if bad:
                 raise FedrecError(message)
 
-    # The engine's hooks: `run_federated` hands runs of this spec to `simulate`.
-    bytes_per_sample = 0
-
     def partition(self, n_users: int, seed: int) -> Partition:
         if self.clients == 0:
             return one_user_per_client(n_users)
@@ -139,7 +136,6 @@ class CIAState:
         self._local_scores: np.ndarray | None = None  # GF-CF: r_u F_k of every user
         self.user_stack = np.zeros(self.n_users, dtype=np.int64)
         self.user_local = np.zeros(self.n_users, dtype=np.int64)
-        self.client_of_user = partition.client_of_user
         self.users_of_client = users
         if self.gfcf:
             return
@@ -218,15 +214,18 @@ class CIAState:
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
             total += path.noise_sum(self.n_clients, (m, m), gen)
         mean = total / self.n_clients
-        skew = 0.5 * (mean - mean.T)
-        target = mean - skew  # the symmetric part: the rest adds a constant to the loss
-        lam, u = torch.linalg.eigh(target)
-        offset = float((skew * skew).sum())
         for stack in self.stacks:
-            finetune(stack.params["item"], u, lam, self.spec.finetune_steps,
-                     self.spec.finetune_lr, self.spec.finetune_loss, offset)
+            self._align(stack.params["item"], mean)
         down = self.n_clients * (m * m + m) * 4
-        return up, down, {"similarity_norm": float(target.norm())}
+        return up, down, {"similarity_norm": float(0.5 * (mean + mean.T).norm())}
+
+    def _align(self, item: torch.Tensor, target: torch.Tensor) -> None:
+        """Fine-tune ``item`` ((K, L, d), in place) towards ``target`` (L x L): in the eigenbasis
+        of its symmetric part; the skew part (noise) only adds a constant to the loss."""
+        skew = 0.5 * (target - target.T)
+        lam, u = torch.linalg.eigh(target - skew)
+        finetune(item, u, lam, self.spec.finetune_steps, self.spec.finetune_lr,
+                 self.spec.finetune_loss, float((skew * skew).sum()))
 
     def _cia_local(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
         """CIA restricted to each client's items I_k: it uploads S_k[I_k, I_k] (with I_k), the
@@ -254,12 +253,8 @@ class CIAState:
         for stack in self.stacks:
             for c, items in enumerate(stack.client_items):
                 idx = torch.from_numpy(items)
-                block = mean[idx[:, None], idx[None, :]]
-                skew = 0.5 * (block - block.T)
-                lam, u = torch.linalg.eigh(block - skew)
                 rows = stack.params["item"][c, idx][None].clone()
-                finetune(rows, u, lam, self.spec.finetune_steps, self.spec.finetune_lr,
-                         self.spec.finetune_loss, float((skew * skew).sum()))
+                self._align(rows, mean[idx[:, None], idx[None, :]])
                 stack.params["item"][c, idx] = rows[0]
                 down += (len(items) ** 2 + len(items)) * 4
         return up, down, {"similarity_norm": float(0.5 * (mean + mean.T).norm())}

@@ -68,6 +68,7 @@ class ClientStack:
                 w = (torch.rand(a, b, generator=gen) * 2 - 1) * bound
                 self.params[f"w{j}"] = w.expand(K, -1, -1).clone()
                 self.params[f"b{j}"] = ((torch.rand(b, generator=gen) * 2 - 1) * bound).expand(K, -1).clone()
+        self.n_layers = sum(1 for name in self.params if name.startswith("w"))  # MLP tower
         self.moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in self.params.items()}
         self.steps = torch.zeros(K)
         self.adjacency = _lightgcn_adjacency(self.train, self.user_client, K, n_items) \
@@ -153,11 +154,10 @@ class ClientStack:
         if self.backbone != "mlp":
             return (uv * iv).sum(-1)
         h = torch.cat([uv, iv], dim=-1)
-        n_layers = sum(1 for name in self.params if name.startswith("w"))
-        for j in range(n_layers):
+        for j in range(self.n_layers):
             w, b = self.params[f"w{j}"][: len(k)], self.params[f"b{j}"][: len(k)]
             h = torch.baddbmm(b[:, None, :], h, w)
-            if j < n_layers - 1:
+            if j < self.n_layers - 1:
                 h = torch.relu(h)
         return h[..., 0]
 
@@ -179,8 +179,7 @@ class ClientStack:
             w0, b0 = self.params["w0"][k], self.params["b0"][k]
             h = (torch.bmm(uv[:, None, :], w0[:, : self.dim]) + b0[:, None, :]) \
                 + torch.bmm(item_emb[k], w0[:, self.dim :])
-            n_layers = sum(1 for name in self.params if name.startswith("w"))
-            for j in range(1, n_layers):
+            for j in range(1, self.n_layers):
                 h = torch.baddbmm(self.params[f"b{j}"][k][:, None, :], torch.relu(h), self.params[f"w{j}"][k])
             out[s : s + chunk] = h[..., 0].numpy()
         return out
