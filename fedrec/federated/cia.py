@@ -36,7 +36,6 @@ F_k, and a client scores its users with r_u F_k + β r_u F̄ (``none``: r_u F_k)
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,14 +46,14 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.eval.evaluate import evaluate
+from fedrec.federated.loop import simulate_rounds
 from fedrec.federated.stack import BACKBONES, ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import Partition, contiguous_groups, one_user_per_client, random_groups
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import Selection, TrainOutcome
+from fedrec.train.selection import TrainOutcome
 
 AGGREGATIONS = ("cia", "waa", "none")
 GROUPINGS = ("contiguous", "random")
@@ -293,6 +292,22 @@ class CIAState:
 
     # ---- scores ------------------------------------------------------------------------------
 
+    def run_round(self, r: int, cfg: Any, rng: np.random.Generator) -> RoundRecord:
+        """Local training of every client, then the aggregation (`fedrec.federated.loop`)."""
+        start = time.perf_counter()
+        loss, batches = self.train(cfg, rng)
+        t_train = time.perf_counter() - start
+        up, down, extra = self.aggregate(UploadPath(ldp=cfg.ldp), rng)
+        extra = {**extra, "train_seconds": t_train,
+                 "aggregate_seconds": time.perf_counter() - start - t_train}
+        return RoundRecord(round=r, loss=loss / max(batches, 1), seconds=0.0, bytes_up=up,
+                           bytes_down=down, extra=extra)
+
+    def run_extra(self) -> dict[str, Any]:
+        return {"clients": self.n_clients,
+                "models": [f"{b}-{d}" for b, d in self.spec.models],
+                "aggregation": self.spec.aggregation}
+
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         users = np.asarray(users, dtype=np.int64)
         if self.gfcf:
@@ -355,46 +370,10 @@ def _factored_sum(e: torch.Tensor, rank: int, ldp: float, rng: np.random.Generat
 def _simulate(spec: CIASpec, split: Split, cfg: Any, seed: int,
               on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None,
               checkpoint: Path | None, resume: bool) -> TrainOutcome:
-    from fedrec.federated.engine import _load, _save  # the engine's checkpoint format
-
-
     if cfg.clients_per_round != 1.0:
         raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
     if cfg.dp_noise > 0 or cfg.clip is not None:
         raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
-    partition = spec.partition(split.n_users, seed)
-    state = CIAState(spec, split, partition, seed)
-    path = UploadPath(ldp=cfg.ldp)
-    out = TrainOutcome()
-    first = 1
-    if resume and checkpoint is not None and checkpoint.exists():
-        first = _load(checkpoint, state, out, spec, cfg) + 1
-    selection = Selection(split.protocol.select, cfg.patience, out)
+    state = CIAState(spec, split, spec.partition(split.n_users, seed), seed)
     rounds = 1 if state.gfcf else cfg.rounds
-    for r in range(first, rounds + 1):
-        start = time.perf_counter()
-        rng = np.random.default_rng([seed, r])
-        loss, batches = state.train(cfg, rng)
-        if not math.isfinite(loss):
-            raise FedrecError(f"training diverged in round {r} (the loss is not finite); lower --lr")
-        t_train = time.perf_counter() - start
-        up, down, extra = state.aggregate(path, rng)
-        extra = {**extra, "train_seconds": t_train,
-                 "aggregate_seconds": time.perf_counter() - start - t_train}
-        record = RoundRecord(round=r, loss=loss / max(batches, 1), seconds=0.0, bytes_up=up,
-                             bytes_down=down, extra=extra)
-        if r % cfg.eval_every == 0 or r == rounds:
-            record.valid = evaluate(state.scores, split.valid, split.protocol)
-            if selection.observe(r, record.valid):
-                out.test = evaluate(state.scores, split.test, split.protocol)
-        record.seconds = time.perf_counter() - start
-        out.history.append(record)
-        if on_round is not None:
-            on_round(record, out.best_round, out.valid_at_best)
-        if checkpoint is not None and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
-            _save(checkpoint, r, state, out, spec, cfg)
-        if selection.should_stop:
-            break
-    out.extra = {"clients": state.n_clients,
-                 "models": [f"{b}-{d}" for b, d in spec.models], "aggregation": spec.aggregation}
-    return out
+    return simulate_rounds(spec, state, split, cfg, seed, rounds, on_round, checkpoint, resume)

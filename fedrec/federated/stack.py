@@ -9,10 +9,10 @@ clients of each client's mean BPR loss over its own batch, so each client gets e
 gradient.
 
 Clients are ordered by their number of training pairs (most first), so at step t the clients
-that still have a batch are a prefix; only that prefix takes an Adam step. Adam is written out
-here (`_adam`) because `torch.optim.Adam` cannot step a slice of a parameter, and stepping a
-finished client with a zero gradient would still move it by momentum, which a client training
-alone never does. With that, a stack equals K separate `torch.optim.Adam` trainings (tested).
+that still have a batch are a prefix; only that prefix takes an Adam step
+(`fedrec.federated.optim`: `torch.optim.Adam` cannot step a slice of a parameter, and stepping
+a finished client with a zero gradient would still move it by momentum, which a client
+training alone never does). With that, a stack equals K separate `torch.optim.Adam` trainings (tested).
 
 Backbones: ``mf`` (⟨u, q⟩), ``mlp`` (an NCF-style tower on [u, q]), ``lightgcn`` (LightGCN on the
 client's own user-item graph, layer mean; He et al., SIGIR 2020). FedCIA's item similarity is
@@ -29,8 +29,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from fedrec.federated.optim import adam_
+
 BACKBONES = ("mf", "mlp", "lightgcn")
-_B1, _B2, _EPS = 0.9, 0.999, 1e-8
 
 
 class ClientStack:
@@ -131,7 +132,7 @@ class ClientStack:
                 rows = n_users if name == "user" else active
                 steps = t[self.user_client[:n_users]] if name == "user" else t
                 m, v = self.moments[name]
-                _adam(param[:rows], g[:rows], m[:rows], v[:rows], steps, lr)
+                adam_(param[:rows], g[:rows], m[:rows], v[:rows], steps, lr)
         return per.detach()
 
     def _embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,17 +194,6 @@ class ClientStack:
     def payload_floats(self) -> int:
         """Floats one client uploads under parameter averaging."""
         return sum(int(self.params[k][0].numel()) for k in self.shared_names())
-
-
-def _adam(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-          steps: torch.Tensor, lr: float) -> None:
-    """Adam (torch's defaults) on rows of clients whose step counts are ``steps``."""
-    m.mul_(_B1).add_(g, alpha=1 - _B1)
-    v.mul_(_B2).addcmul_(g, g, value=1 - _B2)
-    shape = (-1,) + (1,) * (p.dim() - 1)
-    bc1 = (1 - _B1 ** steps).reshape(shape)
-    bc2 = (1 - _B2 ** steps).reshape(shape)
-    p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + _EPS))
 
 
 def _lightgcn_adjacency(train: sp.csr_matrix, user_client: np.ndarray, n_clients: int,

@@ -1,0 +1,61 @@
+"""Optimiser steps on a *prefix* of a client-stacked parameter.
+
+Simulators that train many clients at once (`fedrec.federated.stack`,
+`fedrec.federated.autoencoder`) order clients so that the ones that still have a batch at step
+t are a prefix of the client axis. Only that prefix may step: a client that has finished (or a
+row that belongs to it) must not move, while `torch.optim` would still move it by momentum
+and weight decay. These functions update slices in place with torch's formulas (Adam's
+defaults; SGD with momentum, dampening 0 and L2 weight decay added to the gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
+
+
+def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+          steps: torch.Tensor | int, lr: float, weight_decay: float = 0.0) -> None:
+    """One Adam step of ``p`` (a slice) given its gradient. ``steps`` is the 1-based step count,
+    a number or one per leading row (clients that have taken different numbers of steps)."""
+    if weight_decay:
+        g = g.add(p, alpha=weight_decay)
+    m.mul_(BETA1).add_(g, alpha=1 - BETA1)
+    v.mul_(BETA2).addcmul_(g, g, value=1 - BETA2)
+    if isinstance(steps, torch.Tensor):
+        shape = (-1,) + (1,) * (p.dim() - 1)
+        bc1, bc2 = (1 - BETA1 ** steps).reshape(shape), (1 - BETA2 ** steps).reshape(shape)
+    else:
+        bc1, bc2 = 1 - BETA1 ** steps, 1 - BETA2 ** steps
+    p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + EPS))
+
+
+def sgd_(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor, first: bool, lr: float,
+         momentum: float, weight_decay: float, nesterov: bool) -> None:
+    """One step of torch's SGD on ``p`` (a slice); ``first`` marks the step that starts the
+    momentum buffer (torch sets it to the gradient)."""
+    if weight_decay:
+        g = g.add(p, alpha=weight_decay)
+    if momentum:
+        if first:
+            buf.copy_(g)
+        else:
+            buf.mul_(momentum).add_(g)
+        g = g.add(buf, alpha=momentum) if nesterov else buf
+    p.sub_(g, alpha=lr)
+
+
+def decay_factor(steps: int, lr: float, momentum: float, weight_decay: float,
+                 nesterov: bool) -> float:
+    """What ``steps`` SGD steps do to a parameter whose loss gradient is always zero: weight
+    decay alone shrinks it by this factor (the recursion is linear, so one number says it)."""
+    w, buf = 1.0, 0.0
+    for t in range(steps):
+        g = weight_decay * w
+        if not momentum:
+            w -= lr * g
+            continue
+        buf = g if t == 0 else momentum * buf + g
+        w -= lr * (g + momentum * buf if nesterov else buf)
+    return w
