@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrec.algorithms import get_algorithm
+from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
@@ -128,10 +129,13 @@ FEDCIA_DIM = 64
 
 def fedcia_run(method: str, backbone: str, aggregation: str, setting: str = "",
                **options: object) -> PlannedRun:
-    """A FedCIA-paper run on clients that each hold a whole model (`stacked`), under ratio-full."""
+    """A FedCIA-paper run on clients that each hold a whole model (`stacked`), under ratio-full;
+    LightGCN clients take 4 negatives per positive, as the registered LightGCN algorithms."""
     model = (("backbone", backbone), ("aggregation", aggregation), ("dim", FEDCIA_DIM),
              *sorted(options.items()))
-    return PlannedRun(method, "stacked", protocol="ratio-full", setting=setting, model=model)
+    engine = tuple(sorted(LIGHTGCN_ENGINE.items())) if backbone == "lightgcn" else ()
+    return PlannedRun(method, "stacked", protocol="ratio-full", setting=setting, model=model,
+                      engine=engine)
 
 
 def _fedcia_tables() -> dict[str, list[PlannedRun]]:
