@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,13 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.protocols.protocol import NEGATIVE_POLICIES, Split, get_protocol, make_split
+from fedrec.protocols.protocol import (
+    NEGATIVE_POLICIES,
+    POSITIVE_AT,
+    Split,
+    get_protocol,
+    make_split,
+)
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
 from fedrec.train.centralised import TrainConfig, train_centralised
 
@@ -100,14 +106,19 @@ def prepare_split(cfg: RunConfig) -> Split:
     from fedrec.data.preprocess import PreprocessConfig, preprocess
 
     protocol = get_protocol(cfg.protocol)
-    if cfg.threshold is not None and not protocol.implicit:
+    threshold = cfg.threshold
+    if protocol.positive_at is not None:
+        # binarised ratings: the threshold says which rated items are positive; all are kept
+        at = threshold if threshold is not None else POSITIVE_AT.get(cfg.dataset, protocol.positive_at)
+        protocol, threshold = replace(protocol, positive_at=at), None
+    if threshold is not None and not protocol.implicit:
         raise FedrecError(
             f"--threshold turns ratings into implicit feedback, but protocol '{protocol.name}' "
             "evaluates explicit ratings"
         )
     raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
     pre = PreprocessConfig(
-        implicit=protocol.implicit, threshold=cfg.threshold,
+        implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item,
     )
     data = preprocess(raw, pre)
@@ -135,6 +146,11 @@ def run(
         cfg.federated.validate()
     options = {**spec.defaults, **cfg.model}
     split = prepare_split(cfg)
+    if split.protocol.ranking not in spec.rankings:
+        raise FedrecError(
+            f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
+            f"({split.protocol.ranking}); see `fedrec protocols`"
+        )
     torch.manual_seed(cfg.seed)
     model = spec.build(split, options)
     if spec.kind == "federated":

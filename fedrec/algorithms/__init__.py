@@ -23,7 +23,8 @@ class AlgorithmSpec:
     `fedrec.train.centralised`; ``federated`` builds a `FamilySpec` run by the simulator.
     ``defaults`` hold model options and the learning rate the papers use; ``engine`` holds
     the federated engine options the algorithm runs with unless the user says otherwise
-    (`fedrec.run.federated_config`).
+    (`fedrec.run.federated_config`). ``rankings`` are the protocol rankings its scores can
+    be evaluated under (binarised rating vectors, ``rated``, need a model trained on them).
     """
 
     name: str
@@ -32,6 +33,7 @@ class AlgorithmSpec:
     build: Callable[[Split, dict[str, Any]], Any]
     defaults: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
+    rankings: tuple[str, ...] = ("sampled", "full", "rating")
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
@@ -50,6 +52,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     return ALGORITHMS[name]
 
 
+from fedrec.algorithms import ae as _ae  # noqa: E402,F401  (registers)
 from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
 from fedrec.algorithms import cia as _cia  # noqa: E402,F401  (registers)
 from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)

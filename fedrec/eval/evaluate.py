@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Protocol as TypingProtocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from fedrec.eval.metrics import ranking_metrics, rmse
 from fedrec.protocols.protocol import EvalSet, Protocol
@@ -41,9 +42,12 @@ def evaluate(
     for start in range(0, len(users), chunk_users):
         chunk = users[start : start + chunk_users]
         scores = np.asarray(scorer(chunk, None), dtype=np.float64)
-        relevant = stage.targets[chunk].toarray() > 0
         exclude = stage.exclude[chunk].toarray() > 0 if stage.exclude is not None else None
-        m = ranking_metrics(scores, relevant, ks=protocol.ks, metrics=protocol.metrics, exclude=exclude)
+        if protocol.ranking == "rated":
+            m = _rated_metrics(scores, stage.targets[chunk], exclude, protocol)
+        else:
+            relevant = stage.targets[chunk].toarray() > 0
+            m = ranking_metrics(scores, relevant, ks=protocol.ks, metrics=protocol.metrics, exclude=exclude)
         n = int(m.pop("users"))
         scored += n
         for k, v in m.items():
@@ -54,6 +58,25 @@ def evaluate(
             p, r = out[f"precision@{k}"], out[f"recall@{k}"]
             out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
     out["users"] = float(scored)
+    return out
+
+
+def _rated_metrics(scores: np.ndarray, ratings: sp.csr_matrix, exclude: np.ndarray | None,
+                   protocol: Protocol) -> dict[str, float]:
+    """Binarised ratings: positives are held-out items rated >= ``positive_at``. ``rated-*``
+    metrics rank only the user's held-out rated items (PersonalFR's NDCG: positives against the
+    items the user rated low); the others rank every item not rated in training."""
+    rated = np.zeros(scores.shape, dtype=bool)
+    rows = np.repeat(np.arange(ratings.shape[0]), np.diff(ratings.indptr))
+    rated[rows, ratings.indices] = True
+    positive = np.zeros_like(rated)
+    pos = ratings.data >= protocol.positive_at
+    positive[rows[pos], ratings.indices[pos]] = True
+    inner = [m.removeprefix("rated-") for m in protocol.metrics if m.startswith("rated-")]
+    full = [m for m in protocol.metrics if not m.startswith("rated-")]
+    out = ranking_metrics(scores, positive, ks=protocol.ks, metrics=full, exclude=exclude)
+    among = ranking_metrics(scores, positive, ks=protocol.ks, metrics=inner, exclude=~rated)
+    out.update({f"rated-{k}": v for k, v in among.items() if k != "users"})
     return out
 
 

@@ -25,7 +25,9 @@ class Protocol:
 
     ``ranking`` is ``sampled`` (rank each target among ``eval_negatives`` items the user never
     interacted with), ``full`` (rank against every item the user did not train on) or
-    ``rating`` (predict held-out explicit ratings; RMSE).
+    ``rating`` (predict held-out explicit ratings; RMSE) or ``rated`` (binarised ratings: a
+    rated item is positive when its rating is >= ``positive_at``; rank the user's held-out rated
+    items, as PersonalFR's NDCG does, and rank every item the user did not rate in training).
     """
 
     name: str
@@ -39,6 +41,7 @@ class Protocol:
     implicit: bool = True
     test_ratio: float = 0.2
     valid_ratio: float = 0.1
+    positive_at: float | None = None
 
 
 PROTOCOLS: dict[str, Protocol] = {
@@ -70,8 +73,21 @@ PROTOCOLS: dict[str, Protocol] = {
             "RMSE of predicted ratings. PersonalFR.",
             split="ratio", ranking="rating", metrics=("rmse",), select="rmse", implicit=False,
         ),
+        Protocol(
+            "ratio-rating-implicit",
+            "per-user random 80/20 split of ratings, 10% of training for validation; a rated item "
+            "is positive when rated >= 3.5 (Anime: 8; --threshold to change) and "
+            "negative otherwise. rated-ndcg@10 ranks the user's held-out rated items (PersonalFR's "
+            "NDCG); ndcg@10 and recall@10 rank every item not rated in training.",
+            split="ratio", ranking="rated", metrics=("rated-ndcg", "ndcg", "recall"),
+            select="rated-ndcg@10", implicit=False, positive_at=3.5,
+        ),
     ]
 }
+
+#: Rating at or above which a rated item counts as positive under binarised-rating protocols,
+#: for data sets whose scale is not MovieLens' 1-5 (PersonalFR's official code: 8 for Anime's 1-10)
+POSITIVE_AT: dict[str, float] = {"anime": 8.0}
 
 NEGATIVE_POLICIES: dict[str, str] = {
     "leak-free": "the default: 'exclude-candidates' under sampled protocols, 'train-only' under "
@@ -100,6 +116,7 @@ class EvalSet:
     ``users`` are the users with a target. Sampled ranking: ``candidates[k]`` holds the items
     ranked for ``users[k]``, the target in column 0. Full ranking: ``exclude`` marks items never
     ranked (training items, and validation items when testing). Rating: ``targets`` values.
+    Rated: ``targets`` holds the held-out ratings, ``exclude`` as under full ranking.
     """
 
     users: np.ndarray
@@ -228,7 +245,7 @@ def make_split(
         drawn = _draw_eval_negatives(ComplementSampler(everything), users, n, rng)
         valid = _sampled_evalset(valid_t, valid_users, drawn[np.searchsorted(users, valid_users), :n])
         test = _sampled_evalset(test_t, test_users, drawn[np.searchsorted(users, test_users), n:])
-    elif p.ranking == "full":
+    elif p.ranking in ("full", "rated"):
         valid = EvalSet(valid_users, valid_t, exclude=train_b)
         test = EvalSet(test_users, test_t, exclude=_binary(train + valid_t))
     else:
