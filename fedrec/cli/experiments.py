@@ -39,7 +39,7 @@ def run_command(
     dim: int | None = typer.Option(None, help="Embedding size (default: the algorithm's, see `fedrec algorithms`)."),
     dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
     reconstruct_epochs: int | None = typer.Option(None, help="FedRecon: epochs re-training the user vector each round (default: the algorithm's)."),
-    clients_per_round: float = typer.Option(1.0, help="Federated: fraction (<= 1) or number of clients per round."),
+    clients_per_round: float | None = typer.Option(None, help="Federated: fraction (<= 1) or number of clients per round (default: the algorithm's, else all)."),
     local_epochs: int | None = typer.Option(None, help="Federated: local epochs per round (default: the algorithm's, else 1)."),
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
     item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default n_items x 80, the official PFedRec rule)."),
@@ -208,12 +208,12 @@ def protocols_command() -> None:
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia)."),
-    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero)."),
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia, personalfr)."),
+    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero; personalfr 3,4)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
-    rounds: int = typer.Option(100, help="Rounds per run."),
+    rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
@@ -228,6 +228,7 @@ def reproduce_command(
     from fedrec.reproduce.runner import (
         PLOTS,
         POLICY_CHOICES,
+        ROUNDS,
         execute,
         plan,
         privacy_notes,
@@ -257,7 +258,8 @@ def reproduce_command(
                           f"{policy} s{seed}: {reason}")
 
         results = execute(every, dataset=dataset, seeds=seed_list,
-                          policies=POLICY_CHOICES[negatives], rounds=rounds, out_dir=out_dir,
+                          policies=POLICY_CHOICES[negatives],
+                          rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail)
     figures = load_figures(paper)
     parts = []
@@ -272,15 +274,22 @@ def reproduce_command(
         # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
         metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or None
         summary = summarise(mine, metrics=metrics) if metrics else summarise(mine)
-        render(summary, paper, table, console, metrics=metrics, unpublished=True)
+        reported = {f.dataset for f in figures if f.table == table}
+        stand_in = "ml-1m" if reported and dataset not in reported and "ml-1m" in reported else None
+        render(summary, paper, table, console, metrics=metrics, unpublished=True, stand_in=stand_in)
         parts.append(f"### {paper} Table {table}\n\n"
-                     + to_markdown(summary, paper, table, metrics=metrics, unpublished=True))
+                     + to_markdown(summary, paper, table, metrics=metrics, unpublished=True,
+                                   stand_in=stand_in))
         if table in PLOTS.get(paper, {}) and mine:
             drawn += _convergence_plots(mine, paper, table, PLOTS[paper][table], dataset,
                                         plots or out_dir / "plots")
         if (paper, table) == ("gfedpp", "heatmap") and mine:
             drawn += _heatmaps(mine, dataset, plots or out_dir / "plots")
     notes = notes_first + privacy_notes(results) + sparsity_notes(paper, results)
+    if paper == "personalfr":
+        from fedrec.reproduce.personalfr import compression_notes
+
+        notes += compression_notes(results)
     for line in notes:
         console.print(line, highlight=False)
     for path in drawn:

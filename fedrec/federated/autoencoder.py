@@ -1,0 +1,421 @@
+"""PersonalFR, FedAvg and Joint: the rating autoencoder (`fedrec.models.autoencoder`) over
+clients that hold groups of users (Li et al., PersonalFR, Algorithm 1).
+
+* ``share="decoder"`` (PersonalFR's partially federated learning): each client keeps its own
+  encoder, the server averages the decoder;
+* ``share="all"`` (FedAvg): the whole autoencoder is averaged;
+* one client holding every user is the centralised "Joint" model.
+
+**Partial compression, for real.** A client's users rated n' ≪ n items. The first-layer and
+output-layer weights of the other items never meet a gradient on that client, so with
+``compression`` (PersonalFR's PC) the server sends a client only the dense hidden layers and the
+output rows and biases of its items (and, when the encoder is shared, its first-layer rows),
+and takes back exactly those; Equation (5) then keeps every other row of that client's model at
+the previous global value, so the average of the round is
+``G_j + (1/|S|) Σ_{clients with j} (row_j - G_j)``. The client tells the server its item ids
+once, in round 1 (counted). Without compression the whole model travels (counted so); the rows
+a client did not touch then differ from the global ones only by weight decay, which the server
+applies in closed form (`fedrec.federated.optim.decay_factor`) instead of simulating n rows.
+
+**All clients of a round at once.** A client's local data are its users' rating vectors,
+trained for ``local_epochs`` in batches of ``batch_size`` users. Clients are ordered by their
+number of local steps, so those still training at step t are a prefix; the step runs every
+active client's own layers with batched matmuls over a client axis and the row tables as one
+flat table (client k's rows at ``row offset k``), and each active client takes its own
+optimiser step (`fedrec.federated.optim`). Optimiser state starts afresh every round, as a
+client that receives a new model does; the Joint model (one client) keeps it across epochs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedrec.errors import FedrecError
+from fedrec.federated.loop import simulate_rounds
+from fedrec.federated.optim import adam_, decay_factor, sgd_
+from fedrec.models.autoencoder import (
+    ROW_TABLES,
+    codes,
+    forward_macs,
+    init_params,
+    layer_shapes,
+    pair_outputs,
+)
+from fedrec.partition import Partition, contiguous_groups, one_user_per_client, random_groups
+from fedrec.protocols.protocol import Split
+from fedrec.results import RoundRecord
+from fedrec.train.selection import TrainOutcome
+
+SHARES = ("decoder", "all")
+OPTIMIZERS = ("adam", "sgd")
+GROUPINGS = ("random", "contiguous")
+_SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
+
+
+@dataclass(frozen=True)
+class AESpec:
+    """An autoencoder run; ``clients`` = 0 is one user per client, 1 the Joint model.
+
+    ``weight_decay`` None means the paper's 5e-4 with SGD and none with Adam. ``clip`` bounds
+    the gradient norm of each client's step (0: no clipping; the official code clips at 1).
+    """
+
+    share: str = "decoder"
+    clients: int = 100
+    grouping: str = "random"
+    hidden: tuple[int, ...] = (256, 128)
+    dropout: float = 0.5
+    norm: bool = True
+    compression: bool = True
+    optimizer: str = "adam"
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float | None = None
+    clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = [
+            (self.share not in SHARES, f"share must be one of {SHARES}"),
+            (self.optimizer not in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}"),
+            (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
+            (self.clients < 0, "clients must be >= 0 (0: one user per client)"),
+            (len(self.hidden) < 2 or min(self.hidden) < 1, "hidden needs two or more sizes >= 1"),
+            (not 0 <= self.dropout < 1, "dropout must be in [0, 1)"),
+            (self.clip < 0 or self.decay < 0, "clip and weight_decay must be >= 0"),
+            (self.optimizer == "adam" and self.decay > 0 and not self.compression,
+             "Adam with weight decay moves rows a client never trained; use compression or SGD"),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise FedrecError(message)
+
+    @property
+    def decay(self) -> float:
+        if self.weight_decay is None:
+            return 5e-4 if self.optimizer == "sgd" else 0.0
+        return self.weight_decay
+
+    def private(self, name: str) -> bool:
+        """Whether a parameter stays on the client (PersonalFR: the encoder)."""
+        return self.share == "decoder" and name.startswith("enc.")
+
+    def partition(self, n_users: int, seed: int) -> Partition:
+        if self.clients == 0:
+            return one_user_per_client(n_users)
+        if self.clients > n_users:
+            raise FedrecError(f"clients={self.clients} but the data set has {n_users} users")
+        if self.grouping == "random":
+            return random_groups(n_users, self.clients, seed)
+        return contiguous_groups(n_users, self.clients)
+
+    def simulate(self, split: Split, cfg: Any, seed: int,
+                 on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+                 checkpoint: str | Path | None = None, resume: bool = False) -> TrainOutcome:
+        """Run it (`run_federated` hands specs with this method their runs)."""
+        if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
+            raise FedrecError("the autoencoder runs take no upload noise or clipping options")
+        state = AEState(self, split, self.partition(split.n_users, seed), seed)
+        return simulate_rounds(self, state, split, cfg, seed, cfg.rounds, on_round, checkpoint, resume)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + l)`` for every (s, l)."""
+    offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + offsets
+
+
+class AEState:
+    """Global (shared) parameters, every client's private ones, and the data's row layout.
+
+    Row layout: client m's items (those its users rated in training, sorted) are rows
+    ``row_ptr[m]:row_ptr[m + 1]`` of a flat table (``row_item`` gives their item ids); a private
+    first layer is stored that way, and ``pair_pos`` places each training rating in it.
+    """
+
+    def __init__(self, spec: AESpec, split: Split, partition: Partition, seed: int) -> None:
+        self.spec, self.hidden = spec, spec.hidden
+        self.partition = partition
+        self.n_users, self.n_items, self.K = split.n_users, split.n_items, partition.n_clients
+        train = split.train
+        self.indptr = train.indptr.astype(np.int64)
+        self.items = train.indices.astype(np.int64)
+        self.implicit = split.protocol.ranking == "rated"
+        values = train.data.astype(np.float32)
+        if self.implicit:  # binarised ratings: input and target are 1 for a positive, 0 otherwise
+            values = (values >= split.protocol.positive_at).astype(np.float32)
+        self.values = torch.from_numpy(values)
+        self.degree = np.diff(self.indptr)
+        pair_user = np.repeat(np.arange(self.n_users), self.degree)
+        key = partition.client_of_user[pair_user] * self.n_items + self.items
+        keys = np.unique(key)
+        self.row_item = keys % self.n_items
+        self.row_ptr = np.r_[0, np.cumsum(np.bincount(keys // self.n_items, minlength=self.K))]
+        self.pair_pos = np.searchsorted(keys, key) - self.row_ptr[partition.client_of_user[pair_user]]
+        self.client_items = np.diff(self.row_ptr)
+
+        init = init_params(self.n_items, self.hidden, spec.norm, torch.Generator().manual_seed(seed))
+        enc, dec = layer_shapes(self.hidden, spec.norm)
+        self.dense_names = [*enc, *dec]
+        self.glob = {k: v for k, v in init.items() if not spec.private(k)}
+        # one draw shared by every client: the common start of a federated model
+        self.priv = {k: (v[self.row_item].clone() if k in ROW_TABLES else v.expand(self.K, *v.shape).clone())
+                     for k, v in init.items() if spec.private(k)}
+        self.opt: dict[str, Any] | None = None  # kept across rounds only by the Joint model
+        self.decay = spec.decay
+
+    # ---- one round ------------------------------------------------------------------------------
+
+    def run_round(self, r: int, cfg: Any, rng: np.random.Generator) -> RoundRecord:
+        """Sample clients, send, train, take back, average (`fedrec.federated.loop`)."""
+        from fedrec.federated.engine import sample_clients
+
+        start = time.perf_counter()
+        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        cohort = sample_clients(self.K, cfg.clients_per_round, rng)
+        sizes = self.partition.sizes()[cohort]
+        steps = cfg.local_epochs * -(-sizes // cfg.batch_size)
+        order = np.argsort(-steps, kind="stable")
+        cohort, steps = cohort[order], steps[order]
+        payload, rows = self.download(cohort)
+        upload, stats = self.local_update(cohort, payload, cfg, rng, gen)
+        t_train = time.perf_counter() - start
+        self.aggregate(cohort, rows, upload, steps, cfg.lr)
+        up, down = self.round_bytes(cohort, first_round=r == 1)
+        extra = {**stats, "clients": float(len(cohort)), "train_seconds": t_train,
+                 "aggregate_seconds": time.perf_counter() - start - t_train}
+        return RoundRecord(round=r, loss=extra.pop("loss"), seconds=0.0, bytes_up=up,
+                           bytes_down=down, extra=extra)
+
+    def cohort_rows(self, cohort: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Flat-row positions (in the all-clients layout) of the cohort's rows, and the cohort's
+        own row offsets (client k's rows at ``offsets[k]:offsets[k + 1]``)."""
+        lengths = self.client_items[cohort]
+        return _ranges(self.row_ptr[cohort], lengths), np.r_[0, np.cumsum(lengths)]
+
+    def download(self, cohort: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+        """What the server sends the cohort: every shared dense layer, and of each shared row
+        table the rows of each client's items only (client k's at its row offsets), with
+        compression or not (without it the rest of the table also travels, unused; it is
+        counted in `round_bytes`). Returns the payload and the item id of each row."""
+        flat, _ = self.cohort_rows(cohort)
+        items = self.row_item[flat]
+        idx = torch.from_numpy(items)
+        payload = {k: (v[idx] if k in ROW_TABLES else v) for k, v in self.glob.items()}
+        return payload, items
+
+    def local_update(self, cohort: np.ndarray, payload: dict[str, torch.Tensor], cfg: Any,
+                     rng: np.random.Generator, gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Train the cohort (ordered by local steps, most first) from ``payload``; keep private
+        parameters, return the upload (shared parameters as trained) and the round's figures."""
+        spec, C = self.spec, len(cohort)
+        flat, offsets = self.cohort_rows(cohort)
+        local: dict[str, torch.Tensor] = {}
+        for k, v in payload.items():
+            local[k] = v.clone() if k in ROW_TABLES else v.expand(C, *v.shape).clone()
+        flat_t, cohort_t = torch.from_numpy(flat), torch.from_numpy(cohort)
+        for k, v in self.priv.items():
+            local[k] = v[flat_t].clone() if k in ROW_TABLES else v[cohort_t].clone()
+        for v in local.values():
+            v.requires_grad_(True)
+
+        users, table = self._batches(cohort, cfg.batch_size, cfg.local_epochs, rng)
+        steps_k = (table >= 0).any(axis=2).sum(axis=1)
+        opt = self._optimiser(local)
+        row_client = torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))
+        n_out = self.client_items[cohort] if spec.compression else np.full(C, self.n_items)
+        loss_sum = macs = macs_sparse = 0.0
+        batches = 0
+        for t in range(table.shape[1]):
+            A = int((steps_k > t).sum())
+            slot_user = table[:A, t].reshape(-1)
+            real = slot_user >= 0
+            lengths, nnz, slots = self._bags(slot_user)
+            k_of_pair = slots // cfg.batch_size
+            rows = torch.from_numpy(offsets[k_of_pair] + self.pair_pos[nnz])
+            vals = self.values[nnz]
+            bag = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]])
+            h = codes(local, self.hidden, rows, bag, vals, A, cfg.batch_size, spec.dropout, gen)
+            pred = pair_outputs(h, torch.from_numpy(slots), rows, local)
+            if self.implicit:
+                err = F.binary_cross_entropy_with_logits(pred, vals, reduction="none")
+            else:
+                err = (pred - vals) ** 2
+            k_t = torch.from_numpy(k_of_pair)
+            count = torch.bincount(k_t, minlength=A).clamp(min=1)
+            per_client = torch.zeros(A).index_add_(0, k_t, err) / count
+            for v in local.values():
+                v.grad = None
+            per_client.sum().backward()
+            self._step(local, opt, A, row_client[: offsets[A]], cfg.lr)
+            loss_sum += float(per_client.detach().sum())
+            batches += A
+            per_user = lengths[real]
+            n_out_user = np.repeat(n_out[:A], real.reshape(A, -1).sum(1))
+            macs += forward_macs(self.n_items, n_out_user, self.hidden)
+            macs_sparse += forward_macs(per_user, per_user, self.hidden)
+        for k, v in self.priv.items():
+            v[flat_t if k in ROW_TABLES else cohort_t] = local[k].detach()
+        if self.K == 1:
+            self.opt = opt
+        upload = {k: local[k].detach() for k in self.glob}
+        stats = {"loss": loss_sum / max(batches, 1), "macs": macs, "macs_fedrec": macs_sparse,
+                 "users_trained": float(len(users))}
+        return upload, stats
+
+    def _batches(self, cohort: np.ndarray, batch: int, epochs: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The cohort's users and a ``(clients, steps, batch)`` table of user ids (-1: empty
+        slot): every epoch reshuffles each client's users and cuts them into batches."""
+        users = self.partition.users_of(cohort)
+        sizes = self.partition.sizes()[cohort]
+        client = np.repeat(np.arange(len(cohort)), sizes)
+        per_epoch = -(-sizes // batch)
+        table = np.full((len(cohort), int(epochs * per_epoch.max(initial=0)), batch), -1, dtype=np.int64)
+        pos_base = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        for e in range(epochs):
+            order = np.lexsort((rng.random(len(users)), client))
+            pos = np.arange(len(users)) - pos_base
+            table[client, e * per_epoch[client] + pos // batch, pos % batch] = users[order]
+        return users, table
+
+    def _optimiser(self, local: dict[str, torch.Tensor]) -> dict[str, Any]:
+        if self.opt is not None:
+            return self.opt
+        slots = 2 if self.spec.optimizer == "adam" else 1
+        return {"steps": 0, "state": {k: [torch.zeros_like(v) for _ in range(slots)] for k, v in local.items()}}
+
+    def _step(self, local: dict[str, torch.Tensor], opt: dict[str, Any], A: int,
+              row_client: torch.Tensor, lr: float) -> None:
+        """One optimiser step of the first A clients: their dense layers and their rows (whose
+        clients ``row_client`` gives)."""
+        spec = self.spec
+        opt["steps"] += 1
+        n = {k: (len(row_client) if k in ROW_TABLES else A) for k in local}
+        grads = {k: v.grad[: n[k]] for k, v in local.items()}
+        if spec.clip > 0:  # each client's whole gradient to norm <= clip, as clip_grad_norm_
+            sq = torch.zeros(A, dtype=torch.float64)
+            for k, g in grads.items():
+                g2 = g.double().pow(2).reshape(len(g), -1).sum(1)
+                sq += torch.zeros(A, dtype=torch.float64).index_add_(0, row_client, g2) if k in ROW_TABLES else g2
+            scale = (spec.clip / (sq.sqrt() + 1e-6)).clamp(max=1.0).float()
+            grads = {k: g * (scale[row_client] if k in ROW_TABLES else scale).view(-1, *[1] * (g.dim() - 1))
+                     for k, g in grads.items()}
+        with torch.no_grad():
+            for k, v in local.items():
+                state = opt["state"][k]
+                if spec.optimizer == "adam":
+                    adam_(v[: n[k]], grads[k], state[0][: n[k]], state[1][: n[k]], opt["steps"], lr, self.decay)
+                else:
+                    sgd_(v[: n[k]], grads[k], state[0][: n[k]], opt["steps"] == 1, lr, spec.momentum,
+                         self.decay, spec.nesterov)
+
+    # ---- server ---------------------------------------------------------------------------------
+
+    def aggregate(self, cohort: np.ndarray, items: np.ndarray, upload: dict[str, torch.Tensor],
+                  steps: np.ndarray, lr: float) -> None:
+        """The server's average over the cohort, equal weights (Algorithm 1). Rows a client did
+        not have keep the previous global value in its model (Equation 5), or without
+        compression the value weight decay left them at."""
+        C = len(cohort)
+        decays = torch.ones(C)
+        if not self.spec.compression and self.decay and self.spec.optimizer == "sgd":
+            decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.decay,
+                                                self.spec.nesterov) for s in steps])
+        row_decay = decays[torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))]
+        idx = torch.from_numpy(items)
+        for k, v in upload.items():
+            if k not in ROW_TABLES:
+                self.glob[k] = v.mean(0)
+                continue
+            table = self.glob[k]
+            old = table[idx]
+            shape = (-1,) + (1,) * (old.dim() - 1)
+            table.mul_(decays.mean())
+            table.index_add_(0, idx, (v - row_decay.view(shape) * old) / C)
+
+    def round_bytes(self, cohort: np.ndarray, first_round: bool) -> tuple[int, int]:
+        """Bytes up and down of a round (float32 values; with compression the item ids travel
+        up once, in round 1, from every client)."""
+        dense = sum(v.numel() for k, v in self.glob.items() if k not in ROW_TABLES)
+        width = sum(v[0].numel() for k, v in self.glob.items() if k in ROW_TABLES)
+        rows = self.client_items[cohort] if self.spec.compression else np.full(len(cohort), self.n_items)
+        per_round = 4 * int((dense + rows * width).sum())
+        ids = 4 * int(self.client_items.sum()) if first_round and self.spec.compression else 0
+        return per_round + ids, per_round
+
+    # ---- scoring --------------------------------------------------------------------------------
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        """Predicted ratings (explicit) or logits (binarised) of ``users``, each through its own
+        client's encoder and the global decoder: every item, or ``items`` (n, C)."""
+        if items is not None:  # rating protocols ask per (user, item) pair: code each user once
+            distinct, back = np.unique(np.asarray(users, dtype=np.int64), return_inverse=True)
+            h = torch.from_numpy(self._codes(distinct))[torch.from_numpy(back)]
+            cols = torch.from_numpy(np.asarray(items, dtype=np.int64))
+            with torch.no_grad():
+                return ((h[:, None, :] * self.glob["dec.out"][cols]).sum(-1)
+                        + self.glob["dec.out.b"][cols]).numpy()
+        h = torch.from_numpy(self._codes(np.asarray(users, dtype=np.int64)))
+        with torch.no_grad():
+            return torch.addmm(self.glob["dec.out.b"], h, self.glob["dec.out"].T).numpy()
+
+    def _codes(self, users: np.ndarray) -> np.ndarray:
+        """Last hidden layer of ``users``: each through its client's encoder and the decoder.
+
+        Users are laid out as in training, a group per client (one group when the encoder is
+        shared), so a client's private layers are applied to all its users by one matmul."""
+        private = bool(self.priv)
+        group_of = self.partition.client_of_user[users] if private else np.zeros(len(users), np.int64)
+        order = np.argsort(group_of, kind="stable")
+        groups, first, counts = np.unique(group_of[order], return_index=True, return_counts=True)
+        out = np.zeros((len(users), self.hidden[0]), dtype=np.float32)
+        per_chunk = max(1, _SCORE_CHUNK // max(int(counts.max(initial=1)), 1))
+        with torch.no_grad():
+            for a in range(0, len(groups), per_chunk):
+                g, f, c = groups[a : a + per_chunk], first[a : a + per_chunk], counts[a : a + per_chunk]
+                A, B = len(g), int(c.max())
+                pos = np.arange(c.sum()) - np.repeat(np.cumsum(c) - c, c)
+                where = order[np.repeat(f, c) + pos]  # positions in ``users`` of the chunk's users
+                table = np.full((A, B), -1, dtype=np.int64)
+                table[np.repeat(np.arange(A), c), pos] = users[where]
+                slot_user = table.reshape(-1)
+                lengths, nnz, slots = self._bags(slot_user)
+                p = {k: (v.expand(A, *v.shape) if k in self.dense_names else v) for k, v in self.glob.items()}
+                if private:
+                    idx = torch.from_numpy(g)
+                    p.update({k: v[idx] for k, v in self.priv.items() if k not in ROW_TABLES})
+                    p["enc.in"] = self.priv["enc.in"]
+                    rows = self.row_ptr[g][slots // B] + self.pair_pos[nnz]
+                else:
+                    rows = self.items[nnz]
+                bag = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]])
+                h = codes(p, self.hidden, torch.from_numpy(rows), bag, self.values[nnz], A, B)
+                out[where] = h.numpy()[np.repeat(np.arange(A), c) * B + pos]
+        return out
+
+    def _bags(self, slot_user: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For slots holding users (-1: empty): ratings per slot, the ratings' positions in the
+        training CSR, and the slot of each rating."""
+        u = np.maximum(slot_user, 0)
+        lengths = np.where(slot_user >= 0, self.degree[u], 0)
+        return lengths, _ranges(self.indptr[u], lengths), np.repeat(np.arange(len(slot_user)), lengths)
+
+    # ---- checkpoints and results ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"glob": self.glob, "priv": self.priv, "opt": self.opt}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        self.glob, self.priv, self.opt = blob["glob"], blob["priv"], blob["opt"]
+
+    def run_extra(self) -> dict[str, Any]:
+        return {"clients": self.K, "share": self.spec.share, "compression": self.spec.compression,
+                "optimizer": self.spec.optimizer, "client_items_mean": float(self.client_items.mean())}
