@@ -160,10 +160,19 @@ def _fedcia_tables() -> dict[str, list[PlannedRun]]:
     return {"1": table1, "3": table3, "hetero": sizes + mixed}
 
 
+def _personalfr_tables() -> dict[str, list[PlannedRun]]:
+    from fedrec.reproduce.personalfr import tables
+
+    return tables()
+
+
 PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {
     "pfedrec": _pfedrec_tables, "fedrap": _fedrap_tables, "gfedpp": _gfedpp_tables,
-    "fedcia": _fedcia_tables,
+    "fedcia": _fedcia_tables, "personalfr": _personalfr_tables,
 }
+
+#: Rounds a paper's runs take unless the user says otherwise (others: 100)
+ROUNDS: dict[str, int] = {"personalfr": 800}
 
 #: Tables drawn as convergence plots (validation metric per round), with the paper's figure.
 PLOTS: dict[str, dict[str, str]] = {

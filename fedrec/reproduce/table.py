@@ -49,21 +49,26 @@ def summarise(results: Iterable[dict[str, Any]], metrics: Sequence[str] = DEFAUL
     """Mean, std and count of each test metric over the seeds of each run group.
 
     Groups are ``(algorithm, dataset, setting, negatives)``; ``setting`` is ``config["setting"]``
-    (empty when absent). The std is the population std (``ddof=0``), as "mean ± std over five
+    (empty when absent); a group may join runs of several protocols that report different
+    metrics (PersonalFR's RMSE and NDCG rows). The std is the population std (``ddof=0``), as "mean ± std over five
     trials" in the papers; it is 0 for a single seed. A metric a run lacks is left out of its
     group's count. Two runs of one group with the same seed are an error: counting a seed twice
     would shrink the spread.
     """
     values: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    seeds: dict[Key, set[int]] = defaultdict(set)
+    seeds: dict[tuple[Key, str], set[int]] = defaultdict(set)
+    source: dict[tuple[Key, str], str] = {}
     for r in results:
         config = r.get("config") or {}
         key = (r["algorithm"], r["dataset"], str(config.get("setting") or ""), negatives_of(r))
-        if r["seed"] in seeds[key]:
+        protocol = str(r.get("protocol") or "")
+        if r["seed"] in seeds[(key, protocol)]:
             raise FedrecError(f"two results for {key} with seed {r['seed']}")
-        seeds[key].add(r["seed"])
+        seeds[(key, protocol)].add(r["seed"])
         for m in metrics:
             if m in r["test"]:
+                if source.setdefault((key, m), protocol) != protocol:
+                    raise FedrecError(f"{key}: {m} comes from two protocols")
                 values[key][m].append(float(r["test"][m]))
     return {
         key: {m: (statistics.fmean(v), statistics.pstdev(v), len(v)) for m, v in per.items()}
@@ -91,7 +96,7 @@ def _fmt(mean: float, std: float | None, n: int = 0) -> str:
 
 def _build(
     summary: Summary, paper: str, table: str | int, metrics: Sequence[str] | None,
-    paper_rows: bool, unpublished: bool = False,
+    paper_rows: bool, unpublished: bool = False, stand_in: str | None = None,
 ) -> tuple[list[str], list[list[str]], int]:
     """Header, rows and the number of leading text columns of the comparison table."""
     table = str(table)
@@ -108,7 +113,8 @@ def _build(
     rows = {k[:3] for k in summary}
     if paper_rows:
         datasets = {k[1] for k in summary}
-        rows |= {(f.method, f.dataset, f.setting) for f in published if f.dataset in datasets}
+        rows |= {(f.method, f.dataset, f.setting) for f in published
+                 if f.dataset in datasets and not stand_in}
     method_rank = _rank(list(dict.fromkeys(f.method for f in published)))
     dataset_rank = _rank(list(dict.fromkeys(f.dataset for f in published)))
     setting_rank = _rank(list(dict.fromkeys(f.setting for f in published)))
@@ -118,7 +124,8 @@ def _build(
     header = ["method", "dataset"] + (["setting"] if show_setting else [])
     lead = len(header)
     for m in metrics:
-        header += [f"ours ({g}) {m.upper()}" for g in groups] + [f"paper {m.upper()}"]
+        theirs = f"paper ({stand_in}) " if stand_in else "paper "
+        header += [f"ours ({g}) {m.upper()}" for g in groups] + [f"{theirs}{m.upper()}"]
 
     body = []
     for method, dataset, setting in ordered:
@@ -130,7 +137,7 @@ def _build(
             for g in groups:
                 cell = by_group.get(g, {}).get(m)
                 line.append(MISSING if cell is None else _fmt(*cell))
-            pub = figure(paper, table, method, dataset, m, setting)
+            pub = figure(paper, table, method, stand_in or dataset, m, setting)
             line.append(MISSING if pub is None else _fmt(pub.mean, pub.std))
         body.append(line)
     return header, body, lead
@@ -147,6 +154,7 @@ def _caption(summary: Summary, paper: str, table: str | int) -> str:
 def render(
     summary: Summary, paper: str, table: str | int, console: Console,
     metrics: Sequence[str] | None = None, paper_rows: bool = True, unpublished: bool = False,
+    stand_in: str | None = None,
 ) -> None:
     """Print ours beside the paper as a rich table.
 
@@ -155,8 +163,10 @@ def render(
     paper's methods that we have not run appear too, for the data sets we have run. A table
     with no transcribed figures is an error (a mistyped table number, most likely) unless
     ``unpublished``: the paper shows some results only as plots (FedRAP's ablations).
+    ``stand_in`` puts the paper's figures on that data set beside every row (ours ran on a data
+    set the paper does not report; the header names the stand-in).
     """
-    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished)
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished, stand_in)
     out = Table(title=f"{paper} Table {table}: ours beside the paper",
                 caption=_caption(summary, paper, table))
     for i, name in enumerate(header):
@@ -169,9 +179,10 @@ def render(
 def to_markdown(
     summary: Summary, paper: str, table: str | int,
     metrics: Sequence[str] | None = None, paper_rows: bool = True, unpublished: bool = False,
+    stand_in: str | None = None,
 ) -> str:
     """The table of `render` as GitHub markdown, with its caption as a closing line."""
-    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished)
+    header, body, lead = _build(summary, paper, table, metrics, paper_rows, unpublished, stand_in)
     align = [":---" if i < lead else "---:" for i in range(len(header))]
     lines = ["| " + " | ".join(row) + " |" for row in [header, align, *body]]
     return "\n".join(lines) + f"\n\n{_caption(summary, paper, table)}\n"
