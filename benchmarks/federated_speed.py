@@ -30,6 +30,7 @@ from fedrec.federated.engine import run_federated
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.reference import time_reference_rounds
 from fedrec.protocols import make_split
+from fedrec.protocols.protocol import get_protocol
 from fedrec.run import RunConfig, federated_config, prepare_split
 
 
@@ -39,9 +40,10 @@ def ml1m_scale(split_path: str | None, seed: int, protocol: str):  # type: ignor
 
         x = preprocess(parse_fedcia_split(split_path), PreprocessConfig())
     else:
-        x = preprocess(synthetic(6040, 3706, mean_interactions=165, seed=seed), PreprocessConfig())
+        implicit = get_protocol(protocol).implicit  # rating protocols keep the 1-5 stars
+        x = preprocess(synthetic(6040, 3706, mean_interactions=165, seed=seed), PreprocessConfig(implicit=implicit))
         counts = np.bincount(x.users, minlength=x.n_users)
-        x = preprocess(x.subset(counts[x.users] <= x.n_items - 2 * 99), PreprocessConfig())
+        x = preprocess(x.subset(counts[x.users] <= x.n_items - 2 * 99), PreprocessConfig(implicit=implicit))
     return make_split(x, protocol, seed=seed)
 
 
@@ -82,7 +84,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     spec_a = get_algorithm(args.algorithm)
-    protocol = args.protocol or ("ratio-full" if "aggregation" in spec_a.defaults else "loo-sampled")
+    protocol = args.protocol or ("ratio-full" if "aggregation" in spec_a.defaults
+                                 else "ratio-rating" if "sampled" not in spec_a.rankings else "loo-sampled")
     if args.scale == "ml-100k":
         split = prepare_split(RunConfig(algorithm=args.algorithm, dataset="ml-100k", seed=args.seed,
                                         protocol=protocol))
@@ -91,7 +94,7 @@ def main() -> None:
     options = dict(item.split("=", 1) for item in args.set)
     spec = spec_a.build(split, {**spec_a.defaults, **options})
     cfg = federated_config(args.algorithm, rounds=args.rounds, lr_item=args.lr_item)
-    print(f"{args.algorithm} on {args.scale}: {split.n_users:,} clients, {split.n_items:,} items, "
+    print(f"{args.algorithm} on {args.scale}: {split.n_users:,} users, {split.n_items:,} items, "
           f"{split.train.nnz:,} training interactions; torch threads {torch.get_num_threads()}")
 
     start = time.perf_counter()
@@ -103,11 +106,16 @@ def main() -> None:
           f"validation every round); peak RSS {peak:,.0f} MB")
     print(f"        best validation round {out.best_round}: valid {out.valid_at_best}, test {out.test}")
     train = [h.extra["train_seconds"] for h in out.history if "train_seconds" in h.extra]
-    if train:  # FedCIA-style: local training, then upload, server mean and fine-tune
+    if train:  # states that run whole rounds: local training, then the aggregation
         aggregate = [h.extra["aggregate_seconds"] for h in out.history]
         print(f"        of which local training {np.mean(train):.3f} s/round, aggregation "
-              f"(upload, server mean, eigendecomposition, fine-tune) {np.mean(aggregate):.3f} s/round; "
-              f"upload {out.history[-1].bytes_up / 2**20:,.1f} MiB/round")
+              f"(FedCIA: upload, server mean, eigendecomposition, fine-tune) {np.mean(aggregate):.3f} s/round; "
+              f"upload {np.mean([h.bytes_up for h in out.history]) / 2**20:,.2f} MiB/round")
+    macs = [h.extra["macs"] for h in out.history if "macs" in h.extra]
+    if macs:  # the autoencoders: what a dense implementation computes and what fedrec does
+        sparse = np.mean([h.extra["macs_fedrec"] for h in out.history])
+        print(f"        forward multiply-adds a round: {np.mean(macs) / 1e6:,.0f}M as a dense model computes "
+              f"them, {sparse / 1e6:,.0f}M as fedrec does (rated entries only)")
     server = [h.extra["server_seconds"] for h in out.history if "server_seconds" in h.extra]
     if server:  # GPFedRec / GFed-PP: the graph step over every user's table
         print(f"        of which the server's graph step: {sum(server):.1f} s "
