@@ -109,6 +109,23 @@ def contiguous_groups(n_users: int, n_clients: int) -> Partition:
     return Partition(client_of_user, n_clients)
 
 
+GROUPINGS = ("contiguous", "random")
+
+
+def clients_of(n_users: int, clients: int, grouping: str, seed: int) -> Partition:
+    """``clients`` groups of users cut ``grouping``-wise (``contiguous`` or ``random``), or
+    one user per client when ``clients`` is 0 (the option methods with grouped users take)."""
+    if clients == 0:
+        return one_user_per_client(n_users)
+    if clients > n_users:
+        raise FedrecError(f"clients={clients} but the data set has {n_users} users")
+    if grouping == "random":
+        return random_groups(n_users, clients, seed)
+    if grouping == "contiguous":
+        return contiguous_groups(n_users, clients)
+    raise FedrecError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+
+
 def with_public(
     partition: Partition, public_ratio: float, seed: int | np.random.Generator = 0
 ) -> Partition:

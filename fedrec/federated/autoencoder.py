@@ -49,14 +49,13 @@ from fedrec.models.autoencoder import (
     layer_shapes,
     pair_outputs,
 )
-from fedrec.partition import Partition, contiguous_groups, one_user_per_client, random_groups
+from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
 SHARES = ("decoder", "all")
 OPTIMIZERS = ("adam", "sgd")
-GROUPINGS = ("random", "contiguous")
 _SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
 
 
@@ -108,13 +107,7 @@ class AESpec:
         return self.share == "decoder" and name.startswith("enc.")
 
     def partition(self, n_users: int, seed: int) -> Partition:
-        if self.clients == 0:
-            return one_user_per_client(n_users)
-        if self.clients > n_users:
-            raise FedrecError(f"clients={self.clients} but the data set has {n_users} users")
-        if self.grouping == "random":
-            return random_groups(n_users, self.clients, seed)
-        return contiguous_groups(n_users, self.clients)
+        return clients_of(n_users, self.clients, self.grouping, seed)
 
     def simulate(self, split: Split, cfg: Any, seed: int,
                  on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,

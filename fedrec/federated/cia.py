@@ -50,13 +50,12 @@ from fedrec.federated.loop import simulate_rounds
 from fedrec.federated.stack import BACKBONES, ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
-from fedrec.partition import Partition, contiguous_groups, one_user_per_client, random_groups
+from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
 AGGREGATIONS = ("cia", "waa", "none")
-GROUPINGS = ("contiguous", "random")
 FINETUNE_LOSSES = ("norm", "mse")
 SCOPES = ("all", "local")
 
@@ -104,13 +103,7 @@ class CIASpec:
                 raise FedrecError(message)
 
     def partition(self, n_users: int, seed: int) -> Partition:
-        if self.clients == 0:
-            return one_user_per_client(n_users)
-        if self.clients > n_users:
-            raise FedrecError(f"clients={self.clients} but the data set has {n_users} users")
-        if self.grouping == "random":
-            return random_groups(n_users, self.clients, seed)
-        return contiguous_groups(n_users, self.clients)
+        return clients_of(n_users, self.clients, self.grouping, seed)
 
     def simulate(self, split: Split, cfg: Any, seed: int,
                  on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
