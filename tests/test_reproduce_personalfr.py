@@ -16,8 +16,8 @@ from fedrec.reproduce.runner import plan
 
 def test_figures_and_plan() -> None:
     assert len(load_figures("personalfr")) == 26
-    assert figure("personalfr", "3", "personalfr", "ml-1m", "rmse", "100 clients").mean == 0.8613
-    assert figure("personalfr", "4", "fedavg", "ml-1m", "rmse", "1 user/client").mean == 0.9508
+    assert figure("personalfr", "3", "personalfr", "ml-1m", "rmse", "clients=100").mean == 0.8613
+    assert figure("personalfr", "4", "fedavg", "ml-1m", "rmse", "per-user").mean == 0.9508
     chosen = plan("personalfr")
     rows = {(f.method, f.setting) for f in load_figures("personalfr")}
     for table, runs in chosen.items():
@@ -28,7 +28,7 @@ def test_figures_and_plan() -> None:
                 "ratio-rating", "ratio-rating-implicit"}
             assert "rated" in get_algorithm(r.algorithm).rankings
     assert {(r.method, r.setting) for rs in chosen.values() for r in rs} == rows
-    per_user = [r for r in chosen["4"] if r.setting == "1 user/client"]
+    per_user = [r for r in chosen["4"] if r.setting == "per-user"]
     assert all(dict(r.model) == {"clients": 0, "optimizer": "sgd"}
                and dict(r.engine) == {"batch_size": 1, "lr": 0.1} for r in per_user)
 
@@ -56,14 +56,14 @@ def test_cli_joins_rmse_and_ndcg_and_shows_ml1m_figures(monkeypatch, tmp_path, c
     assert done.value.code == 0, capsys.readouterr().out
     text = md.read_text()
     assert "paper (ml-1m) RMSE" in text
-    row = next(line for line in text.splitlines() if line.startswith("| personalfr | ml-100k | 100 clients"))
+    row = next(line for line in text.splitlines() if line.startswith("| personalfr | ml-100k | clients=100"))
     assert "0.9111" in row and "0.8222" in row and "0.8613" in row and "0.8538" in row
     assert "10.0x less" in text  # 2000 bytes a round against 200
 
 
 def test_compression_notes_compare_like_for_like() -> None:
     def result(alg: str, bytes_: int, macs: float) -> dict:  # type: ignore[type-arg]
-        return {"algorithm": alg, "protocol": "ratio-rating", "config": {"setting": "100 clients"},
+        return {"algorithm": alg, "protocol": "ratio-rating", "config": {"setting": "clients=100"},
                 "history": [{"bytes_up": bytes_, "bytes_down": bytes_, "extra": {"macs": macs, "macs_fedrec": 1e6}}]}
 
     [line] = compression_notes([result("fedavg", 2**20 * 27, 1.9e9), result("personalfr", 2**20, 1e9)])

@@ -26,10 +26,10 @@ PER_USER_ENGINE = (("batch_size", 1), ("lr", 0.1))
 
 def tables() -> dict[str, list[PlannedRun]]:
     joint = [PlannedRun("joint", "ae", protocol=p) for p in PROTOCOLS]
-    grouped = [PlannedRun(m, a, protocol=p, setting=f"{k} clients", model=(("clients", k),))
+    grouped = [PlannedRun(m, a, protocol=p, setting=f"clients={k}", model=(("clients", k),))
                for k in (100, 300) for m, a in (("fedavg", "fedavg-ae"), ("personalfr", "personalfr"))
                for p in PROTOCOLS]
-    per_user = [PlannedRun(m, a, protocol=p, setting="1 user/client", model=PER_USER, engine=PER_USER_ENGINE)
+    per_user = [PlannedRun(m, a, protocol=p, setting="per-user", model=PER_USER, engine=PER_USER_ENGINE)
                 for m, a in (("fedavg", "fedavg-ae"), ("personalfr", "personalfr")) for p in PROTOCOLS]
     return {"3": joint + grouped, "4": joint + per_user}
 
