@@ -196,7 +196,7 @@ class CIAState:
         for stack in self.stacks:
             e = stack.params["item"]  # (K, M, d)
             if rank:
-                total += _factored_sum(e, rank, path.ldp, rng).float()
+                total += _factored_sum(e, rank, path, rng).float()
                 up += stack.n_clients * (m * min(rank, stack.dim) + min(rank, stack.dim)) * 4
             else:
                 flat = e.permute(1, 0, 2).reshape(m, -1)
@@ -232,12 +232,10 @@ class CIAState:
                 e = stack.params["item"][c, idx]
                 n = len(items)
                 if rank:
-                    s_k = _factored_sum(e[None], rank, path.ldp, rng).float()
+                    s_k = _factored_sum(e[None], rank, path, rng).float()
                     up += (n * min(rank, stack.dim) + min(rank, stack.dim) + n) * 4
                 else:
-                    s_k = e @ e.T
-                    if path.ldp > 0:
-                        s_k = s_k + torch.from_numpy(rng.laplace(0.0, path.ldp, (n, n))).float()
+                    s_k = torch.from_numpy(path.laplace((e @ e.T).detach().numpy(), rng)).float()
                     up += (n * n + n) * 4
                 total[idx[:, None], idx[None, :]] += s_k
                 count[idx[:, None], idx[None, :]] += 1.0
@@ -269,14 +267,11 @@ class CIAState:
                 a, s, bt = np.linalg.svd(dense, full_matrices=False)
                 L = spec.upload_rank
                 a, s, bt = a[:, :L], s[:L], bt[:L]
-                if path.ldp > 0:
-                    a, s, bt = (x + rng.laplace(0.0, path.ldp, x.shape) for x in (a, s, bt))
+                a, s, bt = (path.laplace(x, rng) for x in (a, s, bt))
                 total += (a * s) @ bt
                 up += (2 * m * L + L) * 4
             else:
-                if path.ldp > 0:
-                    dense = dense + rng.laplace(0.0, path.ldp, dense.shape)
-                total += dense
+                total += path.laplace(dense, rng)
                 up += m * m * 4
         self._local_scores = local
         if total is not None:
@@ -345,15 +340,13 @@ def finetune(item: torch.Tensor, u: torch.Tensor, lam: torch.Tensor, steps: int,
     item.copy_(torch.matmul(u, e))
 
 
-def _factored_sum(e: torch.Tensor, rank: int, ldp: float, rng: np.random.Generator) -> torch.Tensor:
+def _factored_sum(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generator) -> torch.Tensor:
     """Σ_k of each client's rank-``rank`` eigen-upload of E_k E_kᵀ (P_k, λ_k from the thin SVD
     of E_k; noised as sent), reconstructed by the server as P diag(λ) Pᵀ."""
     p, s, _ = torch.linalg.svd(e.double(), full_matrices=False)
     L = min(rank, e.shape[2])
     p, lam = p[:, :, :L], s[:, :L] ** 2
-    if ldp > 0:
-        p = p + torch.from_numpy(rng.laplace(0.0, ldp, tuple(p.shape)))
-        lam = lam + torch.from_numpy(rng.laplace(0.0, ldp, tuple(lam.shape)))
+    p, lam = (torch.from_numpy(path.laplace(x.detach().numpy(), rng)) for x in (p, lam))
     m = e.shape[1]
     left = (p * lam[:, None, :]).permute(1, 0, 2).reshape(m, -1)
     right = p.permute(1, 0, 2).reshape(m, -1)

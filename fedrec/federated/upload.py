@@ -80,6 +80,11 @@ class UploadPath:
         norms = delta.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return delta * (self.clip / norms).clamp(max=1.0)
 
+    def laplace(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``x`` as one client sends it under Laplace LDP: every float + Laplace(0, ``ldp``)
+        (uploads that are not item rows: FedCIA's similarity matrices, factors and filters)."""
+        return x + rng.laplace(0.0, self.ldp, x.shape) if self.ldp > 0 else x
+
     def noise_sum(self, n_clients: int, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
         """Sum over ``n_clients`` uploads of their independent noise tables, drawn in one pass.
 
