@@ -58,3 +58,35 @@ def test_cli_prints_the_papers_metrics_for_our_runs(monkeypatch, tmp_path, capsy
     assert done.value.code == 0, capsys.readouterr().out
     row = next(line for line in md.read_text().splitlines() if line.startswith("| fedcia-mf "))
     assert "0.1234" in row and "0.4321" in row and "0.2326" in row  # ours F1, ours MRR, paper F1
+
+
+def test_reuse_only_runs_nothing_and_plot_only_tables_show_protocol_metrics(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--reuse-only prints from the results present (runs nothing); a table the paper shows
+    only as a plot (the heterogeneous clients) reports its protocol's metrics (F1, MRR, NDCG)."""
+    import json
+
+    import pytest
+
+    from fedrec.cli import main
+    from fedrec.reproduce.runner import plan
+
+    def no_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"ran {cfg.algorithm} under --reuse-only")
+
+    monkeypatch.setattr("fedrec.reproduce.runner.run", no_run)
+    mixed = next(r for r in plan("fedcia", ["hetero"])["hetero"] if r.method == "mixed-cia")
+    done = tmp_path / "runs" / "ml-100k" / mixed.file_name("leak-free", 0)
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({
+        "algorithm": "stacked", "dataset": "ml-100k", "protocol": "ratio-full", "seed": 0,
+        "config": {}, "data": {"negatives": "train-only"}, "history": [], "valid_at_best": {},
+        "test": {"f1@10": 0.1887, "mrr@10": 0.4945, "ndcg@10": 0.2881, "precision@10": 0.2}, "extra": {}}))
+    md = tmp_path / "h.md"
+    with pytest.raises(SystemExit) as end:
+        main(["reproduce", "fedcia", "--tables", "hetero", "--negatives", "leak-free", "--reuse-only",
+              "--out-dir", str(tmp_path / "runs"), "--markdown", str(md)])
+    assert end.value.code == 0, capsys.readouterr().out
+    text = md.read_text()
+    assert "F1@10" in text and "MRR@10" in text and "PRECISION" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| mixed-cia "))
+    assert "0.1887" in row and "0.2881" in row

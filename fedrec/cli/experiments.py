@@ -218,6 +218,7 @@ def reproduce_command(
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
+    reuse_only: bool = typer.Option(False, "--reuse-only", help="Print the tables from the results already in OUT_DIR; run nothing."),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
 
@@ -260,7 +261,8 @@ def reproduce_command(
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives],
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
-                          data_dir=data_dir, on_run=on_run, on_fail=on_fail)
+                          data_dir=data_dir, on_run=on_run, on_fail=on_fail,
+                          run_missing=not reuse_only)
     figures = load_figures(paper)
     parts = []
     drawn = []
@@ -272,7 +274,7 @@ def reproduce_command(
         mine, table_notes = _adjust(paper, table, mine)
         notes_first += table_notes
         # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
-        metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or None
+        metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or _protocol_metrics(runs)
         summary = summarise(mine, metrics=metrics) if metrics else summarise(mine)
         reported = {f.dataset for f in figures if f.table == table}
         stand_in = "ml-1m" if reported and dataset not in reported and "ml-1m" in reported else None
@@ -300,6 +302,18 @@ def reproduce_command(
             text += "\n" + "".join(f"- {line}\n" for line in notes)
         markdown.write_text(text)
         console.print(f"wrote {markdown}")
+
+
+def _protocol_metrics(runs: list[Any]) -> list[str] | None:
+    """A table the paper shows only as a plot: the metrics of its runs' protocol (F1 standing
+    for precision and recall)."""
+    from fedrec.protocols.protocol import get_protocol
+
+    if not runs:
+        return None
+    p = get_protocol(runs[0].protocol)
+    names = [m for m in p.metrics if not ("f1" in p.metrics and m in ("precision", "recall"))]
+    return [m if m == "rmse" else f"{m}@{p.ks[0]}" for m in names]
 
 
 def _adjust(paper: str, table: str, results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:

@@ -197,11 +197,13 @@ def execute(
     rounds: int, out_dir: Path, data_dir: str | None = None,
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
+    run_missing: bool = True,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
     Each dict is labelled for `fedrec.reproduce.table.summarise`: ``algorithm`` is the
-    paper's method name and ``config["setting"]`` the setting (e.g. ``ldp=0.1``).
+    paper's method name and ``config["setting"]`` the setting (e.g. ``ldp=0.1``). With
+    ``run_missing`` False, runs without a result file are left out instead of run.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -211,6 +213,8 @@ def execute(
             for seed in seeds:
                 path = out_dir / dataset / planned.file_name(negatives, seed)
                 reused = path.exists()
+                if not reused and not run_missing:
+                    continue
                 if on_run is not None:
                     on_run(planned, negatives, seed, reused)
                 if not reused:
