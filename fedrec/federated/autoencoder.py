@@ -318,8 +318,9 @@ class AEState:
         not have keep the previous global value in its model (Equation 5), or without
         compression the value weight decay left them at."""
         C = len(cohort)
+        decaying = not self.spec.compression and self.decay > 0 and self.spec.optimizer == "sgd"
         decays = torch.ones(C)
-        if not self.spec.compression and self.decay and self.spec.optimizer == "sgd":
+        if decaying:
             decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.decay,
                                                 self.spec.nesterov) for s in steps])
         row_decay = decays[torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))]
@@ -331,7 +332,8 @@ class AEState:
             table = self.glob[k]
             old = table[idx]
             shape = (-1,) + (1,) * (old.dim() - 1)
-            table.mul_(decays.mean())
+            if decaying:
+                table.mul_(decays.mean())
             table.index_add_(0, idx, (v - row_decay.view(shape) * old) / C)
 
     def round_bytes(self, cohort: np.ndarray, first_round: bool) -> tuple[int, int]:
