@@ -41,6 +41,8 @@ class RunConfig:
     threshold: float | None = None
     min_user: int = 0
     min_item: int = 0
+    one_pass_core: bool = False
+    max_users: int | None = None
     data_dir: str | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
@@ -58,6 +60,7 @@ class RunConfig:
             (t.patience < 0, f"--patience must be >= 0 (got {t.patience})"),
             (t.eval_every < 1, f"--eval-every must be >= 1 (got {t.eval_every})"),
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
+            (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
         ]
         for bad, message in problems:
             if bad:
@@ -119,7 +122,8 @@ def prepare_split(cfg: RunConfig) -> Split:
     raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
-        min_user=cfg.min_user, min_item=cfg.min_item,
+        min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,
+        max_users=cfg.max_users,
     )
     data = preprocess(raw, pre)
     if len(data) == 0:

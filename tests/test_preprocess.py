@@ -242,3 +242,18 @@ def test_dedup_matches_pandas_groupby(policy: str) -> None:
     np.testing.assert_array_equal(got.row_order, want["o"].to_numpy())
     np.testing.assert_allclose(got.ratings, want["r"].to_numpy(), rtol=1e-6)
     np.testing.assert_array_equal(got.timestamps, want["t"].to_numpy())
+
+
+def test_max_users_keeps_the_lowest_ids_left_after_filtering() -> None:
+    """PersonalFR's Anime: filter first, then keep the first N users that remain."""
+    users = ["u1", "u1", "u2", "u3", "u3", "u4", "u4"]
+    items = ["a", "b", "a", "a", "b", "a", "b"]
+    x = make(users, items, [5, 4, 3, 5, 4, 3, 2])
+    cfg = PreprocessConfig(implicit=False, min_user=2, iterative_core=False, max_users=2)
+    out = preprocess(x, cfg)
+    assert sorted({str(u) for u in out.user_ids}) == ["u1", "u3"]  # u2 had one rating
+    assert out.n_users == 2 and len(out) == 4
+    assert "first 2 users" in cfg.describe() and "one pass" in cfg.describe()
+    assert preprocess(x, PreprocessConfig(implicit=False, max_users=10)).n_users == 4
+    with pytest.raises(FedrecError):
+        PreprocessConfig(max_users=0)

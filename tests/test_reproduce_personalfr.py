@@ -9,6 +9,7 @@ from dataclasses import asdict
 import pytest
 
 from fedrec.algorithms import get_algorithm
+from fedrec.errors import FedrecError
 from fedrec.reproduce import figure, load_figures
 from fedrec.reproduce.personalfr import compression_notes
 from fedrec.reproduce.runner import plan
@@ -68,3 +69,21 @@ def test_compression_notes_compare_like_for_like() -> None:
 
     [line] = compression_notes([result("fedavg", 2**20 * 27, 1.9e9), result("personalfr", 2**20, 1e9)])
     assert "27.0x less" in line and "1.90x fewer" in line and "1M a round" in line
+
+
+def test_anime_runs_take_the_papers_preprocessing(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`fedrec reproduce personalfr --dataset anime` filters as the paper: 20 ratings per user
+    and item (one pass), then the first 6,000 users."""
+    from fedrec.reproduce.runner import DATA_OPTIONS, execute
+
+    seen = []
+
+    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        seen.append((cfg.min_user, cfg.min_item, cfg.one_pass_core, cfg.max_users))
+        raise FedrecError("stop here")
+
+    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    joint = plan("personalfr", ["3"])["3"][0]
+    execute([joint], dataset="anime", seeds=[0], policies=["leak-free"], rounds=1, out_dir=tmp_path,
+            data_options=DATA_OPTIONS[("personalfr", "anime")])
+    assert seen == [(20, 20, True, 6000)]

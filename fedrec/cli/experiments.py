@@ -57,6 +57,8 @@ def run_command(
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
     min_user: int = typer.Option(0, help="Drop users with fewer interactions (iterated with --min-item)."),
     min_item: int = typer.Option(0, help="Drop items with fewer interactions."),
+    one_pass_core: bool = typer.Option(False, "--one-pass-core", help="Apply --min-user/--min-item once, counting on the input (PersonalFR's Anime), instead of until every count holds."),
+    max_users: int | None = typer.Option(None, help="Keep the first N users (lowest ids) left after filtering."),
     tie_break: str = typer.Option("later-row-later", help="Equal timestamps: which row counts as later (earlier-row-later = official PFedRec code)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -76,6 +78,7 @@ def run_command(
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
+        one_pass_core=one_pass_core, max_users=max_users,
         data_dir=data_dir,
         model={**({"dim": dim} if dim is not None else {}), **({"dual": dual} if federated else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
@@ -227,6 +230,7 @@ def reproduce_command(
     """
     from fedrec.reproduce.papers import load_figures
     from fedrec.reproduce.runner import (
+        DATA_OPTIONS,
         PLOTS,
         POLICY_CHOICES,
         ROUNDS,
@@ -262,7 +266,7 @@ def reproduce_command(
                           policies=POLICY_CHOICES[negatives],
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
-                          run_missing=not reuse_only)
+                          run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)))
     figures = load_figures(paper)
     parts = []
     drawn = []

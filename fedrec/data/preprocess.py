@@ -142,8 +142,11 @@ class PreprocessConfig:
     min_user: int = 0
     min_item: int = 0
     iterative_core: bool = True
+    max_users: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_users is not None and self.max_users < 1:
+            raise FedrecError(f"max_users must be >= 1, got {self.max_users}")
         if self.dedup not in DEDUP_POLICIES:
             raise UnknownNameError("dedup policy", self.dedup, list(DEDUP_POLICIES))
         if self.min_user < 0 or self.min_item < 0:
@@ -169,21 +172,28 @@ class PreprocessConfig:
             parts.append(f"k-core user>={self.min_user} item>={self.min_item} ({mode})")
         else:
             parts.append("no k-core")
+        if self.max_users is not None:
+            parts.append(f"first {self.max_users} users")
         parts.append("remap")
         return "; ".join(parts)
 
 
 def preprocess(x: Interactions, config: PreprocessConfig) -> Interactions:
-    """Apply dedup -> implicit -> k-core -> remap, as configured.
+    """Apply dedup -> implicit -> k-core -> first users -> remap, as configured.
 
     Dedup comes first so that k-core counts distinct pairs, and k-core after the implicit
-    threshold so that it counts only the events that will be used.
+    threshold so that it counts only the events that will be used. ``max_users`` then keeps
+    the users with the lowest ids among those left (PersonalFR's "first 6,000 users" of Anime).
     """
     out = deduplicate(x, config.dedup)
     if config.implicit:
         out = to_implicit(out, config.threshold)
     if config.min_user > 0 or config.min_item > 0:
         out = k_core(out, config.min_user, config.min_item, config.iterative_core)
+    if config.max_users is not None:
+        present = np.flatnonzero(np.bincount(out.users, minlength=out.n_users))
+        if len(present) > config.max_users:
+            out = out.subset(out.users <= present[config.max_users - 1])
     return remap(out)
 
 

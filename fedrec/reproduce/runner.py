@@ -174,6 +174,12 @@ PLANS: dict[str, Callable[[], dict[str, list[PlannedRun]]]] = {
 #: Rounds a paper's runs take unless the user says otherwise (others: 100)
 ROUNDS: dict[str, int] = {"personalfr": 800}
 
+#: Preprocessing a paper applies to a data set (`RunConfig` fields): PersonalFR's Anime keeps
+#: users and items with 20 ratings or more (one pass) and then the first 6,000 users
+DATA_OPTIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("personalfr", "anime"): {"min_user": 20, "min_item": 20, "one_pass_core": True, "max_users": 6000},
+}
+
 #: Tables drawn as convergence plots (validation metric per round), with the paper's figure.
 PLOTS: dict[str, dict[str, str]] = {
     "fedrap": {"ablation": "Fig. 5 (ablation)", "curriculum": "Fig. 6 (curricula)"},
@@ -197,13 +203,14 @@ def execute(
     rounds: int, out_dir: Path, data_dir: str | None = None,
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
-    run_missing: bool = True,
+    run_missing: bool = True, data_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
     Each dict is labelled for `fedrec.reproduce.table.summarise`: ``algorithm`` is the
     paper's method name and ``config["setting"]`` the setting (e.g. ``ldp=0.1``). With
     ``run_missing`` False, runs without a result file are left out instead of run.
+    ``data_options`` are preprocessing fields of `RunConfig` (see `DATA_OPTIONS`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -220,7 +227,7 @@ def execute(
                 if not reused:
                     cfg = RunConfig(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
-                        seed=seed, negatives=negatives, data_dir=data_dir,
+                        seed=seed, negatives=negatives, data_dir=data_dir, **(data_options or {}),
                         model={"dim": 32, "dual": planned.dual, **dict(planned.model)},
                         federated=federated_config(planned.algorithm, rounds=rounds,
                                                    ldp=planned.ldp, **dict(planned.engine)),
