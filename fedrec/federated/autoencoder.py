@@ -162,7 +162,6 @@ class AEState:
         self.priv = {k: (v[self.row_item].clone() if k in ROW_TABLES else v.expand(self.K, *v.shape).clone())
                      for k, v in init.items() if spec.private(k)}
         self.opt: dict[str, Any] | None = None  # kept across rounds only by the Joint model
-        self.decay = spec.decay
 
     # ---- one round ------------------------------------------------------------------------------
 
@@ -305,10 +304,10 @@ class AEState:
             for k, v in local.items():
                 state = opt["state"][k]
                 if spec.optimizer == "adam":
-                    adam_(v[: n[k]], grads[k], state[0][: n[k]], state[1][: n[k]], opt["steps"], lr, self.decay)
+                    adam_(v[: n[k]], grads[k], state[0][: n[k]], state[1][: n[k]], opt["steps"], lr, spec.decay)
                 else:
                     sgd_(v[: n[k]], grads[k], state[0][: n[k]], opt["steps"] == 1, lr, spec.momentum,
-                         self.decay, spec.nesterov)
+                         spec.decay, spec.nesterov)
 
     # ---- server ---------------------------------------------------------------------------------
 
@@ -318,10 +317,10 @@ class AEState:
         not have keep the previous global value in its model (Equation 5), or without
         compression the value weight decay left them at."""
         C = len(cohort)
-        decaying = not self.spec.compression and self.decay > 0 and self.spec.optimizer == "sgd"
+        decaying = not self.spec.compression and self.spec.decay > 0 and self.spec.optimizer == "sgd"
         decays = torch.ones(C)
         if decaying:
-            decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.decay,
+            decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.spec.decay,
                                                 self.spec.nesterov) for s in steps])
         row_decay = decays[torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))]
         idx = torch.from_numpy(items)
