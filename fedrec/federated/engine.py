@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate, restrict
+from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort, order_by_activity
-from fedrec.federated.family import init_params
+from fedrec.federated.family import client_params
 from fedrec.federated.state import CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
+from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import Selection, TrainOutcome
@@ -137,6 +140,29 @@ def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float)
     return bounds
 
 
+def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler: ComplementSampler,
+                 rows: np.ndarray, clients: np.ndarray, seed: int, r: int
+                 ) -> tuple[np.ndarray | None, np.ndarray, torch.Tensor | None]:
+    """Round ``r``'s draws of ``clients`` (ids; their rows of ``train`` and ``sampler`` are
+    ``rows``): training negatives ``(n_positives, k)`` in CSR order, shuffle keys
+    ``(epochs, n_samples)`` and FedRecon's fresh user vectors. Each client's draws are keyed by
+    (seed, round, client id) (`fedrec.federated.draws`), so a Flower node that holds a few
+    clients makes exactly the draws the simulator makes for them.
+    """
+    counts = np.diff(train.indptr)[rows]
+    k = cfg.negatives
+    negs = None
+    if k:
+        u = draws.uniforms((seed, draws.NEGATIVES, r), clients, counts * k).reshape(-1, k)
+        negs = sampler.sample_at(np.repeat(rows, counts), u)
+    samples = counts * (1 + k)
+    keys = np.stack([draws.uniforms((seed, draws.SHUFFLE, r, e), clients, samples)
+                     for e in range(cfg.local_epochs)])
+    fresh = (client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"]
+             if spec.reconstruct else None)
+    return negs, keys, fresh
+
+
 def run_federated(
     spec: Any,
     split: Split,
@@ -180,12 +206,9 @@ def run_federated(
         gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
         cohort = order_by_activity(split.train, sample_clients(n_clients, cfg.clients_per_round, rng))
         counts = counts_all[cohort]
-        negs = split.sample_negatives(np.repeat(cohort, counts), cfg.negatives, rng) if cfg.negatives else None
+        negs, keys, fresh = client_draws(spec, cfg, split.train, split.sampler, cohort, cohort, seed, r)
         samples = counts * (1 + cfg.negatives)
-        keys = rng.random((cfg.local_epochs, int(samples.sum())))
         pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
-        fresh = (init_params(spec, ["user"], len(cohort), gen)["user"]
-                 if spec.reconstruct else None)
         acc = state.begin_round(r)
         # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
         per_sample = bytes_per_sample + (16 * cfg.local_epochs if bytes_per_sample else 0)

@@ -25,11 +25,16 @@ sum of per-client losses gives each client exactly its own gradient.
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fedrec.federated import draws
 
 ITEMS = "items"
 
@@ -46,16 +51,18 @@ class FamilySpec:
     layers: tuple[int, ...] = (32, 16, 8)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int, train: Any = None):  # type: ignore[no-untyped-def]
+                     item_std: float, seed: int, train: Any = None,
+                     client_ids: Any = None):  # type: ignore[no-untyped-def]
         """The engine's state for this algorithm (`fedrec.federated.state.FamilyState`).
 
         ``train`` (the training matrix) is what a server that receives interactions would
-        see; this family's server never does, so it is ignored.
+        see; this family's server never does, so it is ignored. ``client_ids``: the ids of
+        the state's clients when it holds only some (a Flower node's).
         """
         from fedrec.federated.state import FamilyState
 
         return FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                  item_std=item_std, seed=seed)
+                                  item_std=item_std, seed=seed, client_ids=client_ids)
 
     @property
     def bytes_per_sample(self) -> int:
@@ -104,7 +111,7 @@ class FamilySpec:
 
 def init_params(spec: FamilySpec, names: list[str], n: int,
                 gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """``n`` independent draws of the named parameters (leading axis n).
+    """``n`` independent draws of the named parameters (leading axis n), from ``gen``.
 
     Everything, user vectors included, starts like PyTorch's ``nn.Linear`` weights:
     U(-1/sqrt(fan_in), 1/sqrt(fan_in)). A user vector plays the part of a score function's
@@ -113,15 +120,40 @@ def init_params(spec: FamilySpec, names: list[str], n: int,
     sigmoid. Under the ``mlp`` score the user vector is an input of the MLP beside the item
     row, and starts N(0, 1) like it (as ``nn.Embedding`` in GPFedRec's code).
     """
+    return _draw_params(spec, names, n, lambda shape: torch.rand(shape, generator=gen),
+                        lambda shape: torch.randn(shape, generator=gen))
+
+
+def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
+                  key: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """`init_params` for ``clients`` from per-client keyed draws (`fedrec.federated.draws`):
+    client c gets the same values whichever clients are drawn with it (simulator, Flower node)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        sub = (*key, zlib.crc32(name.encode()))
+
+        def keyed(shape: tuple[int, ...], fn: Callable[..., np.ndarray], sub=sub) -> torch.Tensor:
+            x = fn(sub, clients, math.prod(shape[1:]))
+            return torch.from_numpy(np.asarray(x, np.float32)).reshape(shape)
+
+        out.update(_draw_params(spec, [name], len(clients),
+                                lambda shape, k=keyed: k(shape, draws.uniforms),
+                                lambda shape, k=keyed: k(shape, draws.normals)))
+    return out
+
+
+def _draw_params(spec: FamilySpec, names: list[str], n: int,
+                 uniform: Callable[[tuple[int, ...]], torch.Tensor],
+                 normal: Callable[[tuple[int, ...]], torch.Tensor]) -> dict[str, torch.Tensor]:
     shapes = {**spec.user_shapes(), **spec.score_shapes()}
     out = {}
     for name in names:
         shape = (n, *shapes[name])
         if name == "user" and spec.score == "mlp":  # an MLP input like the item rows: N(0, 1)
-            out[name] = torch.randn(shape, generator=gen)
+            out[name] = normal(shape)
             continue
         bound = 1.0 / math.sqrt(spec.dim if name == "user" else _fan_in(spec, name))
-        out[name] = (torch.rand(shape, generator=gen) * 2 - 1) * bound
+        out[name] = (uniform(shape) * 2 - 1) * bound
     return out
 
 

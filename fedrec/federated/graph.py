@@ -384,9 +384,11 @@ class GraphState(FamilyState):
 
         new_global = torch.empty_like(self.items)
         if self.graph.gpfedrec:
-            gram = torch.zeros((n, n))
+            # float64: the tables of one round differ in few rows, so their cosines sit within
+            # ~1e-5 of each other and float32 sums (1e-7) would pick neighbours at random
+            gram = torch.zeros((n, n), dtype=torch.float64)
             for k in range(len(blocks)):
-                add_gram(gram, uploaded(k).view(n, -1))
+                add_gram(gram, uploaded(k).view(n, -1).double())
             g, stats = neighbour_graph(gram, self.graph.similarity, self.graph.threshold)
             self.extra.update(stats)
             assert self.table is not None

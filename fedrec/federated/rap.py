@@ -150,9 +150,10 @@ class RAPSpec:
         return self.lam * w, self.mu * w
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int, train: Any = None) -> RAPState:
+                     item_std: float, seed: int, train: Any = None,
+                     client_ids: Any = None) -> RAPState:
         return RAPState.create_rap(self, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                   item_std=item_std, seed=seed)
+                                   item_std=item_std, seed=seed, client_ids=client_ids)
 
 
 @dataclass
@@ -167,9 +168,9 @@ class RAPState(FamilyState):
 
     @staticmethod
     def create_rap(rap: RAPSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                   item_std: float, seed: int) -> RAPState:
+                   item_std: float, seed: int, client_ids: Any = None) -> RAPState:
         base = FamilyState.create(rap.family, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                  item_std=item_std, seed=seed)
+                                  item_std=item_std, seed=seed, client_ids=client_ids)
         items = base.items if rap.use_c else torch.zeros_like(base.items)
         table = torch.zeros((n_clients * n_items if rap.use_d else 0, rap.dim))
         return RAPState(base.spec, items, base.shared, base.private, lr, lr_item,

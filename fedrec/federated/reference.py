@@ -10,7 +10,6 @@ It also gives `benchmarks/` a one-client-at-a-time baseline to time the engine a
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
-from fedrec.federated.engine import FederatedConfig, sample_clients
+from fedrec.federated.engine import FederatedConfig, client_draws, sample_clients
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.state import FamilyState
 from fedrec.protocols.protocol import Split
@@ -264,15 +263,7 @@ def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, s
     gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
     sampled = sample_clients(split.n_users, cfg.clients_per_round, rng)
     cohort = order_by_activity(split.train, sampled)
-    counts = np.diff(split.train.indptr)[cohort]
-    negs = None
-    if cfg.negatives:
-        negs = split.sample_negatives(np.repeat(cohort, counts), cfg.negatives, rng)
-    keys = rng.random((cfg.local_epochs, int((counts * (1 + cfg.negatives)).sum())))
-    fresh = None
-    if spec.reconstruct:
-        bound = 1.0 / math.sqrt(spec.dim)  # the engine's user init, U(-1/sqrt(d), 1/sqrt(d))
-        fresh = (torch.rand((len(cohort), spec.item_width), generator=gen) * 2 - 1) * bound
+    negs, keys, fresh = client_draws(spec, cfg, split.train, split.sampler, cohort, cohort, seed, r)
     batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys)
 
     def noise(n: int) -> torch.Tensor:

@@ -14,11 +14,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
     ITEMS,
     FamilySpec,
     batch_loss,
+    client_params,
     init_params,
     linear_grads,
     score,
@@ -94,11 +96,16 @@ class FamilyState:
 
     @staticmethod
     def create(spec: FamilySpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-               item_std: float, seed: int) -> FamilyState:
+               item_std: float, seed: int, client_ids: np.ndarray | None = None) -> FamilyState:
+        """The state at round 0. The global table and shared weights come from a generator
+        seeded by ``seed``; each client's private parameters from draws keyed by its id, so a
+        state for a few clients (``client_ids``, a Flower node's) starts them as the
+        simulator's state for all clients does."""
         gen = torch.Generator().manual_seed(seed)
         items = torch.randn((n_items, spec.item_width), generator=gen) * item_std
         shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen).items()}
-        private = init_params(spec, spec.private_names(), n_clients, gen)
+        ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
+        private = client_params(spec, spec.private_names(), ids, (seed, draws.INIT))
         return FamilyState(spec, items, shared, private, lr, lr_item,
                            PersonalRows(n_items, spec.item_width))
 

@@ -30,6 +30,7 @@ class ComplementSampler:
         forbidden = sp.csr_matrix(forbidden, dtype=np.float32)
         forbidden.sum_duplicates()
         forbidden.sort_indices()
+        self.forbidden = forbidden
         self.n_users, self.n_items = forbidden.shape
         self.indptr = forbidden.indptr.astype(np.int64)
         counts = np.diff(self.indptr)
@@ -48,14 +49,23 @@ class ComplementSampler:
             self._table = np.nonzero(allowed)[1].astype(dtype)
             self._table_ptr = np.concatenate([[0], np.cumsum(self.n_allowed)])
 
+    def subset(self, users: np.ndarray) -> ComplementSampler:
+        """The sampler of ``users`` only, renumbered 0..len(users)-1 (a Flower node's clients)."""
+        return ComplementSampler(self.forbidden[np.asarray(users, np.int64)])
+
     def sample(self, users: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
         """``(len(users), k)`` items, each drawn uniformly (with replacement) for its user."""
+        return self.sample_at(users, rng.random((len(users), k)))
+
+    def sample_at(self, users: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The items at uniform positions ``u`` (``(len(users), k)`` in [0, 1)) of each user's
+        allowed items: `sample` with the uniforms given (per-client keyed draws)."""
         users = np.asarray(users, dtype=np.int64)
         allowed = self.n_allowed[users]
         if len(users) and allowed.min() <= 0:
             bad = users[np.argmin(allowed)]
             raise FedrecError(f"user {bad} has no item left to sample as a negative")
-        r = (rng.random((len(users), k)) * allowed[:, None]).astype(np.int64)
+        r = (u * allowed[:, None]).astype(np.int64)
         if self._table is not None:
             return self._table[self._table_ptr[users][:, None] + r].astype(np.int64)
         q = users[:, None] * self._stride + r
