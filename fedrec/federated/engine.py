@@ -25,7 +25,7 @@ from fedrec.eval.evaluate import evaluate, restrict
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.family import client_params
-from fedrec.federated.state import CohortState
+from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
@@ -163,6 +163,35 @@ def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler:
     return negs, keys, fresh
 
 
+def round_plan(n_clients: int, per_round: float, seed: int, r: int
+               ) -> tuple[np.ndarray, torch.Generator]:
+    """The server's draws of round ``r``: the clients it samples and the generator of its own
+    noise (DP). Public given the seed: a Flower node computes when its clients take part."""
+    rng = np.random.default_rng([seed, r])
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return sample_clients(n_clients, per_round, rng), gen
+
+
+def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.csr_matrix,
+                 sampler: ComplementSampler, rows: np.ndarray, clients: np.ndarray, seed: int,
+                 r: int, path: UploadPath, acc: Accumulator) -> None:
+    """Train ``clients`` (ids; rows ``rows`` of ``train``, in `order_by_activity` order) for
+    round ``r`` in memory-sized chunks, folding their uploads into ``acc``. The simulator calls
+    it with the whole cohort, a Flower node with its own clients."""
+    counts = np.diff(train.indptr)[rows]
+    negs, keys, fresh = client_draws(spec, cfg, train, sampler, rows, clients, seed, r)
+    samples = counts * (1 + cfg.negatives)
+    pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
+    # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
+    per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
+    for a, b in chunk_bounds(samples, per_sample, cfg.memory_budget_mb):
+        p0, s0 = (pos_end[a - 1], smp_end[a - 1]) if a else (0, 0)
+        chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
+        batches = build_cohort(train, rows[a:b], chunk_negs, cfg.batch_size,
+                               keys[:, s0 : smp_end[b - 1]])
+        state.accumulate(acc, state.local_update(batches, path, None if fresh is None else fresh[a:b]))
+
+
 def run_federated(
     spec: Any,
     split: Split,
@@ -191,8 +220,6 @@ def run_federated(
         first = _load(ckpt, state, out, spec, cfg) + 1
     path = cfg.upload_path(lr_item)
     selection = Selection(split.protocol.select, cfg.patience, out)
-    counts_all = np.diff(split.train.indptr)
-    bytes_per_sample = spec.bytes_per_sample
 
     def scorer(users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return state.scores(users, items)
@@ -202,22 +229,10 @@ def run_federated(
 
     for r in range(first, cfg.rounds + 1):
         start = time.perf_counter()
-        rng = np.random.default_rng([seed, r])
-        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        cohort = order_by_activity(split.train, sample_clients(n_clients, cfg.clients_per_round, rng))
-        counts = counts_all[cohort]
-        negs, keys, fresh = client_draws(spec, cfg, split.train, split.sampler, cohort, cohort, seed, r)
-        samples = counts * (1 + cfg.negatives)
-        pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
+        sampled, gen = round_plan(n_clients, cfg.clients_per_round, seed, r)
+        cohort = order_by_activity(split.train, sampled)
         acc = state.begin_round(r)
-        # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
-        per_sample = bytes_per_sample + (16 * cfg.local_epochs if bytes_per_sample else 0)
-        for a, b in chunk_bounds(samples, per_sample, cfg.memory_budget_mb):
-            p0, s0 = (pos_end[a - 1], smp_end[a - 1]) if a else (0, 0)
-            chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
-            batches = build_cohort(split.train, cohort[a:b], chunk_negs, cfg.batch_size,
-                                   keys[:, s0 : smp_end[b - 1]])
-            state.accumulate(acc, state.local_update(batches, path, None if fresh is None else fresh[a:b]))
+        train_cohort(state, spec, cfg, split.train, split.sampler, cohort, cohort, seed, r, path, acc)
         if not math.isfinite(acc.loss_sum):
             raise FedrecError(
                 f"training diverged in round {r} (the loss is not finite); lower --lr or "

@@ -1,0 +1,395 @@
+"""What the server and a node do with each message of a federated run, without Flower.
+
+`fedrec.flower.app` wraps these two roles in a Flower ServerApp and ClientApp; tests also drive
+them directly. Both run the simulator's own objects: a node builds the algorithm's state for the
+clients it holds (`spec.create_state(..., client_ids=)`) and trains them with the simulator's
+`train_cohort`; the server holds a state without clients and calls its `begin_round` and
+`aggregate`. Every draw of a client is keyed by (seed, round, client id) and the server's by
+(seed, round) (`fedrec.federated.draws`, `round_plan`), so a deployment makes the simulator's
+draws and ends with its figures (up to the order of float sums).
+
+A run, in messages (each a flat dict of numpy arrays and scalars, see `fedrec.flower.records`):
+
+* ``hello`` (once): a node answers with its client ids, the catalogue size and the rows its
+  clients need in the first round they take part in.
+* ``train`` (a round, one exchange per node that holds a sampled client): the server sends the
+  round, the node's sampled clients, the global rows those clients need and the shared weights;
+  the node trains them, keeps their private state, and replies with the sum of its clients'
+  accepted row deltas (only the rows they touched), shared-weight sums, counts, and the rows it
+  will need in the next round one of its clients takes part in. The schedule is public (seeded),
+  so the node knows that round; a node whose request is missing or stale gets the whole table.
+* ``evaluate``: the server sends the whole table (ranking needs every row); each node scores its
+  clients' validation and test sets and replies with their metrics and user counts. The server
+  averages them, keeps validation for model selection and reads test only at the best
+  validation round.
+
+The server validates every reply (shapes, ids, finite values, counts) and drops a bad one with a
+logged reason; a node that does not answer in time is logged as dropped and the round completes
+with the others.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.errors import FedrecError
+from fedrec.eval.evaluate import evaluate
+from fedrec.federated.cohort import order_by_activity
+from fedrec.federated.engine import client_draws, round_plan, train_cohort
+from fedrec.federated.family import FamilySpec
+from fedrec.federated.rap import RAPSpec
+from fedrec.protocols.negatives import ComplementSampler
+from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
+from fedrec.results import RoundRecord
+from fedrec.run import RunConfig, prepare_split
+from fedrec.train.selection import Selection, TrainOutcome
+
+log = logging.getLogger("fedrec.flower")
+
+Payload = dict[str, Any]
+GLOBAL_KEYS = ("items", "round_start_items", "shared")  # state_dict entries the server owns
+
+
+def check_deployable(run: RunConfig) -> Any:
+    """The algorithm's spec, or a clear error for what the Flower app does not run yet."""
+    alg = get_algorithm(run.algorithm)
+    if alg.kind != "federated":
+        raise FedrecError(f"'{run.algorithm}' is centralised: there is nothing to deploy")
+    spec = alg.build(None, {**alg.defaults, **run.model})  # type: ignore[arg-type]
+    if type(spec) not in (FamilySpec, RAPSpec):
+        raise FedrecError(
+            f"the Flower app runs the item-embedding family (fedmf, fedncf, fedrecon, pfedrec) "
+            f"and FedRAP so far; '{run.algorithm}' runs in the simulator only (`fedrec run`)")
+    if get_protocol(run.protocol).ranking == "rating":
+        raise FedrecError("the Flower app evaluates ranking protocols; rating protocols run in "
+                          "the simulator only")
+    return spec
+
+
+def node_users(n_users: int, partition: int, partitions: int) -> np.ndarray:
+    """The clients (users) a node holds: the ``partition``-th of ``partitions`` consecutive
+    blocks of user ids."""
+    if not 0 <= partition < partitions:
+        raise FedrecError(f"partition-id {partition} is outside 0..{partitions - 1}")
+    return np.array_split(np.arange(n_users), partitions)[partition]
+
+
+# -- a node ----------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeData:
+    """A node's share of a split: its users' rows, renumbered 0..m-1 (``users[k]`` is row k)."""
+
+    users: np.ndarray
+    train: sp.csr_matrix
+    sampler: ComplementSampler
+    valid: EvalSet
+    test: EvalSet
+    protocol: Protocol
+    n_users: int
+    n_items: int
+
+    @staticmethod
+    def of(split: Split, users: np.ndarray) -> NodeData:
+        return NodeData(users, split.train[users], split.sampler.subset(users),
+                        _local_stage(split.valid, users, split.n_users),
+                        _local_stage(split.test, users, split.n_users),
+                        split.protocol, split.n_users, split.n_items)
+
+    def rows_of(self, clients: np.ndarray) -> np.ndarray:
+        """Local rows of global client ids (all must be this node's)."""
+        rows = np.searchsorted(self.users, clients)
+        if len(clients) and (rows.max() >= len(self.users) or (self.users[rows] != clients).any()):
+            raise FedrecError("the server asked a node to train clients it does not hold")
+        return rows
+
+
+def _local_stage(stage: EvalSet, users: np.ndarray, n_users: int) -> EvalSet:
+    pos = np.full(n_users, -1)
+    pos[users] = np.arange(len(users))
+    keep = pos[stage.users] >= 0
+    return EvalSet(users=pos[stage.users[keep]], targets=stage.targets[users],
+                   candidates=None if stage.candidates is None else stage.candidates[keep],
+                   exclude=None if stage.exclude is None else stage.exclude[users])
+
+
+class NodeRole:
+    """A node: its clients' data and private state, trained with the simulator's functions."""
+
+    def __init__(self, run: RunConfig, partition: int, partitions: int,
+                 split: Split | None = None) -> None:
+        self.run, self.cfg = run, run.federated
+        self.spec = check_deployable(run)
+        split = split if split is not None else prepare_split(run)
+        self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
+        self.lr_item = self.cfg.item_lr(split.n_items)
+        self.state = self.spec.create_state(
+            len(self.data.users), split.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
+            item_std=self.cfg.item_std, seed=run.seed, client_ids=self.data.users)
+        self.path = self.cfg.upload_path(self.lr_item)
+
+    # private state: everything in the state that is not the server's
+    def private_state(self) -> bytes:
+        blob = {k: v for k, v in self.state.state_dict().items() if k not in GLOBAL_KEYS}
+        buf = io.BytesIO()
+        torch.save(blob, buf)
+        return buf.getvalue()
+
+    def load_private_state(self, raw: bytes) -> None:
+        blob = torch.load(io.BytesIO(raw), weights_only=False)
+        self.state.load_state_dict({**self.state.state_dict(), **blob})
+
+    def hello(self) -> Payload:
+        return {"clients": self.data.users, "n_users": self.data.n_users,
+                "n_items": self.data.n_items, **self._want(0)}
+
+    def train(self, msg: Payload) -> Payload:
+        """Train the sampled clients of round ``msg['round']`` from the rows sent."""
+        r = int(msg["round"])
+        st = self.state
+        st.items[torch.as_tensor(msg["items"])] = torch.as_tensor(msg["rows"])
+        st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
+        rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
+        acc = st.begin_round(r)
+        train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
+                     self.data.users[rows], self.run.seed, r, self.path, acc)
+        touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
+        reply = {"items": touched.numpy(), "rows": acc.item_sum[touched].numpy(),
+                 "n": acc.n, "rejected": acc.rejected, "loss_sum": float(acc.loss_sum),
+                 "client_batches": acc.client_batches, "bytes_up": acc.bytes_up,
+                 "bytes_down": acc.bytes_down, **self._want(r)}
+        reply.update({f"shared.{k}": v.numpy() for k, v in acc.shared_sum.items()})
+        return reply
+
+    def _want(self, after: int) -> Payload:
+        """The next round after ``after`` in which some of this node's clients take part, and
+        the item rows they will touch then (their training items and that round's negatives)."""
+        for r in range(after + 1, self.cfg.rounds + 1):
+            sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.run.seed, r)
+            mine = sampled[np.isin(sampled, self.data.users)]
+            if len(mine):
+                rows = self.data.rows_of(mine)
+                negs, _, _ = client_draws(self.spec, self.cfg, self.data.train, self.data.sampler,
+                                          rows, mine, self.run.seed, r)
+                pos = self.data.train[rows].indices
+                items = np.union1d(pos, negs.ravel() if negs is not None else [])
+                return {"want_round": r, "want_items": items.astype(np.int64)}
+        return {"want_round": 0, "want_items": np.zeros(0, np.int64)}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        """Validation and test metrics of this node's clients under the table sent."""
+        st = self.state
+        table = torch.as_tensor(msg["table"])
+        st.items = table
+        if st.spec.dual:
+            st.round_start_items = table  # the server sends the table dual clients score with
+        st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
+        out: Payload = {}
+        for name, stage in (("valid", self.data.valid), ("test", self.data.test)):
+            for k, v in evaluate(st.scores, stage, self.data.protocol).items():
+                out[f"{name}.{k}"] = float(v)
+        return out
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class ServerRole:
+    """The server: global state, sampling, validation of uploads, aggregation, selection."""
+
+    def __init__(self, run: RunConfig, hellos: dict[int, Payload]) -> None:
+        self.run, self.cfg = run, run.federated
+        self.spec = check_deployable(run)
+        self.protocol = get_protocol(run.protocol)
+        if not hellos:
+            raise FedrecError("no node answered the first message")
+        sizes = {(int(h["n_users"]), int(h["n_items"])) for h in hellos.values()}
+        if len(sizes) != 1:
+            raise FedrecError(f"nodes disagree on the data's size (users, items): {sorted(sizes)}")
+        self.n_users, self.n_items = sizes.pop()
+        self.owner = np.full(self.n_users, -1)
+        for node, h in hellos.items():
+            clients = np.asarray(h["clients"], np.int64)
+            if (self.owner[clients] >= 0).any():
+                raise FedrecError(f"node {node} claims clients another node holds")
+            self.owner[clients] = node
+        missing = int((self.owner < 0).sum())
+        if missing:
+            log.warning("%d clients belong to no node that answered; they will not train", missing)
+        self.lr_item = self.cfg.item_lr(self.n_items)
+        self.state = self.spec.create_state(0, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
+                                            item_std=self.cfg.item_std, seed=run.seed,
+                                            client_ids=np.zeros(0, np.int64))
+        self.path = self.cfg.upload_path(self.lr_item)
+        self.want = {node: (int(h["want_round"]), np.asarray(h["want_items"])) for node, h in hellos.items()}
+        self.out = TrainOutcome()
+        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
+        self.sent: dict[int, np.ndarray] = {}
+        self.acc: Any = None
+        self.gen: torch.Generator | None = None
+
+    # -- a round ---------------------------------------------------------------------------
+
+    def train_messages(self, r: int) -> dict[int, Payload]:
+        """Round ``r``'s message to each node holding a sampled client."""
+        sampled, self.gen = round_plan(self.n_users, self.cfg.clients_per_round, self.run.seed, r)
+        self.acc = self.state.begin_round(r)
+        sampled = sampled[self.owner[sampled] >= 0]
+        shared = {f"shared.{k}": v.numpy() for k, v in self.state.shared.items()}
+        messages, self.sent = {}, {}
+        for node in np.unique(self.owner[sampled]).tolist():
+            clients = sampled[self.owner[sampled] == node]
+            want_round, items = self.want.get(node, (0, None))
+            if want_round != r or items is None:  # no request for this round: the whole table
+                items = np.arange(self.n_items)
+            messages[node] = {"round": r, "clients": clients, "items": items,
+                              "rows": self.state.items[torch.as_tensor(items)].numpy(), **shared}
+            self.sent[node] = clients
+        return messages
+
+    def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
+        """Fold the valid replies into the global state; log dropped nodes and bad uploads."""
+        acc, dropped, bad = self.acc, [], 0
+        for node, clients in self.sent.items():
+            reply = replies.get(node)
+            if reply is None:
+                dropped.append(node)
+                log.warning("round %d: node %d did not answer (clients %s dropped)", r, node,
+                            _ids(clients))
+                continue
+            problem = self.check_upload(reply, len(clients))
+            if problem:
+                bad += 1
+                acc.rejected += len(clients)
+                log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
+                continue
+            acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
+            for k in acc.shared_sum:
+                acc.shared_sum[k] += torch.as_tensor(reply[f"shared.{k}"])
+            acc.n += int(reply["n"])
+            acc.rejected += int(reply["rejected"])
+            acc.bytes_up += int(reply["bytes_up"])
+            acc.bytes_down += int(reply["bytes_down"])
+            acc.loss_sum += float(reply["loss_sum"])
+            acc.client_batches += int(reply["client_batches"])
+            self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
+        self.state.aggregate(acc, self.path, self.gen)
+        extra = {**self.state.round_extra(), "dropped_nodes": float(len(dropped)),
+                 "dropped_clients": float(sum(len(self.sent[n]) for n in dropped)),
+                 "rejected_nodes": float(bad)}
+        return RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
+                           bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
+                           rejected_uploads=acc.rejected, extra=extra)
+
+    def check_upload(self, reply: Payload, n_clients: int) -> str | None:
+        """Why a node's reply cannot be aggregated, or None."""
+        width = self.state.items.shape[1]
+        keys = ["items", "rows", "n", "rejected", "loss_sum", "client_batches", "want_round",
+                "want_items", *(f"shared.{k}" for k in self.state.shared)]
+        missing = [k for k in keys if k not in reply]
+        if missing:
+            return f"missing {', '.join(missing)}"
+        items, rows = np.asarray(reply["items"]), np.asarray(reply["rows"])
+        if items.ndim != 1 or items.dtype.kind not in "iu":
+            return "item ids are not a 1-D integer array"
+        if len(items) and (items.min() < 0 or items.max() >= self.n_items or len(np.unique(items)) != len(items)):
+            return "item ids out of range or repeated"
+        if rows.shape != (len(items), width) or rows.dtype != np.float32:
+            return f"rows have shape {rows.shape} {rows.dtype}, expected ({len(items)}, {width}) float32"
+        if not np.isfinite(rows).all():
+            return "rows hold non-finite values"
+        for k, v in self.state.shared.items():
+            got = np.asarray(reply[f"shared.{k}"])
+            if got.shape != tuple(v.shape) or not np.isfinite(got).all():
+                return f"shared weight {k} has shape {got.shape} or non-finite values"
+        n, rejected = int(reply["n"]), int(reply["rejected"])
+        if n < 0 or rejected < 0 or n + rejected != n_clients:
+            return f"counts n={n} rejected={rejected} do not add up to the {n_clients} clients sent"
+        if not math.isfinite(float(reply["loss_sum"])):
+            return "the training loss is not finite"
+        return None
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate_message(self) -> Payload:
+        st = self.state
+        base = st.round_start_items if (st.spec.dual and st.round_start_items is not None) else st.items
+        return {"table": base.numpy(), **{f"shared.{k}": v.numpy() for k, v in st.shared.items()}}
+
+    def finish_evaluation(self, r: int, record: RoundRecord, replies: dict[int, Payload]) -> None:
+        """Average the nodes' metrics; keep validation; take test at the best validation round."""
+        record.valid = combine_metrics([_stage(p, "valid") for p in replies.values()], self.protocol)
+        if record.valid and self.selection.observe(r, record.valid):
+            self.out.test = combine_metrics([_stage(p, "test") for p in replies.values()], self.protocol)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.state.state_dict(), "history": [asdict(h) for h in self.out.history],
+                "best_round": self.out.best_round, "valid_at_best": self.out.valid_at_best,
+                "test": self.out.test, "want": self.want, "run": asdict(self.run)}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> int:
+        """Continue from a checkpoint; returns its last round."""
+        if blob["run"] != asdict(self.run) | {"federated": blob["run"]["federated"] | {"rounds": self.cfg.rounds}}:
+            raise FedrecError("the checkpoint was written by a run with other options")
+        self.state.load_state_dict(blob["state"])
+        self.out.history = [RoundRecord(**h) for h in blob["history"]]
+        self.out.best_round, self.out.valid_at_best = blob["best_round"], blob["valid_at_best"]
+        self.out.test = blob["test"]
+        self.want = blob["want"]
+        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
+        return self.out.history[-1].round if self.out.history else 0
+
+
+def _stage(payload: Payload, name: str) -> dict[str, float]:
+    prefix = name + "."
+    return {k[len(prefix):]: float(v) for k, v in payload.items() if k.startswith(prefix)}
+
+
+def combine_metrics(parts: list[dict[str, float]], protocol: Protocol) -> dict[str, float]:
+    """Per-node means (each with its ``users`` count) into the mean over all users, as
+    `fedrec.eval.evaluate.evaluate` computes it on one machine (F1 from the overall P and R)."""
+    parts = [p for p in parts if p.get("users", 0) > 0]
+    if not parts:
+        return {}
+    total = sum(p["users"] for p in parts)
+    out = {k: sum(p[k] * p["users"] for p in parts) / total for k in parts[0] if k != "users"}
+    for k in protocol.ks:
+        if f"f1@{k}" in out:
+            p, r = out[f"precision@{k}"], out[f"recall@{k}"]
+            out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    out["users"] = float(total)
+    return out
+
+
+def _ids(clients: np.ndarray, show: int = 8) -> str:
+    head = ", ".join(str(int(c)) for c in clients[:show])
+    return head + (f", ... ({len(clients)} in all)" if len(clients) > show else "")
+
+
+def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> TrainOutcome:
+    """The message flow of a deployment with ``partitions`` nodes, in one process (no Flower):
+    the reference the Flower app is tested against, and a quick way to debug the roles."""
+    split = split if split is not None else prepare_split(run)
+    nodes = {i: NodeRole(run, i, partitions, split) for i in range(partitions)}
+    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
+    for r in range(1, run.federated.rounds + 1):
+        start = time.perf_counter()
+        replies = {i: nodes[i].train(m) for i, m in server.train_messages(r).items()}
+        record = server.finish_round(r, replies)
+        if r % run.federated.eval_every == 0 or r == run.federated.rounds:
+            msg = server.evaluate_message()
+            server.finish_evaluation(r, record, {i: n.evaluate(msg) for i, n in nodes.items()})
+        record.seconds = time.perf_counter() - start
+        server.out.history.append(record)
+    return server.out
