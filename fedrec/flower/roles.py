@@ -150,9 +150,10 @@ class NodeRole:
         blob = torch.load(io.BytesIO(raw), weights_only=False)
         self.state.load_state_dict({**self.state.state_dict(), **blob})
 
-    def hello(self) -> Payload:
+    def hello(self, resume_round: int = 0) -> Payload:
+        """Who this node is, and the rows it needs next (after ``resume_round`` on a resume)."""
         return {"clients": self.data.users, "n_users": self.data.n_users,
-                "n_items": self.data.n_items, **self._want(0)}
+                "n_items": self.data.n_items, **self._want(resume_round)}
 
     def train(self, msg: Payload) -> Payload:
         """Train the sampled clients of round ``msg['round']`` from the rows sent."""
@@ -336,19 +337,31 @@ class ServerRole:
     def state_dict(self) -> dict[str, Any]:
         return {"state": self.state.state_dict(), "history": [asdict(h) for h in self.out.history],
                 "best_round": self.out.best_round, "valid_at_best": self.out.valid_at_best,
-                "test": self.out.test, "want": self.want, "run": asdict(self.run)}
+                "test": self.out.test, "run": _resumable(self.run)}
 
     def load_state_dict(self, blob: dict[str, Any]) -> int:
-        """Continue from a checkpoint; returns its last round."""
-        if blob["run"] != asdict(self.run) | {"federated": blob["run"]["federated"] | {"rounds": self.cfg.rounds}}:
-            raise FedrecError("the checkpoint was written by a run with other options")
+        """Continue from a checkpoint (`state_dict`); returns its last round."""
+        if blob["run"] != _resumable(self.run):
+            raise FedrecError("the checkpoint was written by a run with other options; resume "
+                              "with the same options (only rounds, patience may change)")
         self.state.load_state_dict(blob["state"])
         self.out.history = [RoundRecord(**h) for h in blob["history"]]
         self.out.best_round, self.out.valid_at_best = blob["best_round"], blob["valid_at_best"]
         self.out.test = blob["test"]
-        self.want = blob["want"]
         self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
-        return self.out.history[-1].round if self.out.history else 0
+        return last_round(blob)
+
+
+def last_round(checkpoint: dict[str, Any]) -> int:
+    return int(checkpoint["history"][-1]["round"]) if checkpoint["history"] else 0
+
+
+def _resumable(run: RunConfig) -> dict[str, Any]:
+    """The options a resumed run must share with its checkpoint."""
+    blob = asdict(run)
+    for free in ("rounds", "patience", "checkpoint_every"):
+        blob["federated"].pop(free)
+    return blob
 
 
 def _stage(payload: Payload, name: str) -> dict[str, float]:

@@ -1,0 +1,263 @@
+"""The Flower ServerApp and ClientApp of fedrec (Flower's Message API).
+
+The ClientApp is a `NodeRole` rebuilt for each message from the run's options (Flower's run
+config) and the node's partition (node config ``partition-id`` / ``num-partitions``); the
+private state of its clients lives in the node's ``Context.state`` between messages, never in
+module globals. The ServerApp is a `ServerRole` driving rounds through the Grid: one ``train``
+exchange per node holding a sampled client, then an ``evaluate`` exchange. Nodes that do not
+answer within ``round-timeout`` seconds are logged and left out of the round.
+
+Run options: the run config's ``fedrec`` entry (a `RunConfig` as JSON, see `records`), and
+``nodes`` (how many SuperNodes to wait for), ``round-timeout``, ``checkpoint`` (a path the
+server saves to after every round), ``resume`` and ``out`` (the results JSON). `apps(options)`
+builds apps that take these from ``options`` instead (Flower's simulation engine has no run
+config); the module-level ``server`` and ``client`` read the run config (deployment).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedrec.errors import FedrecError
+from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
+from fedrec.flower.roles import NodeRole, ServerRole, last_round
+from fedrec.protocols.protocol import Split
+from fedrec.results import RunResult, git_revision, peak_memory_mb
+from fedrec.run import RunConfig, prepare_split
+
+log = logging.getLogger("fedrec.flower")
+STATE_KEY = "fedrec"
+
+
+def _options(context: Context, fixed: dict[str, Any] | None) -> dict[str, Any]:
+    return dict(fixed) if fixed is not None else dict(context.run_config)
+
+
+@functools.lru_cache(maxsize=4)
+def _split(run_json: str) -> Split:
+    """The node's data under the run's protocol (read-only, so one copy per process serves every
+    message; the clients' private state is in ``Context.state``)."""
+    return prepare_split(run_from_json(run_json))
+
+
+def _node(context: Context, fixed: dict[str, Any] | None) -> NodeRole:
+    opts = _options(context, fixed)
+    run_json = str(opts[RUN_KEY])
+    cfg = context.node_config
+    node = NodeRole(run_from_json(run_json), int(cfg["partition-id"]), int(cfg["num-partitions"]),
+                    _split(run_json))
+    if STATE_KEY in context.state:
+        node.load_private_state(context.state[STATE_KEY]["private"])
+    return node
+
+
+def _reply(msg: Message, payload: dict[str, Any]) -> Message:
+    return Message(content=to_record(payload), reply_to=msg)
+
+
+def _keep(node: NodeRole, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
+    """Keep the clients' private state in ``Context.state`` and, when the run names a
+    ``client-state-dir``, on the node's disk too (a restarted run is a new Flower run with an
+    empty context: the node reloads the state of the round the server resumes from)."""
+    raw = node.private_state()
+    context.state[STATE_KEY] = ConfigRecord({"private": raw})
+    folder = _state_dir(context, fixed)
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    _save_bytes(folder / f"r{r:06d}.pt", raw)
+    for old in sorted(folder.glob("r*.pt"))[:-2]:  # the last two: a crash loses at most a round
+        old.unlink()
+
+
+def _restore(node: NodeRole, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
+    folder = _state_dir(context, fixed)
+    saved = sorted(p for p in folder.glob("r*.pt") if int(p.stem[1:]) <= r) if folder else []
+    if not saved:
+        log.warning("resuming after round %d without saved client state: the clients start afresh", r)
+        return
+    node.load_private_state(saved[-1].read_bytes())
+    context.state[STATE_KEY] = ConfigRecord({"private": saved[-1].read_bytes()})
+
+
+def _state_dir(context: Context, fixed: dict[str, Any] | None) -> Path | None:
+    opts = _options(context, fixed)
+    if not opts.get("client-state-dir"):
+        return None
+    return Path(str(opts["client-state-dir"])) / f"node-{int(context.node_config['partition-id'])}"
+
+
+def _save_bytes(path: Path, raw: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(raw)
+    tmp.replace(path)
+
+
+def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
+    app = ClientApp()
+
+    @app.query()
+    def hello(msg: Message, context: Context) -> Message:
+        node = _node(context, fixed)
+        resume = int(from_record(msg.content).get("resume_round", 0))
+        if resume:
+            _restore(node, context, fixed, resume)
+        return _reply(msg, node.hello(resume))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        node = _node(context, fixed)
+        payload = from_record(msg.content)
+        reply = node.train(payload)
+        _keep(node, context, fixed, int(payload["round"]))
+        return _reply(msg, reply)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        node = _node(context, fixed)
+        return _reply(msg, node.evaluate(from_record(msg.content)))
+
+    return app
+
+
+def make_server(fixed: dict[str, Any] | None = None) -> ServerApp:
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        drive(grid, _options(context, fixed))
+
+    return app
+
+
+def apps(options: dict[str, Any] | None = None) -> tuple[ServerApp, ClientApp]:
+    """A ServerApp and ClientApp that read their options from ``options`` (simulation) or,
+    when None, from Flower's run config (deployment)."""
+    return make_server(options), make_client(options)
+
+
+# module-level apps for `flwr run` (Flower finds them by name, statically)
+server = make_server()
+client = make_client()
+
+
+# -- the server's loop -------------------------------------------------------------------------
+
+
+def drive(grid: Grid, opts: dict[str, Any]) -> RunResult:
+    """Run a whole federated run over ``grid`` and write its results (``out``)."""
+    start = time.perf_counter()
+    run = run_from_json(str(opts[RUN_KEY]))
+    timeout = float(opts.get("round-timeout", 600))
+    ckpt = Path(opts["checkpoint"]) if opts.get("checkpoint") else None
+    saved = (torch.load(ckpt, weights_only=False)
+             if ckpt is not None and opts.get("resume") and ckpt.exists() else None)
+    resume = last_round(saved) if saved is not None else 0
+    nodes = _wait_for_nodes(grid, int(opts.get("nodes", 1)), timeout)
+    hellos = _exchange(grid, "query", {n: {"resume_round": resume} for n in nodes}, timeout, 0)
+    index = {node: i for i, node in enumerate(sorted(hellos))}  # Flower ids are 64-bit
+    node_of = {i: node for node, i in index.items()}
+    role = ServerRole(run, {index[n]: p for n, p in hellos.items()})
+    first = 1
+    if saved is not None:
+        first = role.load_state_dict(saved) + 1
+        log.info("resuming after round %d from %s", resume, ckpt)
+    cfg = run.federated
+    for r in range(first, cfg.rounds + 1):
+        t0 = time.perf_counter()
+        messages = {node_of[i]: m for i, m in role.train_messages(r).items()}
+        replies = _exchange(grid, "train", messages, timeout, r)
+        record = role.finish_round(r, {index[n]: p for n, p in replies.items()})
+        if r % cfg.eval_every == 0 or r == cfg.rounds:
+            message = role.evaluate_message()
+            got = _exchange(grid, "evaluate", {n: message for n in node_of.values()}, timeout, r)
+            role.finish_evaluation(r, record, {index[n]: p for n, p in got.items()})
+        record.seconds = time.perf_counter() - t0
+        role.out.history.append(record)
+        log.info("round %d: loss %.4f, valid %s, %.2f s", r, record.loss,
+                 json.dumps({k: round(v, 4) for k, v in record.valid.items()}), record.seconds)
+        if ckpt is not None:
+            _save(ckpt, role.state_dict())
+        if role.selection.should_stop:
+            break
+    result = _result(run, role, time.perf_counter() - start, len(hellos))
+    if opts.get("out"):
+        result.write(opts["out"])
+    return result
+
+
+def _wait_for_nodes(grid: Grid, want: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= want:
+            return nodes
+        if time.monotonic() > deadline:
+            raise FedrecError(f"only {len(nodes)} of {want} SuperNodes connected in {timeout:g} s")
+        time.sleep(0.5)
+
+
+def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeout: float,
+              r: int, poll: float = 0.05) -> dict[int, dict[str, Any]]:
+    """Send each node its message; the replies of those that answered in time without error.
+
+    Polls every ``poll`` seconds (`Grid.send_and_receive` sleeps 3 s between pulls in a
+    deployment, Flower 1.41) and matches replies to nodes by the message they answer (an error
+    reply for a node the SuperLink found dead does not carry that node's id).
+    """
+    messages = [Message(content=to_record(p), message_type=kind, dst_node_id=node, group_id=str(r))
+                for node, p in payloads.items()]
+    if not messages:
+        return {}
+    ids = list(grid.push_messages(messages))
+    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages, strict=True)}
+    waiting, out = set(ids), {}
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for reply in grid.pull_messages(waiting):
+            mid = reply.metadata.reply_to_message_id
+            waiting.discard(mid)
+            node = node_of.get(mid)
+            if node is None:
+                continue
+            if reply.has_error():
+                log.warning("round %d: node %d failed (%s): %s", r, node, kind, reply.error.reason[:500])
+            else:
+                out[node] = from_record(reply.content)
+        if waiting:
+            time.sleep(poll)
+    for mid in sorted(waiting):
+        log.warning("round %d: node %d gave no %s reply in %g s", r, node_of[mid], kind, timeout)
+    return out
+
+
+def _save(path: Path, blob: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)
+
+
+def _result(run: RunConfig, role: ServerRole, seconds: float, nodes: int) -> RunResult:
+    from fedrec.protocols.protocol import get_protocol
+
+    config = asdict(run)
+    config.pop("train")
+    return RunResult(
+        algorithm=run.algorithm, dataset=run.dataset, protocol=run.protocol, seed=run.seed,
+        config=config, select=get_protocol(run.protocol).select, history=role.out.history,
+        best_round=role.out.best_round, valid_at_best=role.out.valid_at_best, test=role.out.test,
+        extra={"engine": "flower", "nodes": nodes}, data={"users": role.n_users, "items": role.n_items},
+        wall_seconds=seconds, peak_memory_mb=peak_memory_mb(), git_revision=git_revision(),
+    )

@@ -1,0 +1,192 @@
+"""Start fedrec runs on Flower: in Flower's simulation engine, or on a loopback deployment
+(a SuperLink and SuperNodes as separate processes on this machine), started and stopped here.
+
+The deployment is what a real one runs, on one machine: `flower-superlink` serves the
+SuperNodes and the run; each `flower-supernode` holds one partition of the users (node config
+``partition-id`` / ``num-partitions``); `flwr run` submits the app (`fedrec.flower.app`) with
+the run's options in its run config. Telemetry and runtime dependency installation are off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedrec.errors import FedrecError
+from fedrec.flower.records import RUN_KEY, run_to_json
+from fedrec.run import RunConfig
+
+QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+
+
+def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Path | None = None,
+            checkpoint: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """The ServerApp's options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes."""
+    opts: dict[str, Any] = {RUN_KEY: run_to_json(run), "nodes": nodes, "round-timeout": float(timeout)}
+    if out:
+        opts["out"] = str(Path(out).resolve())
+    if checkpoint:
+        opts["checkpoint"] = str(Path(checkpoint).resolve())
+        opts["resume"] = bool(resume)
+    return opts
+
+
+def simulate(run: RunConfig, nodes: int, **kw: Any) -> None:
+    """Run on Flower's simulation engine (Ray), one virtual SuperNode per partition."""
+    os.environ.update(QUIET)
+    from flwr.simulation import run_simulation
+
+    from fedrec.flower.app import apps
+
+    server, client = apps(options(run, nodes, **kw))
+    run_simulation(server_app=server, client_app=client, num_supernodes=nodes,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+
+
+class Loopback:
+    """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, as child processes.
+
+    Use as a context manager; `submit` runs fedrec on it through `flwr run`, `kill_node`
+    SIGKILLs one SuperNode (fault tests), leaving the context stops everything. Logs are in
+    ``workdir/logs``.
+    """
+
+    def __init__(self, nodes: int, workdir: str | Path | None = None, port: int = 9092,
+                 node_port: int = 9200) -> None:
+        self.nodes = nodes
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrec-flower-"))
+        self.port, self.node_port = port, node_port
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        bin_dir = str(Path(sys.executable).parent)  # flower-* spawn flower-superexec by name
+        self.env = {**os.environ, **QUIET, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                    "FLWR_HOME": str(self.workdir / "flwr-home")}
+        self.bin = Path(bin_dir)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Loopback:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "{self.address}"\ninsecure = true\n')
+        # one HTTP port serves the SuperLink's APIs (Flower 1.41); each SuperNode has its own
+        self._start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                                  "--host", "127.0.0.1", "--port", str(self.port)])
+        self._wait_port(self.port)
+        for i in range(self.nodes):
+            self._start(f"supernode{i}", [
+                "flower-supernode", "--insecure", "--superlink", self.address,
+                "--port", str(self.node_port + i),
+                "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (kept by the process)
+        cmd[0] = str(self.bin / cmd[0])
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                            cwd=self.workdir, start_new_session=True)
+
+    def _wait_port(self, port: int, timeout: float = 60.0) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if self.procs["superlink"].poll() is not None:
+                raise FedrecError(f"the SuperLink exited; see {self.workdir / 'logs' / 'superlink.log'}")
+            time.sleep(0.2)
+        raise FedrecError(f"the SuperLink did not open port {port} in {timeout:g} s")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and its ClientApp processes (a device that vanishes)."""
+        proc = self.procs.pop(f"supernode{i}")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM every process group (SuperNodes first), then SIGKILL what is left."""
+        for name in sorted(self.procs, key=lambda n: n == "superlink"):
+            _signal(self.procs[name], signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal(proc, signal.SIGKILL)  # and any superexec children left in its group
+            proc.wait()
+        self.procs.clear()
+
+    def submit(self, run: RunConfig, *, wait: bool = True, **kw: Any) -> subprocess.Popen[bytes]:
+        """`flwr run` fedrec's app with ``run`` on this deployment; returns the `flwr` process
+        (finished when ``wait``). Its output (the ServerApp's log) is in ``logs/flwr-run.log``."""
+        app = self.workdir / "app"
+        app.mkdir(exist_ok=True)
+        write_app(app, options(run, self.nodes, **kw))
+        log = open(self.workdir / "logs" / "flwr-run.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen([str(self.bin / "flwr"), "run", str(app), "loopback", "--stream"],
+                                stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                start_new_session=True)
+        if wait:
+            proc.wait()
+        return proc
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def write_app(app: Path, opts: dict[str, Any]) -> None:
+    """A Flower app directory whose components are fedrec's installed apps and whose run
+    config holds the run's options."""
+    config = "\n".join(f"{k} = {_toml(v)}" for k, v in opts.items())
+    (app / "pyproject.toml").write_text(f'''[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedrec-app"
+version = "1.0.0"
+description = "fedrec on Flower"
+license = "MIT"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedrec"
+
+[tool.flwr.app.components]
+serverapp = "fedrec.flower.app:server"
+clientapp = "fedrec.flower.app:client"
+
+[tool.flwr.app.config]
+{config}
+''')
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a TOML basic string: JSON's escapes are TOML's
