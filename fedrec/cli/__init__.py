@@ -29,6 +29,9 @@ def _mount() -> None:
 
     app.add_typer(data.app, name="data", help="List, fetch and describe data sets.")
     experiments.register(app)
+    from fedrec.cli.flower import flower_command
+
+    app.command("flower")(flower_command)
 
 
 _mount()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +31,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedrec.errors import FedrecError
+from fedrec.flower import secagg
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
 from fedrec.flower.roles import NodeRole, ServerRole, last_round
 from fedrec.protocols.protocol import Split
@@ -105,7 +107,7 @@ def _save_bytes(path: Path, raw: bytes) -> None:
 
 
 def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
-    app = ClientApp()
+    app = ClientApp(mods=[secagg.client_mod])  # passes everything but SecAgg+ messages through
 
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
@@ -118,6 +120,11 @@ def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         node = _node(context, fixed)
+        if secagg.is_request(msg):  # the masked-vector stage of SecAgg+ (the mod masks it)
+            payload = secagg.unpack(msg)
+            vectors, counts = node.train_secure(payload)
+            _keep(node, context, fixed, int(payload["round"]))
+            return secagg.reply(msg, vectors, counts, _secure_range(_options(context, fixed)))
         payload = from_record(msg.content)
         reply = node.train(payload)
         _keep(node, context, fixed, int(payload["round"]))
@@ -136,7 +143,7 @@ def make_server(fixed: dict[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        drive(grid, _options(context, fixed))
+        drive(grid, _options(context, fixed), context)
 
     return app
 
@@ -155,9 +162,18 @@ client = make_client()
 # -- the server's loop -------------------------------------------------------------------------
 
 
-def drive(grid: Grid, opts: dict[str, Any]) -> RunResult:
+def _secure_range(opts: dict[str, Any]) -> float:
+    return float(opts.get("secagg-range", 1024.0))
+
+
+def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     """Run a whole federated run over ``grid`` and write its results (``out``)."""
     start = time.perf_counter()
+    if not log.handlers:  # the ServerApp's output is what `flwr run --stream` shows
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fedrec: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     run = run_from_json(str(opts[RUN_KEY]))
     timeout = float(opts.get("round-timeout", 600))
     ckpt = Path(opts["checkpoint"]) if opts.get("checkpoint") else None
@@ -165,10 +181,11 @@ def drive(grid: Grid, opts: dict[str, Any]) -> RunResult:
              if ckpt is not None and opts.get("resume") and ckpt.exists() else None)
     resume = last_round(saved) if saved is not None else 0
     nodes = _wait_for_nodes(grid, int(opts.get("nodes", 1)), timeout)
-    hellos = _exchange(grid, "query", {n: {"resume_round": resume} for n in nodes}, timeout, 0)
-    index = {node: i for i, node in enumerate(sorted(hellos))}  # Flower ids are 64-bit
-    node_of = {i: node for node, i in index.items()}
-    role = ServerRole(run, {index[n]: p for n, p in hellos.items()})
+    # a node's first message starts its processes and loads its data: give it time
+    hellos = _exchange(grid, "query", {n: {"resume_round": resume} for n in nodes},
+                       max(timeout, 300.0), 0)
+    secure = bool(opts.get("secagg", False))
+    role = ServerRole(run, dict(sorted(hellos.items())), secure=secure)
     first = 1
     if saved is not None:
         first = role.load_state_dict(saved) + 1
@@ -176,13 +193,19 @@ def drive(grid: Grid, opts: dict[str, Any]) -> RunResult:
     cfg = run.federated
     for r in range(first, cfg.rounds + 1):
         t0 = time.perf_counter()
-        messages = {node_of[i]: m for i, m in role.train_messages(r).items()}
-        replies = _exchange(grid, "train", messages, timeout, r)
-        record = role.finish_round(r, {index[n]: p for n, p in replies.items()})
+        messages = role.train_messages(r)
+        if secure:
+            summed, replies = secagg.secure_sum(grid, context, messages, r, clip=_secure_range(opts),
+                                                timeout=timeout)
+            record = role.finish_secure_round(r, summed, replies)
+        else:
+            replies = _exchange(grid, "train", messages, timeout, r)
+            record = role.finish_round(r, replies)
         if r % cfg.eval_every == 0 or r == cfg.rounds:
             message = role.evaluate_message()
-            got = _exchange(grid, "evaluate", {n: message for n in node_of.values()}, timeout, r)
-            role.finish_evaluation(r, record, {index[n]: p for n, p in got.items()})
+            silent = set(messages) - set(replies)  # no need to wait for them twice
+            ask = {n: message for n in role.node_ids if n not in silent}
+            role.finish_evaluation(r, record, _exchange(grid, "evaluate", ask, timeout, r))
         record.seconds = time.perf_counter() - t0
         role.out.history.append(record)
         log.info("round %d: loss %.4f, valid %s, %.2f s", r, record.loss,

@@ -27,14 +27,21 @@ QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VA
 
 
 def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Path | None = None,
-            checkpoint: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """The ServerApp's options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes."""
+            checkpoint: str | Path | None = None, resume: bool = False,
+            client_state_dir: str | Path | None = None, secagg: bool = False,
+            secagg_range: float = 1024.0) -> dict[str, Any]:
+    """The apps' options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes."""
     opts: dict[str, Any] = {RUN_KEY: run_to_json(run), "nodes": nodes, "round-timeout": float(timeout)}
     if out:
         opts["out"] = str(Path(out).resolve())
     if checkpoint:
         opts["checkpoint"] = str(Path(checkpoint).resolve())
         opts["resume"] = bool(resume)
+    if secagg:
+        opts["secagg"] = True
+        opts["secagg-range"] = float(secagg_range)
+    if client_state_dir:
+        opts["client-state-dir"] = str(Path(client_state_dir).resolve())
     return opts
 
 
@@ -65,8 +72,9 @@ class Loopback:
         self.port, self.node_port = port, node_port
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         bin_dir = str(Path(sys.executable).parent)  # flower-* spawn flower-superexec by name
+        # the SuperExecs poll for work every second by default; 0.1 s cuts a wait per message
         self.env = {**os.environ, **QUIET, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                    "FLWR_HOME": str(self.workdir / "flwr-home")}
+                    "FLWR_HOME": str(self.workdir / "flwr-home"), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
         self.bin = Path(bin_dir)
 
     @property

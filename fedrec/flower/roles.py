@@ -60,7 +60,7 @@ Payload = dict[str, Any]
 GLOBAL_KEYS = ("items", "round_start_items", "shared")  # state_dict entries the server owns
 
 
-def check_deployable(run: RunConfig) -> Any:
+def check_deployable(run: RunConfig, secure: bool = False) -> Any:
     """The algorithm's spec, or a clear error for what the Flower app does not run yet."""
     alg = get_algorithm(run.algorithm)
     if alg.kind != "federated":
@@ -70,6 +70,10 @@ def check_deployable(run: RunConfig) -> Any:
         raise FedrecError(
             f"the Flower app runs the item-embedding family (fedmf, fedncf, fedrecon, pfedrec) "
             f"and FedRAP so far; '{run.algorithm}' runs in the simulator only (`fedrec run`)")
+    shared = spec.shared_names() if isinstance(spec, FamilySpec) else []
+    if secure and shared:
+        raise FedrecError(f"secure aggregation sums item tables only; '{run.algorithm}' also "
+                          "averages shared weights")
     if get_protocol(run.protocol).ranking == "rating":
         raise FedrecError("the Flower app evaluates ranking protocols; rating protocols run in "
                           "the simulator only")
@@ -156,7 +160,22 @@ class NodeRole:
                 "n_items": self.data.n_items, **self._want(resume_round)}
 
     def train(self, msg: Payload) -> Payload:
-        """Train the sampled clients of round ``msg['round']`` from the rows sent."""
+        """Train the sampled clients of round ``msg['round']`` from the rows sent; the reply
+        holds the sum of their accepted row deltas on the rows they touched."""
+        acc = self._train(msg)
+        touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
+        reply = {"items": touched.numpy(), "rows": acc.item_sum[touched].numpy(),
+                 **self._counts(acc), **self._want(int(msg["round"]))}
+        reply.update({f"shared.{k}": v.numpy() for k, v in acc.shared_sum.items()})
+        return reply
+
+    def train_secure(self, msg: Payload) -> tuple[list[np.ndarray], Payload]:
+        """`train` for secure aggregation: the whole table of row-delta sums (to be masked)
+        and the counts (sent in the clear)."""
+        acc = self._train(msg)
+        return [acc.item_sum.numpy()], self._counts(acc)
+
+    def _train(self, msg: Payload) -> Any:
         r = int(msg["round"])
         st = self.state
         st.items[torch.as_tensor(msg["items"])] = torch.as_tensor(msg["rows"])
@@ -165,13 +184,13 @@ class NodeRole:
         acc = st.begin_round(r)
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
                      self.data.users[rows], self.run.seed, r, self.path, acc)
-        touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
-        reply = {"items": touched.numpy(), "rows": acc.item_sum[touched].numpy(),
-                 "n": acc.n, "rejected": acc.rejected, "loss_sum": float(acc.loss_sum),
-                 "client_batches": acc.client_batches, "bytes_up": acc.bytes_up,
-                 "bytes_down": acc.bytes_down, **self._want(r)}
-        reply.update({f"shared.{k}": v.numpy() for k, v in acc.shared_sum.items()})
-        return reply
+        return acc
+
+    @staticmethod
+    def _counts(acc: Any) -> Payload:
+        return {"n": acc.n, "rejected": acc.rejected, "loss_sum": float(acc.loss_sum),
+                "client_batches": acc.client_batches, "bytes_up": acc.bytes_up,
+                "bytes_down": acc.bytes_down}
 
     def _want(self, after: int) -> Payload:
         """The next round after ``after`` in which some of this node's clients take part, and
@@ -209,9 +228,11 @@ class NodeRole:
 class ServerRole:
     """The server: global state, sampling, validation of uploads, aggregation, selection."""
 
-    def __init__(self, run: RunConfig, hellos: dict[int, Payload]) -> None:
-        self.run, self.cfg = run, run.federated
-        self.spec = check_deployable(run)
+    def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
+        """``secure``: uploads are summed by secure aggregation (`finish_secure_round`); nodes
+        then get the whole table (asking for rows would tell which items their users train)."""
+        self.run, self.cfg, self.secure = run, run.federated, secure
+        self.spec = check_deployable(run, secure)
         self.protocol = get_protocol(run.protocol)
         if not hellos:
             raise FedrecError("no node answered the first message")
@@ -219,12 +240,13 @@ class ServerRole:
         if len(sizes) != 1:
             raise FedrecError(f"nodes disagree on the data's size (users, items): {sorted(sizes)}")
         self.n_users, self.n_items = sizes.pop()
+        self.node_ids = list(hellos)  # any ids (Flower's are 64-bit); owner holds positions
         self.owner = np.full(self.n_users, -1)
-        for node, h in hellos.items():
+        for k, (node, h) in enumerate(hellos.items()):
             clients = np.asarray(h["clients"], np.int64)
             if (self.owner[clients] >= 0).any():
                 raise FedrecError(f"node {node} claims clients another node holds")
-            self.owner[clients] = node
+            self.owner[clients] = k
         missing = int((self.owner < 0).sum())
         if missing:
             log.warning("%d clients belong to no node that answered; they will not train", missing)
@@ -233,7 +255,8 @@ class ServerRole:
                                             item_std=self.cfg.item_std, seed=run.seed,
                                             client_ids=np.zeros(0, np.int64))
         self.path = self.cfg.upload_path(self.lr_item)
-        self.want = {node: (int(h["want_round"]), np.asarray(h["want_items"])) for node, h in hellos.items()}
+        self.want = {} if secure else {node: (int(h["want_round"]), np.asarray(h["want_items"]))
+                                       for node, h in hellos.items()}
         self.out = TrainOutcome()
         self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
         self.sent: dict[int, np.ndarray] = {}
@@ -249,8 +272,8 @@ class ServerRole:
         sampled = sampled[self.owner[sampled] >= 0]
         shared = {f"shared.{k}": v.numpy() for k, v in self.state.shared.items()}
         messages, self.sent = {}, {}
-        for node in np.unique(self.owner[sampled]).tolist():
-            clients = sampled[self.owner[sampled] == node]
+        for k in np.unique(self.owner[sampled]).tolist():
+            node, clients = self.node_ids[k], sampled[self.owner[sampled] == k]
             want_round, items = self.want.get(node, (0, None))
             if want_round != r or items is None:  # no request for this round: the whole table
                 items = np.arange(self.n_items)
@@ -289,6 +312,40 @@ class ServerRole:
         extra = {**self.state.round_extra(), "dropped_nodes": float(len(dropped)),
                  "dropped_clients": float(sum(len(self.sent[n]) for n in dropped)),
                  "rejected_nodes": float(bad)}
+        return RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
+                           bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
+                           rejected_uploads=acc.rejected, extra=extra)
+
+    def finish_secure_round(self, r: int, summed: list[np.ndarray] | None,
+                            counts: dict[int, Payload]) -> RoundRecord:
+        """Fold a securely aggregated sum (the nodes in ``counts`` took part) into the state."""
+        acc = self.acc
+        silent = [n for n in self.sent if n not in counts]
+        for node in silent:
+            log.warning("round %d: node %d did not complete secure aggregation (clients %s dropped)",
+                        r, node, _ids(self.sent[node]))
+        total = sum(len(self.sent[n]) for n in counts)
+        n = sum(int(c["n"]) for c in counts.values())
+        rejected = sum(int(c["rejected"]) for c in counts.values())
+        if summed is None or not counts:
+            log.warning("round %d: secure aggregation halted; the global state is unchanged", r)
+        elif (n + rejected != total or summed[0].shape != tuple(acc.item_sum.shape)
+              or not np.isfinite(summed[0]).all()):
+            log.warning("round %d: rejected the secure sum (counts %d + %d for %d clients, shape %s)",
+                        r, n, rejected, total, summed[0].shape)
+            acc.rejected += total
+        else:
+            acc.item_sum += torch.as_tensor(summed[0], dtype=acc.item_sum.dtype)
+            acc.n, acc.rejected = n, rejected
+            for c in counts.values():
+                acc.bytes_up += int(c["bytes_up"])
+                acc.bytes_down += int(c["bytes_down"])
+                acc.loss_sum += float(c["loss_sum"])
+                acc.client_batches += int(c["client_batches"])
+        self.state.aggregate(acc, self.path, self.gen)
+        extra = {**self.state.round_extra(), "dropped_nodes": float(len(silent)),
+                 "dropped_clients": float(sum(len(self.sent[n]) for n in silent)),
+                 "rejected_nodes": 0.0, "secure_aggregation": 1.0}
         return RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
                            bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
                            rejected_uploads=acc.rejected, extra=extra)
@@ -390,9 +447,10 @@ def _ids(clients: np.ndarray, show: int = 8) -> str:
     return head + (f", ... ({len(clients)} in all)" if len(clients) > show else "")
 
 
-def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> TrainOutcome:
+def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> ServerRole:
     """The message flow of a deployment with ``partitions`` nodes, in one process (no Flower):
-    the reference the Flower app is tested against, and a quick way to debug the roles."""
+    the reference the Flower app is tested against, and a quick way to debug the roles.
+    Returns the server (its ``out`` holds the run's outcome)."""
     split = split if split is not None else prepare_split(run)
     nodes = {i: NodeRole(run, i, partitions, split) for i in range(partitions)}
     server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
@@ -405,4 +463,4 @@ def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) 
             server.finish_evaluation(r, record, {i: n.evaluate(msg) for i, n in nodes.items()})
         record.seconds = time.perf_counter() - start
         server.out.history.append(record)
-    return server.out
+    return server

@@ -1,0 +1,205 @@
+"""fedrec on Flower: the deployment's message flow equals the simulator; bad uploads and silent
+nodes are dropped with a logged reason; resume; and the real thing, a loopback deployment of
+three SuperNodes as processes, ends with the simulator's validation figures and survives a
+SuperNode killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.federated.engine import run_federated
+from fedrec.flower.roles import NodeRole, ServerRole, run_in_process
+from fedrec.run import RunConfig, federated_config, prepare_split
+
+DATA = "synthetic:60x300"
+
+
+def _run(alg: str, rounds: int = 3, seed: int = 3, **engine: Any) -> RunConfig:
+    return RunConfig(alg, dataset=DATA, protocol="loo-sampled", seed=seed, model={"dim": 8},
+                     federated=federated_config(alg, rounds=rounds, memory_budget_mb=0.05, **engine))
+
+
+def _simulate(run: RunConfig) -> Any:
+    split = prepare_split(run)
+    alg = get_algorithm(run.algorithm)
+    spec = alg.build(split, {**alg.defaults, **run.model})
+    return run_federated(spec, split, run.federated, seed=run.seed)
+
+
+def _same_outcome(a: Any, b: Any) -> None:
+    assert [h.round for h in a.history] == [h.round for h in b.history]
+    for x, y in zip(a.history, b.history, strict=True):
+        assert x.valid.keys() == y.valid.keys()
+        for k in x.valid:
+            assert x.valid[k] == pytest.approx(y.valid[k], rel=1e-9, abs=1e-12), (x.round, k)
+        assert x.loss == pytest.approx(y.loss, rel=1e-5)
+        assert (x.bytes_up, x.bytes_down, x.rejected_uploads) == (y.bytes_up, y.bytes_down, y.rejected_uploads)
+    assert a.best_round == b.best_round
+    assert a.test == pytest.approx(b.test, rel=1e-9)
+
+
+@pytest.mark.parametrize(("alg", "engine"), [
+    ("pfedrec", {}),
+    ("fedmf", {"clients_per_round": 0.5}),
+    ("fedncf", {}),
+    ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
+    ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
+])
+def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
+    """Each node trains its own block of users with keyed draws; the server sums node uploads."""
+    run = _run(alg, **engine)
+    _same_outcome(run_in_process(run, 3).out, _simulate(run))
+
+
+def test_a_node_downloads_only_the_rows_its_clients_touch() -> None:
+    run = _run("fedmf", clients_per_round=0.5)
+    split = prepare_split(run)
+    nodes = {i: NodeRole(run, i, 3, split) for i in range(3)}
+    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
+    for r in (1, 2):
+        messages = server.train_messages(r)
+        for i, m in messages.items():
+            rows = nodes[i].data.rows_of(m["clients"])
+            touched = np.unique(split.train[nodes[i].data.users[rows]].indices)
+            assert set(touched) <= set(m["items"].tolist())  # every trained row was sent
+            assert len(m["items"]) < split.n_items  # and not the whole table
+        server.finish_round(r, {i: nodes[i].train(m) for i, m in messages.items()})
+
+
+def _round_with(run: RunConfig, tamper: dict[int, Any]) -> tuple[ServerRole, Any, dict[int, Any]]:
+    split = prepare_split(run)
+    nodes = {i: NodeRole(run, i, 3, split) for i in range(3)}
+    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
+    before = server.state.items.clone()
+    messages = server.train_messages(1)
+    replies = {i: nodes[i].train(m) for i, m in messages.items()}
+    for i, change in tamper.items():
+        if change is None:
+            replies.pop(i)
+        else:
+            change(replies[i])
+    good = {i: replies[i] for i in replies if i not in tamper}
+    record = server.finish_round(1, replies)
+    return server, record, {"before": before, "good": good, "sent": messages}
+
+
+def test_server_rejects_bad_uploads_and_drops_silent_nodes(caplog: pytest.LogCaptureFixture) -> None:
+    run = _run("fedmf")
+
+    def nan_rows(p: dict[str, Any]) -> None:
+        p["rows"][0, 0] = np.nan
+
+    with caplog.at_level(logging.WARNING, logger="fedrec.flower"):
+        server, record, info = _round_with(run, {1: nan_rows, 2: None})
+    assert "rejected the upload of node 1: rows hold non-finite values" in caplog.text
+    assert "node 2 did not answer" in caplog.text
+    assert record.extra["rejected_nodes"] == 1 and record.extra["dropped_nodes"] == 1
+    assert record.rejected_uploads == len(info["sent"][1]["clients"])
+    # the round went on with node 0 alone: global += its delta sum / its clients
+    p = info["good"][0]
+    expect = info["before"].clone()
+    expect[torch.as_tensor(p["items"])] += torch.as_tensor(p["rows"]) / p["n"]
+    torch.testing.assert_close(server.state.items, expect)
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda p: p.__setitem__("rows", p["rows"][:, :3]), "rows have shape"),
+    (lambda p: p.__setitem__("items", p["items"] + 10**6), "out of range"),
+    (lambda p: p.__setitem__("n", p["n"] + 5), "do not add up"),
+    (lambda p: p.pop("want_items"), "missing want_items"),
+    (lambda p: p.__setitem__("rows", p["rows"].astype(np.float64)), "float32"),
+])
+def test_malformed_uploads_are_named(change: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="fedrec.flower"):
+        _, record, _ = _round_with(_run("pfedrec", rounds=1), {0: change})
+    assert reason in caplog.text
+    assert record.extra["rejected_nodes"] == 1
+
+
+def _flower_out(path: Path) -> Any:
+    from fedrec.results import RoundRecord
+    from fedrec.train.selection import TrainOutcome
+
+    blob = json.loads(path.read_text())
+    out = TrainOutcome()
+    out.history = [RoundRecord(**h) for h in blob["history"]]
+    out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
+    return out
+
+
+def test_simulation_engine_resumes_a_checkpointed_run(tmp_path: Path) -> None:
+    """Flower's simulation engine: 2 rounds with a checkpoint, then a new run resumes to 4;
+    the clients' private state comes back from their disk; the figures are an uninterrupted run's."""
+    from fedrec.flower.launch import simulate
+
+    full = _run("pfedrec", rounds=4)
+    kw = {"checkpoint": tmp_path / "server.ckpt", "client_state_dir": tmp_path / "clients"}
+    simulate(_run("pfedrec", rounds=2), 3, out=tmp_path / "first.json", **kw)
+    simulate(full, 3, out=tmp_path / "resumed.json", resume=True, **kw)
+    resumed = _flower_out(tmp_path / "resumed.json")
+    _same_outcome(resumed, run_in_process(full, 3).out)
+
+
+def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> None:
+    """FedMF through Flower's SecAgg+ (simulation engine): the server's table after 2 rounds
+    is the plain aggregate up to SecAgg+'s quantisation (steps of 2 x 1024 / 2^24)."""
+    from fedrec.flower.launch import simulate
+
+    run = _run("fedmf", rounds=2)
+    ckpt = tmp_path / "server.ckpt"
+    simulate(run, 3, out=tmp_path / "secure.json", checkpoint=ckpt, secagg=True)
+    secure = torch.load(ckpt, weights_only=False)
+    plain = run_in_process(run, 3)
+    step = 2 * 1024 / 2**24
+    diff = (secure["state"]["items"] - plain.state.items).abs()
+    assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
+    history = json.loads((tmp_path / "secure.json").read_text())["history"]
+    assert [h["extra"]["secure_aggregation"] for h in history] == [1.0, 1.0]
+    assert [h["bytes_up"] for h in history] == [h.bytes_up for h in plain.out.history]
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from fedrec.flower.launch import Loopback
+
+    with Loopback(3, workdir=tmp_path_factory.mktemp("loopback")) as deployment:
+        yield deployment
+
+
+def test_loopback_deployment_matches_the_simulator(loopback: Any) -> None:
+    run = _run("pfedrec", rounds=2)
+    out = loopback.workdir / "equivalence.json"
+    proc = loopback.submit(run, out=out, timeout=120)
+    assert proc.returncode == 0 and out.exists(), (loopback.workdir / "logs" / "flwr-run.log").read_text()[-3000:]
+    _same_outcome(_flower_out(out), _simulate(run))
+
+
+def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
+    """SuperNode 2 is SIGKILLed after round 1: round 2 finishes with the others after the
+    timeout, the log names the silent node, the results count it. (The timeout leaves a
+    node's fresh ClientApp process time to start and train on a busy 2-core machine.)"""
+    run = _run("pfedrec", rounds=2)
+    out, ckpt = loopback.workdir / "fault.json", loopback.workdir / "fault.ckpt"
+    proc = loopback.submit(run, out=out, timeout=40, checkpoint=ckpt, wait=False)
+    deadline = time.monotonic() + 240
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists(), (loopback.workdir / "logs" / "flwr-run.log").read_text()[-3000:]
+    loopback.kill_node(2)
+    proc.wait(timeout=300)
+    log = (loopback.workdir / "logs" / "flwr-run.log").read_text()
+    blob = json.loads(out.read_text())
+    assert [h["round"] for h in blob["history"]] == [1, 2]
+    assert blob["history"][0]["extra"]["dropped_nodes"] == 0
+    assert blob["history"][-1]["extra"]["dropped_nodes"] == 1
+    assert "gave no train reply" in log
+    assert blob["history"][-1]["valid"]["users"] == 40  # the two live nodes' users were evaluated
