@@ -23,8 +23,9 @@ from fedrec.run import RunConfig, federated_config, prepare_split
 DATA = "synthetic:60x300"
 
 
-def _run(alg: str, rounds: int = 3, seed: int = 3, **engine: Any) -> RunConfig:
-    return RunConfig(alg, dataset=DATA, protocol="loo-sampled", seed=seed, model={"dim": 8},
+def _run(alg: str, rounds: int = 3, seed: int = 3, model: dict[str, Any] | None = None,
+         **engine: Any) -> RunConfig:
+    return RunConfig(alg, dataset=DATA, protocol="loo-sampled", seed=seed, model={"dim": 8, **(model or {})},
                      federated=federated_config(alg, rounds=rounds, memory_budget_mb=0.05, **engine))
 
 
@@ -53,6 +54,8 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedncf", {}),
     ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
+    ("metamf", {"clients_per_round": 0.5, "item_lr_scale": 3000.0,
+                "model": {"hidden": 16, "memory": 12}}),
 ])
 def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Each node trains its own block of users with keyed draws; the server sums node uploads."""
@@ -203,3 +206,18 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     assert blob["history"][-1]["extra"]["dropped_nodes"] == 1
     assert "gave no train reply" in log
     assert blob["history"][-1]["valid"]["users"] == 40  # the two live nodes' users were evaluated
+
+
+@pytest.mark.parametrize(("run", "secure", "says"), [
+    (RunConfig("fedcia"), False, "runs in the simulator only"),
+    (RunConfig("centrap"), False, "runs in the simulator only"),
+    (RunConfig("mf"), False, "centralised"),
+    (RunConfig("fedncf"), True, "averages shared weights"),
+    (RunConfig("fedmf", protocol="ratio-rating"), False, "ranking protocols"),
+])
+def test_what_the_flower_app_does_not_run_is_refused_clearly(run: RunConfig, secure: bool, says: str) -> None:
+    from fedrec.errors import FedrecError
+    from fedrec.flower.roles import check_deployable
+
+    with pytest.raises(FedrecError, match=says):
+        check_deployable(run, secure)

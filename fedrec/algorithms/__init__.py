@@ -25,6 +25,7 @@ class AlgorithmSpec:
     the federated engine options the algorithm runs with unless the user says otherwise
     (`fedrec.run.federated_config`). ``rankings`` are the protocol rankings its scores can
     be evaluated under (binarised rating vectors, ``rated``, need a model trained on them).
+    ``flower``: the Flower app runs it (`fedrec.flower`).
     """
 
     name: str
@@ -34,6 +35,7 @@ class AlgorithmSpec:
     defaults: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
     rankings: tuple[str, ...] = ("sampled", "full", "rating")
+    flower: bool = False
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}

@@ -38,20 +38,22 @@ def _family(score: str, *, private_score: bool = False, always_dual: bool = Fals
 register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
-    _family("dot"), {"dim": 32, "lr": 0.1, "dual": False},
+    _family("dot"), {"dim": 32, "lr": 0.1, "dual": False}, flower=True,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False}, {"item_lr_scale": 20000.0},
+    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False}, {"item_lr_scale": 20000.0}, flower=True,
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",
     "FedRecon: user vector re-trained from scratch each round before the item update; --dual for DualPer",
     _family("dot", reconstruct=True), {"dim": 32, "lr": 0.1, "dual": False, "reconstruct_epochs": 20},
+    flower=True,
 ))
 register(AlgorithmSpec(
     "pfedrec", "federated",
     "PFedRec: private Linear(d,1) score function, item table post-tuned on the client, averaged",
     _family("linear", private_score=True, always_dual=True), {"dim": 32, "lr": 0.1, "dual": True},
+    flower=True,
 ))

@@ -49,8 +49,10 @@ ENGINE: dict[str, Any] = {"item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
 def build(split: Split, opts: dict[str, Any]) -> MetaMFSpec:
     if opts.get("dual"):
         raise FedrecError("metamf has no --dual variant (its generated score function is shared)")
-    positives = np.diff(split.train.indptr)
-    smallest = int(positives[positives > 0].min()) if (positives > 0).any() else 1
+    smallest = 1  # without a split (a Flower server, which never trains) chunks are moot
+    if split is not None:
+        positives = np.diff(split.train.indptr)
+        smallest = int(positives[positives > 0].min()) if (positives > 0).any() else 1
     return MetaMFSpec(dim=int(opts["dim"]), factors=int(opts["factors"]),
                       memory=int(opts["memory"]), hidden=int(opts["hidden"]),
                       min_client_samples=5 * smallest)
@@ -60,5 +62,5 @@ register(AlgorithmSpec(
     "metamf", "federated",
     "MetaMF: private user embedding; memory and hypernetwork generating each user's item "
     "table and score MLP averaged; item table V (n_items x 8) averaged",
-    build, DEFAULTS, ENGINE,
+    build, DEFAULTS, ENGINE, flower=True,
 ))

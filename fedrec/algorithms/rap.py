@@ -48,7 +48,7 @@ VARIANTS = {
 }
 for name, (text, fixed) in VARIANTS.items():
     defaults = {**DEFAULTS, **{k: v for k, v in fixed.items() if k in OPTIONS}}
-    register(AlgorithmSpec(name, "federated", text, _rap(**fixed), defaults, dict(ENGINE)))
+    register(AlgorithmSpec(name, "federated", text, _rap(**fixed), defaults, dict(ENGINE), flower=True))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",

@@ -188,7 +188,8 @@ def algorithms_command() -> None:
         table.add_column(c)
     for spec in ALGORITHMS.values():
         defaults = ", ".join(f"{k}={v}" for k, v in {**spec.defaults, **spec.engine}.items())
-        table.add_row(spec.name, spec.kind, spec.description, defaults)
+        kind = spec.kind + (" (+ Flower)" if spec.flower else "")
+        table.add_row(spec.name, kind, spec.description, defaults)
     console.print(table)
 
 

@@ -59,7 +59,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.family import FamilySpec, init_params
+from fedrec.federated import draws
+from fedrec.federated.family import FamilySpec, client_params
 
 # generated blocks: each has its own hidden layer h_k = relu(c_u H_k + a_k)
 BLOCKS = ("layer1", "layer2", "items")
@@ -117,8 +118,10 @@ class MetaMFSpec(FamilySpec):
         return per_sample + 3 * n_shared * FLOAT // max(1, self.min_client_samples)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int, train: Any = None):  # type: ignore[no-untyped-def]
-        """A `FamilyState` initialised as the official code (module docstring)."""
+                     item_std: float, seed: int, train: Any = None,
+                     client_ids: Any = None):  # type: ignore[no-untyped-def]
+        """A `FamilyState` initialised as the official code (module docstring); user vectors
+        are drawn by client id (`fedrec.federated.draws`), ``client_ids`` as in `FamilySpec`."""
         from fedrec.federated.personal import PersonalRows
         from fedrec.federated.state import FamilyState
 
@@ -130,7 +133,8 @@ class MetaMFSpec(FamilySpec):
         for name, shape in self.generated_shapes().items():
             if len(shape) == 2:  # the generated matrix starts as a Xavier-initialised layer
                 shared[f"{name}_b"] = _xavier(shape, gen).flatten()
-        private = init_params(self, ["user"], n_clients, gen)
+        ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
+        private = client_params(self, ["user"], ids, (seed, draws.INIT))
         return FamilyState(self, items, shared, private, lr, lr_item,
                            PersonalRows(n_items, self.item_width))
 

@@ -47,7 +47,6 @@ from fedrec.eval.evaluate import evaluate
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_draws, round_plan, train_cohort
 from fedrec.federated.family import FamilySpec
-from fedrec.federated.rap import RAPSpec
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 from fedrec.results import RoundRecord
@@ -60,16 +59,19 @@ Payload = dict[str, Any]
 GLOBAL_KEYS = ("items", "round_start_items", "shared")  # state_dict entries the server owns
 
 
-def check_deployable(run: RunConfig, secure: bool = False) -> Any:
-    """The algorithm's spec, or a clear error for what the Flower app does not run yet."""
+def check_deployable(run: RunConfig, secure: bool = False, split: Split | None = None) -> Any:
+    """The algorithm's spec (built for ``split``, or without data on the server), or a clear
+    error for what the Flower app does not run yet."""
     alg = get_algorithm(run.algorithm)
     if alg.kind != "federated":
         raise FedrecError(f"'{run.algorithm}' is centralised: there is nothing to deploy")
-    spec = alg.build(None, {**alg.defaults, **run.model})  # type: ignore[arg-type]
-    if type(spec) not in (FamilySpec, RAPSpec):
-        raise FedrecError(
-            f"the Flower app runs the item-embedding family (fedmf, fedncf, fedrecon, pfedrec) "
-            f"and FedRAP so far; '{run.algorithm}' runs in the simulator only (`fedrec run`)")
+    if not alg.flower:
+        from fedrec.algorithms import ALGORITHMS
+
+        names = ", ".join(n for n, a in ALGORITHMS.items() if a.flower)
+        raise FedrecError(f"the Flower app runs {names} so far; '{run.algorithm}' runs in the "
+                          "simulator only (`fedrec run`)")
+    spec = alg.build(split, {**alg.defaults, **run.model})  # type: ignore[arg-type]
     shared = spec.shared_names() if isinstance(spec, FamilySpec) else []
     if secure and shared:
         raise FedrecError(f"secure aggregation sums item tables only; '{run.algorithm}' also "
@@ -134,8 +136,8 @@ class NodeRole:
     def __init__(self, run: RunConfig, partition: int, partitions: int,
                  split: Split | None = None) -> None:
         self.run, self.cfg = run, run.federated
-        self.spec = check_deployable(run)
         split = split if split is not None else prepare_split(run)
+        self.spec = check_deployable(run, split=split)
         self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
         self.lr_item = self.cfg.item_lr(split.n_items)
         self.state = self.spec.create_state(
