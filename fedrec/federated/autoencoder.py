@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.errors import FedrecError
+from fedrec.federated import draws
 from fedrec.federated.loop import simulate_rounds
 from fedrec.federated.optim import adam_, decay_factor, sgd_
 from fedrec.models.autoencoder import (
@@ -133,10 +134,15 @@ class AEState:
     first layer is stored that way, and ``pair_pos`` places each training rating in it.
     """
 
-    def __init__(self, spec: AESpec, split: Split, partition: Partition, seed: int) -> None:
+    def __init__(self, spec: AESpec, split: Split, partition: Partition, seed: int,
+                 client_ids: np.ndarray | None = None) -> None:
+        """``client_ids``: the ids of the partition's clients when the state holds only some (a
+        Flower node's); each client's shuffles and dropout are drawn by id and round."""
         self.spec, self.hidden = spec, spec.hidden
+        self.seed = seed
         self.partition = partition
         self.n_users, self.n_items, self.K = split.n_users, split.n_items, partition.n_clients
+        self.client_ids = np.arange(self.K) if client_ids is None else np.asarray(client_ids, np.int64)
         train = split.train
         self.indptr = train.indptr.astype(np.int64)
         self.items = train.indices.astype(np.int64)
@@ -167,17 +173,13 @@ class AEState:
 
     def run_round(self, r: int, cfg: Any, rng: np.random.Generator) -> RoundRecord:
         """Sample clients, send, train, take back, average (`fedrec.federated.loop`)."""
-        from fedrec.federated.engine import sample_clients
+        from fedrec.federated.engine import round_plan
 
         start = time.perf_counter()
-        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        cohort = sample_clients(self.K, cfg.clients_per_round, rng)
-        sizes = self.partition.sizes()[cohort]
-        steps = cfg.local_epochs * -(-sizes // cfg.batch_size)
-        order = np.argsort(-steps, kind="stable")
-        cohort, steps = cohort[order], steps[order]
+        cohort, _ = round_plan(self.K, cfg.clients_per_round, self.seed, r)  # = rng's draws
+        cohort, steps = self.training_order(cohort, cfg)
         payload, rows = self.download(cohort)
-        upload, stats = self.local_update(cohort, payload, cfg, rng, gen)
+        upload, stats = self.local_update(cohort, payload, cfg, r)
         t_train = time.perf_counter() - start
         self.aggregate(cohort, rows, upload, steps, cfg.lr)
         up, down = self.round_bytes(cohort, first_round=r == 1)
@@ -185,6 +187,13 @@ class AEState:
                  "aggregate_seconds": time.perf_counter() - start - t_train}
         return RoundRecord(round=r, loss=extra.pop("loss"), seconds=0.0, bytes_up=up,
                            bytes_down=down, extra=extra)
+
+    def training_order(self, cohort: np.ndarray, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The cohort ordered by local steps, most first (so the active clients of a lockstep
+        step are a prefix), and those steps."""
+        steps = cfg.local_epochs * -(-self.partition.sizes()[cohort] // cfg.batch_size)
+        order = np.argsort(-steps, kind="stable")
+        return cohort[order], steps[order]
 
     def cohort_rows(self, cohort: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Flat-row positions (in the all-clients layout) of the cohort's rows, and the cohort's
@@ -204,9 +213,10 @@ class AEState:
         return payload, items
 
     def local_update(self, cohort: np.ndarray, payload: dict[str, torch.Tensor], cfg: Any,
-                     rng: np.random.Generator, gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Train the cohort (ordered by local steps, most first) from ``payload``; keep private
-        parameters, return the upload (shared parameters as trained) and the round's figures."""
+                     r: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Train the cohort (ordered by local steps, most first) from ``payload`` in round
+        ``r``; keep private parameters, return the upload (shared parameters as trained) and the
+        round's figures. Shuffles and dropout are each client's own keyed draws."""
         spec, C = self.spec, len(cohort)
         flat, offsets = self.cohort_rows(cohort)
         local: dict[str, torch.Tensor] = {}
@@ -218,7 +228,9 @@ class AEState:
         for v in local.values():
             v.requires_grad_(True)
 
-        users, table = self._batches(cohort, cfg.batch_size, cfg.local_epochs, rng)
+        users, table = self._batches(cohort, cfg.batch_size, cfg.local_epochs, r)
+        ids = self.client_ids[cohort]
+        width = self.hidden[-1]
         steps_k = (table >= 0).any(axis=2).sum(axis=1)
         opt = self._optimiser(local)
         row_client = torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))
@@ -234,7 +246,11 @@ class AEState:
             rows = torch.from_numpy(offsets[k_of_pair] + self.pair_pos[nnz])
             vals = self.values[nnz]
             bag = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]])
-            h = codes(local, self.hidden, rows, bag, vals, A, cfg.batch_size, spec.dropout, gen)
+            noise = None
+            if spec.dropout > 0:
+                u = draws.uniforms((self.seed, draws.DROPOUT, r, t), ids[:A], cfg.batch_size * width)
+                noise = torch.from_numpy(u.astype(np.float32)).view(A, cfg.batch_size, width)
+            h = codes(local, self.hidden, rows, bag, vals, A, cfg.batch_size, spec.dropout, noise)
             pred = pair_outputs(h, torch.from_numpy(slots), rows, local)
             if self.implicit:
                 err = F.binary_cross_entropy_with_logits(pred, vals, reduction="none")
@@ -259,13 +275,14 @@ class AEState:
             self.opt = opt
         upload = {k: local[k].detach() for k in self.glob}
         stats = {"loss": loss_sum / max(batches, 1), "macs": macs, "macs_fedrec": macs_sparse,
-                 "users_trained": float(len(users))}
+                 "users_trained": float(len(users)), "client_batches": float(batches)}
         return upload, stats
 
     def _batches(self, cohort: np.ndarray, batch: int, epochs: int,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                 r: int) -> tuple[np.ndarray, np.ndarray]:
         """The cohort's users and a ``(clients, steps, batch)`` table of user ids (-1: empty
-        slot): every epoch reshuffles each client's users and cuts them into batches."""
+        slot): every epoch reshuffles each client's users (keyed draws) and cuts them into
+        batches."""
         users = self.partition.users_of(cohort)
         sizes = self.partition.sizes()[cohort]
         client = np.repeat(np.arange(len(cohort)), sizes)
@@ -273,7 +290,8 @@ class AEState:
         table = np.full((len(cohort), int(epochs * per_epoch.max(initial=0)), batch), -1, dtype=np.int64)
         pos_base = np.repeat(np.cumsum(sizes) - sizes, sizes)
         for e in range(epochs):
-            order = np.lexsort((rng.random(len(users)), client))
+            keys = draws.uniforms((self.seed, draws.SHUFFLE, r, e), self.client_ids[cohort], sizes)
+            order = np.lexsort((keys, client))
             pos = np.arange(len(users)) - pos_base
             table[client, e * per_epoch[client] + pos // batch, pos % batch] = users[order]
         return users, table

@@ -89,12 +89,13 @@ def _activate(h: torch.Tensor, p: dict[str, torch.Tensor], name: str, A: int) ->
 
 def codes(p: dict[str, torch.Tensor], hidden: tuple[int, ...], rows: torch.Tensor,
           offsets: torch.Tensor, values: torch.Tensor, A: int, B: int, dropout: float = 0.0,
-          gen: torch.Generator | None = None) -> torch.Tensor:
+          draws: torch.Tensor | None = None) -> torch.Tensor:
     """The last hidden layer of the decoder for A groups of B users: (A * B, hidden[0]).
 
     ``rows``/``offsets``/``values`` are the users' rated items as an ``embedding_bag`` input over
     ``p["enc.in"]`` (bag k = user slot k, row ids already pointing into the given table).
-    ``p``'s dense entries have a leading axis of at least A (one layer per group).
+    ``p``'s dense entries have a leading axis of at least A (one layer per group). Dropout on
+    the code keeps the units whose uniform ``draws`` ``(A, B, hidden[-1])`` are >= ``dropout``.
     """
     h = F.embedding_bag(rows, p["enc.in"], offsets, mode="sum", per_sample_weights=values)
     h = h.view(A, B, -1) + p["enc.in.b"][:A, None]
@@ -104,7 +105,7 @@ def codes(p: dict[str, torch.Tensor], hidden: tuple[int, ...], rows: torch.Tenso
         h = torch.baddbmm(p[f"enc.{j}.b"][:A, None], h, p[f"enc.{j}.W"][:A])
         h = _activate(h, p, f"enc.{j}", A)
     if dropout > 0:
-        keep = torch.rand(h.shape, generator=gen) >= dropout
+        keep = (draws if draws is not None else torch.rand(h.shape)) >= dropout
         h = h * keep / (1.0 - dropout)
     for j in range(1, depth + 1):
         h = torch.baddbmm(p[f"dec.{j}.b"][:A, None], h, p[f"dec.{j}.W"][:A])
