@@ -67,7 +67,8 @@ def _build(fixed: dict[str, Any]):  # type: ignore[no-untyped-def]
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None) -> None:
     register(AlgorithmSpec(name, "federated", text, _build(fixed), {"clients": 100, **fixed},
-                           {**ENGINE, **(engine or {})}, rankings=("rating", "rated")))
+                           {**ENGINE, **(engine or {})}, rankings=("rating", "rated"),
+                           flower=fixed.get("clients") != 1))
 
 
 _register("personalfr", "PersonalFR: rating autoencoder, private encoder per client, decoder "

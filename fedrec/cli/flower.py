@@ -18,7 +18,7 @@ MODES = ("simulation", "loopback", "app")
 
 
 def flower_command(
-    algorithm: str = typer.Argument(..., help="fedmf, fedncf, fedrecon, pfedrec or a FedRAP variant."),
+    algorithm: str = typer.Argument(..., help="An algorithm `fedrec algorithms` marks '+ Flower' (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP, PersonalFR, FedAvg-AE)."),
     mode: str = typer.Option("loopback", help="simulation (Flower's engine), loopback (a SuperLink and SuperNodes as processes here, started and stopped by fedrec) or app (write an app dir for `flwr run`)."),
     nodes: int = typer.Option(3, help="SuperNodes; node i holds the i-th of NODES blocks of users."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),

@@ -1,9 +1,9 @@
 """The Flower ServerApp and ClientApp of fedrec (Flower's Message API).
 
-The ClientApp is a `NodeRole` rebuilt for each message from the run's options (Flower's run
+The ClientApp is a node role (`NodeRole`, `AENode`) rebuilt for each message from the run's options (Flower's run
 config) and the node's partition (node config ``partition-id`` / ``num-partitions``); the
 private state of its clients lives in the node's ``Context.state`` between messages, never in
-module globals. The ServerApp is a `ServerRole` driving rounds through the Grid: one ``train``
+module globals. The ServerApp is a server role (`ServerRole`, `AEServer`) driving rounds through the Grid: one ``train``
 exchange per node holding a sampled client, then an ``evaluate`` exchange. Nodes that do not
 answer within ``round-timeout`` seconds are logged and left out of the round.
 
@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrec.errors import FedrecError
 from fedrec.flower import secagg
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
-from fedrec.flower.roles import NodeRole, ServerRole, last_round
+from fedrec.flower.roles import ServerBase, last_round, node_role, server_role
 from fedrec.protocols.protocol import Split
 from fedrec.results import RunResult, git_revision, peak_memory_mb
 from fedrec.run import RunConfig, prepare_split
@@ -53,12 +53,12 @@ def _split(run_json: str) -> Split:
     return prepare_split(run_from_json(run_json))
 
 
-def _node(context: Context, fixed: dict[str, Any] | None) -> NodeRole:
+def _node(context: Context, fixed: dict[str, Any] | None) -> Any:
     opts = _options(context, fixed)
     run_json = str(opts[RUN_KEY])
     cfg = context.node_config
-    node = NodeRole(run_from_json(run_json), int(cfg["partition-id"]), int(cfg["num-partitions"]),
-                    _split(run_json))
+    node = node_role(run_from_json(run_json), int(cfg["partition-id"]), int(cfg["num-partitions"]),
+                     _split(run_json))
     if STATE_KEY in context.state:
         node.load_private_state(context.state[STATE_KEY]["private"])
     return node
@@ -68,7 +68,7 @@ def _reply(msg: Message, payload: dict[str, Any]) -> Message:
     return Message(content=to_record(payload), reply_to=msg)
 
 
-def _keep(node: NodeRole, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
+def _keep(node: Any, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
     """Keep the clients' private state in ``Context.state`` and, when the run names a
     ``client-state-dir``, on the node's disk too (a restarted run is a new Flower run with an
     empty context: the node reloads the state of the round the server resumes from)."""
@@ -83,7 +83,7 @@ def _keep(node: NodeRole, context: Context, fixed: dict[str, Any] | None, r: int
         old.unlink()
 
 
-def _restore(node: NodeRole, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
+def _restore(node: Any, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
     folder = _state_dir(context, fixed)
     saved = sorted(p for p in folder.glob("r*.pt") if int(p.stem[1:]) <= r) if folder else []
     if not saved:
@@ -185,7 +185,7 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     hellos = _exchange(grid, "query", {n: {"resume_round": resume} for n in nodes},
                        max(timeout, 300.0), 0)
     secure = bool(opts.get("secagg", False))
-    role = ServerRole(run, dict(sorted(hellos.items())), secure=secure)
+    role = server_role(run, dict(sorted(hellos.items())), secure=secure)
     first = 1
     if saved is not None:
         first = role.load_state_dict(saved) + 1
@@ -272,7 +272,7 @@ def _save(path: Path, blob: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _result(run: RunConfig, role: ServerRole, seconds: float, nodes: int) -> RunResult:
+def _result(run: RunConfig, role: ServerBase, seconds: float, nodes: int) -> RunResult:
     from fedrec.protocols.protocol import get_protocol
 
     config = asdict(run)
@@ -281,6 +281,6 @@ def _result(run: RunConfig, role: ServerRole, seconds: float, nodes: int) -> Run
         algorithm=run.algorithm, dataset=run.dataset, protocol=run.protocol, seed=run.seed,
         config=config, select=get_protocol(run.protocol).select, history=role.out.history,
         best_round=role.out.best_round, valid_at_best=role.out.valid_at_best, test=role.out.test,
-        extra={"engine": "flower", "nodes": nodes}, data={"users": role.n_users, "items": role.n_items},
+        extra={"engine": "flower", "nodes": nodes}, data={"clients": role.n_clients, "items": role.n_items},
         wall_seconds=seconds, peak_memory_mb=peak_memory_mb(), git_revision=git_revision(),
     )

@@ -44,6 +44,7 @@ import torch
 from fedrec.algorithms import get_algorithm
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
+from fedrec.federated.autoencoder import AESpec
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_draws, round_plan, train_cohort
 from fedrec.federated.family import FamilySpec
@@ -71,14 +72,21 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         names = ", ".join(n for n, a in ALGORITHMS.items() if a.flower)
         raise FedrecError(f"the Flower app runs {names} so far; '{run.algorithm}' runs in the "
                           "simulator only (`fedrec run`)")
+    ranking = get_protocol(run.protocol).ranking
+    if ranking not in alg.rankings:
+        raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
+                          f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, {**alg.defaults, **run.model})  # type: ignore[arg-type]
-    shared = spec.shared_names() if isinstance(spec, FamilySpec) else []
+    if isinstance(spec, AESpec):
+        if spec.clients == 1:
+            raise FedrecError("the Joint autoencoder (one client) has nothing to federate")
+        if spec.optimizer == "sgd" and spec.decay > 0 and not spec.compression:
+            raise FedrecError("the Flower app does not send the whole decoder with weight decay "
+                              "(rows a client never trained would decay); use compression or Adam")
+    shared = spec.shared_names() if isinstance(spec, FamilySpec) else ["autoencoder layers"]
     if secure and shared:
         raise FedrecError(f"secure aggregation sums item tables only; '{run.algorithm}' also "
                           "averages shared weights")
-    if get_protocol(run.protocol).ranking == "rating":
-        raise FedrecError("the Flower app evaluates ranking protocols; rating protocols run in "
-                          "the simulator only")
     return spec
 
 
@@ -158,7 +166,7 @@ class NodeRole:
 
     def hello(self, resume_round: int = 0) -> Payload:
         """Who this node is, and the rows it needs next (after ``resume_round`` on a resume)."""
-        return {"clients": self.data.users, "n_users": self.data.n_users,
+        return {"clients": self.data.users, "n_clients": self.data.n_users,
                 "n_items": self.data.n_items, **self._want(resume_round)}
 
     def train(self, msg: Payload) -> Payload:
@@ -217,33 +225,42 @@ class NodeRole:
         if st.spec.dual:
             st.round_start_items = table  # the server sends the table dual clients score with
         st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
-        out: Payload = {}
-        for name, stage in (("valid", self.data.valid), ("test", self.data.test)):
-            for k, v in evaluate(st.scores, stage, self.data.protocol).items():
-                out[f"{name}.{k}"] = float(v)
-        return out
+        return stage_metrics(st.scores, self.data.valid, self.data.test, self.data.protocol)
+
+
+def stage_metrics(scorer: Any, valid: EvalSet, test: EvalSet, protocol: Protocol) -> Payload:
+    """A node's validation and test metrics (``valid.*``, ``test.*``), each with its number of
+    users and, for RMSE, of rated entries, so the server can average over all nodes."""
+    out: Payload = {}
+    for name, stage in (("valid", valid), ("test", test)):
+        for k, v in evaluate(scorer, stage, protocol).items():
+            out[f"{name}.{k}"] = float(v)
+        if protocol.ranking == "rating":
+            out[f"{name}.entries"] = float(stage.targets[stage.users].nnz)
+    return out
 
 
 # -- the server ------------------------------------------------------------------------------
 
 
-class ServerRole:
-    """The server: global state, sampling, validation of uploads, aggregation, selection."""
+class ServerBase:
+    """What every server shares: the nodes and the clients each holds (from their first
+    answers), the clients of a round per node, dropped-node logging, selection on validation,
+    test at the best validation round, checkpoints. Subclasses hold the model and implement
+    `train_messages`, `finish_round`, `evaluate_message`, `model_state`, `load_model_state`."""
 
     def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
-        """``secure``: uploads are summed by secure aggregation (`finish_secure_round`); nodes
-        then get the whole table (asking for rows would tell which items their users train)."""
         self.run, self.cfg, self.secure = run, run.federated, secure
         self.spec = check_deployable(run, secure)
         self.protocol = get_protocol(run.protocol)
         if not hellos:
             raise FedrecError("no node answered the first message")
-        sizes = {(int(h["n_users"]), int(h["n_items"])) for h in hellos.values()}
+        sizes = {(int(h["n_clients"]), int(h["n_items"])) for h in hellos.values()}
         if len(sizes) != 1:
-            raise FedrecError(f"nodes disagree on the data's size (users, items): {sorted(sizes)}")
-        self.n_users, self.n_items = sizes.pop()
+            raise FedrecError(f"nodes disagree on the data's size (clients, items): {sorted(sizes)}")
+        self.n_clients, self.n_items = sizes.pop()
         self.node_ids = list(hellos)  # any ids (Flower's are 64-bit); owner holds positions
-        self.owner = np.full(self.n_users, -1)
+        self.owner = np.full(self.n_clients, -1)
         for k, (node, h) in enumerate(hellos.items()):
             clients = np.asarray(h["clients"], np.int64)
             if (self.owner[clients] >= 0).any():
@@ -252,6 +269,69 @@ class ServerRole:
         missing = int((self.owner < 0).sum())
         if missing:
             log.warning("%d clients belong to no node that answered; they will not train", missing)
+        self.out = TrainOutcome()
+        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
+        self.sent: dict[int, np.ndarray] = {}
+        self.gen: torch.Generator | None = None
+
+    def round_clients(self, r: int) -> dict[int, np.ndarray]:
+        """Round ``r``'s sampled clients (the simulator's `round_plan`) by the node holding them."""
+        sampled, self.gen = round_plan(self.n_clients, self.cfg.clients_per_round, self.run.seed, r)
+        sampled = sampled[self.owner[sampled] >= 0]
+        self.sent = {self.node_ids[k]: sampled[self.owner[sampled] == k]
+                     for k in np.unique(self.owner[sampled]).tolist()}
+        return self.sent
+
+    def answered(self, r: int, replies: dict[int, Payload]) -> tuple[list[tuple[int, np.ndarray, Payload]], list[int]]:
+        """The (node, clients sent, reply) of the nodes that answered, and the silent nodes
+        (logged)."""
+        got, silent = [], []
+        for node, clients in self.sent.items():
+            if replies.get(node) is None:
+                silent.append(node)
+                log.warning("round %d: node %d did not answer (clients %s dropped)", r, node, _ids(clients))
+            else:
+                got.append((node, clients, replies[node]))
+        return got, silent
+
+    def finish_evaluation(self, r: int, record: RoundRecord, replies: dict[int, Payload]) -> None:
+        """Average the nodes' metrics; keep validation; take test at the best validation round."""
+        record.valid = combine_metrics([_stage(p, "valid") for p in replies.values()], self.protocol)
+        if record.valid and self.selection.observe(r, record.valid):
+            self.out.test = combine_metrics([_stage(p, "test") for p in replies.values()], self.protocol)
+
+    def model_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_model_state(self, blob: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.model_state(), "history": [asdict(h) for h in self.out.history],
+                "best_round": self.out.best_round, "valid_at_best": self.out.valid_at_best,
+                "test": self.out.test, "run": _resumable(self.run)}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> int:
+        """Continue from a checkpoint (`state_dict`); returns its last round."""
+        if blob["run"] != _resumable(self.run):
+            raise FedrecError("the checkpoint was written by a run with other options; resume "
+                              "with the same options (only rounds, patience may change)")
+        self.load_model_state(blob["state"])
+        self.out.history = [RoundRecord(**h) for h in blob["history"]]
+        self.out.best_round, self.out.valid_at_best = blob["best_round"], blob["valid_at_best"]
+        self.out.test = blob["test"]
+        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
+        return last_round(blob)
+
+
+class ServerRole(ServerBase):
+    """The server of the item-embedding family, MetaMF and FedRAP: the engine's state without
+    clients; uploads are sums of row deltas (and of shared weights)."""
+
+    def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
+        """``secure``: uploads are summed by secure aggregation (`finish_secure_round`); nodes
+        then get the whole table (asking for rows would tell which items their users train)."""
+        super().__init__(run, hellos, secure)
         self.lr_item = self.cfg.item_lr(self.n_items)
         self.state = self.spec.create_state(0, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
                                             item_std=self.cfg.item_std, seed=run.seed,
@@ -259,41 +339,28 @@ class ServerRole:
         self.path = self.cfg.upload_path(self.lr_item)
         self.want = {} if secure else {node: (int(h["want_round"]), np.asarray(h["want_items"]))
                                        for node, h in hellos.items()}
-        self.out = TrainOutcome()
-        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
-        self.sent: dict[int, np.ndarray] = {}
         self.acc: Any = None
-        self.gen: torch.Generator | None = None
 
     # -- a round ---------------------------------------------------------------------------
 
     def train_messages(self, r: int) -> dict[int, Payload]:
         """Round ``r``'s message to each node holding a sampled client."""
-        sampled, self.gen = round_plan(self.n_users, self.cfg.clients_per_round, self.run.seed, r)
         self.acc = self.state.begin_round(r)
-        sampled = sampled[self.owner[sampled] >= 0]
         shared = {f"shared.{k}": v.numpy() for k, v in self.state.shared.items()}
-        messages, self.sent = {}, {}
-        for k in np.unique(self.owner[sampled]).tolist():
-            node, clients = self.node_ids[k], sampled[self.owner[sampled] == k]
+        messages = {}
+        for node, clients in self.round_clients(r).items():
             want_round, items = self.want.get(node, (0, None))
             if want_round != r or items is None:  # no request for this round: the whole table
                 items = np.arange(self.n_items)
             messages[node] = {"round": r, "clients": clients, "items": items,
                               "rows": self.state.items[torch.as_tensor(items)].numpy(), **shared}
-            self.sent[node] = clients
         return messages
 
     def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
         """Fold the valid replies into the global state; log dropped nodes and bad uploads."""
-        acc, dropped, bad = self.acc, [], 0
-        for node, clients in self.sent.items():
-            reply = replies.get(node)
-            if reply is None:
-                dropped.append(node)
-                log.warning("round %d: node %d did not answer (clients %s dropped)", r, node,
-                            _ids(clients))
-                continue
+        acc, bad = self.acc, 0
+        got, dropped = self.answered(r, replies)
+        for node, clients, reply in got:
             problem = self.check_upload(reply, len(clients))
             if problem:
                 bad += 1
@@ -387,28 +454,11 @@ class ServerRole:
         base = st.round_start_items if (st.spec.dual and st.round_start_items is not None) else st.items
         return {"table": base.numpy(), **{f"shared.{k}": v.numpy() for k, v in st.shared.items()}}
 
-    def finish_evaluation(self, r: int, record: RoundRecord, replies: dict[int, Payload]) -> None:
-        """Average the nodes' metrics; keep validation; take test at the best validation round."""
-        record.valid = combine_metrics([_stage(p, "valid") for p in replies.values()], self.protocol)
-        if record.valid and self.selection.observe(r, record.valid):
-            self.out.test = combine_metrics([_stage(p, "test") for p in replies.values()], self.protocol)
+    def model_state(self) -> dict[str, Any]:
+        return self.state.state_dict()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.state.state_dict(), "history": [asdict(h) for h in self.out.history],
-                "best_round": self.out.best_round, "valid_at_best": self.out.valid_at_best,
-                "test": self.out.test, "run": _resumable(self.run)}
-
-    def load_state_dict(self, blob: dict[str, Any]) -> int:
-        """Continue from a checkpoint (`state_dict`); returns its last round."""
-        if blob["run"] != _resumable(self.run):
-            raise FedrecError("the checkpoint was written by a run with other options; resume "
-                              "with the same options (only rounds, patience may change)")
-        self.state.load_state_dict(blob["state"])
-        self.out.history = [RoundRecord(**h) for h in blob["history"]]
-        self.out.best_round, self.out.valid_at_best = blob["best_round"], blob["valid_at_best"]
-        self.out.test = blob["test"]
-        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
-        return last_round(blob)
+    def load_model_state(self, blob: dict[str, Any]) -> None:
+        self.state.load_state_dict(blob)
 
 
 def last_round(checkpoint: dict[str, Any]) -> int:
@@ -435,7 +485,11 @@ def combine_metrics(parts: list[dict[str, float]], protocol: Protocol) -> dict[s
     if not parts:
         return {}
     total = sum(p["users"] for p in parts)
-    out = {k: sum(p[k] * p["users"] for p in parts) / total for k in parts[0] if k != "users"}
+    out = {k: sum(p[k] * p["users"] for p in parts) / total for k in parts[0]
+           if k not in ("users", "entries", "rmse")}
+    if "rmse" in parts[0]:  # the root of the mean squared error over every rated entry
+        entries = sum(p["entries"] for p in parts)
+        out["rmse"] = math.sqrt(sum(p["rmse"] ** 2 * p["entries"] for p in parts) / max(entries, 1.0))
     for k in protocol.ks:
         if f"f1@{k}" in out:
             p, r = out[f"precision@{k}"], out[f"recall@{k}"]
@@ -449,13 +503,29 @@ def _ids(clients: np.ndarray, show: int = 8) -> str:
     return head + (f", ... ({len(clients)} in all)" if len(clients) > show else "")
 
 
-def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> ServerRole:
+def node_role(run: RunConfig, partition: int, partitions: int, split: Split) -> Any:
+    """The node role for the run's algorithm (`NodeRole`, or `AENode` for the autoencoders)."""
+    from fedrec.flower.autoencoder import AENode
+
+    spec = check_deployable(run, split=split)
+    return (AENode if isinstance(spec, AESpec) else NodeRole)(run, partition, partitions, split)
+
+
+def server_role(run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> Any:
+    """The server role for the run's algorithm (`ServerRole`, or `AEServer`)."""
+    from fedrec.flower.autoencoder import AEServer
+
+    spec = check_deployable(run, secure)
+    return (AEServer if isinstance(spec, AESpec) else ServerRole)(run, hellos, secure)
+
+
+def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> Any:
     """The message flow of a deployment with ``partitions`` nodes, in one process (no Flower):
     the reference the Flower app is tested against, and a quick way to debug the roles.
     Returns the server (its ``out`` holds the run's outcome)."""
     split = split if split is not None else prepare_split(run)
-    nodes = {i: NodeRole(run, i, partitions, split) for i in range(partitions)}
-    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
+    nodes = {i: node_role(run, i, partitions, split) for i in range(partitions)}
+    server = server_role(run, {i: n.hello() for i, n in nodes.items()})
     for r in range(1, run.federated.rounds + 1):
         start = time.perf_counter()
         replies = {i: nodes[i].train(m) for i, m in server.train_messages(r).items()}
