@@ -163,7 +163,7 @@ def test_simulation_engine_resumes_a_checkpointed_run(tmp_path: Path, alg: str, 
 
 def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> None:
     """FedMF through Flower's SecAgg+ (simulation engine): the server's table after 2 rounds
-    is the plain aggregate up to SecAgg+'s quantisation (steps of 2 x 1024 / 2^24)."""
+    is the plain aggregate up to SecAgg+'s quantisation (steps of 2 x range / 2^24)."""
     from fedrec.flower.launch import simulate
 
     run = _run("fedmf", rounds=2)
@@ -171,7 +171,9 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> N
     simulate(run, 3, out=tmp_path / "secure.json", checkpoint=ckpt, secagg=True)
     secure = torch.load(ckpt, weights_only=False)
     plain = run_in_process(run, 3)
-    step = 2 * 1024 / 2**24
+    from fedrec.flower.secagg import QUANTIZATION, RANGE
+
+    step = 2 * RANGE / QUANTIZATION
     diff = (secure["state"]["items"] - plain.state.items).abs()
     assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
     history = json.loads((tmp_path / "secure.json").read_text())["history"]

@@ -37,7 +37,7 @@ def flower_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint."),
     client_state_dir: Path | None = typer.Option(None, help="Where nodes also keep their clients' private state, for --resume."),
     secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec, FedRAP): the server sees only the sum."),
-    secagg_range: float = typer.Option(1024.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
+    secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (app mode: the app directory)."),
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),

@@ -163,7 +163,7 @@ client = make_client()
 
 
 def _secure_range(opts: dict[str, Any]) -> float:
-    return float(opts.get("secagg-range", 1024.0))
+    return float(opts.get("secagg-range", secagg.RANGE))
 
 
 def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:

@@ -21,6 +21,7 @@ from typing import Any
 
 from fedrec.errors import FedrecError
 from fedrec.flower.records import RUN_KEY, run_to_json
+from fedrec.flower.secagg import RANGE
 from fedrec.run import RunConfig
 
 QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
@@ -29,7 +30,7 @@ QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VA
 def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Path | None = None,
             checkpoint: str | Path | None = None, resume: bool = False,
             client_state_dir: str | Path | None = None, secagg: bool = False,
-            secagg_range: float = 1024.0) -> dict[str, Any]:
+            secagg_range: float = RANGE) -> dict[str, Any]:
     """The apps' options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes."""
     opts: dict[str, Any] = {RUN_KEY: run_to_json(run), "nodes": nodes, "round-timeout": float(timeout)}
     if out:
