@@ -201,11 +201,15 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
         else:
             replies = _exchange(grid, "train", messages, timeout, r)
             record = role.finish_round(r, replies)
+            # what the messages' arrays really held (the records count the algorithm's bytes)
+            record.extra["message_bytes_down"] = float(sum(map(_array_bytes, messages.values())))
+            record.extra["message_bytes_up"] = float(sum(map(_array_bytes, replies.values())))
         if r % cfg.eval_every == 0 or r == cfg.rounds:
             message = role.evaluate_message()
             silent = set(messages) - set(replies)  # no need to wait for them twice
             ask = {n: message for n in role.node_ids if n not in silent}
             role.finish_evaluation(r, record, _exchange(grid, "evaluate", ask, timeout, r))
+            record.extra["evaluate_bytes_down"] = float(len(ask) * _array_bytes(message))
         record.seconds = time.perf_counter() - t0
         role.out.history.append(record)
         log.info("round %d: loss %.4f, valid %s, %.2f s", r, record.loss,
@@ -218,6 +222,10 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     if opts.get("out"):
         result.write(opts["out"])
     return result
+
+
+def _array_bytes(payload: dict[str, Any]) -> int:
+    return sum(v.nbytes for v in payload.values() if hasattr(v, "nbytes"))
 
 
 def _wait_for_nodes(grid: Grid, want: int, timeout: float) -> list[int]:
