@@ -32,6 +32,7 @@ from fedrec.flower.roles import (
     log,
     node_users,
     stage_metrics,
+    wire_ids,
 )
 from fedrec.models.autoencoder import ROW_TABLES, init_params
 from fedrec.partition import Partition
@@ -72,7 +73,7 @@ class AENode:
     def hello(self, resume_round: int = 0) -> Payload:
         st = self.state
         return {"clients": self.clients, "n_clients": self.n_clients, "n_items": st.n_items,
-                "client_items": st.row_item, "client_ptr": st.row_ptr}
+                "client_items": wire_ids(st.row_item), "client_ptr": st.row_ptr}
 
     def _local(self, clients: np.ndarray) -> np.ndarray:
         rows = np.searchsorted(self.clients, clients)
@@ -99,7 +100,7 @@ class AENode:
         upload, stats = st.local_update(cohort, payload, self.cfg, r)
         touched = np.unique(items)
         at = torch.as_tensor(np.searchsorted(touched, items))
-        reply: Payload = {"items": touched}
+        reply: Payload = {"items": wire_ids(touched)}
         for k, v in upload.items():
             if k in ROW_TABLES:
                 delta = v - payload[k]
@@ -143,7 +144,7 @@ class AEServer(ServerBase):
                 items = np.arange(self.n_items)
             idx = torch.as_tensor(items)
             rows = {f"rows.{k}": v[idx].numpy() for k, v in self.glob.items() if k in ROW_TABLES}
-            messages[node] = {"round": r, "clients": clients, "items": items, **rows, **dense}
+            messages[node] = {"round": r, "clients": wire_ids(clients), "items": wire_ids(items), **rows, **dense}
         return messages
 
     def _node_clients(self, node: int) -> np.ndarray:

@@ -174,7 +174,7 @@ class NodeRole:
         holds the sum of their accepted row deltas on the rows they touched."""
         acc = self._train(msg)
         touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
-        reply = {"items": touched.numpy(), "rows": acc.item_sum[touched].numpy(),
+        reply = {"items": wire_ids(touched.numpy()), "rows": acc.item_sum[touched].numpy(),
                  **self._counts(acc), **self._want(int(msg["round"]))}
         reply.update({f"shared.{k}": v.numpy() for k, v in acc.shared_sum.items()})
         return reply
@@ -214,8 +214,8 @@ class NodeRole:
                                           rows, mine, self.run.seed, r)
                 pos = self.data.train[rows].indices
                 items = np.union1d(pos, negs.ravel() if negs is not None else [])
-                return {"want_round": r, "want_items": items.astype(np.int64)}
-        return {"want_round": 0, "want_items": np.zeros(0, np.int64)}
+                return {"want_round": r, "want_items": wire_ids(items)}
+        return {"want_round": 0, "want_items": np.zeros(0, np.int32)}
 
     def evaluate(self, msg: Payload) -> Payload:
         """Validation and test metrics of this node's clients under the table sent."""
@@ -352,7 +352,7 @@ class ServerRole(ServerBase):
             want_round, items = self.want.get(node, (0, None))
             if want_round != r or items is None:  # no request for this round: the whole table
                 items = np.arange(self.n_items)
-            messages[node] = {"round": r, "clients": clients, "items": items,
+            messages[node] = {"round": r, "clients": wire_ids(clients), "items": wire_ids(items),
                               "rows": self.state.items[torch.as_tensor(items)].numpy(), **shared}
         return messages
 
@@ -496,6 +496,11 @@ def combine_metrics(parts: list[dict[str, float]], protocol: Protocol) -> dict[s
             out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
     out["users"] = float(total)
     return out
+
+
+def wire_ids(ids: np.ndarray) -> np.ndarray:
+    """Ids as they travel: 4 bytes each (the byte counts assume so)."""
+    return np.asarray(ids).astype(np.int32)
 
 
 def _ids(clients: np.ndarray, show: int = 8) -> str:
