@@ -72,6 +72,11 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         names = ", ".join(n for n, a in ALGORITHMS.items() if a.flower)
         raise FedrecError(f"the Flower app runs {names} so far; '{run.algorithm}' runs in the "
                           "simulator only (`fedrec run`)")
+    if run.federated.ldp > 0 or run.federated.dp_noise > 0:
+        # the simulator draws the clients' noise as one sum at the server; deployed, each node
+        # would have to noise its own upload
+        raise FedrecError("the Flower app does not add LDP or DP noise on the nodes yet; run "
+                          "noisy uploads in the simulator (`fedrec run --ldp/--dp-noise`)")
     ranking = get_protocol(run.protocol).ranking
     if ranking not in alg.rankings:
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
