@@ -39,7 +39,8 @@ def flower_command(
     secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec, FedRAP): the server sees only the sum."),
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (app mode: the app directory)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
+    app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write."),
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),
 ) -> None:
     """Run ALGORITHM on Flower: the simulator's algorithm objects as a ServerApp and ClientApp."""
@@ -66,16 +67,15 @@ def flower_command(
     check_deployable(run, secure=secagg)
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
-    if mode == "app":
-        folder = out or Path("fedrec-flower-app")
-        folder.mkdir(parents=True, exist_ok=True)
-        launch.write_app(folder, launch.options(run, nodes, **kw))
-        console.print(f"wrote {folder / 'pyproject.toml'}; start {nodes} SuperNodes with "
-                      f"--node-config \"partition-id=I num-partitions={nodes}\", then "
-                      f"`flwr run {folder} <federation> --stream`")
-        return
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}-flower.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "app":
+        app_dir.mkdir(parents=True, exist_ok=True)
+        launch.write_app(app_dir, launch.options(run, nodes, out=out, **kw))
+        console.print(f"wrote {app_dir / 'pyproject.toml'}; start {nodes} SuperNodes with "
+                      f"--node-config \"partition-id=I num-partitions={nodes}\", then "
+                      f"`flwr run {app_dir} <federation> --stream`; the ServerApp writes {out.resolve()}")
+        return
     start = time.perf_counter()
     if mode == "simulation":
         launch.simulate(run, nodes, out=out, **kw)
