@@ -17,6 +17,7 @@ config); the module-level ``server`` and ``client`` read the run config (deploym
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 import sys
@@ -101,6 +102,7 @@ def _state_dir(context: Context, fixed: dict[str, Any] | None) -> Path | None:
 
 
 def _save_bytes(path: Path, raw: bytes) -> None:
+    """Write atomically: a reader never sees half a file (a node or server killed mid-write)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(raw)
     tmp.replace(path)
@@ -275,9 +277,9 @@ def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeou
 
 def _save(path: Path, blob: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(blob, tmp)
-    tmp.replace(path)
+    buf = io.BytesIO()
+    torch.save(blob, buf)
+    _save_bytes(path, buf.getvalue())
 
 
 def _result(run: RunConfig, role: ServerBase, seconds: float, nodes: int) -> RunResult:

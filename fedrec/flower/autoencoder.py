@@ -139,7 +139,9 @@ class AEServer(ServerBase):
             if self.spec.compression:
                 flat, ptr = self.items_of[node]
                 local = np.searchsorted(self._node_clients(node), clients)
-                items = np.unique(np.concatenate([flat[ptr[k] : ptr[k + 1]] for k in local]))
+                lengths = ptr[local + 1] - ptr[local]
+                at = np.repeat(ptr[local] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+                items = np.unique(flat[at])
             else:
                 items = np.arange(self.n_items)
             idx = torch.as_tensor(items)
