@@ -529,20 +529,26 @@ def server_role(run: RunConfig, hellos: dict[int, Payload], secure: bool = False
     return (AEServer if isinstance(spec, AESpec) else ServerRole)(run, hellos, secure)
 
 
+def wire(payload: Payload) -> Payload:
+    """A message as it arrives: its own copies of the arrays (in one process a node must not
+    share memory with the server's tensors, as it cannot across processes)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
+
+
 def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> Any:
     """The message flow of a deployment with ``partitions`` nodes, in one process (no Flower):
     the reference the Flower app is tested against, and a quick way to debug the roles.
     Returns the server (its ``out`` holds the run's outcome)."""
     split = split if split is not None else prepare_split(run)
     nodes = {i: node_role(run, i, partitions, split) for i in range(partitions)}
-    server = server_role(run, {i: n.hello() for i, n in nodes.items()})
+    server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
     for r in range(1, run.federated.rounds + 1):
         start = time.perf_counter()
-        replies = {i: nodes[i].train(m) for i, m in server.train_messages(r).items()}
+        replies = {i: wire(nodes[i].train(wire(m))) for i, m in server.train_messages(r).items()}
         record = server.finish_round(r, replies)
         if r % run.federated.eval_every == 0 or r == run.federated.rounds:
             msg = server.evaluate_message()
-            server.finish_evaluation(r, record, {i: n.evaluate(msg) for i, n in nodes.items()})
+            server.finish_evaluation(r, record, {i: wire(n.evaluate(wire(msg))) for i, n in nodes.items()})
         record.seconds = time.perf_counter() - start
         server.out.history.append(record)
     return server
