@@ -120,6 +120,21 @@ class AESpec:
         return simulate_rounds(self, state, split, cfg, seed, cfg.rounds, on_round, checkpoint, resume)
 
 
+def apply_round(glob: dict[str, torch.Tensor], idx: torch.Tensor, sums: dict[str, torch.Tensor],
+                n: int, scale: float = 1.0) -> None:
+    """Equation 5 from sums over the round's ``n`` clients: a shared row table moves by the
+    sum of its row deltas at ``idx`` (repeats add up) over n, after scaling by ``scale`` (the
+    mean weight decay of rows nobody trained); a dense layer becomes its sum over n (the mean).
+    The simulator passes every client's rows; a Flower server the nodes' sums."""
+    for k, s in sums.items():
+        if k in ROW_TABLES:
+            if scale != 1.0:
+                glob[k].mul_(scale)
+            glob[k].index_add_(0, idx, s / n)
+        else:
+            glob[k] = s / n
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, s + l)`` for every (s, l)."""
     offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -342,16 +357,14 @@ class AEState:
                                                 self.spec.nesterov) for s in steps])
         row_decay = decays[torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))]
         idx = torch.from_numpy(items)
+        sums = {}
         for k, v in upload.items():
-            if k not in ROW_TABLES:
-                self.glob[k] = v.mean(0)
-                continue
-            table = self.glob[k]
-            old = table[idx]
-            shape = (-1,) + (1,) * (old.dim() - 1)
-            if decaying:
-                table.mul_(decays.mean())
-            table.index_add_(0, idx, (v - row_decay.view(shape) * old) / C)
+            if k in ROW_TABLES:
+                old = self.glob[k][idx]
+                sums[k] = v - row_decay.view((-1,) + (1,) * (old.dim() - 1)) * old
+            else:
+                sums[k] = v.sum(0)
+        apply_round(self.glob, idx, sums, C, float(decays.mean()) if decaying else 1.0)
 
     def round_bytes(self, cohort: np.ndarray, first_round: bool) -> tuple[int, int]:
         """Bytes up and down of a round (float32 values; with compression the item ids travel

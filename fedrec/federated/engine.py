@@ -150,17 +150,23 @@ def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler:
     clients makes exactly the draws the simulator makes for them.
     """
     counts = np.diff(train.indptr)[rows]
-    k = cfg.negatives
-    negs = None
-    if k:
-        u = draws.uniforms((seed, draws.NEGATIVES, r), clients, counts * k).reshape(-1, k)
-        negs = sampler.sample_at(np.repeat(rows, counts), u)
-    samples = counts * (1 + k)
+    negs = client_negatives(cfg.negatives, train, sampler, rows, clients, seed, r)
+    samples = counts * (1 + cfg.negatives)
     keys = np.stack([draws.uniforms((seed, draws.SHUFFLE, r, e), clients, samples)
                      for e in range(cfg.local_epochs)])
     fresh = (client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"]
              if spec.reconstruct else None)
     return negs, keys, fresh
+
+
+def client_negatives(k: int, train: sp.csr_matrix, sampler: ComplementSampler, rows: np.ndarray,
+                     clients: np.ndarray, seed: int, r: int) -> np.ndarray | None:
+    """Round ``r``'s ``k`` training negatives a positive of ``clients`` (see `client_draws`)."""
+    if not k:
+        return None
+    counts = np.diff(train.indptr)[rows]
+    u = draws.uniforms((seed, draws.NEGATIVES, r), clients, counts * k).reshape(-1, k)
+    return sampler.sample_at(np.repeat(rows, counts), u)
 
 
 def round_plan(n_clients: int, per_round: float, seed: int, r: int

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.federated.autoencoder import AEState
+from fedrec.federated.autoencoder import AEState, apply_round
 from fedrec.flower.roles import (
     NodeData,
     Payload,
@@ -173,11 +173,7 @@ class AEServer(ServerBase):
                 totals[k] += float(reply[k])
         n = totals["n"]
         if n > 0:
-            for k, v in self.glob.items():
-                if k in ROW_TABLES:
-                    v += sums[k] / n
-                else:
-                    self.glob[k] = sums[k] / n
+            apply_round(self.glob, torch.arange(self.n_items), sums, int(n))
         extra = {"macs": totals["macs"], "macs_fedrec": totals["macs_fedrec"],
                  "users_trained": totals["users_trained"], "clients": n,
                  "dropped_nodes": float(len(silent)),

@@ -46,7 +46,7 @@ from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.federated.autoencoder import AESpec
 from fedrec.federated.cohort import order_by_activity
-from fedrec.federated.engine import client_draws, round_plan, train_cohort
+from fedrec.federated.engine import client_negatives, round_plan, train_cohort
 from fedrec.federated.family import FamilySpec
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
@@ -215,8 +215,8 @@ class NodeRole:
             mine = sampled[np.isin(sampled, self.data.users)]
             if len(mine):
                 rows = self.data.rows_of(mine)
-                negs, _, _ = client_draws(self.spec, self.cfg, self.data.train, self.data.sampler,
-                                          rows, mine, self.run.seed, r)
+                negs = client_negatives(self.cfg.negatives, self.data.train, self.data.sampler,
+                                        rows, mine, self.run.seed, r)
                 pos = self.data.train[rows].indices
                 items = np.union1d(pos, negs.ravel() if negs is not None else [])
                 return {"want_round": r, "want_items": wire_ids(items)}
