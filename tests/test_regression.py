@@ -1,0 +1,156 @@
+"""Regression fixture: every registered algorithm's per-round figures at seed 0 must not move.
+
+`tests/fixtures/regression.json` was recorded before the one-engine redesign (issue 16) by
+running this module as a script (``python tests/test_regression.py --write``). Each case runs
+an algorithm for a few rounds on a small synthetic data set under a protocol it supports and
+compares the loss and validation figures of every round, and the test figures at the best
+validation round, with the recording. A change that moves them is a change of results, which
+has to be measured and explained, not absorbed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "regression.json"
+DATASET = "synthetic:120x240"
+ROUNDS = 3
+# round-off allowed between the recording and a run (float32 sums in another order)
+TOLERANCE = 1e-5
+
+
+def protocol_of(name: str) -> str:
+    """A protocol the algorithm can be evaluated under: sampled ranking first, then full
+    ranking, then ratings."""
+    from fedrec.algorithms import get_algorithm
+
+    rankings = get_algorithm(name).rankings
+    if "sampled" in rankings and not name.startswith(("fedcia", "stacked", "fedlightgcn",
+                                                       "lightgcn", "gfcf")):
+        return "loo-sampled"
+    if "full" in rankings:
+        return "ratio-full"
+    return "ratio-rating"
+
+
+#: cases beyond each algorithm at its defaults: the engine's options that change its path
+VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "fedmf+dual": ("fedmf", {"dual": True}, {}),
+    "fedmf+half-clients": ("fedmf", {}, {"clients_per_round": 0.5}),
+    "pfedrec+ldp": ("pfedrec", {}, {"ldp": 0.01}),
+    "pfedrec+dp": ("pfedrec", {}, {"dp_clip": 0.5, "dp_noise": 1.0}),
+    "pfedrec+clip-sparse": ("pfedrec", {}, {"clip": 1.0, "encoding": "sparse"}),
+    "fedncf+2-epochs": ("fedncf", {}, {"local_epochs": 2}),
+    "fedcia+ldp": ("fedcia", {}, {"ldp": 0.01}),
+}
+
+
+def case(name: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(algorithm, model options, engine options) of a recorded case."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    engine: dict[str, Any] = {}
+    if name.startswith(("fedrap", "centrap")):
+        engine["item_lr_scale"] = 100.0  # the ML-100K rate diverges on 240 items
+    return name, {}, engine
+
+
+def figures(name: str) -> dict[str, Any]:
+    """Run case ``name`` for `ROUNDS` rounds at seed 0; its per-round loss and validation
+    figures and the test figures at the best validation round."""
+    from fedrec.algorithms import get_algorithm
+    from fedrec.run import RunConfig, federated_config, run
+    from fedrec.train.centralised import TrainConfig
+
+    algorithm, model, engine = case(name)
+    spec = get_algorithm(algorithm)
+    model = dict(model)
+    if "clients" in spec.defaults and spec.defaults["clients"] not in (0, 1):
+        model["clients"] = 12  # grouped clients: a dozen groups of ten users
+    cfg = RunConfig(
+        algorithm=algorithm, dataset=DATASET, protocol=protocol_of(algorithm), seed=0,
+        model=model,
+        train=TrainConfig(epochs=ROUNDS, batch_size=256, lr=float(spec.defaults.get("lr", 1e-3)),
+                          patience=0),
+        federated=federated_config(algorithm, rounds=ROUNDS, patience=0, **engine),
+    )
+    res = run(cfg)
+    return {
+        "protocol": cfg.protocol,
+        "rounds": [{"round": h.round, "loss": h.loss, "valid": h.valid} for h in res.history],
+        "best_round": res.best_round,
+        "test": res.test,
+    }
+
+
+def _close(a: Any, b: Any, path: str, out: list[str]) -> float:
+    """Largest relative difference between two nested records; mismatches appended to out."""
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            out.append(f"{path}: keys {sorted(a)} != {sorted(b)}")
+            return math.inf
+        return max([_close(a[k], b[k], f"{path}.{k}", out) for k in a], default=0.0)
+    if isinstance(a, list):
+        if len(a) != len(b):
+            out.append(f"{path}: {len(a)} entries != {len(b)}")
+            return math.inf
+        return max([_close(x, y, f"{path}[{i}]", out) for i, (x, y) in enumerate(zip(a, b))],
+                   default=0.0)
+    if isinstance(a, float) or isinstance(b, float):
+        diff = abs(float(a) - float(b)) / max(1.0, abs(float(a)))
+        if diff > TOLERANCE:
+            out.append(f"{path}: recorded {a!r}, got {b!r}")
+        return diff
+    if a != b:
+        out.append(f"{path}: recorded {a!r}, got {b!r}")
+        return math.inf
+    return 0.0
+
+
+def _recorded() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text()) if FIXTURE.exists() else {}
+
+
+@pytest.mark.parametrize("name", sorted(_recorded()))
+def test_figures_match_the_recording(name):
+    problems: list[str] = []
+    _close(_recorded()[name], figures(name), name, problems)
+    assert not problems, "\n".join(problems[:10])
+
+
+def test_every_registered_algorithm_is_recorded():
+    from fedrec.algorithms import ALGORITHMS
+
+    assert set(ALGORITHMS) <= set(_recorded()) | NEW_SINCE_RECORDING
+
+
+#: algorithms added after the recording; each has its own test
+NEW_SINCE_RECORDING: set[str] = set()
+
+
+if __name__ == "__main__":
+    import torch
+
+    torch.set_num_threads(1)
+    from fedrec.algorithms import ALGORITHMS
+
+    names = sys.argv[2:] or [*ALGORITHMS, *VARIANTS]
+    if sys.argv[1:2] == ["--write"]:
+        got = {name: figures(name) for name in names}
+        FIXTURE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {FIXTURE} ({len(got)} algorithms)")
+    elif sys.argv[1:2] == ["--compare"]:
+        recorded = _recorded()
+        for name in names:
+            problems: list[str] = []
+            worst = _close(recorded[name], figures(name), name, problems)
+            print(f"{name:18s} largest relative difference {worst:.2e}"
+                  + (f"  ({len(problems)} over tolerance)" if problems else ""))
+    else:
+        sys.exit("usage: python tests/test_regression.py --write|--compare [NAME ...]")
