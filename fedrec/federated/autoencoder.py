@@ -29,18 +29,16 @@ client that receives a new model does; the Joint model (one client) keeps it acr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
-from fedrec.federated.loop import simulate_rounds
 from fedrec.federated.optim import adam_, decay_factor, sgd_
 from fedrec.models.autoencoder import (
     ROW_TABLES,
@@ -52,8 +50,6 @@ from fedrec.models.autoencoder import (
 )
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
-from fedrec.results import RoundRecord
-from fedrec.train.selection import TrainOutcome
 
 SHARES = ("decoder", "all")
 OPTIMIZERS = ("adam", "sgd")
@@ -110,14 +106,11 @@ class AESpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
-    def simulate(self, split: Split, cfg: Any, seed: int,
-                 on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
-                 checkpoint: str | Path | None = None, resume: bool = False) -> TrainOutcome:
-        """Run it (`run_federated` hands specs with this method their runs)."""
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> AEAlgorithm:
+        """The federated algorithm the round driver trains."""
         if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
             raise FedrecError("the autoencoder runs take no upload noise or clipping options")
-        state = AEState(self, split, self.partition(split.n_users, seed), seed)
-        return simulate_rounds(self, state, split, cfg, seed, cfg.rounds, on_round, checkpoint, resume)
+        return AEAlgorithm(AEState(self, split, self.partition(split.n_users, seed), seed), cfg)
 
 
 def apply_round(glob: dict[str, torch.Tensor], idx: torch.Tensor, sums: dict[str, torch.Tensor],
@@ -185,23 +178,6 @@ class AEState:
         self.opt: dict[str, Any] | None = None  # kept across rounds only by the Joint model
 
     # ---- one round ------------------------------------------------------------------------------
-
-    def run_round(self, r: int, cfg: Any, rng: np.random.Generator) -> RoundRecord:
-        """Sample clients, send, train, take back, average (`fedrec.federated.loop`)."""
-        from fedrec.federated.engine import round_plan
-
-        start = time.perf_counter()
-        cohort, _ = round_plan(self.K, cfg.clients_per_round, self.seed, r)  # = rng's draws
-        cohort, steps = self.training_order(cohort, cfg)
-        payload, rows = self.download(cohort)
-        upload, stats = self.local_update(cohort, payload, cfg, r)
-        t_train = time.perf_counter() - start
-        self.aggregate(cohort, rows, upload, steps, cfg.lr)
-        up, down = self.round_bytes(cohort, first_round=r == 1)
-        extra = {**stats, "clients": float(len(cohort)), "train_seconds": t_train,
-                 "aggregate_seconds": time.perf_counter() - start - t_train}
-        return RoundRecord(round=r, loss=extra.pop("loss"), seconds=0.0, bytes_up=up,
-                           bytes_down=down, extra=extra)
 
     def training_order(self, cohort: np.ndarray, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
         """The cohort ordered by local steps, most first (so the active clients of a lockstep
@@ -444,3 +420,49 @@ class AEState:
     def run_extra(self) -> dict[str, Any]:
         return {"clients": self.K, "share": self.spec.share, "compression": self.spec.compression,
                 "optimizer": self.spec.optimizer, "client_items_mean": float(self.client_items.mean())}
+
+
+class AEAlgorithm(FederatedAlgorithm):
+    """An `AEState` as the round driver's federated algorithm: the sampled clients download
+    their rows, train, upload; the server applies Equation 5."""
+
+    def __init__(self, state: AEState, cfg: Any) -> None:
+        self.state, self.cfg = state, cfg
+        self.n_clients, self.seed, self.clients_per_round = state.K, state.seed, cfg.clients_per_round
+
+    def local_update(self, plan: RoundPlan) -> Uploads:
+        start = time.perf_counter()
+        cohort, steps = self.state.training_order(plan.clients, self.cfg)
+        payload, rows = self.state.download(cohort)
+        upload, stats = self.state.local_update(cohort, payload, self.cfg, plan.round)
+        # the state reports its mean loss over the clients' batches
+        loss = stats.pop("loss")
+        extra = {**stats, "clients": float(len(cohort)), "train_seconds": time.perf_counter() - start}
+        return Uploads(payload=(cohort, rows, upload, steps), per_client=None,
+                       n_accepted=len(cohort), loss_sum=loss, client_batches=1, extra=extra)
+
+    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        start = time.perf_counter()
+        cohort, rows, upload, steps = uploads.payload
+        self.state.aggregate(cohort, rows, upload, steps, self.cfg.lr)
+        uploads.bytes_up, uploads.bytes_down = self.state.round_bytes(cohort, first_round=plan.round == 1)
+        uploads.extra["aggregate_seconds"] = time.perf_counter() - start
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        return self.state.scores(users, items)
+
+    def run_extra(self) -> dict[str, Any]:
+        return self.state.run_extra()
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"glob": self.state.glob}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        """Private layers; the Joint model's optimiser belongs to its one client."""
+        return {"priv": self.state.priv, "opt": self.state.opt}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        self.state.glob = blob["glob"]
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        self.state.priv, self.state.opt = blob["priv"], blob["opt"]

@@ -37,23 +37,19 @@ F_k, and a client scores its users with r_u F_k + β r_u F̄ (``none``: r_u F_k)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
-from fedrec.federated.loop import simulate_rounds
 from fedrec.federated.stack import BACKBONES, ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
-from fedrec.results import RoundRecord
-from fedrec.train.selection import TrainOutcome
 
 AGGREGATIONS = ("cia", "waa", "none")
 FINETUNE_LOSSES = ("norm", "mse")
@@ -105,12 +101,13 @@ class CIASpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
-    def simulate(self, split: Split, cfg: Any, seed: int,
-                 on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
-                 checkpoint: str | Path | None = None, resume: bool = False) -> TrainOutcome:
-        """Run it (`run_federated` hands specs with this method their runs)."""
-        return _simulate(self, split, cfg, seed, on_round,
-                         Path(checkpoint) if checkpoint else None, resume)
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
+        """The federated algorithm the round driver trains."""
+        if cfg.clients_per_round != 1.0:
+            raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
+        if cfg.dp_noise > 0 or cfg.clip is not None:
+            raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
+        return CIAAlgorithm(CIAState(self, split, self.partition(split.n_users, seed), seed), cfg, seed)
 
 
 class CIAState:
@@ -140,19 +137,6 @@ class CIAState:
             self.user_stack[stack.users] = len(self.stacks)
             self.user_local[stack.users] = np.arange(len(stack.users))
             self.stacks.append(stack)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs: each stack's parameters, Adam moments and step counts,
-        GF-CF's scores."""
-        return {
-            "stacks": [{"params": s.params, "moments": s.moments, "steps": s.steps} for s in self.stacks],
-            "local_scores": self._local_scores, "global_filter": self._global_filter,
-        }
-
-    def load_state_dict(self, blob: dict[str, Any]) -> None:
-        for stack, saved in zip(self.stacks, blob["stacks"], strict=True):
-            stack.params, stack.moments, stack.steps = saved["params"], saved["moments"], saved["steps"]
-        self._local_scores, self._global_filter = blob["local_scores"], blob["global_filter"]
 
     # ---- a round ---------------------------------------------------------------------------
 
@@ -280,17 +264,6 @@ class CIAState:
 
     # ---- scores ------------------------------------------------------------------------------
 
-    def run_round(self, r: int, cfg: Any, rng: np.random.Generator) -> RoundRecord:
-        """Local training of every client, then the aggregation (`fedrec.federated.loop`)."""
-        start = time.perf_counter()
-        loss, batches = self.train(cfg, rng)
-        t_train = time.perf_counter() - start
-        up, down, extra = self.aggregate(UploadPath(ldp=cfg.ldp), rng)
-        extra = {**extra, "train_seconds": t_train,
-                 "aggregate_seconds": time.perf_counter() - start - t_train}
-        return RoundRecord(round=r, loss=loss / max(batches, 1), seconds=0.0, bytes_up=up,
-                           bytes_down=down, extra=extra)
-
     def run_extra(self) -> dict[str, Any]:
         return {"clients": self.n_clients,
                 "models": [f"{b}-{d}" for b, d in self.spec.models],
@@ -353,13 +326,47 @@ def _factored_sum(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.G
     return left @ right.T
 
 
-def _simulate(spec: CIASpec, split: Split, cfg: Any, seed: int,
-              on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None,
-              checkpoint: Path | None, resume: bool) -> TrainOutcome:
-    if cfg.clients_per_round != 1.0:
-        raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
-    if cfg.dp_noise > 0 or cfg.clip is not None:
-        raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
-    state = CIAState(spec, split, spec.partition(split.n_users, seed), seed)
-    rounds = 1 if state.gfcf else cfg.rounds
-    return simulate_rounds(spec, state, split, cfg, seed, rounds, on_round, checkpoint, resume)
+class CIAAlgorithm(FederatedAlgorithm):
+    """A `CIAState` as the round driver's federated algorithm: every client trains, then the
+    round's aggregation (similarities, averaging, GF-CF filters) runs. Its draws are not keyed by
+    client yet: the round's generator (`RoundPlan.rng`) serves training and aggregation."""
+
+    def __init__(self, state: CIAState, cfg: Any, seed: int) -> None:
+        self.state, self.cfg, self.seed = state, cfg, seed
+        self.n_clients = state.n_clients
+        self.max_rounds = 1 if state.gfcf else None
+
+    def local_update(self, plan: RoundPlan) -> Uploads:
+        start = time.perf_counter()
+        loss, batches = self.state.train(self.cfg, plan.rng)
+        return Uploads(n_accepted=self.n_clients, loss_sum=loss, client_batches=batches,
+                       extra={"train_seconds": time.perf_counter() - start})
+
+    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        start = time.perf_counter()
+        up, down, extra = self.state.aggregate(UploadPath(ldp=self.cfg.ldp), plan.rng)
+        uploads.bytes_up, uploads.bytes_down = up, down
+        uploads.extra = {**extra, **uploads.extra, "aggregate_seconds": time.perf_counter() - start}
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        return self.state.scores(users, items)
+
+    def run_extra(self) -> dict[str, Any]:
+        return self.state.run_extra()
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"global_filter": self.state._global_filter}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        """Each client's own model (parameters, Adam moments, steps) and GF-CF's local scores."""
+        return {"stacks": [{"params": s.params, "moments": s.moments, "steps": s.steps}
+                           for s in self.state.stacks],
+                "local_scores": self.state._local_scores}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        self.state._global_filter = blob["global_filter"]
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        for stack, saved in zip(self.state.stacks, blob["stacks"], strict=True):
+            stack.params, stack.moments, stack.steps = saved["params"], saved["moments"], saved["steps"]
+        self.state._local_scores = blob["local_scores"]

@@ -1,16 +1,15 @@
-"""The round loop of the cohort-vectorised simulator.
+"""Options of a federated run, and the cohort-vectorised training of the item-embedding family.
 
-A round: sample clients (seeded), draw the cohort's training negatives and shuffle keys, train
-the cohort in memory-sized chunks (each chunk all at once), fold every chunk's uploads into
-running sums, aggregate, evaluate on validation, checkpoint. All randomness of round r comes
-from generators seeded by (seed, r), so a resumed run replays exactly what an uninterrupted
-one would have done.
+A round of that family (`fedrec.federated.algorithm.CohortAlgorithm`, driven by the one round
+driver `fedrec.core.run_rounds`): sample clients (seeded), draw the cohort's training negatives
+and shuffle keys, train the cohort in memory-sized chunks (each chunk all at once, `train_cohort`),
+fold every chunk's uploads into running sums, aggregate. All randomness of round r comes from
+draws keyed by (seed, r, client id), so a resumed run replays exactly what an uninterrupted one
+would have done.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,17 +19,19 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec.core.contract import FederatedAlgorithm
+from fedrec.core.driver import run_rounds
+from fedrec.core.plan import cohort_size, round_plan, sample_clients  # noqa: F401  (re-exported)
 from fedrec.errors import FedrecError
-from fedrec.eval.evaluate import evaluate, restrict
 from fedrec.federated import draws
-from fedrec.federated.cohort import build_cohort, order_by_activity
+from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import client_params
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import Selection, TrainOutcome
+from fedrec.train.selection import TrainOutcome
 
 
 @dataclass
@@ -111,21 +112,6 @@ class FederatedConfig:
         return self.lr * scale
 
 
-def cohort_size(n_clients: int, per_round: float) -> int:
-    """Clients per round: a fraction (<= 1) or a count (> 1) of ``n_clients``."""
-    if per_round <= 1.0:
-        return max(1, round(per_round * n_clients))
-    return min(int(per_round), n_clients)
-
-
-def sample_clients(n_clients: int, per_round: float, rng: np.random.Generator) -> np.ndarray:
-    """All clients, a fraction (<= 1) or a count (> 1) of them, without replacement."""
-    k = cohort_size(n_clients, per_round)
-    if k >= n_clients:
-        return np.arange(n_clients)
-    return np.sort(rng.choice(n_clients, size=k, replace=False))
-
-
 def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float) -> list[tuple[int, int]]:
     """Cut clients (in training order) into consecutive chunks estimated to fit the budget."""
     budget = budget_mb * 2**20
@@ -169,21 +155,13 @@ def client_negatives(k: int, train: sp.csr_matrix, sampler: ComplementSampler, r
     return sampler.sample_at(np.repeat(rows, counts), u)
 
 
-def round_plan(n_clients: int, per_round: float, seed: int, r: int
-               ) -> tuple[np.ndarray, torch.Generator]:
-    """The server's draws of round ``r``: the clients it samples and the generator of its own
-    noise (DP). Public given the seed: a Flower node computes when its clients take part."""
-    rng = np.random.default_rng([seed, r])
-    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    return sample_clients(n_clients, per_round, rng), gen
-
-
 def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.csr_matrix,
                  sampler: ComplementSampler, rows: np.ndarray, clients: np.ndarray, seed: int,
-                 r: int, path: UploadPath, acc: Accumulator) -> None:
+                 r: int, path: UploadPath, acc: Accumulator, keep: list[Any] | None = None) -> None:
     """Train ``clients`` (ids; rows ``rows`` of ``train``, in `order_by_activity` order) for
-    round ``r`` in memory-sized chunks, folding their uploads into ``acc``. The simulator calls
-    it with the whole cohort, a Flower node with its own clients."""
+    round ``r`` in memory-sized chunks, folding their uploads into ``acc`` (and appending each
+    chunk's per-client uploads to ``keep`` when given). The simulator calls it with the whole
+    cohort, a Flower node with its own clients."""
     counts = np.diff(train.indptr)[rows]
     negs, keys, fresh = client_draws(spec, cfg, train, sampler, rows, clients, seed, r)
     samples = counts * (1 + cfg.negatives)
@@ -195,7 +173,10 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
         chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
         batches = build_cohort(train, rows[a:b], chunk_negs, cfg.batch_size,
                                keys[:, s0 : smp_end[b - 1]])
-        state.accumulate(acc, state.local_update(batches, path, None if fresh is None else fresh[a:b]))
+        up = state.local_update(batches, path, None if fresh is None else fresh[a:b])
+        state.accumulate(acc, up)
+        if keep is not None:
+            keep.append(up)
 
 
 def run_federated(
@@ -206,67 +187,30 @@ def run_federated(
     on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
     checkpoint: str | Path | None = None,
     resume: bool = False,
+    fingerprint: dict[str, Any] | None = None,
+    keep_best: bool = False,
 ) -> TrainOutcome:
-    """Simulate ``cfg.rounds`` rounds with one client per user; test at the best validation round.
+    """Simulate ``cfg.rounds`` rounds of ``spec``'s algorithm; test at the best validation round.
 
-    ``spec`` is an algorithm's frozen description (`FamilySpec`, `RAPSpec`): it builds the
-    state (`spec.create_state`) that implements the batched algorithm interface.
+    ``spec`` is an algorithm's frozen description; ``spec.algorithm(split, cfg, seed)`` builds
+    the `fedrec.core.FederatedAlgorithm` that the one round driver (`fedrec.core.run_rounds`)
+    trains. ``fingerprint``: what a checkpoint must match to be resumed (default: the spec and
+    the engine options).
     """
     cfg.validate()
-    if hasattr(spec, "simulate"):  # clients that each hold a whole model (FedCIA and kin)
-        return spec.simulate(split, cfg, seed, on_round, checkpoint, resume)
-    n_clients, n_items = split.n_users, split.n_items
-    lr_item = cfg.item_lr(n_items)
-    state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=lr_item,
-                              item_std=cfg.item_std, seed=seed, train=split.train)
-    out = TrainOutcome()
-    first = 1
-    ckpt = Path(checkpoint) if checkpoint else None
-    if resume and ckpt is not None and ckpt.exists():
-        first = _load(ckpt, state, out, spec, cfg) + 1
-    path = cfg.upload_path(lr_item)
-    selection = Selection(split.protocol.select, cfg.patience, out)
+    algorithm = spec.algorithm(split, cfg, seed)
+    return train_federated(algorithm, spec, split, cfg, on_round=on_round, checkpoint=checkpoint,
+                           resume=resume, fingerprint=fingerprint, keep_best=keep_best)
 
-    def scorer(users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-        return state.scores(users, items)
 
-    # groups of users an algorithm reports apart (GFed-PP: public and private), tested apart too
-    groups: dict[str, np.ndarray] = getattr(state, "user_groups", dict)()
-
-    for r in range(first, cfg.rounds + 1):
-        start = time.perf_counter()
-        sampled, gen = round_plan(n_clients, cfg.clients_per_round, seed, r)
-        cohort = order_by_activity(split.train, sampled)
-        acc = state.begin_round(r)
-        train_cohort(state, spec, cfg, split.train, split.sampler, cohort, cohort, seed, r, path, acc)
-        if not math.isfinite(acc.loss_sum):
-            raise FedrecError(
-                f"training diverged in round {r} (the loss is not finite); lower --lr or "
-                f"--lr-item (item rows use {lr_item:g})"
-            )
-        state.aggregate(acc, path, gen)
-        record = RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
-                             bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
-                             rejected_uploads=acc.rejected, extra=state.round_extra())
-        if r % cfg.eval_every == 0 or r == cfg.rounds:
-            record.valid = evaluate(scorer, split.valid, split.protocol)
-            if selection.observe(r, record.valid):
-                out.test = evaluate(scorer, split.test, split.protocol)
-                out.extra["test_groups"] = {
-                    name: evaluate(scorer, restrict(split.test, mask), split.protocol)
-                    for name, mask in groups.items() if mask.any()}
-        record.seconds = time.perf_counter() - start
-        out.history.append(record)
-        if on_round is not None:
-            on_round(record, out.best_round, out.valid_at_best)
-        if ckpt is not None and cfg.checkpoint_every and (r % cfg.checkpoint_every == 0):
-            _save(ckpt, r, state, out, spec, cfg)
-        if selection.should_stop:
-            break
-    out.extra = {**state.run_extra(), **out.extra}
-    if cfg.dp_noise > 0:
-        out.extra["privacy"] = privacy_spent(cfg, n_clients, len(out.history))
-    return out
+def train_federated(algorithm: FederatedAlgorithm, spec: Any, split: Split, cfg: FederatedConfig,
+                    **driver: Any) -> TrainOutcome:
+    """Drive a built algorithm with ``cfg``'s rounds, evaluation and checkpoint options."""
+    if driver.get("fingerprint") is None:
+        driver["fingerprint"] = {"spec": asdict(spec), "config": asdict(cfg)}
+    rounds = min(cfg.rounds, algorithm.max_rounds or cfg.rounds)
+    return run_rounds(algorithm, split, rounds=rounds, eval_every=cfg.eval_every,
+                      patience=cfg.patience, checkpoint_every=cfg.checkpoint_every, **driver)
 
 
 def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str, float | str]:
@@ -283,38 +227,3 @@ def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str
     return {"epsilon": float(accountant.get_epsilon(cfg.dp_delta)), "delta": cfg.dp_delta,
             "noise_multiplier": cfg.dp_noise, "clip": float(cfg.dp_clip or 0.0), "sample_rate": q,
             "rounds": rounds, "accountant": "opacus.accountants.RDPAccountant"}
-
-
-def _save(path: Path, r: int, state: CohortState, out: TrainOutcome, spec: Any,
-          cfg: FederatedConfig) -> None:
-    """Write the whole simulation state atomically (temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {
-        "round": r, "spec": asdict(spec), "config": asdict(cfg), "state": state.state_dict(),
-        "history": [asdict(h) for h in out.history], "best_round": out.best_round,
-        "valid_at_best": out.valid_at_best, "test": out.test, "extra": out.extra,
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(blob, tmp)
-    tmp.replace(path)
-
-
-def _load(path: Path, state: CohortState, out: TrainOutcome, spec: Any,
-          cfg: FederatedConfig) -> int:
-    blob = torch.load(path, weights_only=False)
-    if blob["spec"] != asdict(spec) or "state" not in blob:
-        raise FedrecError(f"{path}: checkpoint was written by a different algorithm or model; "
-                          "remove it or drop --resume")
-    # options that may change on resume: how long to go on and when to stop or save
-    free = {"rounds", "patience", "checkpoint_every"}
-    mine = asdict(cfg)
-    changed = sorted(k for k in set(blob["config"]) | set(mine)
-                     if k not in free and mine.get(k) != blob["config"].get(k))
-    if changed:
-        raise FedrecError(f"{path}: checkpoint was written with other options ({', '.join(changed)}); "
-                          "resume with the same options, or remove it")
-    state.load_state_dict(blob["state"])
-    out.history = [RoundRecord(**h) for h in blob["history"]]
-    out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
-    out.extra = blob.get("extra", {})
-    return int(blob["round"])

@@ -50,6 +50,12 @@ class FamilySpec:
     dim: int = 32
     layers: tuple[int, ...] = (32, 16, 8)
 
+    def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
+        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
+        from fedrec.federated.algorithm import CohortAlgorithm
+
+        return CohortAlgorithm(self, split, cfg, seed)
+
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
                      client_ids: Any = None):  # type: ignore[no-untyped-def]

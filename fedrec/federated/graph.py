@@ -116,6 +116,12 @@ class GraphSpec:
     def gpfedrec(self) -> bool:
         return self.method == "gpfedrec"
 
+    def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
+        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
+        from fedrec.federated.algorithm import CohortAlgorithm
+
+        return CohortAlgorithm(self, split, cfg, seed)
+
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: sp.csr_matrix | None = None) -> GraphState:
         return GraphState.create_graph(self, n_clients, n_items, lr=lr, lr_item=lr_item,
@@ -464,14 +470,15 @@ class GraphState(FamilyState):
             return {}
         return {"public": self.public.copy(), "private": ~self.public}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state_dict(self) -> dict[str, Any]:
+        """The server of this family holds every client's uploaded rows and the graph's tables."""
         owner, items, rows = self._flat_uploads()
-        return {**super().state_dict(), "table": self.table, "decay": self.decay, "pending": self.pending,
-                "ldp": self.ldp, "noise_seed": self.noise_seed, "uploads": (owner, items, rows),
-                "seen": self.seen}
+        return {**super().server_state_dict(), "table": self.table, "decay": self.decay,
+                "pending": self.pending, "ldp": self.ldp, "noise_seed": self.noise_seed,
+                "uploads": (owner, items, rows), "seen": self.seen}
 
-    def load_state_dict(self, blob: dict[str, Any]) -> None:
-        super().load_state_dict(blob)
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        super().load_server_state_dict(blob)
         self.table, self.decay, self.pending = blob["table"], blob["decay"], blob["pending"]
         self.ldp, self.noise_seed, self.seen = blob["ldp"], blob["noise_seed"], blob["seen"]
         self.uploads = [blob["uploads"]]

@@ -149,6 +149,12 @@ class RAPSpec:
         w = curriculum(self.curriculum, r - 1)
         return self.lam * w, self.mu * w
 
+    def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
+        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
+        from fedrec.federated.algorithm import CohortAlgorithm
+
+        return CohortAlgorithm(self, split, cfg, seed)
+
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
                      client_ids: Any = None) -> RAPState:
@@ -299,11 +305,11 @@ class RAPState(FamilyState):
     def run_extra(self) -> dict[str, Any]:
         return {"sparsity_of_c": {k: v for k, v in self.round_extra().items() if k.startswith("c_")}}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "personal_table": self.personal_table}
+    def client_state_dict(self) -> dict[str, Any]:
+        return {**super().client_state_dict(), "personal_table": self.personal_table}
 
-    def load_state_dict(self, blob: dict[str, Any]) -> None:
-        super().load_state_dict(blob)
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        super().load_client_state_dict(blob)
         self.personal_table = blob["personal_table"]
 
     # -- evaluation ------------------------------------------------------------------------

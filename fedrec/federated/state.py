@@ -259,14 +259,31 @@ class FamilyState:
         """Algorithm-specific figures for the results JSON (none for this family)."""
         return {}
 
+    def user_groups(self) -> dict[str, np.ndarray]:
+        """Groups of users whose test figures are reported apart (none in this family)."""
+        return {}
+
+    # server and client state, declared apart: a Flower node keeps only the clients' part
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "round_start_items": self.round_start_items, "shared": self.shared}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {"private": self.private, "personal": self.personal.state()}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        self.items, self.round_start_items = blob["items"], blob["round_start_items"]
+        self.shared = blob["shared"]
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        self.private = blob["private"]
+        self.personal.load(blob["personal"])
+
     def state_dict(self) -> dict[str, Any]:
-        return {"items": self.items, "round_start_items": self.round_start_items,
-                "shared": self.shared, "private": self.private, "personal": self.personal.state()}
+        return {**self.server_state_dict(), **self.client_state_dict()}
 
     def load_state_dict(self, blob: dict[str, Any]) -> None:
-        self.items, self.round_start_items = blob["items"], blob["round_start_items"]
-        self.shared, self.private = blob["shared"], blob["private"]
-        self.personal.load(blob["personal"])
+        self.load_server_state_dict(blob)
+        self.load_client_state_dict(blob)
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -57,7 +57,6 @@ from fedrec.train.selection import Selection, TrainOutcome
 log = logging.getLogger("fedrec.flower")
 
 Payload = dict[str, Any]
-GLOBAL_KEYS = ("items", "round_start_items", "shared")  # state_dict entries the server owns
 
 
 def check_deployable(run: RunConfig, secure: bool = False, split: Split | None = None) -> Any:
@@ -158,16 +157,16 @@ class NodeRole:
             item_std=self.cfg.item_std, seed=run.seed, client_ids=self.data.users)
         self.path = self.cfg.upload_path(self.lr_item)
 
-    # private state: everything in the state that is not the server's
+    # private state: what the state declares its clients hold
     def private_state(self) -> bytes:
-        blob = {k: v for k, v in self.state.state_dict().items() if k not in GLOBAL_KEYS}
+        blob = self.state.client_state_dict()
         buf = io.BytesIO()
         torch.save(blob, buf)
         return buf.getvalue()
 
     def load_private_state(self, raw: bytes) -> None:
         blob = torch.load(io.BytesIO(raw), weights_only=False)
-        self.state.load_state_dict({**self.state.state_dict(), **blob})
+        self.state.load_client_state_dict(blob)
 
     def hello(self, resume_round: int = 0) -> Payload:
         """Who this node is, and the rows it needs next (after ``resume_round`` on a resume)."""

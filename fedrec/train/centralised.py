@@ -1,25 +1,25 @@
-"""Batched PyTorch training of a centralised recommender with validation-based model selection.
+"""Batched PyTorch training of a centralised recommender, driven by the one round driver.
 
 Each epoch draws fresh training negatives for every positive (vectorised), shuffles, and
-steps through minibatches. After each evaluation the model with the best validation figure is
-kept in memory; the test set is scored once, at the end, with that model.
+steps through minibatches. The driver (`fedrec.core.run_rounds`) evaluates on validation,
+scores the test set when validation improves, and leaves the model at its best epoch.
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedrec.eval.evaluate import evaluate
+from fedrec.core.contract import Trainable
+from fedrec.core.driver import run_rounds
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import Selection, TrainOutcome
+from fedrec.train.selection import TrainOutcome
 
 
 @dataclass
@@ -48,59 +48,74 @@ def model_scorer(model: nn.Module, device: str) -> Callable[[np.ndarray, np.ndar
     return score
 
 
+class CentralisedModel(Trainable):
+    """A centralised model as the round driver sees it: a round is one epoch over all training
+    data (fresh negatives, a shuffle, Adam steps). Everything lives on the server; the
+    generators are part of its state, so a resumed run replays the same epochs."""
+
+    def __init__(self, model: nn.Module, split: Split, config: TrainConfig, seed: int = 0) -> None:
+        self.model, self.split, self.config = model.to(config.device), split, config
+        self.rng = np.random.default_rng([seed, 2])
+        self.gen = torch.Generator().manual_seed(seed)
+        self.rating_task = split.protocol.ranking == "rating"
+        self.loss_fn = nn.MSELoss() if self.rating_task else nn.BCEWithLogitsLoss()
+        self.opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.pairs = split.train_pairs()
+        self._score = model_scorer(model, config.device)
+
+    def train_round(self, r: int) -> RoundRecord:
+        config, device = self.config, self.config.device
+        u_all, i_all, y_all = _epoch_samples(self.split, *self.pairs, config.negatives,
+                                             self.rating_task, self.rng)
+        perm = torch.randperm(len(u_all), generator=self.gen)
+        u_t = torch.as_tensor(u_all)[perm].to(device)
+        i_t = torch.as_tensor(i_all)[perm].to(device)
+        y_t = torch.as_tensor(y_all)[perm].to(device)
+        self.model.train()
+        total = 0.0
+        for s in range(0, len(u_t), config.batch_size):
+            sl = slice(s, s + config.batch_size)
+            loss = self.loss_fn(self.model(u_t[sl], i_t[sl]), y_t[sl])
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            total += loss.item() * len(u_t[sl])
+        return RoundRecord(round=r, loss=total / max(len(u_t), 1), seconds=0.0)
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        self.model.eval()
+        return self._score(users, items)
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                "rng": self.rng.bit_generator.state, "gen": self.gen.get_state()}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {}  # one server holds everything
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        self.model.load_state_dict(blob["model"])
+        self.opt.load_state_dict(blob["opt"])
+        self.rng.bit_generator.state = blob["rng"]
+        self.gen.set_state(blob["gen"])
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        pass
+
+
 def train_centralised(
     model: nn.Module,
     split: Split,
     config: TrainConfig,
     seed: int = 0,
     on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+    **driver: Any,
 ) -> TrainOutcome:
-    """Train ``model`` on ``split.train``; return history and test metrics at the best epoch."""
-    device = config.device
-    model.to(device)
-    rng = np.random.default_rng([seed, 2])
-    gen = torch.Generator().manual_seed(seed)
-    rating_task = split.protocol.ranking == "rating"
-    loss_fn = nn.MSELoss() if rating_task else nn.BCEWithLogitsLoss()
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    users, items, ratings = split.train_pairs()
-    scorer = model_scorer(model, device)
-
-    out = TrainOutcome()
-    selection = Selection(split.protocol.select, config.patience, out)
-    best_state = copy.deepcopy(model.state_dict())
-    for epoch in range(1, config.epochs + 1):
-        start = time.perf_counter()
-        u_all, i_all, y_all = _epoch_samples(split, users, items, ratings, config.negatives, rating_task, rng)
-        perm = torch.randperm(len(u_all), generator=gen)
-        u_t = torch.as_tensor(u_all)[perm].to(device)
-        i_t = torch.as_tensor(i_all)[perm].to(device)
-        y_t = torch.as_tensor(y_all)[perm].to(device)
-        model.train()
-        total = 0.0
-        for s in range(0, len(u_t), config.batch_size):
-            sl = slice(s, s + config.batch_size)
-            loss = loss_fn(model(u_t[sl], i_t[sl]), y_t[sl])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(u_t[sl])
-        record = RoundRecord(round=epoch, loss=total / max(len(u_t), 1), seconds=0.0)
-        if epoch % config.eval_every == 0 or epoch == config.epochs:
-            model.eval()
-            record.valid = evaluate(scorer, split.valid, split.protocol)
-            if selection.observe(epoch, record.valid):
-                best_state = copy.deepcopy(model.state_dict())
-        record.seconds = time.perf_counter() - start
-        out.history.append(record)
-        if on_round is not None:
-            on_round(record, out.best_round, out.valid_at_best)
-        if selection.should_stop:
-            break
-    model.load_state_dict(best_state)
-    model.eval()
-    out.test = evaluate(scorer, split.test, split.protocol)
-    return out
+    """Train ``model`` on ``split.train`` with the one round driver; return history and test
+    metrics at the best epoch, and leave ``model`` with its weights of that epoch."""
+    return run_rounds(CentralisedModel(model, split, config, seed), split, rounds=config.epochs,
+                      eval_every=config.eval_every, patience=config.patience, on_round=on_round,
+                      keep_best=True, **driver)
 
 
 def _epoch_samples(split: Split, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,

@@ -1,0 +1,88 @@
+"""The one checkpoint format, and the one check that a resumed run is the run that wrote it.
+
+A checkpoint holds the round it was written after, the algorithm's server and client state
+(kept apart, `fedrec.core.contract.Trainable.state_dict`), the history and selection so far,
+and the run's *fingerprint*: every option that shapes the figures (the algorithm and its
+options, the data set and its preprocessing, the protocol, the seed, the engine options).
+Resuming compares the fingerprint key by key and refuses any difference, so a checkpoint can
+never be continued under another run's label. Only options that say how long to go on and
+when to stop or save are free (`FREE`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedrec.core.contract import Trainable
+from fedrec.errors import FedrecError
+from fedrec.results import RoundRecord
+from fedrec.train.selection import TrainOutcome
+
+FORMAT = 2
+#: options that may change on resume: how long to go on, and when to stop, evaluate or save
+FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every"})
+
+
+def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``, leaving out `FREE` keys at any depth."""
+    if not isinstance(blob, dict):
+        return {prefix: blob}
+    out: dict[str, Any] = {}
+    for k, v in blob.items():
+        if k in FREE:
+            continue
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def save(path: Path, r: int, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
+         best_state: dict[str, Any] | None = None) -> None:
+    """Write the run after round ``r`` atomically (a unique temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "format": FORMAT, "round": r, "fingerprint": fingerprint, "state": algorithm.state_dict(),
+        "best_state": best_state, "history": [asdict(h) for h in out.history],
+        "best_round": out.best_round, "valid_at_best": out.valid_at_best, "test": out.test,
+        "extra": out.extra,
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
+         rounds: int) -> tuple[int, dict[str, Any] | None]:
+    """Continue from ``path``: check it, load the state into ``algorithm`` and the history into
+    ``out``; returns the round it was written after and the state at the best round (if kept)."""
+    try:
+        blob = torch.load(path, weights_only=False)
+    except Exception as e:  # truncated, garbage, or another program's file
+        raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
+                          "remove it or drop --resume") from e
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise FedrecError(f"{path}: not a checkpoint of this fedrec version; remove it or drop --resume")
+    mine, theirs = flatten(fingerprint), flatten(blob["fingerprint"])
+    changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if changed:
+        shown = ", ".join(f"{k} (checkpoint {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed[:4])
+        raise FedrecError(f"{path}: checkpoint was written with other options: {shown}; resume "
+                          "with the same options, or remove it")
+    if blob["round"] > rounds:
+        raise FedrecError(f"{path}: checkpoint is at round {blob['round']}, past the {rounds} "
+                          "rounds asked for; ask for at least as many rounds")
+    algorithm.load_state_dict(blob["state"])
+    out.history = [RoundRecord(**h) for h in blob["history"]]
+    out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
+    out.extra = blob["extra"]
+    return int(blob["round"]), blob["best_state"]

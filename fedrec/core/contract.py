@@ -1,0 +1,166 @@
+"""What the round driver needs of an algorithm: the typed contract every method implements.
+
+Two levels:
+
+* `Trainable` — anything the driver trains round by round: ``train_round`` (one round, or one
+  epoch of a centralised model), ``scores`` for evaluation and recommendation, and its state
+  as two separate dicts, the server's and the clients'. Keeping them apart is what lets a
+  Flower node keep exactly its clients' part (declared, never guessed from a deny-list) and a
+  checkpoint hold both.
+* `FederatedAlgorithm` — a federated round spelled out as DESIGN.md's steps: the driver's
+  `RoundPlan` (sampled clients and the server's generators) goes to ``begin_round``, then
+  ``local_update`` trains the sampled clients and returns their `Uploads`, and ``aggregate``
+  turns the uploads into the new server state. Its ``train_round`` is written once here.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.results import RoundRecord
+
+
+@dataclass
+class RoundPlan:
+    """The server's draws of a round (`fedrec.core.plan.round_plan`).
+
+    ``clients``: the sampled client ids, sorted. ``server_gen``: the generator of the server's
+    own noise (DP). ``rng``: a generator seeded by (seed, round) for the few draws not yet keyed
+    by client (FedCIA's negatives); it is fresh, so using it does not shift any other draw.
+    """
+
+    round: int
+    clients: np.ndarray
+    server_gen: torch.Generator
+    rng: np.random.Generator
+
+
+@dataclass
+class Uploads:
+    """What the clients of a round sent, and what it cost.
+
+    ``payload`` is the algorithm's own form of the uploads: running sums folded chunk by chunk
+    (memory proportional to the rows the clients touched; the simulator's fast path), or the
+    per-client uploads when something has to look at each one. ``per_client`` holds the
+    materialised uploads when the algorithm was asked to keep them (see
+    `FederatedAlgorithm.keep_uploads`), else None.
+    """
+
+    payload: Any = None
+    per_client: list[Any] | None = None
+    n_accepted: int = 0
+    rejected: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    loss_sum: float = 0.0
+    client_batches: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def loss(self) -> float:
+        """Mean training loss over the clients' minibatches."""
+        return self.loss_sum / max(self.client_batches, 1)
+
+
+class Trainable(ABC):
+    """Anything the round driver trains (see the module docstring)."""
+
+    #: what to lower when the loss stops being finite (said in the error)
+    divergence_hint: str = "lower --lr"
+    #: the most rounds the method has use for (GF-CF, computed once: 1); None = any
+    max_rounds: int | None = None
+
+    @abstractmethod
+    def train_round(self, r: int) -> RoundRecord:
+        """Train round (or epoch) ``r`` (1-based); its record without validation figures."""
+
+    @abstractmethod
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        """Scores ``(len(users), C)`` of ``items`` (``(len(users), C)``; None = every item),
+        each user under its own state (`fedrec.eval.evaluate.Scorer`)."""
+
+    @abstractmethod
+    def server_state_dict(self) -> dict[str, Any]:
+        """What the server holds (global tables, shared weights, server optimiser state)."""
+
+    @abstractmethod
+    def client_state_dict(self) -> dict[str, Any]:
+        """What the clients hold privately (never sent to the server)."""
+
+    @abstractmethod
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server and client state, kept apart."""
+        return {"server": self.server_state_dict(), "clients": self.client_state_dict()}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        self.load_server_state_dict(blob["server"])
+        self.load_client_state_dict(blob["clients"])
+
+    def user_groups(self) -> dict[str, np.ndarray]:
+        """Groups of users whose test figures are reported apart (GFed-PP: public, private)."""
+        return {}
+
+    def run_extra(self) -> dict[str, Any]:
+        """Algorithm-specific figures for the results JSON."""
+        return {}
+
+
+class FederatedAlgorithm(Trainable):
+    """A federated algorithm: a round is plan → begin_round → local_update → aggregate.
+
+    Subclasses hold ``n_clients``, ``seed`` and ``clients_per_round`` (the driver's sampling)
+    and implement the three steps; ``round_extra`` adds figures to the round's record.
+    """
+
+    n_clients: int
+    seed: int
+    clients_per_round: float = 1.0
+    #: keep each client's upload in `Uploads.per_client` (robust aggregation, audits)
+    keep_uploads: bool = False
+
+    def plan(self, r: int) -> RoundPlan:
+        """Round ``r``'s server draws: sampled clients, the server's noise generator."""
+        from fedrec.core.plan import round_plan
+
+        clients, gen = round_plan(self.n_clients, self.clients_per_round, self.seed, r)
+        return RoundPlan(r, clients, gen, np.random.default_rng([self.seed, r]))
+
+    def begin_round(self, plan: RoundPlan) -> None:
+        """Prepare the server for round ``plan.round`` (curricula, deferred server steps)."""
+
+    @abstractmethod
+    def local_update(self, plan: RoundPlan) -> Uploads:
+        """Send each sampled client what it needs, train it, keep its private state; return
+        the round's uploads."""
+
+    @abstractmethod
+    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        """Fold the round's uploads into the server state."""
+
+    def round_extra(self) -> dict[str, float]:
+        """Algorithm-specific figures for the round's record."""
+        return {}
+
+    def train_round(self, r: int) -> RoundRecord:
+        plan = self.plan(r)
+        self.begin_round(plan)
+        uploads = self.local_update(plan)
+        if not math.isfinite(uploads.loss_sum):
+            raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
+                              f"{self.divergence_hint}")
+        self.aggregate(uploads, plan)
+        return RoundRecord(round=r, loss=uploads.loss, seconds=0.0, bytes_up=uploads.bytes_up,
+                           bytes_down=uploads.bytes_down, rejected_uploads=uploads.rejected,
+                           extra={**uploads.extra, **self.round_extra()})

@@ -1,0 +1,88 @@
+"""The one round driver: train → validate → select → test at the best round → checkpoint → stop.
+
+Every run goes through `run_rounds`: the federated simulator (a `FederatedAlgorithm`, whose
+round is plan → local update → uploads → aggregate) and the centralised trainer (one epoch a
+round). Validation decides everything; the test set is scored only when validation improves,
+with the state of that round, so the reported test figure is the one at the best validation
+round and never chooses anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedrec.core import checkpoint as ckpt
+from fedrec.core.contract import Trainable
+from fedrec.errors import FedrecError
+from fedrec.eval.evaluate import evaluate, restrict
+from fedrec.protocols.protocol import Split
+from fedrec.results import RoundRecord
+from fedrec.train.selection import Selection, TrainOutcome
+
+OnRound = Callable[[RoundRecord, int, dict[str, float]], None]
+
+
+def run_rounds(
+    algorithm: Trainable,
+    split: Split,
+    *,
+    rounds: int,
+    eval_every: int = 1,
+    patience: int = 0,
+    on_round: OnRound | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    fingerprint: dict[str, Any] | None = None,
+    keep_best: bool = False,
+) -> TrainOutcome:
+    """Train ``algorithm`` for rounds ``1..rounds`` (or continue its checkpoint).
+
+    ``keep_best``: leave ``algorithm`` in its state at the best validation round (a copy is
+    kept at every improvement), as a trained model handed to a user must be; otherwise it ends
+    in its last round's state. ``fingerprint``: the options that shape the figures, stored in
+    checkpoints and compared on resume (`fedrec.core.checkpoint`).
+    """
+    out = TrainOutcome()
+    first = 1
+    best_state: dict[str, Any] | None = None
+    path = Path(checkpoint) if checkpoint else None
+    fingerprint = fingerprint or {}
+    if resume and path is not None and path.exists():
+        last, best_state = ckpt.load(path, algorithm, out, fingerprint, rounds)
+        first = last + 1
+    selection = Selection(split.protocol.select, patience, out)
+    groups = algorithm.user_groups()
+    for r in range(first, rounds + 1):
+        start = time.perf_counter()
+        record = algorithm.train_round(r)
+        if not math.isfinite(record.loss):
+            raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
+                              f"{algorithm.divergence_hint}")
+        if r % eval_every == 0 or r == rounds:
+            record.valid = evaluate(algorithm.scores, split.valid, split.protocol)
+            if selection.observe(r, record.valid):
+                out.test = evaluate(algorithm.scores, split.test, split.protocol)
+                if groups:
+                    out.extra["test_groups"] = {
+                        name: evaluate(algorithm.scores, restrict(split.test, mask), split.protocol)
+                        for name, mask in groups.items() if mask.any()}
+                if keep_best:
+                    best_state = copy.deepcopy(algorithm.state_dict())
+        record.seconds = time.perf_counter() - start
+        out.history.append(record)
+        if on_round is not None:
+            on_round(record, out.best_round, out.valid_at_best)
+        if path is not None and checkpoint_every and r % checkpoint_every == 0:
+            ckpt.save(path, r, algorithm, out, fingerprint, best_state)
+        if selection.should_stop:
+            break
+    out.extra = {**algorithm.run_extra(), **out.extra}
+    if keep_best and best_state is not None:
+        algorithm.load_state_dict(best_state)
+    return out

@@ -1,0 +1,82 @@
+"""The item-embedding family (and FedRAP, GPFedRec, GFed-PP, MetaMF) as a `FederatedAlgorithm`.
+
+Their states (`FamilyState` and its subclasses) are batched kernels: they train one chunk of a
+cohort at once and fold its uploads into running sums. `CohortAlgorithm` gives them the round
+the driver runs: the sampled cohort, ordered by activity, is trained in memory-sized chunks
+(`fedrec.federated.engine.train_cohort`), the chunks' uploads are folded (or also kept per
+client when `keep_uploads` is set), and the state aggregates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
+from fedrec.federated.cohort import order_by_activity
+from fedrec.protocols.protocol import Split
+
+
+class CohortAlgorithm(FederatedAlgorithm):
+    """A cohort-vectorised state driven round by round (see the module docstring)."""
+
+    def __init__(self, spec: Any, split: Split, cfg: Any, seed: int) -> None:
+        self.spec, self.split, self.cfg, self.seed = spec, split, cfg, seed
+        self.n_clients, self.clients_per_round = split.n_users, cfg.clients_per_round
+        self.lr_item = cfg.item_lr(split.n_items)
+        self.state = spec.create_state(split.n_users, split.n_items, lr=cfg.lr, lr_item=self.lr_item,
+                                       item_std=cfg.item_std, seed=seed, train=split.train)
+        self.path = cfg.upload_path(self.lr_item)
+        self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
+        self.rounds_done = 0
+
+    def begin_round(self, plan: RoundPlan) -> None:
+        self._acc = self.state.begin_round(plan.round)
+
+    def local_update(self, plan: RoundPlan) -> Uploads:
+        from fedrec.federated.engine import train_cohort
+
+        cohort = order_by_activity(self.split.train, plan.clients)
+        kept: list[Any] | None = [] if self.keep_uploads else None
+        acc = self._acc
+        train_cohort(self.state, self.spec, self.cfg, self.split.train, self.split.sampler, cohort,
+                     cohort, self.seed, plan.round, self.path, acc, keep=kept)
+        return Uploads(payload=acc, per_client=kept, n_accepted=acc.n, rejected=acc.rejected,
+                       bytes_up=acc.bytes_up, bytes_down=acc.bytes_down, loss_sum=acc.loss_sum,
+                       client_batches=acc.client_batches)
+
+    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        self.state.aggregate(uploads.payload, self.path, plan.server_gen)
+        self.rounds_done = plan.round
+
+    def round_extra(self) -> dict[str, float]:
+        return self.state.round_extra()
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        return self.state.scores(users, items)
+
+    def user_groups(self) -> dict[str, np.ndarray]:
+        return self.state.user_groups()
+
+    def run_extra(self) -> dict[str, Any]:
+        out = dict(self.state.run_extra())
+        if self.cfg.dp_noise > 0:
+            from fedrec.federated.engine import privacy_spent
+
+            out["privacy"] = privacy_spent(self.cfg, self.n_clients, self.rounds_done)
+        return out
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {**self.state.server_state_dict(), "rounds_done": self.rounds_done}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return self.state.client_state_dict()
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
+        self.rounds_done = blob.pop("rounds_done")
+        self.state.load_server_state_dict(blob)
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        self.state.load_client_state_dict(blob)
