@@ -25,7 +25,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.federated.engine import run_federated
 from fedrec.flower.launch import Loopback
 from fedrec.flower.roles import run_in_process
-from fedrec.run import RunConfig, federated_config, prepare_split
+from fedrec.experiment import RunConfig, federated_config, prepare_split
 
 
 def _per_round(history: list) -> float:  # type: ignore[type-arg]
@@ -52,7 +52,7 @@ def main() -> None:
     imports = time.perf_counter() - t
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c",
-                    "from fedrec.flower.records import run_from_json; from fedrec.run import prepare_split;"
+                    "from fedrec.flower.records import run_from_json; from fedrec.experiment import prepare_split;"
                     f"prepare_split(run_from_json({json.dumps(json.dumps(_dump(run)))}))"], check=True)
     data = time.perf_counter() - t - imports
     print(f"a ClientApp process: {imports:.2f} s to start and import, {data:.2f} s to load its split")

@@ -1,5 +1,39 @@
-"""fedrec: federated recommendation with leak-free protocols and cohort-vectorised simulation."""
+"""fedrec: federated recommendation with leak-free protocols and cohort-vectorised simulation.
+
+The public API (docs/api.md): `run` trains an algorithm and returns a `Run` (figures, the
+trained model, `Run.recommend`, `Run.save`); `load` reads a saved run back; `algorithms` and
+`protocols` list what is registered.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+__all__ = ["Run", "RunConfig", "algorithms", "load", "protocols", "run", "__version__"]
+
+
+def algorithms() -> list[str]:
+    """Names of the registered algorithms."""
+    from fedrec.algorithms import ALGORITHMS
+
+    return list(ALGORITHMS)
+
+
+def protocols() -> list[str]:
+    """Names of the evaluation protocols."""
+    from fedrec.protocols.protocol import PROTOCOLS
+
+    return list(PROTOCOLS)
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    # imported on first use: `import fedrec` stays cheap (no torch) for the CLI's --help
+    if name in ("run", "load", "Run"):
+        from fedrec import api
+
+        return getattr(api, name)
+    if name == "RunConfig":
+        from fedrec.experiment import RunConfig
+
+        return RunConfig
+    raise AttributeError(f"module 'fedrec' has no attribute {name!r}")

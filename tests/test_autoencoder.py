@@ -26,7 +26,7 @@ from fedrec.federated.autoencoder import AESpec, AEState
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol
-from fedrec.run import RunConfig, federated_config, run
+from fedrec.experiment import RunConfig, federated_config, run
 
 HIDDEN = (6, 4)
 

@@ -10,7 +10,7 @@ import pytest
 from fedrec.cli import main
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, chunk_bounds, sample_clients
-from fedrec.run import RunConfig, federated_config, run
+from fedrec.experiment import RunConfig, federated_config, run
 
 SYN = "synthetic:150x400"
 

@@ -18,7 +18,7 @@ import torch
 from fedrec.algorithms import get_algorithm
 from fedrec.federated.engine import run_federated
 from fedrec.flower.roles import NodeRole, ServerRole, run_in_process
-from fedrec.run import RunConfig, federated_config, prepare_split
+from fedrec.experiment import RunConfig, federated_config, prepare_split
 
 DATA = "synthetic:60x300"
 
@@ -28,7 +28,8 @@ AE = {"clients": 10, "hidden": "16/8"}  # PersonalFR's clients: 10 groups of 6 u
 
 def _run(alg: str, rounds: int = 3, seed: int = 3, model: dict[str, Any] | None = None,
          protocol: str = "loo-sampled", **engine: Any) -> RunConfig:
-    return RunConfig(alg, dataset=DATA, protocol=protocol, seed=seed, model={"dim": 8, **(model or {})},
+    dim = {"dim": 8} if "dim" in get_algorithm(alg).defaults else {}
+    return RunConfig(alg, dataset=DATA, protocol=protocol, seed=seed, model={**dim, **(model or {})},
                      federated=federated_config(alg, rounds=rounds, memory_budget_mb=0.05, **engine))
 
 

@@ -24,7 +24,7 @@ from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
-from fedrec.run import RunConfig, federated_config, run
+from fedrec.experiment import RunConfig, federated_config, run
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.05, 2.0, 8, 2

@@ -65,7 +65,7 @@ def figures(name: str) -> dict[str, Any]:
     """Run case ``name`` for `ROUNDS` rounds at seed 0; its per-round loss and validation
     figures and the test figures at the best validation round."""
     from fedrec.algorithms import get_algorithm
-    from fedrec.run import RunConfig, federated_config, run
+    from fedrec.experiment import RunConfig, federated_config, run
     from fedrec.train.centralised import TrainConfig
 
     algorithm, model, engine = case(name)

@@ -23,14 +23,14 @@ from fedrec.reproduce.runner import (
     privacy_notes,
     sparsity_notes,
 )
-from fedrec.run import RunConfig
+from fedrec.experiment import RunConfig
 
 DATASETS = ["tafeng", "ml-100k", "ml-1m", "amazon-video", "lastfm-2k", "qb-article"]
 FEDRAP_TABLES = ["1", "3", "4", "5", "6", "ablation", "curriculum"]
 
 
 def _fake_run(calls: list[RunConfig]):  # type: ignore[no-untyped-def]
-    """Stands in for `fedrec.run.run`: records the config, writes a small results JSON."""
+    """Stands in for `fedrec.experiment.run`: records the config, writes a small results JSON."""
 
     def run(cfg: RunConfig, out: Path, **_: Any) -> None:
         calls.append(cfg)

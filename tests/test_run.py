@@ -9,7 +9,7 @@ import pytest
 
 from fedrec.cli import main
 from fedrec.errors import FedrecError, UnknownNameError
-from fedrec.run import RunConfig, run
+from fedrec.experiment import RunConfig, run
 from fedrec.train.centralised import TrainConfig
 
 SYN = "synthetic:400x1000"

@@ -1,41 +1,66 @@
-"""The one place algorithms register by name.
+"""The one place algorithms register by name; every module of this package is discovered.
 
-An `AlgorithmSpec` says what kind of run an algorithm is (centralised now; federated
-algorithms join with the engine) and how to build its model for a split. Adding an algorithm
-means adding one module that calls `register` and one test.
+An `AlgorithmSpec` says what kind of run an algorithm is, which typed options it takes
+(`fedrec.options.Options`), the engine options it runs with unless told otherwise, and how to
+build it for a split. Adding an algorithm means adding one module here that calls `register`,
+and one test: modules are imported by `discover` (no central list to edit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fedrec.errors import UnknownNameError
+from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """A named algorithm: ``build(split, options)`` returns its model.
+    """A named algorithm: ``builder(split, options)`` returns its model description.
 
-    ``kind`` picks the trainer: ``centralised`` builds an ``nn.Module`` trained by
-    `fedrec.train.centralised`; ``federated`` builds a `FamilySpec` run by the simulator.
-    ``defaults`` hold model options and the learning rate the papers use; ``engine`` holds
-    the federated engine options the algorithm runs with unless the user says otherwise
-    (`fedrec.run.federated_config`). ``rankings`` are the protocol rankings its scores can
-    be evaluated under (binarised rating vectors, ``rated``, need a model trained on them).
-    ``flower``: the Flower app runs it (`fedrec.flower`).
+    ``kind`` picks the trainer: ``centralised`` builds an ``nn.Module`` trained one epoch a
+    round; ``federated`` builds a frozen spec whose ``algorithm(split, cfg, seed)`` is a
+    `fedrec.core.FederatedAlgorithm`. ``options`` is its typed options class; ``fixed`` the
+    options a variant sets for itself (``fedrap-no``: ``reg=none``). ``engine`` holds the
+    engine options (learning rate included) it runs with unless the user says otherwise
+    (`fedrec.experiment.federated_config`). ``rankings`` are the protocol rankings its scores can be
+    evaluated under; ``flower``: the Flower app runs it (`fedrec.flower`).
     """
 
     name: str
     kind: str
     description: str
-    build: Callable[[Split, dict[str, Any]], Any]
-    defaults: dict[str, Any] = field(default_factory=dict)
+    builder: Callable[[Split, Any], Any]
+    options: type[Options] = Options
     engine: dict[str, Any] = field(default_factory=dict)
+    fixed: dict[str, Any] = field(default_factory=dict)
     rankings: tuple[str, ...] = ("sampled", "full", "rating")
     flower: bool = False
+
+    def parse(self, values: Mapping[str, Any] | None = None) -> Options:
+        """Typed options from ``values`` (unknown keys, wrong types and contradicted fixed
+        options are one clear error each)."""
+        return self.options.parse(values or {}, algorithm=self.name, fixed=self.fixed)
+
+    def build(self, split: Split | None, values: Mapping[str, Any] | Options | None = None) -> Any:
+        """The algorithm's model description for ``split`` under ``values`` (typed or not)."""
+        opts = values if isinstance(values, Options) else self.parse(values)
+        return self.builder(split, opts)  # type: ignore[arg-type]
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The options it runs with when none are given."""
+        return asdict(self.parse())
+
+    @property
+    def lr(self) -> float | None:
+        """Its default learning rate (an engine option), if it has one."""
+        return self.engine.get("lr")
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
@@ -54,10 +79,10 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     return ALGORITHMS[name]
 
 
-from fedrec.algorithms import ae as _ae  # noqa: E402,F401  (registers)
-from fedrec.algorithms import centralised as _centralised  # noqa: E402,F401  (registers)
-from fedrec.algorithms import cia as _cia  # noqa: E402,F401  (registers)
-from fedrec.algorithms import federated as _federated  # noqa: E402,F401  (registers)
-from fedrec.algorithms import graph as _graph  # noqa: E402,F401  (registers)
-from fedrec.algorithms import metamf as _metamf  # noqa: E402,F401  (registers)
-from fedrec.algorithms import rap as _rap  # noqa: E402,F401  (registers)
+def discover() -> None:
+    """Import every module of this package (each registers its algorithms)."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+discover()

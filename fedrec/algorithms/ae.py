@@ -15,60 +15,44 @@ optimizer=sgd --lr 0.1`` (what `fedrec reproduce personalfr` runs).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.errors import FedrecError
 from fedrec.federated.autoencoder import AESpec
+from fedrec.options import Options
 from fedrec.protocols.protocol import Split
+
+
+@dataclass(frozen=True)
+class AEOptions(Options):
+    """`AESpec`'s fields (see the module docstring); ``share`` is set by each algorithm."""
+
+    clients: int = 100
+    grouping: str = "random"
+    hidden: tuple[int, ...] = (256, 128)
+    dropout: float = 0.5
+    norm: bool = True
+    compression: bool = True
+    optimizer: str = "adam"
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float | None = None
+    clip: float = 0.0
+    share: str = "decoder"
+
+
+def _build(split: Split, o: AEOptions) -> AESpec:
+    return AESpec(**asdict(o))
+
 
 ENGINE: dict[str, Any] = {"lr": 1e-3, "rounds": 800, "clients_per_round": 0.1, "local_epochs": 5,
                           "batch_size": 10, "patience": 0}
-_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() not in _BOOL:
-        raise FedrecError(f"expected true or false, got {value!r}")
-    return _BOOL[str(value).lower()]
-
-
-def _build(fixed: dict[str, Any]):  # type: ignore[no-untyped-def]
-    def build(split: Split, opts: dict[str, Any]) -> AESpec:
-        if opts.get("dual"):
-            raise FedrecError("the autoencoders have no --dual variant")
-        clash = sorted(k for k in fixed if k in opts and str(opts[k]) != str(fixed[k]))
-        if clash:
-            raise FedrecError(f"this algorithm fixes {', '.join(f'{k}={fixed[k]}' for k in clash)}")
-        o = {**opts, **fixed}
-        kwargs: dict[str, Any] = {}
-        for k in ("share", "grouping", "optimizer"):
-            if k in o:
-                kwargs[k] = str(o[k])
-        for k in ("clients",):
-            if k in o:
-                kwargs[k] = int(o[k])
-        for k in ("dropout", "momentum", "clip"):
-            if k in o:
-                kwargs[k] = float(o[k])
-        for k in ("norm", "compression", "nesterov"):
-            if k in o:
-                kwargs[k] = _flag(o[k])
-        if o.get("weight_decay") not in (None, ""):
-            kwargs["weight_decay"] = float(o["weight_decay"])
-        if "hidden" in o:
-            kwargs["hidden"] = tuple(int(x) for x in str(o["hidden"]).replace(",", "/").split("/"))
-        return AESpec(**kwargs)
-
-    return build
 
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None) -> None:
-    register(AlgorithmSpec(name, "federated", text, _build(fixed), {"clients": 100, **fixed},
-                           {**ENGINE, **(engine or {})}, rankings=("rating", "rated"),
-                           flower=fixed.get("clients") != 1))
+    register(AlgorithmSpec(name, "federated", text, _build, AEOptions, {**ENGINE, **(engine or {})},
+                           fixed, rankings=("rating", "rated"), flower=fixed.get("clients") != 1))
 
 
 _register("personalfr", "PersonalFR: rating autoencoder, private encoder per client, decoder "

@@ -16,15 +16,58 @@ epoch, early stopping after 10 rounds without a better validation F1@10, as the 
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.errors import FedrecError
 from fedrec.federated.cia import CIASpec
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
-OPTIONS = ("aggregation", "clients", "grouping", "layers", "finetune_steps", "finetune_lr",
-           "finetune_loss", "upload_rank", "scope", "beta", "ideal_weight", "filter_rank")
+
+@dataclass(frozen=True)
+class CIAOptions(Options):
+    """See the module docstring; ``dims`` empty means ``dim`` for every client."""
+
+    dim: int = 64
+    backbone: str = "mf"
+    dims: tuple[int, ...] = ()
+    aggregation: str = "cia"
+    clients: int = 100
+    grouping: str = "contiguous"
+    layers: int = 3
+    finetune_steps: int = 100
+    finetune_lr: float = 0.1
+    finetune_loss: str = "norm"
+    upload_rank: int = 0
+    scope: str = "all"
+    beta: float = 60.0
+    ideal_weight: float = 0.3
+    filter_rank: int = 32
+
+    def validate(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
+              (self.backbone == "mixed" and len(self.dims) > 1,
+               "give either backbone=mixed or several dims, not both"))
+
+
+@dataclass(frozen=True)
+class StackedOptions(CIAOptions):
+    """Grouped clients with a model each and, unless told, no aggregation."""
+
+    aggregation: str = "none"
+
+
+def _build(split: Split, o: CIAOptions) -> CIASpec:
+    if split is not None and split.protocol.ranking == "rating":
+        raise FedrecError("FedCIA's models rank items; use a ranking protocol (ratio-full)")
+    backbones = ["mf", "mlp", "lightgcn"] if o.backbone == "mixed" else [o.backbone]
+    models = tuple((b, d) for b in backbones for d in (o.dims or (o.dim,)))
+    kwargs = {k: v for k, v in asdict(o).items() if k not in ("dim", "backbone", "dims")}
+    return CIASpec(models=models, **kwargs)
+
+
 ENGINE: dict[str, Any] = {"lr": 0.03, "batch_size": 4096, "negatives": 1, "patience": 10,
                           "rounds": 200}
 #: LightGCN clients train with 4 negatives per positive: chosen on validation F1@10 (ML-100K,
@@ -33,42 +76,10 @@ ENGINE: dict[str, Any] = {"lr": 0.03, "batch_size": 4096, "negatives": 1, "patie
 LIGHTGCN_ENGINE: dict[str, Any] = {"negatives": 4}
 
 
-def _models(backbone: str, dim: int, dims: Any) -> tuple[tuple[str, int], ...]:
-    sizes = [int(x) for x in str(dims).replace(",", "/").split("/")] if dims not in (None, "") else [dim]
-    backbones = ["mf", "mlp", "lightgcn"] if backbone == "mixed" else [backbone]
-    if len(backbones) > 1 and len(sizes) > 1:
-        raise FedrecError("give either backbone=mixed or several dims, not both")
-    return tuple((b, d) for b in backbones for d in sizes)
-
-
-def _build(fixed: dict[str, Any]):  # type: ignore[no-untyped-def]
-    def build(split: Split, opts: dict[str, Any]) -> CIASpec:
-        if opts.get("dual"):
-            raise FedrecError("FedCIA models have no --dual variant")
-        if split.protocol.ranking == "rating":
-            raise FedrecError("FedCIA's models rank items; use a ranking protocol (ratio-full)")
-        clash = sorted(k for k in fixed if k in opts and opts[k] != fixed[k])
-        if clash:
-            raise FedrecError(f"this algorithm fixes {', '.join(f'{k}={fixed[k]}' for k in clash)}")
-        merged = {**opts, **fixed}
-        kwargs: dict[str, Any] = {k: merged[k] for k in OPTIONS if k in merged}
-        for k in ("clients", "layers", "finetune_steps", "upload_rank", "filter_rank"):
-            if k in kwargs:
-                kwargs[k] = int(kwargs[k])
-        for k in ("finetune_lr", "beta", "ideal_weight"):
-            if k in kwargs:
-                kwargs[k] = float(kwargs[k])
-        models = _models(str(merged.get("backbone", "mf")), int(merged["dim"]), merged.get("dims"))
-        return CIASpec(models=models, **kwargs)
-
-    return build
-
-
-def _register(name: str, text: str, fixed: dict[str, Any], defaults: dict[str, Any] | None = None,
-              engine: dict[str, Any] | None = None) -> None:
-    register(AlgorithmSpec(name, "federated", text, _build(fixed),
-                           {"dim": 64, "backbone": "mf", "clients": 100, **(defaults or {}), **fixed},
-                           {**ENGINE, **(engine or {})}))
+def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None,
+              options: type[CIAOptions] = CIAOptions) -> None:
+    register(AlgorithmSpec(name, "federated", text, _build, options,
+                           {**ENGINE, **(engine or {})}, fixed))
 
 
 _register("fedcia", "FedCIA: clients upload item similarities E Eᵀ (or GF-CF filters); the server "
@@ -84,8 +95,7 @@ _register("fedlightgcn", "FedLightGCN: LightGCN clients, FedAvg of item tables b
           {"aggregation": "waa", "backbone": "lightgcn"}, engine=LIGHTGCN_ENGINE)
 _register("stacked", "grouped clients each with a whole model of their own and a chosen "
           "aggregation (--set aggregation=none|waa|cia): FedCIA's Table 3 and its "
-          "no-aggregation columns; clients=1 is the centralised model", {},
-          defaults={"aggregation": "none"})
+          "no-aggregation columns; clients=1 is the centralised model", {}, options=StackedOptions)
 _register("lightgcn", "LightGCN on all training data (one client, no aggregation)",
           {"aggregation": "none", "backbone": "lightgcn", "clients": 1}, engine=LIGHTGCN_ENGINE)
 _register("gfcf", "GF-CF on all training data: the parameter-free graph filter (one client)",

@@ -13,23 +13,44 @@ the official FedRecon's up-to-50 reconstruction steps): validation HR@10 after 2
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.family import FamilySpec
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
 
-def _family(score: str, *, private_score: bool = False, always_dual: bool = False,
-            reconstruct: bool = False):  # type: ignore[no-untyped-def]
-    def build(split: Split, opts: dict[str, Any]) -> FamilySpec:
-        dual = always_dual or bool(opts.get("dual", False))
+@dataclass(frozen=True)
+class FamilyOptions(Options):
+    """``dim``: embedding size; ``dual``: PFedRec's dual personalisation."""
+
+    dim: int = 32
+    dual: bool = False
+
+    def validate(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
+
+
+@dataclass(frozen=True)
+class ReconOptions(FamilyOptions):
+    """FedRecon: ``reconstruct_epochs`` re-training the user vector each round."""
+
+    reconstruct_epochs: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        check((self.reconstruct_epochs < 1, "reconstruct_epochs must be >= 1"))
+
+
+def _family(score: str, *, private_score: bool = False, reconstruct: bool = False):  # type: ignore[no-untyped-def]
+    def build(split: Split, o: FamilyOptions) -> FamilySpec:
         return FamilySpec(
             score=score,
-            private_score=private_score or dual,
-            dual=dual,
-            reconstruct=int(opts.get("reconstruct_epochs", 1)) if reconstruct else 0,
-            dim=int(opts["dim"]),
+            private_score=private_score or o.dual,
+            dual=o.dual,
+            reconstruct=o.reconstruct_epochs if isinstance(o, ReconOptions) else 0,
+            dim=o.dim,
         )
 
     return build
@@ -38,22 +59,21 @@ def _family(score: str, *, private_score: bool = False, always_dual: bool = Fals
 register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
-    _family("dot"), {"dim": 32, "lr": 0.1, "dual": False}, flower=True,
+    _family("dot"), FamilyOptions, {"lr": 0.1}, flower=True,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), {"dim": 32, "lr": 0.5, "dual": False}, {"item_lr_scale": 20000.0}, flower=True,
+    _family("ncf"), FamilyOptions, {"lr": 0.5, "item_lr_scale": 20000.0}, flower=True,
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",
     "FedRecon: user vector re-trained from scratch each round before the item update; --dual for DualPer",
-    _family("dot", reconstruct=True), {"dim": 32, "lr": 0.1, "dual": False, "reconstruct_epochs": 20},
-    flower=True,
+    _family("dot", reconstruct=True), ReconOptions, {"lr": 0.1}, flower=True,
 ))
 register(AlgorithmSpec(
     "pfedrec", "federated",
     "PFedRec: private Linear(d,1) score function, item table post-tuned on the client, averaged",
-    _family("linear", private_score=True, always_dual=True), {"dim": 32, "lr": 0.1, "dual": True},
+    _family("linear", private_score=True), FamilyOptions, {"lr": 0.1}, fixed={"dual": True},
     flower=True,
 ))

@@ -8,42 +8,61 @@ local epoch, all clients every round.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.errors import FedrecError
 from fedrec.federated.graph import GraphSpec
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
-GPFEDREC_OPTIONS = ("reg", "similarity", "threshold", "mp_layers", "user_lr_scale")
-GFEDPP_OPTIONS = ("public_ratio", "alpha", "gcn_layers", "user_lr_scale")
+
+@dataclass(frozen=True)
+class GraphOptions(Options):
+    dim: int = 32
+    user_lr_scale: float = 79.0
+
+    def validate(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
 
 
-def _graph(method: str, options: tuple[str, ...], **fixed: Any):  # type: ignore[no-untyped-def]
-    def build(split: Split, opts: dict[str, Any]) -> GraphSpec:
-        clash = sorted(k for k in fixed if k in opts and opts[k] != fixed[k])
-        if clash:
-            raise FedrecError(f"this variant fixes {', '.join(f'{k}={fixed[k]}' for k in clash)}")
-        chosen: dict[str, Any] = {k: opts[k] for k in options if k in opts}
-        for k in ("threshold", "reg", "public_ratio", "alpha", "user_lr_scale"):
-            if k in chosen:
-                chosen[k] = float(chosen[k])
-        for k in ("mp_layers", "gcn_layers"):
-            if k in chosen:
-                chosen[k] = int(chosen[k])
-        return GraphSpec(method=method, dim=int(opts["dim"]), **chosen, **fixed)
+@dataclass(frozen=True)
+class GPFedRecOptions(GraphOptions):
+    """``reg``: weight of the MSE pull to the personalised table; ``similarity``, ``threshold``
+    and ``mp_layers`` shape the user graph."""
+
+    reg: float = 1.0
+    similarity: str = "cosine"
+    threshold: float = 1.0
+    mp_layers: int = 1
+
+
+@dataclass(frozen=True)
+class GFedPPOptions(GraphOptions):
+    """``public_ratio`` of users who share their interactions; ``alpha`` mixes the graph's
+    table into a public user's start; ``ablation`` (set by the variants) turns a part off."""
+
+    public_ratio: float = 1.0
+    alpha: float = 0.5
+    gcn_layers: int = 1
+    ablation: str = "none"
+
+
+def _graph(method: str):  # type: ignore[no-untyped-def]
+    def build(split: Split, o: GraphOptions) -> GraphSpec:
+        return GraphSpec(method=method, **asdict(o))
 
     return build
 
+
+ENGINE: dict[str, object] = {"lr": 0.1}
 
 register(AlgorithmSpec(
     "gpfedrec", "federated",
     "GPFedRec: user graph from the cosine similarity of uploaded item tables; personalised tables "
     "regularise local training (--set similarity=legacy-distance: the official code's graph)",
-    _graph("gpfedrec", GPFEDREC_OPTIONS),
-    {"dim": 32, "lr": 0.1, "reg": 1.0, "similarity": "cosine", "threshold": 1.0, "mp_layers": 1},
+    _graph("gpfedrec"), GPFedRecOptions, dict(ENGINE),
 ))
-GFEDPP_DEFAULTS: dict[str, Any] = {"dim": 32, "lr": 0.1, "public_ratio": 1.0, "alpha": 0.5, "gcn_layers": 1}
+
 VARIANTS = {
     "gfedpp": ("GFed-PP: public users' interactions build a user graph; public users start from "
                "alpha s_i + (1-alpha) q_g, private users from q_g", "none"),
@@ -52,5 +71,5 @@ VARIANTS = {
     "gfedpp-no-upie": ("GFed-PP w/o U-PIE: public users start from q_g too", "upie"),
 }
 for _name, (_text, _ablation) in VARIANTS.items():
-    register(AlgorithmSpec(_name, "federated", _text, _graph("gfedpp", GFEDPP_OPTIONS, ablation=_ablation),
-                           dict(GFEDPP_DEFAULTS)))
+    register(AlgorithmSpec(_name, "federated", _text, _graph("gfedpp"), GFedPPOptions, dict(ENGINE),
+                           {"ablation": _ablation}))

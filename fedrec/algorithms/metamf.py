@@ -32,29 +32,40 @@ engine's memory budget is 128 MB by default (ML-100K, one thread: 4.3 s a round 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.errors import FedrecError
 from fedrec.federated.metamf import MetaMFSpec
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
-DEFAULTS: dict[str, Any] = {"dim": 32, "lr": 0.3, "factors": 8, "memory": 128, "hidden": 512,
-                            "dual": False}
-ENGINE: dict[str, Any] = {"item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
+
+@dataclass(frozen=True)
+class MetaMFOptions(Options):
+    """``dim``: user embedding and generated item vector; ``factors``, ``memory``, ``hidden``:
+    the official code's sizes."""
+
+    dim: int = 32
+    factors: int = 8
+    memory: int = 128
+    hidden: int = 512
+
+    def validate(self) -> None:
+        check((min(self.dim, self.factors, self.memory, self.hidden) < 1, "MetaMF's sizes must be >= 1"))
 
 
-def build(split: Split, opts: dict[str, Any]) -> MetaMFSpec:
-    if opts.get("dual"):
-        raise FedrecError("metamf has no --dual variant (its generated score function is shared)")
+ENGINE: dict[str, Any] = {"lr": 0.3, "item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
+
+
+def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
     smallest = 1  # without a split (a Flower server, which never trains) chunks are moot
     if split is not None:
         positives = np.diff(split.train.indptr)
         smallest = int(positives[positives > 0].min()) if (positives > 0).any() else 1
-    return MetaMFSpec(dim=int(opts["dim"]), factors=int(opts["factors"]),
-                      memory=int(opts["memory"]), hidden=int(opts["hidden"]),
+    return MetaMFSpec(dim=o.dim, factors=o.factors, memory=o.memory, hidden=o.hidden,
                       min_client_samples=5 * smallest)
 
 
@@ -62,5 +73,5 @@ register(AlgorithmSpec(
     "metamf", "federated",
     "MetaMF: private user embedding; memory and hypernetwork generating each user's item "
     "table and score MLP averaged; item table V (n_items x 8) averaged",
-    build, DEFAULTS, ENGINE, flower=True,
+    build, MetaMFOptions, ENGINE, flower=True,
 ))

@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
     app.command("algorithms")(algorithms_command)
     app.command("protocols")(protocols_command)
     app.command("reproduce")(reproduce_command)
+    app.command("recommend")(recommend_command)
 
 
 def run_command(
@@ -63,24 +64,25 @@ def run_command(
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
+    save: Path | None = typer.Option(None, "--save", help="Also save the trained run (model at the best validation round) to this file, for `fedrec recommend` and `fedrec.load`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
     from fedrec.algorithms import get_algorithm
+    from fedrec.experiment import RunConfig, federated_config, train
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol
-    from fedrec.run import RunConfig, federated_config, run
     from fedrec.train.centralised import TrainConfig
 
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
-    given_lr = lr  # None: federated_config takes the algorithm's (its defaults or engine options)
-    lr = lr if lr is not None else float(spec.defaults.get("lr", 1e-3))
+    given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
+    lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
         data_dir=data_dir,
-        model={**({"dim": dim} if dim is not None else {}), **({"dual": dual} if federated else {}),
+        model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
                **_parse_settings(set_options)},
         train=TrainConfig(
@@ -119,10 +121,16 @@ def run_command(
         bar.update(task, completed=record.round, status=status)
 
     try:
-        result = run(cfg, out=out, on_round=on_round, resume=resume,
-                     checkpoint=out.with_suffix(".ckpt") if federated else None)
+        done = train(cfg, out=out, on_round=on_round, resume=resume,
+                     checkpoint=out.with_suffix(".ckpt") if federated else None,
+                     keep_best=save is not None)
     finally:
         bar.stop()
+    result = done.result
+    if save is not None:
+        from fedrec.api import Run
+
+        Run(cfg, result, done.model, done.split).save(save)
     table = Table(title=f"{algorithm} · {dataset} · {protocol} · seed {seed}")
     table.add_column("metric")
     table.add_column(f"valid ({'round' if federated else 'epoch'} {result.best_round})", justify="right")
@@ -136,6 +144,24 @@ def run_command(
         console.print(f"upload per round: {up / 2**20:.2f} MiB (all clients)")
     console.print(table)
     console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)")
+    if save is not None:
+        console.print(f"saved the trained run to {save}  (fedrec recommend {save} --user ID)")
+
+
+def recommend_command(
+    run_file: Path = typer.Argument(..., help="A run saved with `fedrec run --save FILE` or `Run.save`."),
+    user: list[str] = typer.Option(..., "--user", "-u", help="Raw user id (as in the data file); repeatable."),
+    k: int = typer.Option(10, "-k", help="How many items."),
+    data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
+) -> None:
+    """Print each user's top-K items (raw ids), excluding the items the user trained on; a
+    federated user is scored with that user's own private state."""
+    from fedrec.api import load
+
+    trained = load(run_file, data_dir=data_dir)
+    for u in user:
+        items = trained.recommend(u, k)
+        console.print(f"{u}\t" + " ".join(str(i) for i in items), highlight=False)
 
 
 def audit_command(
@@ -152,9 +178,9 @@ def audit_command(
     the protocol leaks.
     """
     from fedrec.errors import FedrecError
+    from fedrec.experiment import RunConfig, prepare_split
     from fedrec.protocols.audit import negative_frequency_oracle
     from fedrec.protocols.protocol import make_split
-    from fedrec.run import RunConfig, prepare_split
 
     if rounds < 1 or num_negatives < 1:
         raise FedrecError("--rounds and --num-negatives must be >= 1")
@@ -184,12 +210,15 @@ def algorithms_command() -> None:
     from fedrec.algorithms import ALGORITHMS
 
     table = Table(title="algorithms")
-    for c in ("name", "kind", "description", "defaults (model: --set KEY=VALUE; engine: options)"):
+    for c in ("name", "kind", "description", "options (--set KEY=VALUE)", "engine defaults"):
         table.add_column(c)
     for spec in ALGORITHMS.values():
-        defaults = ", ".join(f"{k}={v}" for k, v in {**spec.defaults, **spec.engine}.items())
+        types = spec.options.describe()
+        options = ", ".join(f"{k}={v} ({types[k]})" + (" fixed" if k in spec.fixed else "")
+                            for k, v in spec.defaults.items())
+        engine = ", ".join(f"{k}={v}" for k, v in spec.engine.items())
         kind = spec.kind + (" (+ Flower)" if spec.flower else "")
-        table.add_row(spec.name, kind, spec.description, defaults)
+        table.add_row(spec.name, kind, spec.description, options, engine)
     console.print(table)
 
 

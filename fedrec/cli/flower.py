@@ -50,8 +50,8 @@ def flower_command(
         from fedrec.flower import launch
     except ImportError as e:
         raise FedrecError(f"Flower is not installed ({e}); pip install 'fedrec[flower]'") from e
+    from fedrec.experiment import RunConfig, federated_config
     from fedrec.flower.roles import check_deployable
-    from fedrec.run import RunConfig, federated_config
 
     if mode not in MODES:
         raise FedrecError(f"--mode must be one of {', '.join(MODES)}")

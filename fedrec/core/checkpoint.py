@@ -26,7 +26,7 @@ from fedrec.train.selection import TrainOutcome
 
 FORMAT = 2
 #: options that may change on resume: how long to go on, and when to stop, evaluate or save
-FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every"})
+FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir"})
 
 
 def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:

@@ -297,6 +297,8 @@ class FamilyState:
         per = max(1, chunk_cells // max(1, items.shape[1] * self.spec.item_width))
         for s in range(0, len(clients), per):
             cl, it = clients[s : s + per], np.ascontiguousarray(items[s : s + per])
+            if not it.flags.writeable:  # a broadcast row of every item
+                it = it.copy()
             out[s : s + per] = self._score_block(cl, it).numpy()
         return out
 

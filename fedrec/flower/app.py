@@ -32,12 +32,12 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, prepare_split
 from fedrec.flower import secagg
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
 from fedrec.flower.roles import ServerBase, last_round, node_role, server_role
 from fedrec.protocols.protocol import Split
 from fedrec.results import RunResult, git_revision, peak_memory_mb
-from fedrec.run import RunConfig, prepare_split
 
 log = logging.getLogger("fedrec.flower")
 STATE_KEY = "fedrec"

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig
 from fedrec.federated.autoencoder import AEState, apply_round
 from fedrec.flower.roles import (
     NodeData,
@@ -38,7 +39,6 @@ from fedrec.models.autoencoder import ROW_TABLES, init_params
 from fedrec.partition import Partition
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.run import RunConfig
 
 COUNTS = ("n", "loss_sum", "client_batches", "bytes_up", "bytes_down", "macs", "macs_fedrec",
           "users_trained")

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig
 from fedrec.flower.records import RUN_KEY, run_to_json
 from fedrec.flower.secagg import RANGE
-from fedrec.run import RunConfig
 
 QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 

@@ -9,16 +9,14 @@ and every ClientApp read the same way.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedrec.errors import FedrecError
-from fedrec.federated.engine import FederatedConfig
-from fedrec.run import RunConfig
-from fedrec.train.centralised import TrainConfig
+from fedrec.experiment import RunConfig
 
 RUN_KEY = "fedrec"
 
@@ -52,14 +50,7 @@ def run_to_json(run: RunConfig) -> str:
 
 def run_from_json(text: str) -> RunConfig:
     """The `RunConfig` a run config's ``fedrec`` entry holds (unknown keys are an error)."""
-    blob = json.loads(text)
     try:
-        blob["train"] = TrainConfig(**blob.get("train", {}))
-        blob["federated"] = FederatedConfig(**blob.get("federated", {}))
-        names = {f.name for f in fields(RunConfig)}
-        unknown = sorted(set(blob) - names)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}")
-        return RunConfig(**blob)
-    except TypeError as e:
+        return RunConfig.from_dict(json.loads(text))
+    except FedrecError as e:
         raise FedrecError(f"the run config's '{RUN_KEY}' entry is not a fedrec run: {e}") from e

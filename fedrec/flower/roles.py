@@ -44,6 +44,7 @@ import torch
 from fedrec.algorithms import get_algorithm
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
+from fedrec.experiment import RunConfig, prepare_split
 from fedrec.federated.autoencoder import AESpec
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, round_plan, train_cohort
@@ -51,7 +52,6 @@ from fedrec.federated.family import FamilySpec
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 from fedrec.results import RoundRecord
-from fedrec.run import RunConfig, prepare_split
 from fedrec.train.selection import Selection, TrainOutcome
 
 log = logging.getLogger("fedrec.flower")
@@ -80,7 +80,7 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     if ranking not in alg.rankings:
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
-    spec = alg.build(split, {**alg.defaults, **run.model})  # type: ignore[arg-type]
+    spec = alg.build(split, run.model)
     if isinstance(spec, AESpec):
         if spec.clients == 1:
             raise FedrecError("the Joint autoencoder (one client) has nothing to federate")

@@ -20,9 +20,9 @@ from typing import Any
 from fedrec.algorithms import get_algorithm
 from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
+from fedrec.experiment import RunConfig, federated_config, run
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
-from fedrec.run import RunConfig, federated_config, run
 
 LEGACY = "legacy-exclude-heldout"
 POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "legacy": (LEGACY,)}
@@ -228,7 +228,7 @@ def execute(
                     cfg = RunConfig(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
                         seed=seed, negatives=negatives, data_dir=data_dir, **(data_options or {}),
-                        model={"dim": 32, "dual": planned.dual, **dict(planned.model)},
+                        model=_model_options(planned),
                         federated=federated_config(planned.algorithm, rounds=rounds,
                                                    ldp=planned.ldp, **dict(planned.engine)),
                     )
@@ -243,6 +243,13 @@ def execute(
                 result["config"]["setting"] = planned.setting
                 results.append(result)
     return results
+
+
+def _model_options(planned: PlannedRun) -> dict[str, Any]:
+    """The run's model options: 32 dimensions where the algorithm has them, --dual if planned."""
+    has = get_algorithm(planned.algorithm).defaults
+    return {**({"dim": 32} if "dim" in has else {}), **({"dual": True} if planned.dual else {}),
+            **dict(planned.model)}
 
 
 def _groups(

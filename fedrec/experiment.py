@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import get_algorithm
+from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
-from fedrec.federated.engine import FederatedConfig, run_federated
+from fedrec.federated.engine import FederatedConfig, train_federated
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
     POSITIVE_AT,
@@ -23,7 +24,7 @@ from fedrec.protocols.protocol import (
     make_split,
 )
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
-from fedrec.train.centralised import TrainConfig, train_centralised
+from fedrec.train.centralised import CentralisedModel, TrainConfig
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+))?$")
 
@@ -47,6 +48,22 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_dict(blob: dict[str, Any]) -> RunConfig:
+        """The inverse of ``dataclasses.asdict`` (unknown keys are a `FedrecError`)."""
+        from dataclasses import fields
+
+        blob = dict(blob)
+        try:
+            blob["train"] = TrainConfig(**blob.get("train", {}))
+            blob["federated"] = FederatedConfig(**blob.get("federated", {}))
+            unknown = sorted(set(blob) - {f.name for f in fields(RunConfig)})
+            if unknown:
+                raise TypeError(f"unknown option(s) {', '.join(unknown)}")
+            return RunConfig(**blob)
+        except TypeError as e:
+            raise FedrecError(f"not a fedrec run configuration: {e}") from e
 
     def validate(self) -> None:
         """Reject impossible options before any data is read."""
@@ -96,10 +113,7 @@ def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
     unknown = sorted(set(options) - known)
     if unknown:
         raise FedrecError(f"unknown engine option(s): {', '.join(unknown)}")
-    merged: dict[str, Any] = {}
-    if "lr" in spec.defaults:
-        merged["lr"] = float(spec.defaults["lr"])
-    merged.update(spec.engine)
+    merged: dict[str, Any] = dict(spec.engine)
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
 
@@ -131,6 +145,35 @@ def prepare_split(cfg: RunConfig) -> Split:
     return make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break)
 
 
+def build_trainable(cfg: RunConfig, split: Split) -> tuple[Any, Any]:
+    """The algorithm's model description and the `fedrec.core.Trainable` the driver trains."""
+    spec = get_algorithm(cfg.algorithm)
+    torch.manual_seed(cfg.seed)
+    model = spec.build(split, cfg.model)
+    if spec.kind == "federated":
+        return model, model.algorithm(split, cfg.federated, cfg.seed)
+    return model, CentralisedModel(model, split, cfg.train, cfg.seed)
+
+
+def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint of this run must match to be resumed: every option of the run (the
+    model options as parsed), less where the data lives (`fedrec.core.checkpoint`)."""
+    blob = asdict(cfg)
+    blob["model"] = options
+    blob.pop("data_dir")
+    blob.pop("federated" if get_algorithm(cfg.algorithm).kind != "federated" else "train")
+    return blob
+
+
+@dataclass
+class Trained:
+    """A finished run: its results, the trained model (a `fedrec.core.Trainable`) and its split."""
+
+    result: RunResult
+    model: Any
+    split: Split
+
+
 def run(
     cfg: RunConfig,
     out: str | Path | None = None,
@@ -140,30 +183,45 @@ def run(
 ) -> RunResult:
     """Train and evaluate ``cfg.algorithm``; write the results JSON to ``out`` if given.
 
-    Federated runs write a checkpoint every ``federated.checkpoint_every`` rounds to
-    ``checkpoint`` and, with ``resume``, continue from it.
+    Runs write a checkpoint every ``federated.checkpoint_every`` rounds to ``checkpoint`` and,
+    with ``resume``, continue from it.
     """
+    return train(cfg, out, on_round, checkpoint, resume).result
+
+
+def train(
+    cfg: RunConfig,
+    out: str | Path | None = None,
+    on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    keep_best: bool = False,
+) -> Trained:
+    """`run`, and also hand back the trained model (at its best validation round with
+    ``keep_best``, else as the last round left it) and the split it was trained on."""
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
     if spec.kind == "federated":
         cfg.federated.validate()
-    options = {**spec.defaults, **cfg.model}
+    options = spec.parse(cfg.model)
     split = prepare_split(cfg)
     if split.protocol.ranking not in spec.rankings:
         raise FedrecError(
             f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
             f"({split.protocol.ranking}); see `fedrec protocols`"
         )
-    torch.manual_seed(cfg.seed)
-    model = spec.build(split, options)
+    model, trainable = build_trainable(cfg, split)
+    driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
+                              "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
     if spec.kind == "federated":
-        outcome = run_federated(model, split, cfg.federated, seed=cfg.seed, on_round=on_round,
-                                checkpoint=checkpoint, resume=resume)
+        outcome = train_federated(trainable, model, split, cfg.federated, **driver)
     else:
-        outcome = train_centralised(model, split, cfg.train, seed=cfg.seed, on_round=on_round)
+        driver["keep_best"] = True  # the centralised baselines always end at their best epoch
+        outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
+                             patience=cfg.train.patience, **driver)
     config = asdict(cfg)
-    config["model"] = options
+    config["model"] = asdict(options)
     config.pop("federated" if spec.kind != "federated" else "train")
     result = RunResult(
         algorithm=cfg.algorithm,
@@ -188,4 +246,4 @@ def run(
     )
     if out is not None:
         result.write(out)
-    return result
+    return Trained(result, trainable, split)

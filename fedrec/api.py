@@ -1,0 +1,155 @@
+"""fedrec's Python API: run an experiment, read its figures, get the trained model back,
+recommend, and save or load a trained run as one file (see docs/api.md).
+
+    import fedrec
+    run = fedrec.run("pfedrec", dataset="ml-100k", rounds=20)
+    run.test["hr@10"], run.best_round          # test figures at the best validation round
+    run.recommend(user="196", k=10)             # raw item ids, the user's training items excluded
+    run.save("pfedrec.fedrec"); again = fedrec.load("pfedrec.fedrec")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
+from fedrec.protocols.protocol import Split
+from fedrec.results import RoundRecord, RunResult
+from fedrec.train.centralised import TrainConfig
+
+FORMAT = "fedrec-run/1"
+
+
+class Run:
+    """A trained run: its configuration, results, model (at the best validation round) and
+    the split it was trained on."""
+
+    def __init__(self, config: RunConfig, result: RunResult, model: Any, split: Split) -> None:
+        self.config, self.result, self.model, self.split = config, result, model, split
+
+    def __repr__(self) -> str:
+        return (f"Run({self.config.algorithm!r} on {self.config.dataset!r}, best round "
+                f"{self.best_round}, test {self.test})")
+
+    @property
+    def history(self) -> list[RoundRecord]:
+        """One record per round (epoch): loss, validation figures, bytes, seconds."""
+        return self.result.history
+
+    @property
+    def test(self) -> dict[str, float]:
+        """Test figures at the best validation round."""
+        return self.result.test
+
+    @property
+    def best_round(self) -> int:
+        return self.result.best_round
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None = None) -> np.ndarray:
+        """Scores of ``items`` (``(len(users), C)``; None = every item) for user indices
+        ``users``, each under its own state (a federated user's private parameters)."""
+        with torch.no_grad():
+            return self.model.scores(np.asarray(users, dtype=np.int64), items)
+
+    def user_index(self, user: Any) -> int:
+        """The index of raw user id ``user`` (compared as text, so ``196`` and ``"196"`` match)."""
+        ids = self.split.data.user_ids
+        hit = np.flatnonzero(ids.astype(str) == str(user))
+        if not len(hit):
+            raise FedrecError(f"user {user!r} is not in this run's data ({len(ids)} users)")
+        return int(hit[0])
+
+    def recommend(self, user: Any, k: int = 10) -> list[Any]:
+        """The ``k`` best items (raw ids) for raw user id ``user``, excluding the items the user
+        trained on; ties are broken by item index."""
+        if k < 1:
+            raise FedrecError(f"k must be >= 1 (got {k})")
+        u = self.user_index(user)
+        scores = self.scores(np.array([u]))[0].astype(np.float64)
+        seen = self.split.train.indices[self.split.train.indptr[u]: self.split.train.indptr[u + 1]]
+        scores[seen] = -np.inf
+        k = min(k, int(np.isfinite(scores).sum()))
+        order = np.lexsort((np.arange(len(scores)), -scores))[:k]
+        return self.split.data.item_ids[order].tolist()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the run (configuration, results, server and client state) to one file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = {"format": FORMAT, "config": asdict(self.config), "result": self.result.to_dict(),
+                "state": self.model.state_dict()}
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(blob, tmp)
+        tmp.replace(path)
+        return path
+
+
+def load(path: str | Path, data_dir: str | None = None) -> Run:
+    """A run saved by `Run.save`. Its data set is prepared again from the configuration (from
+    the registry's cache, or ``data_dir``), so the split and id maps are the ones it trained on."""
+    try:
+        blob = torch.load(Path(path), weights_only=False)
+    except FileNotFoundError as e:
+        raise FedrecError(f"{path}: no such run file") from e
+    except Exception as e:
+        raise FedrecError(f"{path}: not a fedrec run file ({type(e).__name__})") from e
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise FedrecError(f"{path}: not a fedrec run file")
+    config = RunConfig.from_dict(blob["config"])
+    if data_dir is not None:
+        config.data_dir = data_dir
+    split = prepare_split(config)
+    _, model = build_trainable(config, split)
+    model.load_state_dict(blob["state"])
+    res = dict(blob["result"])
+    res["history"] = [RoundRecord(**h) for h in res["history"]]
+    known = {f.name for f in fields(RunResult)}
+    return Run(config, RunResult(**{k: v for k, v in res.items() if k in known}), model, split)
+
+
+def run(
+    algorithm: str,
+    dataset: str = "ml-100k",
+    *,
+    protocol: str = "loo-sampled",
+    seed: int = 0,
+    rounds: int | None = None,
+    options: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
+    negatives: str = "leak-free",
+    data_dir: str | None = None,
+    out: str | Path | None = None,
+    on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+    **data: Any,
+) -> Run:
+    """Train ``algorithm`` on ``dataset`` under ``protocol`` and return the trained `Run`.
+
+    ``options``: the algorithm's typed options (``fedrec algorithms`` lists them);
+    ``engine``: engine options (federated: `fedrec.federated.engine.FederatedConfig`'s fields,
+    e.g. ``clients_per_round``, ``ldp``; centralised: `TrainConfig`'s); ``rounds``: rounds
+    (epochs); ``data``: preprocessing options of `RunConfig` (``min_user``, ``max_users``, ...).
+    """
+    from fedrec.algorithms import get_algorithm
+
+    spec = get_algorithm(algorithm)
+    engine = dict(engine or {})
+    cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
+                    negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
+    if spec.kind == "federated":
+        cfg.federated = federated_config(algorithm, rounds=rounds, **engine)
+    else:
+        known = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(engine) - known)
+        if unknown:
+            raise FedrecError(f"unknown training option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        engine.setdefault("lr", spec.lr or 1e-3)
+        cfg.train = TrainConfig(**{"epochs": rounds or 100, **engine})
+    done = train(cfg, out=out, on_round=on_round, keep_best=True)
+    return Run(cfg, done.result, done.model, done.split)

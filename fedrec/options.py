@@ -1,0 +1,137 @@
+"""Typed algorithm options: one frozen dataclass per algorithm, parsed from ``--set KEY=VALUE``
+or the Python API, with one clear error for an unknown key or a value of the wrong type.
+
+An algorithm declares its options as a subclass of `Options` whose fields carry their types
+and defaults (LensKit's component configs, RecBole's per-model defaults); `Options.parse`
+turns strings and Python values into those types, and `check` is the one validation helper:
+it takes ``(bad, message)`` pairs and raises on the first bad one.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal, TypeVar
+
+from fedrec.errors import FedrecError
+
+T = TypeVar("T", bound="Options")
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def check(*problems: tuple[bool, str]) -> None:
+    """Raise a `FedrecError` with the message of the first ``(bad, message)`` pair that is bad."""
+    for bad, message in problems:
+        if bad:
+            raise FedrecError(message)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Base of every algorithm's options (see the module docstring)."""
+
+    @classmethod
+    def parse(cls: type[T], values: typing.Mapping[str, Any], *, algorithm: str = "",
+              fixed: typing.Mapping[str, Any] | None = None) -> T:
+        """``values`` (strings or Python values) as typed options; ``fixed`` are options the
+        algorithm itself sets (a variant such as ``fedrap-no``), which a value may not contradict."""
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in fields(cls)}
+        who = f" of '{algorithm}'" if algorithm else ""
+        unknown = sorted(k for k in values if k.replace("-", "_") not in known)
+        if unknown:
+            raise FedrecError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{who}; "
+                              f"known: {', '.join(sorted(known)) or 'none'}")
+        typed = {k.replace("-", "_"): v for k, v in values.items()}
+        out = {k: _convert(v, hints[k], k, who) for k, v in typed.items()}
+        for k, v in (fixed or {}).items():
+            want = _convert(v, hints[k], k, who)
+            if k in out and out[k] != want:
+                raise FedrecError(f"'{algorithm}' fixes {k}={v}; it cannot be set to {typed[k]!r}")
+            out[k] = want
+        opts = cls(**out)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        """Reject impossible values (override with `check`)."""
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Each option's type, for listings and error messages."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: _type_name(hints[f.name]) for f in fields(cls)}
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each option's default value."""
+        out = {}
+        for f in fields(cls):
+            if f.default is not MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not MISSING:
+                out[f.name] = f.default_factory()
+        return out
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "|".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return f"{_type_name(typing.get_args(tp)[0])} list (a/b/c)"
+    return {bool: "true|false", int: "integer", float: "number", str: "text",
+            type(None): "none"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str, who: str) -> Any:
+    """``value`` as type ``tp`` (bool, int, float, str, Literal, ``X | None``, ``tuple[X, ...]``)."""
+    origin = typing.get_origin(tp)
+    try:
+        if origin in (typing.Union, types.UnionType):
+            args = typing.get_args(tp)
+            if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
+                if type(None) in args:
+                    return None
+            for a in args:
+                if a is type(None):
+                    continue
+                try:
+                    return _convert(value, a, key, who)
+                except FedrecError:
+                    continue
+            raise ValueError
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            for c in choices:
+                if value == c or str(value) == str(c):
+                    return c
+            raise FedrecError(f"option {key}{who} must be one of {', '.join(map(str, choices))} "
+                              f"(got {value!r})")
+        if origin is tuple:
+            inner = typing.get_args(tp)[0]
+            parts = value if isinstance(value, list | tuple) else str(value).replace(",", "/").split("/")
+            return tuple(_convert(p, inner, key, who) for p in parts if str(p).strip() != "")
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in _TRUE | _FALSE:
+                return str(value).lower() in _TRUE
+            raise ValueError
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            return str(value)
+    except FedrecError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise FedrecError(f"option {key}{who} expects {_type_name(tp)} (got {value!r})") from e
+    return value
