@@ -26,12 +26,12 @@ import torch
 from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import PreprocessConfig, preprocess
 from fedrec.data.synthetic import synthetic
+from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.reference import time_reference_rounds
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import get_protocol
-from fedrec.experiment import RunConfig, federated_config, prepare_split
 
 
 def ml1m_scale(split_path: str | None, seed: int, protocol: str):  # type: ignore[no-untyped-def]

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from fedrec.algorithms import get_algorithm
+from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
 from fedrec.flower.launch import Loopback
 from fedrec.flower.roles import run_in_process
-from fedrec.experiment import RunConfig, federated_config, prepare_split
 
 
 def _per_round(history: list) -> float:  # type: ignore[type-arg]

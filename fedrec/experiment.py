@@ -219,7 +219,8 @@ def train(
     else:
         driver["keep_best"] = True  # the centralised baselines always end at their best epoch
         outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
-                             patience=cfg.train.patience, **driver)
+                             patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
+                             **driver)
     config = asdict(cfg)
     config["model"] = asdict(options)
     config.pop("federated" if spec.kind != "federated" else "train")

@@ -9,8 +9,8 @@ import pytest
 
 from fedrec.cli import main
 from fedrec.errors import FedrecError
-from fedrec.federated.engine import FederatedConfig, chunk_bounds, sample_clients
 from fedrec.experiment import RunConfig, federated_config, run
+from fedrec.federated.engine import FederatedConfig, chunk_bounds, sample_clients
 
 SYN = "synthetic:150x400"
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from fedrec.algorithms import get_algorithm
+from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
 from fedrec.flower.roles import NodeRole, ServerRole, run_in_process
-from fedrec.experiment import RunConfig, federated_config, prepare_split
 
 DATA = "synthetic:60x300"
 

@@ -18,13 +18,13 @@ import torch.nn.functional as F
 from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
+from fedrec.experiment import RunConfig, federated_config, run
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
-from fedrec.experiment import RunConfig, federated_config, run
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.05, 2.0, 8, 2

@@ -13,6 +13,7 @@ import pytest
 
 from fedrec.cli import main
 from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig
 from fedrec.reproduce import figure, load_figures, papers
 from fedrec.reproduce.plots import convergence
 from fedrec.reproduce.runner import (
@@ -23,7 +24,6 @@ from fedrec.reproduce.runner import (
     privacy_notes,
     sparsity_notes,
 )
-from fedrec.experiment import RunConfig
 
 DATASETS = ["tafeng", "ml-100k", "ml-1m", "amazon-video", "lastfm-2k", "qb-article"]
 FEDRAP_TABLES = ["1", "3", "4", "5", "6", "ablation", "curriculum"]
@@ -179,11 +179,11 @@ def test_execute_passes_model_and_engine_options(calls, tmp_path):
                       out_dir=tmp_path)
     assert len(calls) == 6 and len(results) == 6
     sin, dp, plain = calls[0], calls[2], calls[4]
-    assert sin.model == {"dim": 32, "dual": False, "curriculum": "sin"}
+    assert sin.model == {"dim": 32, "curriculum": "sin"}
     assert sin.federated.dp_noise == 0 and sin.federated.local_epochs == 10  # fedrap's default
     assert (dp.federated.dp_clip, dp.federated.dp_noise, dp.federated.rounds) == (0.1, 1.0, 3)
-    assert dp.model == {"dim": 32, "dual": False} and dp.federated.batch_size == 2048
-    assert plain.federated.dp_clip is None and plain.model == {"dim": 32, "dual": False}
+    assert dp.model == {"dim": 32} and dp.federated.batch_size == 2048
+    assert plain.federated.dp_clip is None and plain.model == {"dim": 32}
     assert (tmp_path / "ml-100k" / "fedrap-curriculum=sin-loo-sampled-leak-free-s1.json").exists()
     assert [(r["algorithm"], r["config"]["setting"]) for r in results[::2]] == [
         ("fedrap", "curriculum=sin"), ("fedrap", DP_SETTING), ("pfedrec", "")]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from fedrec.cli import main
+from fedrec.experiment import RunConfig
 from fedrec.reproduce import figure, load_figures
 from fedrec.reproduce.gfedpp import by_group, choose_alpha, grid, heatmap
 from fedrec.reproduce.runner import GFEDPP_ALPHAS, GFEDPP_RATIOS, PlannedRun, execute, plan
-from fedrec.experiment import RunConfig
 
 
 def _valid_of(alpha: float) -> float:

@@ -53,8 +53,8 @@ def run_command(
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default 32, about a CPU's last-level cache)."),
-    checkpoint_every: int = typer.Option(0, help="Federated: write a checkpoint every N rounds (0: never)."),
-    resume: bool = typer.Option(False, "--resume", help="Federated: continue from the run's checkpoint."),
+    checkpoint_every: int = typer.Option(0, help="Write a checkpoint every N rounds (epochs) (0: never)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
     min_user: int = typer.Option(0, help="Drop users with fewer interactions (iterated with --min-item)."),
     min_item: int = typer.Option(0, help="Drop items with fewer interactions."),
@@ -89,7 +89,7 @@ def run_command(
             epochs=100 if rounds is None else rounds, batch_size=batch_size or 256, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
             patience=10 if patience is None else patience,
-            eval_every=eval_every, device=device,
+            eval_every=eval_every, device=device, checkpoint_every=checkpoint_every,
         ),
         federated=federated_config(
             algorithm,
@@ -122,7 +122,7 @@ def run_command(
 
     try:
         done = train(cfg, out=out, on_round=on_round, resume=resume,
-                     checkpoint=out.with_suffix(".ckpt") if federated else None,
+                     checkpoint=out.with_suffix(".ckpt"),
                      keep_best=save is not None)
     finally:
         bar.stop()

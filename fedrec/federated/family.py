@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.federated import draws
+from fedrec.federated.scores import ScoreFunction, get_score
 
 ITEMS = "items"
 
@@ -70,33 +71,34 @@ class FamilySpec:
         return FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
                                   item_std=item_std, seed=seed, client_ids=client_ids)
 
+    def server_optimizer(self):  # type: ignore[no-untyped-def]
+        """How the server applies a round's mean (FedAvg; FedAvgM and FedAdam override it)."""
+        from fedrec.federated.server_opt import ServerOptimizer
+
+        return ServerOptimizer()
+
+    @property
+    def scorer(self) -> ScoreFunction:
+        """The score function named by ``score`` (`fedrec.federated.scores`)."""
+        return get_score(self.score)
+
     @property
     def bytes_per_sample(self) -> int:
         """Estimated working set of one training sample, for sizing cohort chunks."""
-        return self.item_width * 4 * (12 if self.score in ("ncf", "mlp") else 6)
+        return self.item_width * 4 * self.scorer.cost
 
     @property
     def item_width(self) -> int:
-        """Columns of an item row: NCF keeps a GMF and an MLP embedding side by side."""
-        return 2 * self.dim if self.score == "ncf" else self.dim
+        """Columns of an item row (NCF keeps a GMF and an MLP embedding side by side)."""
+        return self.scorer.item_width(self)
 
     def user_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"user": (self.item_width,)} if self.score in ("dot", "ncf", "mlp") else {}
+        """Per-user parameters (always private)."""
+        return self.scorer.user_shapes(self)
 
     def score_shapes(self) -> dict[str, tuple[int, ...]]:
-        if self.score == "linear":
-            return {"w": (self.dim,), "b": ()}
-        if self.score in ("ncf", "mlp"):
-            shapes: dict[str, tuple[int, ...]] = {}
-            width = 2 * self.dim
-            for n, out in enumerate(self.layers):
-                shapes[f"W{n}"] = (width, out)
-                shapes[f"b{n}"] = (out,)
-                width = out
-            shapes["head_w"] = (self.dim + width if self.score == "ncf" else width,)
-            shapes["head_b"] = ()
-            return shapes
-        return {}
+        """The score function's own weights (private when ``private_score``, else averaged)."""
+        return self.scorer.score_shapes(self)
 
     def private_names(self) -> list[str]:
         names = list(self.user_shapes())
@@ -155,45 +157,14 @@ def _draw_params(spec: FamilySpec, names: list[str], n: int,
     out = {}
     for name in names:
         shape = (n, *shapes[name])
-        if name == "user" and spec.score == "mlp":  # an MLP input like the item rows: N(0, 1)
-            out[name] = normal(shape)
-            continue
-        bound = 1.0 / math.sqrt(spec.dim if name == "user" else _fan_in(spec, name))
-        out[name] = (uniform(shape) * 2 - 1) * bound
+        bound = spec.scorer.init(spec, name)
+        out[name] = normal(shape) if bound is None else (uniform(shape) * 2 - 1) * bound
     return out
-
-
-def _fan_in(spec: FamilySpec, name: str) -> int:
-    shapes = spec.score_shapes()
-    if name in ("w", "b"):
-        return spec.dim
-    if name.startswith("W"):
-        return shapes[name][0]
-    if name.startswith("b"):
-        return shapes["W" + name[1:]][0]
-    return shapes["head_w"][0]
 
 
 def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Logits ``(C, B)`` of item rows ``v`` ``(C, B, item_width)`` under per-client params."""
-    if spec.score == "metamf":
-        return spec.logits(p, v)  # type: ignore[attr-defined]  (a MetaMFSpec)
-    if spec.score == "dot":
-        return torch.einsum("cd,cbd->cb", p["user"], v)
-    if spec.score == "linear":
-        return torch.einsum("cd,cbd->cb", p["w"], v) + p["b"][:, None]
-    d = spec.dim
-    u = p["user"]
-    if spec.score == "mlp":
-        x = torch.cat([u[:, None, :].expand(-1, v.shape[1], -1), v], dim=-1)
-    else:
-        x = torch.cat([u[:, None, d:].expand(-1, v.shape[1], -1), v[..., d:]], dim=-1)
-    for n in range(len(spec.layers)):
-        x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
-    if spec.score == "mlp":
-        return torch.einsum("cd,cbd->cb", p["head_w"], x) + p["head_b"][:, None]
-    gmf = u[:, None, :d] * v[..., :d]
-    return torch.einsum("cd,cbd->cb", p["head_w"], torch.cat([gmf, x], dim=-1)) + p["head_b"][:, None]
+    return spec.scorer.logits(spec, p, v)
 
 
 def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
@@ -212,29 +183,23 @@ def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
 def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
                  labels: torch.Tensor, mask: torch.Tensor, names: list[str], items: bool
                  ) -> tuple[float, dict[str, torch.Tensor]]:
-    """Closed-form gradients of `batch_loss` for the ``dot`` and ``linear`` scores.
+    """Closed-form gradients of `batch_loss` for score functions that have them (dot, linear).
 
-    With logits x = <a_c, v> (+ b_c), d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots,
-    so the gradients are two contractions: no autograd graph, about half the memory traffic.
+    With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots, so each gradient is
+    one contraction (`ScoreFunction.grad`): no autograd graph, about half the memory traffic.
     """
     n = v.shape[0]
-    a = p["user"][:n] if spec.score == "dot" else p["w"][:n]
-    logits = torch.einsum("cd,cbd->cb", a, v)
-    if spec.score == "linear":
-        logits = logits + p["b"][:n, None]
+    scorer = spec.scorer
+    pn = {k: t[:n] for k, t in p.items()}
+    logits = scorer.logits(spec, pn, v)
     count = mask.sum(1, keepdim=True)
     g = (torch.sigmoid(logits) - labels) * mask / count
     loss = ((F.softplus(logits) - labels * logits) * mask / count).sum()
     grads: dict[str, torch.Tensor] = {}
     for name in names:
         full = torch.zeros_like(p[name])
-        if name in ("user", "w"):
-            full[:n] = torch.einsum("cb,cbd->cd", g, v)
-        elif name == "b":
-            full[:n] = g.sum(1)
-        else:
-            raise ValueError(f"no closed-form gradient for '{name}' under score '{spec.score}'")
+        full[:n] = scorer.grad(spec, name, pn, v, g)
         grads[name] = full
     if items:
-        grads["items"] = g[..., None] * a[:, None, :]
+        grads["items"] = scorer.item_grad(spec, pn, g)
     return float(loss), grads

@@ -26,6 +26,7 @@ from fedrec.federated.family import (
     score,
 )
 from fedrec.federated.personal import PersonalRows
+from fedrec.federated.server_opt import ServerOptimizer
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 
 
@@ -93,6 +94,14 @@ class FamilyState:
     lr_item: float
     personal: PersonalRows
     round_start_items: torch.Tensor | None = None
+    _server_opt = None  # the spec's server optimiser, made on first use (not a dataclass field)
+
+    @property
+    def server_optimizer(self) -> ServerOptimizer:
+        """How the server applies the round's mean (`fedrec.federated.server_opt`)."""
+        if self._server_opt is None:
+            self._server_opt = self.spec.server_optimizer()
+        return self._server_opt
 
     @staticmethod
     def create(spec: FamilySpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
@@ -187,7 +196,7 @@ class FamilyState:
                 v = gather_rows(rows, idx)
             train_items = ITEMS in names
             others = [k for k in names if k != ITEMS]
-            if self.spec.score not in ("dot", "linear"):
+            if not self.spec.scorer.closed_form:
                 loss, grads = self._autograd(params, v, y, m, others, train_items)
             else:
                 loss, grads = linear_grads(self.spec, params, v, y, m, others, train_items)
@@ -245,9 +254,10 @@ class FamilyState:
         if acc.n == 0:
             return
         noise = path.noise_sum(acc.n, tuple(self.items.shape), gen)
-        self.items += (acc.item_sum + noise) / acc.n
+        opt = self.server_optimizer
+        self.items = opt.update(ITEMS, self.items, self.items + (acc.item_sum + noise) / acc.n)
         for k in self.shared:
-            self.shared[k] = acc.shared_sum[k] / acc.n
+            self.shared[k] = opt.update(k, self.shared[k], acc.shared_sum[k] / acc.n)
 
     # -- records and checkpoints -------------------------------------------------------------
 
@@ -265,7 +275,8 @@ class FamilyState:
 
     # server and client state, declared apart: a Flower node keeps only the clients' part
     def server_state_dict(self) -> dict[str, Any]:
-        return {"items": self.items, "round_start_items": self.round_start_items, "shared": self.shared}
+        return {"items": self.items, "round_start_items": self.round_start_items, "shared": self.shared,
+                "server_optimizer": self.server_optimizer.state_dict()}
 
     def client_state_dict(self) -> dict[str, Any]:
         return {"private": self.private, "personal": self.personal.state()}
@@ -273,6 +284,7 @@ class FamilyState:
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         self.items, self.round_start_items = blob["items"], blob["round_start_items"]
         self.shared = blob["shared"]
+        self.server_optimizer.load_state_dict(blob["server_optimizer"])
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.private = blob["private"]

@@ -34,6 +34,7 @@ class TrainConfig:
     patience: int = 10
     eval_every: int = 1
     device: str = "cpu"
+    checkpoint_every: int = 0
 
 
 def model_scorer(model: nn.Module, device: str) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
