@@ -1,25 +1,25 @@
 """fedrec: federated recommendation with leak-free protocols and cohort-vectorised simulation.
 
 The public API (docs/api.md): `run` trains an algorithm and returns a `Run` (figures, the
-trained model, `Run.recommend`, `Run.save`); `load` reads a saved run back; `algorithms` and
-`protocols` list what is registered.
+trained model, `Run.recommend`, `Run.save`); `load` reads a saved run back; `list_algorithms` and
+`list_protocols` name what is registered.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Run", "RunConfig", "algorithms", "load", "protocols", "run", "__version__"]
+__all__ = ["Run", "RunConfig", "list_algorithms", "list_protocols", "load", "run", "__version__"]
 
 
-def algorithms() -> list[str]:
+def list_algorithms() -> list[str]:
     """Names of the registered algorithms."""
     from fedrec.algorithms import ALGORITHMS
 
     return list(ALGORITHMS)
 
 
-def protocols() -> list[str]:
+def list_protocols() -> list[str]:
     """Names of the evaluation protocols."""
     from fedrec.protocols.protocol import PROTOCOLS
 

@@ -224,7 +224,6 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     (RunConfig("fedcia"), False, "runs in the simulator only"),
     (RunConfig("centrap"), False, "runs in the simulator only"),
     (RunConfig("mf"), False, "centralised"),
-    (RunConfig("fedmf", federated=federated_config("fedmf", ldp=0.1)), False, "LDP or DP noise"),
     (RunConfig("fedncf"), True, "averages shared weights"),
     (RunConfig("ae"), False, "simulator only"),
     (RunConfig("personalfr", protocol="ratio-rating", model={"clients": 1}), False, "Joint"),

@@ -161,7 +161,7 @@ def recommend_command(
     trained = load(run_file, data_dir=data_dir)
     for u in user:
         items = trained.recommend(u, k)
-        console.print(f"{u}\t" + " ".join(str(i) for i in items), highlight=False)
+        typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
 
 
 def audit_command(

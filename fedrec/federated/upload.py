@@ -21,7 +21,7 @@ so that the server's mean carries N(0, (2 z dp_clip / n)²) on every entry (FedR
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -86,24 +86,38 @@ class UploadPath:
         return x + rng.laplace(0.0, self.ldp, x.shape) if self.ldp > 0 else x
 
     def noise_sum(self, n_clients: int, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
-        """Sum over ``n_clients`` uploads of their independent noise tables, drawn in one pass.
+        """Sum over ``n_clients`` uploads of their independent noise tables, drawn in one pass
+        (the simulator's path, when nothing looks at a single upload; see `local_noise`)."""
+        return self.local_noise(n_clients, n_clients, shape, gen)
 
-        Laplace(0, b) = b (E1 - E2) with E ~ Exp(1), and a sum of n independent Exp(1) is
-        Gamma(n, 1), so the Laplace sum is b (G1 - G2), G ~ Gamma(n, 1). (The inverse-CDF form
+    def local_noise(self, k: int, n_clients: int, shape: tuple[int, int],
+                    gen: torch.Generator) -> torch.Tensor:
+        """Sum of the noise tables ``k`` clients add to their own uploads, out of a round of
+        ``n_clients`` (a Flower node noises its clients' uploads this way before they leave).
+
+        Laplace(0, b) = b (E1 - E2) with E ~ Exp(1), and a sum of k independent Exp(1) is
+        Gamma(k, 1), so the Laplace sum is b (G1 - G2), G ~ Gamma(k, 1). (The inverse-CDF form
         -b sign(u) log(1 - 2|u|) is avoided: it is infinite when a uniform draw is exactly 0.)
-        Each client's Gaussian share is N(0, (2 z S)² / n), so the sum is N(0, (2 z S)²).
+        Each client's Gaussian share is N(0, (2 z S)² / n), so k shares sum to
+        N(0, (2 z S)² k / n) and a round's n shares to N(0, (2 z S)²). Summing the nodes'
+        local noise therefore has the distribution of `noise_sum` (tested).
         """
         total = torch.zeros(shape)
-        if not self.noisy or n_clients <= 0:
+        if not self.noisy or k <= 0:
             return total
         rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen)))
         if self.ldp > 0:
-            g = rng.standard_gamma(float(n_clients), size=(2, *shape))
+            g = rng.standard_gamma(float(k), size=(2, *shape))
             total += torch.from_numpy(self.ldp * (g[0] - g[1])).float()
         if self.dp_noise > 0 and self.dp_clip is not None:
-            std = 2.0 * self.dp_noise * self.dp_clip
+            std = 2.0 * self.dp_noise * self.dp_clip * (k / max(n_clients, 1)) ** 0.5
             total += torch.from_numpy(rng.normal(0.0, std, size=shape)).float()
         return total
+
+    @property
+    def noiseless(self) -> UploadPath:
+        """This path without noise: the server's, when the clients noised their own uploads."""
+        return replace(self, ldp=0.0, dp_noise=0.0)
 
 
 def clip_clients(delta: torch.Tensor, counts: torch.Tensor, bound: float) -> torch.Tensor:

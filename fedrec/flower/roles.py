@@ -45,6 +45,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, prepare_split
+from fedrec.federated import draws
 from fedrec.federated.autoencoder import AESpec
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, round_plan, train_cohort
@@ -71,11 +72,6 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         names = ", ".join(n for n, a in ALGORITHMS.items() if a.flower)
         raise FedrecError(f"the Flower app runs {names} so far; '{run.algorithm}' runs in the "
                           "simulator only (`fedrec run`)")
-    if run.federated.ldp > 0 or run.federated.dp_noise > 0:
-        # the simulator draws the clients' noise as one sum at the server; deployed, each node
-        # would have to noise its own upload
-        raise FedrecError("the Flower app does not add LDP or DP noise on the nodes yet; run "
-                          "noisy uploads in the simulator (`fedrec run --ldp/--dp-noise`)")
     ranking = get_protocol(run.protocol).ranking
     if ranking not in alg.rankings:
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
@@ -198,6 +194,11 @@ class NodeRole:
         acc = st.begin_round(r)
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
                      self.data.users[rows], self.run.seed, r, self.path, acc)
+        if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
+            sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.run.seed, r)
+            key = draws.uniforms((self.run.seed, draws.LOCAL_NOISE, r), self.data.users[:1], 1)
+            gen = torch.Generator().manual_seed(int(key[0] * 2**62))
+            acc.item_sum += self.path.local_noise(acc.n, len(sampled), tuple(st.items.shape), gen)
         return acc
 
     @staticmethod
@@ -340,7 +341,8 @@ class ServerRole(ServerBase):
         self.state = self.spec.create_state(0, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
                                             item_std=self.cfg.item_std, seed=run.seed,
                                             client_ids=np.zeros(0, np.int64))
-        self.path = self.cfg.upload_path(self.lr_item)
+        # the nodes noise their clients' uploads (`NodeRole._train`); the server adds none
+        self.path = self.cfg.upload_path(self.lr_item).noiseless
         self.want = {} if secure else {node: (int(h["want_round"]), np.asarray(h["want_items"]))
                                        for node, h in hellos.items()}
         self.acc: Any = None

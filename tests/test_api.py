@@ -1,0 +1,79 @@
+"""The public Python API: docs/api.md's example runs as written; typed options; recommend."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedrec
+from fedrec.cli import main
+from fedrec.errors import FedrecError
+
+DOCS = Path(__file__).parent.parent / "docs" / "api.md"
+
+
+def test_the_documented_example_runs_as_written(tmp_path):
+    code = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    code = code.replace("/tmp/pfedrec.fedrec", str(tmp_path / "pfedrec.fedrec"))
+    scope: dict = {}
+    exec(compile(code, str(DOCS), "exec"), scope)  # noqa: S102  (our own documentation)
+    run = scope["run"]
+    assert run.best_round >= 1 and set(run.test) >= {"hr@10", "ndcg@10"}
+    assert len(scope["again"].recommend(3, 10)) == 10
+
+
+def test_public_names_are_curated():
+    assert set(fedrec.__all__) == {"Run", "RunConfig", "list_algorithms", "list_protocols", "load",
+                                   "run", "__version__"}
+    assert "pfedrec" in fedrec.list_algorithms() and "loo-sampled" in fedrec.list_protocols()
+
+
+def test_recommend_excludes_training_items_and_orders_by_score():
+    run = fedrec.run("mf", dataset="synthetic:150x300", rounds=2)
+    u = run.user_index(5)
+    got = run.recommend(5, k=20)
+    idx = [int(np.flatnonzero(run.split.data.item_ids == i)[0]) for i in got]
+    seen = set(run.split.train[u].indices)
+    assert not seen & set(idx)
+    scores = run.scores(np.array([u]))[0]
+    assert list(scores[idx]) == sorted(scores[idx], reverse=True)
+    unseen = np.setdiff1d(np.arange(run.split.n_items), list(seen))
+    assert scores[idx[-1]] >= np.sort(scores[unseen])[-20]
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"curriculm": "sin"}, "unknown option curriculm of 'fedrap'; known: .*curriculum"),
+    ({"lam": "abc"}, "option lam of 'fedrap' expects number"),
+    ({"dim": 0}, "dim must be >= 1"),
+])
+def test_bad_options_are_one_clear_error(options, says):
+    with pytest.raises(FedrecError, match=says):
+        fedrec.run("fedrap", dataset="synthetic:100x200", rounds=1, options=options)
+
+
+def _cli(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    return int(done.value.code or 0)
+
+
+def test_cli_set_parses_into_typed_options_and_refuses_unknown_keys(tmp_path, capsys):
+    assert _cli(["run", "fedrap", "-d", "synthetic:100x200", "--rounds", "1", "-q",
+                 "--set", "curriculm=sin", "-o", str(tmp_path / "r.json")]) == 2
+    assert "unknown option curriculm" in capsys.readouterr().err
+
+
+def test_cli_saves_and_recommends(tmp_path, capsys):
+    saved = tmp_path / "m.fedrec"
+    assert _cli(["run", "fedmf", "-d", "synthetic:150x300", "--rounds", "2", "-q", "--save", str(saved),
+                 "-o", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    assert _cli(["recommend", str(saved), "--user", "4", "-k", "5"]) == 0
+    line = capsys.readouterr().out.strip()
+    user, items = line.split("\t")
+    assert user == "4"
+    assert items.split() == [str(i) for i in fedrec.load(saved).recommend(4, 5)]
+    assert _cli(["recommend", str(saved), "--user", "no-such-user"]) == 2

@@ -1,0 +1,55 @@
+"""The upload stage: noise added by the clients (a Flower node) equals in distribution the
+noise sum the simulator draws in one pass, and a Flower deployment noises uploads on its nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy import stats
+
+from fedrec.experiment import RunConfig, federated_config
+from fedrec.federated.upload import UploadPath
+
+
+def _draws(path: UploadPath, parts: list[int], samples: int, seed: int) -> np.ndarray:
+    """``samples`` draws of a round's noise (one entry), as the sum over nodes holding
+    ``parts`` clients each."""
+    n = sum(parts)
+    gen = torch.Generator().manual_seed(seed)
+    total = torch.zeros((samples, 1))
+    for k in parts:
+        total += path.local_noise(k, n, (samples, 1), gen)
+    return total.numpy().ravel()
+
+
+def test_nodes_local_noise_sums_to_the_simulators_noise_sum() -> None:
+    for path in (UploadPath(ldp=0.3), UploadPath(dp_clip=0.5, dp_noise=1.2),
+                 UploadPath(ldp=0.1, dp_clip=0.5, dp_noise=0.7)):
+        one_pass = _draws(path, [10], 20000, seed=1)  # noise_sum(10, ...)
+        by_nodes = _draws(path, [3, 5, 2], 20000, seed=2)
+        assert stats.ks_2samp(one_pass, by_nodes).pvalue > 0.01
+        var = 2 * path.ldp**2 * 10 + (2 * path.dp_noise * (path.dp_clip or 0)) ** 2
+        assert np.isfinite(by_nodes).all()
+        assert abs(np.var(by_nodes) / var - 1) < 0.05
+    # and a wrong split of the Gaussian shares would be caught: k shares of n, not of k
+    wrong = torch.zeros((20000, 1))
+    gen = torch.Generator().manual_seed(3)
+    for k in (3, 5, 2):
+        wrong += UploadPath(dp_clip=0.5, dp_noise=1.2).local_noise(k, k, (20000, 1), gen)
+    assert stats.ks_2samp(_draws(UploadPath(dp_clip=0.5, dp_noise=1.2), [10], 20000, 1),
+                          wrong.numpy().ravel()).pvalue < 1e-6
+
+
+def test_flower_nodes_add_the_ldp_noise_the_server_no_longer_adds() -> None:
+    from fedrec.flower.roles import run_in_process
+
+    def table(ldp: float) -> torch.Tensor:
+        run = RunConfig("fedmf", dataset="synthetic:90x300", seed=4, model={"dim": 8},
+                        federated=federated_config("fedmf", rounds=1, ldp=ldp))
+        return run_in_process(run, 3).state.items.clone()
+
+    lam = 0.2
+    diff = (table(lam) - table(0.0)).numpy()
+    # every entry moved by the mean of 90 clients' Laplace(0, lam) noise: variance 2 lam^2 / 90
+    assert abs(diff.var() / (2 * lam**2 / 90) - 1) < 0.1
+    assert abs(diff.mean()) < 3 * (2 * lam**2 / 90 / diff.size) ** 0.5
