@@ -3,12 +3,9 @@
 Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
 personalisation (private score function, post-tuned item table kept by the client) to any of
 them, as in PFedRec's Table 2. Default learning rates are PFedRec's Table 4 (ML-100K column).
-Item rows use the official ``lr x n_items x 80`` rule, except FedNCF: at its lr of 0.5 that rule
-(67,280 on ML-100K) diverges (round 83, seed 0); ``item_lr_scale`` 20,000 was chosen on
-validation HR@10 over 100 rounds (0.662, against 0.610 for 5,000). FedRecon re-trains the
-user vector for 20 epochs a round (about 50 SGD steps for a median ML-100K client, close to
-the official FedRecon's up-to-50 reconstruction steps): validation HR@10 after 20 rounds was
-0.433 / 0.555 / 0.610 / 0.645 for 1 / 5 / 10 / 20 epochs.
+Item rows use the official ``lr x n_items x 80`` rule, except FedNCF (``item_lr_scale``
+20,000); FedRecon re-trains the user vector for 20 epochs a round. The measurements behind both
+are in docs/learning-rates.md.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The data path, in the order the code runs it::
 
 `contract.Trainable` is what the driver needs of anything it trains (a centralised model
 trains one "round" per epoch); `contract.FederatedAlgorithm` spells a federated round out as
-the DESIGN.md steps and is what every federated method implements.
+the steps of docs/engine.md and is what every federated method implements.
 """
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Trainable, Uploads

@@ -7,7 +7,7 @@ Two levels:
   as two separate dicts, the server's and the clients'. Keeping them apart is what lets a
   Flower node keep exactly its clients' part (declared, never guessed from a deny-list) and a
   checkpoint hold both.
-* `FederatedAlgorithm` — a federated round spelled out as DESIGN.md's steps: the driver's
+* `FederatedAlgorithm` — a federated round spelled out as docs/engine.md's steps: the driver's
   `RoundPlan` (sampled clients and the server's generators) goes to ``begin_round``, then
   ``local_update`` trains the sampled clients and returns their `Uploads`, and ``aggregate``
   turns the uploads into the new server state. Its ``train_round`` is written once here.

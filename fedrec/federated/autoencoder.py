@@ -106,6 +106,22 @@ class AESpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
+    def flower_roles(self) -> tuple[type, type]:
+        """A node holds a block of autoencoder clients; the server applies Equation 5."""
+        from fedrec.flower.autoencoder import AENode, AEServer
+
+        return AENode, AEServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if self.clients == 1:
+            return "the Joint autoencoder (one client) has nothing to federate"
+        if self.optimizer == "sgd" and self.decay > 0 and not self.compression:
+            return ("the Flower app does not send the whole decoder with weight decay (rows a "
+                    "client never trained would decay); use compression or Adam")
+        if secure:
+            return "secure aggregation sums item tables only; the autoencoders average shared weights"
+        return None
+
     def algorithm(self, split: Split, cfg: Any, seed: int) -> AEAlgorithm:
         """The federated algorithm the round driver trains."""
         if cfg.ldp or cfg.dp_noise or cfg.clip is not None:

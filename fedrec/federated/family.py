@@ -71,6 +71,18 @@ class FamilySpec:
         return FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
                                   item_std=item_std, seed=seed, client_ids=client_ids)
 
+    def flower_roles(self) -> tuple[type, type]:
+        """The Flower node and server roles that run this spec (`fedrec.flower.roles`)."""
+        from fedrec.flower.roles import NodeRole, ServerRole
+
+        return NodeRole, ServerRole
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        """Why the Flower app cannot run this configuration, or None."""
+        if secure and self.shared_names():
+            return "secure aggregation sums item tables only; this algorithm also averages shared weights"
+        return None
+
     def server_optimizer(self):  # type: ignore[no-untyped-def]
         """How the server applies a round's mean (FedAvg; FedAvgM and FedAdam override it)."""
         from fedrec.federated.server_opt import ServerOptimizer

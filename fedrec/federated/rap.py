@@ -133,6 +133,15 @@ class RAPSpec:
     reconstruct = 0
     dual = False
 
+    def flower_roles(self) -> tuple[type, type]:
+        """FedRAP runs on the item family's Flower roles (its state is a `FamilyState`)."""
+        return self.family.flower_roles()
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "secure aggregation is not wired for FedRAP's sparse C yet"
+        return None
+
     @property
     def item_width(self) -> int:
         return self.dim

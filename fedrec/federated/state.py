@@ -1,6 +1,6 @@
 """Server and client state of the item-embedding family, and its batched algorithm steps.
 
-`FamilyState` implements the DESIGN interface in batched form: `local_update` trains a cohort
+`FamilyState` is the batched kernel of the item-embedding family: `local_update` trains a cohort
 (all its clients at once) and returns their uploads; `aggregate` folds uploads into the
 global state; `scores` serves evaluation. Private parameters live in one ``(n_clients, ...)``
 store per name, gathered for a cohort and scattered back after training.
@@ -68,7 +68,7 @@ class Accumulator:
 
 
 class CohortState(Protocol):
-    """The batched algorithm interface the engine drives (DESIGN.md's Algorithm, per cohort)."""
+    """The batched algorithm interface the engine drives (the kernel `CohortAlgorithm` drives, per chunk of a cohort)."""
 
     def begin_round(self, r: int) -> Accumulator: ...
     def local_update(self, cohort: CohortBatches, path: UploadPath,

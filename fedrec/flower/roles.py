@@ -46,10 +46,8 @@ from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, prepare_split
 from fedrec.federated import draws
-from fedrec.federated.autoencoder import AESpec
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, round_plan, train_cohort
-from fedrec.federated.family import FamilySpec
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 from fedrec.results import RoundRecord
@@ -77,16 +75,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
-    if isinstance(spec, AESpec):
-        if spec.clients == 1:
-            raise FedrecError("the Joint autoencoder (one client) has nothing to federate")
-        if spec.optimizer == "sgd" and spec.decay > 0 and not spec.compression:
-            raise FedrecError("the Flower app does not send the whole decoder with weight decay "
-                              "(rows a client never trained would decay); use compression or Adam")
-    shared = spec.shared_names() if isinstance(spec, FamilySpec) else ["autoencoder layers"]
-    if secure and shared:
-        raise FedrecError(f"secure aggregation sums item tables only; '{run.algorithm}' also "
-                          "averages shared weights")
+    refusal = spec.flower_refusal(secure)
+    if refusal:
+        raise FedrecError(f"'{run.algorithm}': {refusal}")
     return spec
 
 
@@ -515,19 +506,15 @@ def _ids(clients: np.ndarray, show: int = 8) -> str:
 
 
 def node_role(run: RunConfig, partition: int, partitions: int, split: Split) -> Any:
-    """The node role for the run's algorithm (`NodeRole`, or `AENode` for the autoencoders)."""
-    from fedrec.flower.autoencoder import AENode
-
-    spec = check_deployable(run, split=split)
-    return (AENode if isinstance(spec, AESpec) else NodeRole)(run, partition, partitions, split)
+    """The node role the run's algorithm declares (`NodeRole`, or `AENode` for the autoencoders)."""
+    node, _ = check_deployable(run, split=split).flower_roles()
+    return node(run, partition, partitions, split)
 
 
 def server_role(run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> Any:
-    """The server role for the run's algorithm (`ServerRole`, or `AEServer`)."""
-    from fedrec.flower.autoencoder import AEServer
-
-    spec = check_deployable(run, secure)
-    return (AEServer if isinstance(spec, AESpec) else ServerRole)(run, hellos, secure)
+    """The server role the run's algorithm declares (`ServerRole`, or `AEServer`)."""
+    _, server = check_deployable(run, secure).flower_roles()
+    return server(run, hellos, secure)
 
 
 def wire(payload: Payload) -> Payload:
