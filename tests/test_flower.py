@@ -175,7 +175,7 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> N
     from fedrec.flower.secagg import QUANTIZATION, RANGE
 
     step = 2 * RANGE / QUANTIZATION
-    diff = (secure["state"]["items"] - plain.state.items).abs()
+    diff = (secure["state"]["server"]["items"] - plain.state.items).abs()  # the one checkpoint format
     assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
     history = json.loads((tmp_path / "secure.json").read_text())["history"]
     assert [h["extra"]["secure_aggregation"] for h in history] == [1.0, 1.0]
@@ -216,7 +216,9 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     assert [h["round"] for h in blob["history"]] == [1, 2]
     assert blob["history"][0]["extra"]["dropped_nodes"] == 0
     assert blob["history"][-1]["extra"]["dropped_nodes"] == 1
-    assert "gave no train reply" in log
+    # the SuperLink either lets the message time out or answers for the dead node (no heartbeat)
+    assert "gave no train reply" in log or "failed (train)" in log
+    assert "did not answer" in log
     assert blob["history"][-1]["valid"]["users"] == 40  # the two live nodes' users were evaluated
 
 

@@ -61,6 +61,17 @@ def save(path: Path, r: int, algorithm: Trainable, out: TrainOutcome, fingerprin
         raise
 
 
+def peek_round(path: Path) -> int:
+    """The round a checkpoint was written after, without loading it into anything (a Flower
+    server tells its nodes which round's client state to restore before it builds its role)."""
+    try:
+        blob = torch.load(path, weights_only=False)
+        return int(blob["round"])
+    except Exception as e:
+        raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
+                          "remove it or drop --resume") from e
+
+
 def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
          rounds: int) -> tuple[int, dict[str, Any] | None]:
     """Continue from ``path``: check it, load the state into ``algorithm`` and the history into

@@ -112,6 +112,15 @@ class Trainable(ABC):
         """Groups of users whose test figures are reported apart (GFed-PP: public, private)."""
         return {}
 
+    def evaluate(self, stage: str, split: Any, users: np.ndarray | None = None) -> dict[str, float]:
+        """Figures of ``stage`` (``valid`` or ``test``) of ``split``, of all users or of those
+        where ``users`` (a boolean mask) holds. A Flower server overrides it: its nodes score
+        their own clients and it combines their figures."""
+        from fedrec.eval.evaluate import evaluate, restrict
+
+        data = getattr(split, stage)
+        return evaluate(self.scores, data if users is None else restrict(data, users), split.protocol)
+
     def run_extra(self) -> dict[str, Any]:
         """Algorithm-specific figures for the results JSON."""
         return {}

@@ -19,7 +19,6 @@ from typing import Any
 from fedrec.core import checkpoint as ckpt
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
-from fedrec.eval.evaluate import evaluate, restrict
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import Selection, TrainOutcome
@@ -29,8 +28,9 @@ OnRound = Callable[[RoundRecord, int, dict[str, float]], None]
 
 def run_rounds(
     algorithm: Trainable,
-    split: Split,
+    split: Split | None,
     *,
+    select: str | None = None,
     rounds: int,
     eval_every: int = 1,
     patience: int = 0,
@@ -46,7 +46,9 @@ def run_rounds(
     ``keep_best``: leave ``algorithm`` in its state at the best validation round (a copy is
     kept at every improvement), as a trained model handed to a user must be; otherwise it ends
     in its last round's state. ``fingerprint``: the options that shape the figures, stored in
-    checkpoints and compared on resume (`fedrec.core.checkpoint`).
+    checkpoints and compared on resume (`fedrec.core.checkpoint`). ``split`` is None where the
+    trainer holds no data (a Flower server: its nodes evaluate); ``select`` then names the
+    metric that selects the best round.
     """
     out = TrainOutcome()
     first = 1
@@ -56,7 +58,7 @@ def run_rounds(
     if resume and path is not None and path.exists():
         last, best_state = ckpt.load(path, algorithm, out, fingerprint, rounds)
         first = last + 1
-    selection = Selection(split.protocol.select, patience, out)
+    selection = Selection(select or split.protocol.select, patience, out)
     groups = algorithm.user_groups()
     for r in range(first, rounds + 1):
         start = time.perf_counter()
@@ -65,13 +67,12 @@ def run_rounds(
             raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
                               f"{algorithm.divergence_hint}")
         if r % eval_every == 0 or r == rounds:
-            record.valid = evaluate(algorithm.scores, split.valid, split.protocol)
-            if selection.observe(r, record.valid):
-                out.test = evaluate(algorithm.scores, split.test, split.protocol)
+            record.valid = algorithm.evaluate("valid", split)
+            if record.valid and selection.observe(r, record.valid):
+                out.test = algorithm.evaluate("test", split)
                 if groups:
-                    out.extra["test_groups"] = {
-                        name: evaluate(algorithm.scores, restrict(split.test, mask), split.protocol)
-                        for name, mask in groups.items() if mask.any()}
+                    out.extra["test_groups"] = {name: algorithm.evaluate("test", split, mask)
+                                                for name, mask in groups.items() if mask.any()}
                 if keep_best:
                     best_state = copy.deepcopy(algorithm.state_dict())
         record.seconds = time.perf_counter() - start

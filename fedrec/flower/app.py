@@ -17,7 +17,6 @@ config); the module-level ``server`` and ``client`` read the run config (deploym
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
 import sys
@@ -26,18 +25,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedrec.algorithms import get_algorithm
+from fedrec.core import checkpoint
+from fedrec.core.driver import run_rounds
 from fedrec.errors import FedrecError
-from fedrec.experiment import RunConfig, prepare_split
+from fedrec.experiment import RunConfig, fingerprint, prepare_split
 from fedrec.flower import secagg
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
-from fedrec.flower.roles import ServerBase, last_round, node_role, server_role
+from fedrec.flower.roles import ServerBase, node_role, server_role
+from fedrec.flower.server import FlowerServer
 from fedrec.protocols.protocol import Split
-from fedrec.results import RunResult, git_revision, peak_memory_mb
+from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
+from fedrec.train.selection import TrainOutcome
 
 log = logging.getLogger("fedrec.flower")
 STATE_KEY = "fedrec"
@@ -168,8 +171,18 @@ def _secure_range(opts: dict[str, Any]) -> float:
     return float(opts.get("secagg-range", secagg.RANGE))
 
 
+class GridTransport:
+    """Flower's grid as the driver's transport (`fedrec.flower.server.Transport`)."""
+
+    def __init__(self, grid: Grid, timeout: float) -> None:
+        self.grid, self.timeout = grid, timeout
+
+    def exchange(self, kind: str, payloads: dict[int, dict[str, Any]], r: int) -> dict[int, dict[str, Any]]:
+        return _exchange(self.grid, kind, payloads, self.timeout, r)
+
+
 def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
-    """Run a whole federated run over ``grid`` and write its results (``out``)."""
+    """Run a whole federated run over ``grid`` with the one round driver; write its results."""
     start = time.perf_counter()
     if not log.handlers:  # the ServerApp's output is what `flwr run --stream` shows
         handler = logging.StreamHandler(sys.stderr)
@@ -179,55 +192,36 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     run = run_from_json(str(opts[RUN_KEY]))
     timeout = float(opts.get("round-timeout", 600))
     ckpt = Path(opts["checkpoint"]) if opts.get("checkpoint") else None
-    saved = (torch.load(ckpt, weights_only=False)
-             if ckpt is not None and opts.get("resume") and ckpt.exists() else None)
-    resume = last_round(saved) if saved is not None else 0
+    resume = bool(opts.get("resume")) and ckpt is not None and ckpt.exists()
+    after = checkpoint.peek_round(ckpt) if resume else 0  # type: ignore[arg-type]
     nodes = _wait_for_nodes(grid, int(opts.get("nodes", 1)), timeout)
     # a node's first message starts its processes and loads its data: give it time
-    hellos = _exchange(grid, "query", {n: {"resume_round": resume} for n in nodes},
+    hellos = _exchange(grid, "query", {n: {"resume_round": after} for n in nodes},
                        max(timeout, 300.0), 0)
     secure = bool(opts.get("secagg", False))
     role = server_role(run, dict(sorted(hellos.items())), secure=secure)
-    first = 1
-    if saved is not None:
-        first = role.load_state_dict(saved) + 1
-        log.info("resuming after round %d from %s", resume, ckpt)
-    cfg = run.federated
-    for r in range(first, cfg.rounds + 1):
-        t0 = time.perf_counter()
-        messages = role.train_messages(r)
-        if secure:
-            summed, replies = secagg.secure_sum(grid, context, messages, r, clip=_secure_range(opts),
-                                                timeout=timeout)
-            record = role.finish_secure_round(r, summed, replies)
-        else:
-            replies = _exchange(grid, "train", messages, timeout, r)
-            record = role.finish_round(r, replies)
-            # what the messages' arrays really held (the records count the algorithm's bytes)
-            record.extra["message_bytes_down"] = float(sum(map(_array_bytes, messages.values())))
-            record.extra["message_bytes_up"] = float(sum(map(_array_bytes, replies.values())))
-        if r % cfg.eval_every == 0 or r == cfg.rounds:
-            message = role.evaluate_message()
-            silent = set(messages) - set(replies)  # no need to wait for them twice
-            ask = {n: message for n in role.node_ids if n not in silent}
-            role.finish_evaluation(r, record, _exchange(grid, "evaluate", ask, timeout, r))
-            record.extra["evaluate_bytes_down"] = float(len(ask) * _array_bytes(message))
-        record.seconds = time.perf_counter() - t0
-        role.out.history.append(record)
-        log.info("round %d: loss %.4f, valid %s, %.2f s", r, record.loss,
+    if resume:
+        log.info("resuming after round %d from %s", after, ckpt)
+
+    def secure_sum(messages: dict[int, dict[str, Any]], r: int) -> Any:
+        return secagg.secure_sum(grid, context, messages, r, clip=_secure_range(opts), timeout=timeout)
+
+    def on_round(record: RoundRecord, best: int, valid_at_best: dict[str, float]) -> None:
+        log.info("round %d: loss %.4f, valid %s, %.2f s", record.round, record.loss,
                  json.dumps({k: round(v, 4) for k, v in record.valid.items()}), record.seconds)
-        if ckpt is not None:
-            _save(ckpt, role.state_dict())
-        if role.selection.should_stop:
-            break
-    result = _result(run, role, time.perf_counter() - start, len(hellos))
+
+    server = FlowerServer(role, GridTransport(grid, timeout), role.protocol, len(hellos),
+                          secure_sum if secure else None)
+    cfg = run.federated
+    options = asdict(get_algorithm(run.algorithm).parse(run.model))
+    out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,
+                     eval_every=cfg.eval_every, patience=cfg.patience, on_round=on_round,
+                     checkpoint=ckpt, checkpoint_every=1 if ckpt is not None else 0, resume=resume,
+                     fingerprint=fingerprint(run, options))
+    result = _result(run, role, out, time.perf_counter() - start)
     if opts.get("out"):
         result.write(opts["out"])
     return result
-
-
-def _array_bytes(payload: dict[str, Any]) -> int:
-    return sum(v.nbytes for v in payload.values() if hasattr(v, "nbytes"))
 
 
 def _wait_for_nodes(grid: Grid, want: int, timeout: float) -> list[int]:
@@ -275,22 +269,13 @@ def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeou
     return out
 
 
-def _save(path: Path, blob: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(blob, buf)
-    _save_bytes(path, buf.getvalue())
-
-
-def _result(run: RunConfig, role: ServerBase, seconds: float, nodes: int) -> RunResult:
-    from fedrec.protocols.protocol import get_protocol
-
+def _result(run: RunConfig, role: ServerBase, out: TrainOutcome, seconds: float) -> RunResult:
     config = asdict(run)
     config.pop("train")
     return RunResult(
         algorithm=run.algorithm, dataset=run.dataset, protocol=run.protocol, seed=run.seed,
-        config=config, select=get_protocol(run.protocol).select, history=role.out.history,
-        best_round=role.out.best_round, valid_at_best=role.out.valid_at_best, test=role.out.test,
-        extra={"engine": "flower", "nodes": nodes}, data={"clients": role.n_clients, "items": role.n_items},
+        config=config, select=role.protocol.select, history=out.history,
+        best_round=out.best_round, valid_at_best=out.valid_at_best, test=out.test,
+        extra=out.extra, data={"clients": role.n_clients, "items": role.n_items},
         wall_seconds=seconds, peak_memory_mb=peak_memory_mb(), git_revision=git_revision(),
     )

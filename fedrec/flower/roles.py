@@ -33,8 +33,7 @@ from __future__ import annotations
 import io
 import logging
 import math
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,6 @@ from fedrec.federated.engine import client_negatives, round_plan, train_cohort
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 from fedrec.results import RoundRecord
-from fedrec.train.selection import Selection, TrainOutcome
 
 log = logging.getLogger("fedrec.flower")
 
@@ -265,8 +263,6 @@ class ServerBase:
         missing = int((self.owner < 0).sum())
         if missing:
             log.warning("%d clients belong to no node that answered; they will not train", missing)
-        self.out = TrainOutcome()
-        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
         self.sent: dict[int, np.ndarray] = {}
         self.gen: torch.Generator | None = None
 
@@ -290,34 +286,12 @@ class ServerBase:
                 got.append((node, clients, replies[node]))
         return got, silent
 
-    def finish_evaluation(self, r: int, record: RoundRecord, replies: dict[int, Payload]) -> None:
-        """Average the nodes' metrics; keep validation; take test at the best validation round."""
-        record.valid = combine_metrics([_stage(p, "valid") for p in replies.values()], self.protocol)
-        if record.valid and self.selection.observe(r, record.valid):
-            self.out.test = combine_metrics([_stage(p, "test") for p in replies.values()], self.protocol)
-
     def model_state(self) -> dict[str, Any]:
+        """What the server holds (its checkpointed state)."""
         raise NotImplementedError
 
     def load_model_state(self, blob: dict[str, Any]) -> None:
         raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.model_state(), "history": [asdict(h) for h in self.out.history],
-                "best_round": self.out.best_round, "valid_at_best": self.out.valid_at_best,
-                "test": self.out.test, "run": _resumable(self.run)}
-
-    def load_state_dict(self, blob: dict[str, Any]) -> int:
-        """Continue from a checkpoint (`state_dict`); returns its last round."""
-        if blob["run"] != _resumable(self.run):
-            raise FedrecError("the checkpoint was written by a run with other options; resume "
-                              "with the same options (only rounds, patience may change)")
-        self.load_model_state(blob["state"])
-        self.out.history = [RoundRecord(**h) for h in blob["history"]]
-        self.out.best_round, self.out.valid_at_best = blob["best_round"], blob["valid_at_best"]
-        self.out.test = blob["test"]
-        self.selection = Selection(self.protocol.select, self.cfg.patience, self.out)
-        return last_round(blob)
 
 
 class ServerRole(ServerBase):
@@ -458,19 +432,7 @@ class ServerRole(ServerBase):
         self.state.load_state_dict(blob)
 
 
-def last_round(checkpoint: dict[str, Any]) -> int:
-    return int(checkpoint["history"][-1]["round"]) if checkpoint["history"] else 0
-
-
-def _resumable(run: RunConfig) -> dict[str, Any]:
-    """The options a resumed run must share with its checkpoint."""
-    blob = asdict(run)
-    for free in ("rounds", "patience", "checkpoint_every"):
-        blob["federated"].pop(free)
-    return blob
-
-
-def _stage(payload: Payload, name: str) -> dict[str, float]:
+def stage_of(payload: Payload, name: str) -> dict[str, float]:
     prefix = name + "."
     return {k[len(prefix):]: float(v) for k, v in payload.items() if k.startswith(prefix)}
 
@@ -524,19 +486,17 @@ def wire(payload: Payload) -> Payload:
 
 
 def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> Any:
-    """The message flow of a deployment with ``partitions`` nodes, in one process (no Flower):
-    the reference the Flower app is tested against, and a quick way to debug the roles.
-    Returns the server (its ``out`` holds the run's outcome)."""
+    """A deployment with ``partitions`` nodes, in one process (no Flower): the server role driven
+    by the one round driver over an in-process transport. The reference the Flower app is tested
+    against. Returns the server role, with the run's outcome in ``out``."""
+    from fedrec.core.driver import run_rounds
+    from fedrec.flower.server import FlowerServer, InProcess
+
     split = split if split is not None else prepare_split(run)
     nodes = {i: node_role(run, i, partitions, split) for i in range(partitions)}
-    server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
-    for r in range(1, run.federated.rounds + 1):
-        start = time.perf_counter()
-        replies = {i: wire(nodes[i].train(wire(m))) for i, m in server.train_messages(r).items()}
-        record = server.finish_round(r, replies)
-        if r % run.federated.eval_every == 0 or r == run.federated.rounds:
-            msg = server.evaluate_message()
-            server.finish_evaluation(r, record, {i: wire(n.evaluate(wire(msg))) for i, n in nodes.items()})
-        record.seconds = time.perf_counter() - start
-        server.out.history.append(record)
-    return server
+    role = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+    server = FlowerServer(role, InProcess(nodes), role.protocol, partitions)
+    cfg = run.federated
+    role.out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,
+                          eval_every=cfg.eval_every, patience=cfg.patience)
+    return role
