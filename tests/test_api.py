@@ -12,17 +12,28 @@ import fedrec
 from fedrec.cli import main
 from fedrec.errors import FedrecError
 
-DOCS = Path(__file__).parent.parent / "docs" / "api.md"
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs" / "api.md"
+
+
+def _example(path: Path) -> str:
+    return re.search(r"```python\n(.*?)```", path.read_text(), re.S).group(1)
 
 
 def test_the_documented_example_runs_as_written(tmp_path):
-    code = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
-    code = code.replace("/tmp/pfedrec.fedrec", str(tmp_path / "pfedrec.fedrec"))
+    code = _example(DOCS).replace("/tmp/pfedrec.fedrec", str(tmp_path / "pfedrec.fedrec"))
     scope: dict = {}
     exec(compile(code, str(DOCS), "exec"), scope)  # noqa: S102  (our own documentation)
     run = scope["run"]
     assert run.best_round >= 1 and set(run.test) >= {"hr@10", "ndcg@10"}
     assert len(scope["again"].recommend(3, 10)) == 10
+
+
+def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # it saves under runs/
+    scope: dict = {}
+    exec(compile(_example(ROOT / "README.md"), "README.md", "exec"), scope)  # noqa: S102
+    assert fedrec.load(tmp_path / "runs" / "pfedrec.fedrec").recommend(7, 10) == scope["run"].recommend(7, 10)
 
 
 def test_public_names_are_curated():
