@@ -81,7 +81,7 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
-        return f"{_type_name(typing.get_args(tp)[0])} list (a/b/c)"
+        return f"{_type_name(typing.get_args(tp)[0])}s a/b/c"
     return {bool: "true|false", int: "integer", float: "number", str: "text",
             type(None): "none"}.get(tp, str(tp))
 

@@ -214,12 +214,19 @@ def algorithms_command() -> None:
         table.add_column(c)
     for spec in ALGORITHMS.values():
         types = spec.options.describe()
-        options = ", ".join(f"{k}={v} ({types[k]})" + (" fixed" if k in spec.fixed else "")
+        options = ", ".join(f"{k}={_shown(v)} ({types[k]})" + (" fixed" if k in spec.fixed else "")
                             for k, v in spec.defaults.items())
         engine = ", ".join(f"{k}={v}" for k, v in spec.engine.items())
         kind = spec.kind + (" (+ Flower)" if spec.flower else "")
         table.add_row(spec.name, kind, spec.description, options, engine)
     console.print(table)
+
+
+def _shown(value: object) -> str:
+    """An option's value as `--set` takes it (lists as a/b/c)."""
+    if isinstance(value, tuple):
+        return "/".join(map(str, value)) or "''"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def protocols_command() -> None:
