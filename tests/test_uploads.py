@@ -53,3 +53,26 @@ def test_flower_nodes_add_the_ldp_noise_the_server_no_longer_adds() -> None:
     # every entry moved by the mean of 90 clients' Laplace(0, lam) noise: variance 2 lam^2 / 90
     assert abs(diff.var() / (2 * lam**2 / 90) - 1) < 0.1
     assert abs(diff.mean()) < 3 * (2 * lam**2 / 90 / diff.size) ** 0.5
+
+
+def test_kept_uploads_are_each_clients_own_and_sum_to_the_folded_round() -> None:
+    from fedrec.experiment import build_trainable, prepare_split
+
+    run = RunConfig("fedmf", dataset="synthetic:120x300", seed=2, model={"dim": 8},
+                    federated=federated_config("fedmf", rounds=1, clients_per_round=0.5,
+                                               memory_budget_mb=0.05))
+    split = prepare_split(run)
+    _, algorithm = build_trainable(run, split)
+    algorithm.keep_uploads = True
+    plan = algorithm.plan(1)
+    algorithm.begin_round(plan)
+    uploads = algorithm.local_update(plan)
+    clients = [u for chunk in uploads.per_client for u in chunk.per_client()]
+    assert len(uploads.per_client) > 1  # several chunks (a tiny memory budget)
+    assert sorted(u.client for u in clients) == sorted(plan.clients.tolist())
+    total = torch.zeros_like(uploads.payload.item_sum)
+    for u in clients:
+        assert set(u.items) <= set(range(split.n_items)) and len(u.items) == len(u.delta)
+        assert set(split.train[u.client].indices) <= set(u.items)  # its positives travel
+        total.index_add_(0, torch.as_tensor(u.items), u.delta)
+    torch.testing.assert_close(total, uploads.payload.item_sum)

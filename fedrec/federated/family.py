@@ -73,7 +73,7 @@ class FamilySpec:
 
     def flower_roles(self) -> tuple[type, type]:
         """The Flower node and server roles that run this spec (`fedrec.flower.roles`)."""
-        from fedrec.flower.roles import NodeRole, ServerRole
+        from fedrec.flower.family import NodeRole, ServerRole
 
         return NodeRole, ServerRole
 
