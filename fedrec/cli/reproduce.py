@@ -1,0 +1,160 @@
+"""`fedrec reproduce PAPER`: the runs behind a paper's tables, printed beside its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedrec.cli.experiments import console
+from fedrec.errors import FedrecError
+
+
+def reproduce_command(
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia, personalfr)."),
+    tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero; personalfr 3,4)."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
+    seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
+    negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
+    rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
+    out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
+    markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
+    plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
+    data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
+    reuse_only: bool = typer.Option(False, "--reuse-only", help="Print the tables from the results already in OUT_DIR; run nothing."),
+) -> None:
+    """Run the runs behind a paper's tables and print our figures beside the paper's.
+
+    Every run is done under the legacy negative policy the paper's code used and under
+    fedrec's leak-free default, so a gap can be told apart from the leak.
+    """
+    from fedrec.reproduce.papers import load_figures
+    from fedrec.reproduce.runner import (
+        DATA_OPTIONS,
+        PLOTS,
+        POLICY_CHOICES,
+        ROUNDS,
+        execute,
+        plan,
+        privacy_notes,
+        sparsity_notes,
+    )
+    from fedrec.reproduce.table import render, summarise, to_markdown
+
+    if negatives not in POLICY_CHOICES:
+        raise FedrecError(f"--negatives must be one of {', '.join(POLICY_CHOICES)}")
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError as e:
+        raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
+    chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()])
+    every = [r for runs in chosen.values() for r in runs]
+    n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("runs", total=n_total)
+
+        def on_run(planned, policy, seed, reused) -> None:  # type: ignore[no-untyped-def]
+            label = f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}"
+            bar.update(task, advance=1, description=("reused " if reused else "") + label)
+
+        def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
+            console.print(f"[red]failed[/] {planned.method} {planned.setting} {planned.protocol} "
+                          f"{policy} s{seed}: {reason}")
+
+        results = execute(every, dataset=dataset, seeds=seed_list,
+                          policies=POLICY_CHOICES[negatives],
+                          rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
+                          data_dir=data_dir, on_run=on_run, on_fail=on_fail,
+                          run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)))
+    figures = load_figures(paper)
+    parts = []
+    drawn = []
+    notes_first: list[str] = []
+    for table, runs in chosen.items():
+        keys = {(r.method, r.setting, r.protocol) for r in runs}
+        mine = [r for r in results
+                if (r["algorithm"], r["config"]["setting"], r["protocol"]) in keys]
+        mine, table_notes = _adjust(paper, table, mine)
+        notes_first += table_notes
+        # the metrics the paper's table reports (Table 5 of FedRAP: HR@10 only); all where none
+        metrics = list(dict.fromkeys(f.metric for f in figures if f.table == table)) or _protocol_metrics(runs)
+        summary = summarise(mine, metrics=metrics) if metrics else summarise(mine)
+        reported = {f.dataset for f in figures if f.table == table}
+        stand_in = "ml-1m" if reported and dataset not in reported and "ml-1m" in reported else None
+        render(summary, paper, table, console, metrics=metrics, unpublished=True, stand_in=stand_in)
+        parts.append(f"### {paper} Table {table}\n\n"
+                     + to_markdown(summary, paper, table, metrics=metrics, unpublished=True,
+                                   stand_in=stand_in))
+        if table in PLOTS.get(paper, {}) and mine:
+            drawn += _convergence_plots(mine, paper, table, PLOTS[paper][table], dataset,
+                                        plots or out_dir / "plots")
+        if (paper, table) == ("gfedpp", "heatmap") and mine:
+            drawn += _heatmaps(mine, dataset, plots or out_dir / "plots")
+    notes = notes_first + privacy_notes(results) + sparsity_notes(paper, results)
+    if paper == "personalfr":
+        from fedrec.reproduce.personalfr import compression_notes
+
+        notes += compression_notes(results)
+    for line in notes:
+        console.print(line, highlight=False)
+    for path in drawn:
+        console.print(f"wrote {path}")
+    if markdown is not None:
+        text = "\n\n".join(parts) + "\n"
+        if notes:
+            text += "\n" + "".join(f"- {line}\n" for line in notes)
+        markdown.write_text(text)
+        console.print(f"wrote {markdown}")
+
+
+def _protocol_metrics(runs: list[Any]) -> list[str] | None:
+    """A table the paper shows only as a plot: the metrics of its runs' protocol (F1 standing
+    for precision and recall)."""
+    from fedrec.protocols.protocol import get_protocol
+
+    if not runs:
+        return None
+    p = get_protocol(runs[0].protocol)
+    names = [m for m in p.metrics if not ("f1" in p.metrics and m in ("precision", "recall"))]
+    return [m if m == "rmse" else f"{m}@{p.ks[0]}" for m in names]
+
+
+def _adjust(paper: str, table: str, results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tables whose rows are not one run each: GFed-PP's alpha chosen on validation (Table 2)
+    and its public / private / all users (the ratio sweep, as Table 6)."""
+    from fedrec.reproduce.gfedpp import by_group, choose_alpha
+
+    if (paper, table) == ("gfedpp", "2"):
+        return choose_alpha(results)
+    if (paper, table) == ("gfedpp", "ratio"):
+        return by_group(results), []
+    return results, []
+
+
+def _heatmaps(results: list[dict[str, Any]], dataset: str, folder: Path) -> list[Path]:
+    """GFed-PP's Figure 6: test HR@10 and NDCG@10 over public ratio x alpha, one PNG each."""
+    from fedrec.reproduce.gfedpp import heatmap
+
+    return [heatmap(results, metric, folder / f"gfedpp-heatmap-{metric.split('@')[0]}.png",
+                    f"GFed-PP Fig. 6 on {dataset}: test {metric.upper()} (frame: best validation alpha)")
+            for metric in ("hr@10", "ndcg@10")]
+
+
+def _convergence_plots(
+    results: list[dict[str, Any]], paper: str, table: str, figure: str, dataset: str, folder: Path
+) -> list[Path]:
+    """The validation HR@10 and NDCG@10 per round of one table's runs, one PNG each."""
+    from fedrec.reproduce.plots import convergence
+
+    paths = []
+    for metric in ("hr@10", "ndcg@10"):
+        path = folder / f"{paper}-{table}-{metric.split('@')[0]}.png"
+        title = f"{paper} {figure} on {dataset}: validation {metric.upper()}"
+        try:
+            paths.append(convergence(results, metric, path, title))
+        except FedrecError as e:  # e.g. runs evaluated on another protocol's metrics
+            console.print(f"[yellow]no plot[/] {path.name}: {e}")
+    return paths

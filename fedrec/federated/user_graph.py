@@ -1,0 +1,86 @@
+"""The server's user graphs of GPFedRec and GFed-PP (see `fedrec.federated.graph`): which
+users are public, the graph of public users' interactions, the neighbour graph of uploaded
+tables, and the blocked Gram matrix both build on.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+
+def public_users(n_users: int, ratio: float, seed: int) -> np.ndarray:
+    """A boolean mask of ``round(ratio x n_users)`` public users drawn at random (seeded)."""
+    mask = np.zeros(n_users, bool)
+    mask[np.random.default_rng([seed, 0x9F]).permutation(n_users)[: round(ratio * n_users)]] = True
+    return mask
+
+
+def public_graph(train: sp.csr_matrix, public: np.ndarray, sparse_below: float = 0.1) -> torch.Tensor:
+    """Ã = D^-1/2 A D^-1/2 over the public users, A = R Rᵀ without self-loops (Eq. 3-4).
+
+    A public user who shares no item with any other keeps a self-loop, so that its row is its
+    own table rather than zero. Returned dense, or as a sparse CSR tensor when fewer than
+    ``sparse_below`` of its entries are non-zero.
+    """
+    r = (train[np.flatnonzero(public)] > 0).astype(np.float32).tocsr()
+    a = (r @ r.T).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    deg = np.asarray(a.sum(1)).ravel()
+    lonely = np.flatnonzero(deg == 0)
+    a = (a + sp.csr_matrix((np.ones(len(lonely), np.float32), (lonely, lonely)), shape=a.shape)).tocsr()
+    deg[lonely] = 1.0
+    scale = sp.diags((1.0 / np.sqrt(deg)).astype(np.float32))
+    norm = (scale @ a @ scale).tocsr().astype(np.float32)
+    norm.sort_indices()
+    n = norm.shape[0]
+    if norm.nnz >= sparse_below * max(n * n, 1):
+        return torch.from_numpy(norm.toarray())
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": products with dense work
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(norm.indptr.astype(np.int64)),
+                                       torch.from_numpy(norm.indices.astype(np.int64)),
+                                       torch.from_numpy(norm.data), size=norm.shape,
+                                       check_invariants=True)
+
+
+def neighbour_graph(gram: torch.Tensor, similarity: str, threshold: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """GPFedRec's user graph from the Gram matrix of the uploaded tables.
+
+    Each user's neighbours are the users whose value exceeds ``threshold`` x the mean of the
+    whole matrix, weighted uniformly (a user without neighbours keeps itself). The value is the
+    cosine similarity, or under ``legacy-distance`` 1 - similarity, as the official code.
+    Returns the row-stochastic graph and diagnostics: the mean similarity of the chosen
+    neighbours and of the others.
+    """
+    norms = gram.diagonal().clamp_min(1e-24).sqrt()
+    cos = gram / norms[:, None] / norms[None, :]
+    value = cos if similarity == "cosine" else 1.0 - cos
+    chosen = value > threshold * value.mean()
+    empty = ~chosen.any(1)
+    chosen[empty, empty] = True
+    g = chosen.float()
+    g /= g.sum(1, keepdim=True)
+    others = ~chosen
+    stats = {
+        "neighbours": float(chosen.sum(1).float().mean()),
+        "neighbour_similarity": float(cos[chosen].mean()),
+        "other_similarity": float(cos[others].mean()) if bool(others.any()) else float("nan"),
+    }
+    return g, stats
+
+
+def add_gram(gram: torch.Tensor, x: torch.Tensor) -> None:
+    """``gram += x xᵀ`` computing the upper half only (3/4 of the work of a full product):
+    torch has no symmetric rank-k update, so the rows are split in two halves."""
+    h = x.shape[0] // 2
+    top, bottom = x[:h], x[h:]
+    gram[:h, :h].addmm_(top, top.T)
+    gram[h:, h:].addmm_(bottom, bottom.T)
+    cross = top @ bottom.T
+    gram[:h, h:] += cross
+    gram[h:, :h] += cross.T
