@@ -28,7 +28,6 @@ client that receives a new model does; the Joint model (one client) keeps it acr
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +35,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.optim import adam_, decay_factor, sgd_
@@ -122,10 +120,12 @@ class AESpec:
             return "secure aggregation sums item tables only; the autoencoders average shared weights"
         return None
 
-    def algorithm(self, split: Split, cfg: Any, seed: int) -> AEAlgorithm:
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> Any:
         """The federated algorithm the round driver trains."""
         if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
             raise FedrecError("the autoencoder runs take no upload noise or clipping options")
+        from fedrec.federated.ae_algorithm import AEAlgorithm
+
         return AEAlgorithm(AEState(self, split, self.partition(split.n_users, seed), seed), cfg)
 
 
@@ -436,49 +436,3 @@ class AEState:
     def run_extra(self) -> dict[str, Any]:
         return {"clients": self.K, "share": self.spec.share, "compression": self.spec.compression,
                 "optimizer": self.spec.optimizer, "client_items_mean": float(self.client_items.mean())}
-
-
-class AEAlgorithm(FederatedAlgorithm):
-    """An `AEState` as the round driver's federated algorithm: the sampled clients download
-    their rows, train, upload; the server applies Equation 5."""
-
-    def __init__(self, state: AEState, cfg: Any) -> None:
-        self.state, self.cfg = state, cfg
-        self.n_clients, self.seed, self.clients_per_round = state.K, state.seed, cfg.clients_per_round
-
-    def local_update(self, plan: RoundPlan) -> Uploads:
-        start = time.perf_counter()
-        cohort, steps = self.state.training_order(plan.clients, self.cfg)
-        payload, rows = self.state.download(cohort)
-        upload, stats = self.state.local_update(cohort, payload, self.cfg, plan.round)
-        # the state reports its mean loss over the clients' batches
-        loss = stats.pop("loss")
-        extra = {**stats, "clients": float(len(cohort)), "train_seconds": time.perf_counter() - start}
-        return Uploads(payload=(cohort, rows, upload, steps), per_client=None,
-                       n_accepted=len(cohort), loss_sum=loss, client_batches=1, extra=extra)
-
-    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
-        start = time.perf_counter()
-        cohort, rows, upload, steps = uploads.payload
-        self.state.aggregate(cohort, rows, upload, steps, self.cfg.lr)
-        uploads.bytes_up, uploads.bytes_down = self.state.round_bytes(cohort, first_round=plan.round == 1)
-        uploads.extra["aggregate_seconds"] = time.perf_counter() - start
-
-    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-        return self.state.scores(users, items)
-
-    def run_extra(self) -> dict[str, Any]:
-        return self.state.run_extra()
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"glob": self.state.glob}
-
-    def client_state_dict(self) -> dict[str, Any]:
-        """Private layers; the Joint model's optimiser belongs to its one client."""
-        return {"priv": self.state.priv, "opt": self.state.opt}
-
-    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
-        self.state.glob = blob["glob"]
-
-    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
-        self.state.priv, self.state.opt = blob["priv"], blob["opt"]
