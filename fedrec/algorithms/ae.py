@@ -25,21 +25,9 @@ from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
-class AEOptions(Options):
-    """`AESpec`'s fields (see the module docstring); ``share`` is set by each algorithm."""
-
-    clients: int = 100
-    grouping: str = "random"
-    hidden: tuple[int, ...] = (256, 128)
-    dropout: float = 0.5
-    norm: bool = True
-    compression: bool = True
-    optimizer: str = "adam"
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float | None = None
-    clip: float = 0.0
-    share: str = "decoder"
+class AEOptions(AESpec, Options):
+    """`AESpec`'s fields, typed and checked by its own validation; ``share`` is set by each
+    algorithm."""
 
 
 def _build(split: Split, o: AEOptions) -> AESpec:

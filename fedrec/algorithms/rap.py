@@ -11,33 +11,20 @@ from dataclasses import asdict, dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.rap import RAPSpec
-from fedrec.options import Options, check
+from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
-class RAPOptions(Options):
-    """`RAPSpec`'s fields; ``lam`` and ``mu`` are the paper's v1 and v2.
+class RAPOptions(RAPSpec, Options):
+    """`RAPSpec`'s fields (checked by its own validation); ``lam`` and ``mu`` are the paper's
+    v1 and v2; ``use_c``, ``use_d``, ``centralised`` are set by the ablations and CentRAP.
 
     ``mu`` 1e-3 rather than the paper's 0.1: at these learning rates 0.1 soft-thresholds a row
     by about lr_item x mu / k / n_slots = 0.1 per step for a 100-slot client, which wipes C out.
-    ``use_c``, ``use_d``, ``centralised`` are set by the ablations and CentRAP.
     """
 
-    dim: int = 32
-    score: str = "linear"
-    lam: float = 0.1
     mu: float = 1e-3
-    curriculum: str = "tanh"
-    dc_sign: str = "pull"
-    push_cap: float = 1.0
-    reg: str = "l1"
-    use_c: bool = True
-    use_d: bool = True
-    centralised: bool = False
-
-    def validate(self) -> None:
-        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
 
 
 def _build(split: Split, o: RAPOptions) -> RAPSpec:
