@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.rap import RAPSpec
-from fedrec.options import Options
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
 
@@ -25,6 +25,9 @@ class RAPOptions(RAPSpec, Options):
     """
 
     mu: float = 1e-3
+
+    def validate(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
 
 
 def _build(split: Split, o: RAPOptions) -> RAPSpec:
