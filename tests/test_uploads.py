@@ -76,3 +76,14 @@ def test_kept_uploads_are_each_clients_own_and_sum_to_the_folded_round() -> None
         assert set(split.train[u.client].indices) <= set(u.items)  # its positives travel
         total.index_add_(0, torch.as_tensor(u.items), u.delta)
     torch.testing.assert_close(total, uploads.payload.item_sum)
+
+
+def test_flower_reports_the_privacy_its_nodes_noise_buys() -> None:
+    from fedrec.experiment import train
+    from fedrec.flower.roles import run_in_process
+
+    run = RunConfig("pfedrec", dataset="synthetic:90x300", seed=4, model={"dim": 8},
+                    federated=federated_config("pfedrec", rounds=2, dp_clip=0.5, dp_noise=1.0))
+    flower = run_in_process(run, 3).out.extra["privacy"]
+    assert flower == train(run).result.extra["privacy"]  # the simulator's accounting
+    assert flower["rounds"] == 2 and flower["epsilon"] > 0

@@ -36,7 +36,11 @@ def flower_command(
     checkpoint: Path | None = typer.Option(None, help="Server checkpoint, written after every round."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint."),
     client_state_dir: Path | None = typer.Option(None, help="Where nodes also keep their clients' private state, for --resume."),
-    secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec, FedRAP): the server sees only the sum."),
+    ldp: float = typer.Option(0.0, help="Laplace noise scale each node adds to its clients' uploaded item tables (LDP)."),
+    dp_clip: float | None = typer.Option(None, help="DP: clip each client's gradient w.r.t. the item table to this L2 norm (tau)."),
+    dp_noise: float = typer.Option(0.0, help="DP: Gaussian noise multiplier z, drawn on the nodes; epsilon is reported."),
+    dp_delta: float = typer.Option(1e-5, help="DP: delta of the reported (epsilon, delta)."),
+    secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec and kin without shared weights): the server sees only the sum."),
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
@@ -60,7 +64,8 @@ def flower_command(
         model={**({"dim": dim} if dim is not None else {}), **_parse_settings(set_options)},
         federated=federated_config(algorithm, rounds=rounds, clients_per_round=clients_per_round,
                                    local_epochs=local_epochs, lr=lr, lr_item=lr_item,
-                                   eval_every=eval_every),
+                                   eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
+                                   dp_noise=dp_noise, dp_delta=dp_delta),
     )
     run.validate()
     run.federated.validate()

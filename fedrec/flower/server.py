@@ -57,6 +57,7 @@ class FlowerServer(Trainable):
         self.n_nodes, self.secure_sum = n_nodes, secure_sum
         self._silent: set[int] = set()
         self._record: RoundRecord | None = None
+        self._round = 0
         self._evaluated: dict[int, Payload] = {}
 
     def train_round(self, r: int) -> RoundRecord:
@@ -103,4 +104,10 @@ class FlowerServer(Trainable):
         pass
 
     def run_extra(self) -> dict[str, Any]:
-        return {"engine": "flower", "nodes": self.n_nodes}
+        out: dict[str, Any] = {"engine": "flower", "nodes": self.n_nodes}
+        cfg = self.role.cfg
+        if cfg.dp_noise > 0:  # the nodes added the Gaussian noise; the accounting is the server's
+            from fedrec.federated.engine import privacy_spent
+
+            out["privacy"] = privacy_spent(cfg, self.role.n_clients, self._round)
+        return out
