@@ -16,6 +16,7 @@ from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, train_federated
+from fedrec.options import check
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
     POSITIVE_AT,
@@ -68,7 +69,7 @@ class RunConfig:
     def validate(self) -> None:
         """Reject impossible options before any data is read."""
         t = self.train
-        problems = [
+        check(
             (t.epochs < 1, f"--epochs must be >= 1 (got {t.epochs})"),
             (t.batch_size < 1, f"--batch-size must be >= 1 (got {t.batch_size})"),
             (t.lr <= 0, f"--lr must be > 0 (got {t.lr})"),
@@ -78,10 +79,7 @@ class RunConfig:
             (t.eval_every < 1, f"--eval-every must be >= 1 (got {t.eval_every})"),
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise FedrecError(message)
+        )
         if self.negatives not in NEGATIVE_POLICIES:
             raise FedrecError(
                 f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"

@@ -46,6 +46,7 @@ from fedrec.models.autoencoder import (
     layer_shapes,
     pair_outputs,
 )
+from fedrec.options import check
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 
@@ -76,7 +77,7 @@ class AESpec:
     clip: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = [
+        check(
             (self.share not in SHARES, f"share must be one of {SHARES}"),
             (self.optimizer not in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}"),
             (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
@@ -86,10 +87,7 @@ class AESpec:
             (self.clip < 0 or self.decay < 0, "clip and weight_decay must be >= 0"),
             (self.optimizer == "adam" and self.decay > 0 and not self.compression,
              "Adam with weight decay moves rows a client never trained; use compression or SGD"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise FedrecError(message)
+        )
 
     @property
     def decay(self) -> float:

@@ -48,6 +48,7 @@ from fedrec.errors import FedrecError
 from fedrec.federated.stack import BACKBONES, ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
+from fedrec.options import check
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 
@@ -79,7 +80,7 @@ class CIASpec:
     filter_rank: int = 32
 
     def __post_init__(self) -> None:
-        problems = [
+        check(
             (self.aggregation not in AGGREGATIONS, f"aggregation must be one of {AGGREGATIONS}"),
             (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
             (self.finetune_loss not in FINETUNE_LOSSES, f"finetune_loss must be one of {FINETUNE_LOSSES}"),
@@ -93,10 +94,7 @@ class CIASpec:
              "upload_rank, finetune_steps and layers must be >= 0"),
             (any(b == "gfcf" for b, _ in self.models) and len(self.models) > 1,
              "GF-CF cannot be mixed with parameter models in one run"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise FedrecError(message)
+        )
 
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)

@@ -22,12 +22,12 @@ import torch
 from fedrec.core.contract import FederatedAlgorithm
 from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size, round_plan, sample_clients  # noqa: F401  (re-exported)
-from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import client_params
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
+from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
@@ -74,7 +74,7 @@ class FederatedConfig:
     device: str = "cpu"
 
     def validate(self) -> None:
-        problems = [
+        check(
             (self.rounds < 1, f"--rounds must be >= 1 (got {self.rounds})"),
             (self.clients_per_round <= 0, "--clients-per-round must be > 0"),
             (self.local_epochs < 1, "--local-epochs must be >= 1"),
@@ -91,10 +91,7 @@ class FederatedConfig:
             (self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.device != "cpu", "the federated engine runs on the CPU only so far (--device cpu)"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise FedrecError(message)
+        )
 
     def upload_path(self, lr_item: float = 1.0) -> UploadPath:
         """The clients' upload path. ``dp_clip`` bounds a client's gradient w.r.t. the item

@@ -61,6 +61,7 @@ from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 from fedrec.federated.user_graph import add_gram, neighbour_graph, public_graph, public_users
+from fedrec.options import check
 
 METHODS = ("gpfedrec", "gfedpp")
 SIMILARITIES = ("cosine", "legacy-distance")
@@ -86,18 +87,15 @@ class GraphSpec:
     ablation: str = "none"
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.method in METHODS, f"unknown graph method '{self.method}'; known: {', '.join(METHODS)}"),
-            (self.similarity in SIMILARITIES, f"similarity must be one of {', '.join(SIMILARITIES)}"),
-            (self.ablation in ABLATIONS, f"ablation must be one of {', '.join(ABLATIONS)}"),
-            (0.0 <= self.public_ratio <= 1.0, "public_ratio must be in [0, 1]"),
-            (0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]"),
-            (1 <= self.gcn_layers <= 4 and self.mp_layers >= 1, "gcn_layers must be in 1..4, mp_layers >= 1"),
-            (self.reg >= 0 and self.user_lr_scale > 0, "reg must be >= 0 and user_lr_scale > 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise FedrecError(message)
+        check(
+            (self.method not in METHODS, f"unknown graph method '{self.method}'; known: {', '.join(METHODS)}"),
+            (self.similarity not in SIMILARITIES, f"similarity must be one of {', '.join(SIMILARITIES)}"),
+            (self.ablation not in ABLATIONS, f"ablation must be one of {', '.join(ABLATIONS)}"),
+            (not (0.0 <= self.public_ratio <= 1.0), "public_ratio must be in [0, 1]"),
+            (not (0.0 <= self.alpha <= 1.0), "alpha must be in [0, 1]"),
+            (not (1 <= self.gcn_layers <= 4 and self.mp_layers >= 1), "gcn_layers must be in 1..4, mp_layers >= 1"),
+            (not (self.reg >= 0 and self.user_lr_scale > 0), "reg must be >= 0 and user_lr_scale > 0"),
+        )
 
     @property
     def family(self) -> FamilySpec:

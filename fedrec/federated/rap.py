@@ -50,6 +50,7 @@ from fedrec.federated.family import FamilySpec
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gather_rows
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
+from fedrec.options import check
 
 FlatStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]
 CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
@@ -110,19 +111,14 @@ class RAPSpec:
     centralised: bool = False
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.score in ("linear", "dot"), f"FedRAP score must be linear or dot, not '{self.score}'"),
-            (self.use_c or self.use_d, "FedRAP needs at least one of C and D"),
-            (self.reg in REGULARISERS, f"unknown regulariser '{self.reg}'; known: {', '.join(REGULARISERS)}"),
-            (self.curriculum in CURRICULA, f"unknown curriculum '{self.curriculum}'; known: {', '.join(CURRICULA)}"),
-            (self.dc_sign in DC_SIGNS, f"dc_sign must be pull or push, not '{self.dc_sign}'"),
-            (self.lam >= 0 and self.mu >= 0 and self.push_cap > 0, "lam, mu >= 0 and push_cap > 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                from fedrec.errors import FedrecError
-
-                raise FedrecError(message)
+        check(
+            (self.score not in ("linear", "dot"), f"FedRAP score must be linear or dot, not '{self.score}'"),
+            (not (self.use_c or self.use_d), "FedRAP needs at least one of C and D"),
+            (self.reg not in REGULARISERS, f"unknown regulariser '{self.reg}'; known: {', '.join(REGULARISERS)}"),
+            (self.curriculum not in CURRICULA, f"unknown curriculum '{self.curriculum}'; known: {', '.join(CURRICULA)}"),
+            (self.dc_sign not in DC_SIGNS, f"dc_sign must be pull or push, not '{self.dc_sign}'"),
+            (not (self.lam >= 0 and self.mu >= 0 and self.push_cap > 0), "lam, mu >= 0 and push_cap > 0"),
+        )
 
     @property
     def family(self) -> FamilySpec:
