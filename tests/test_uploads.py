@@ -87,3 +87,24 @@ def test_flower_reports_the_privacy_its_nodes_noise_buys() -> None:
     flower = run_in_process(run, 3).out.extra["privacy"]
     assert flower == train(run).result.extra["privacy"]  # the simulator's accounting
     assert flower["rounds"] == 2 and flower["epsilon"] > 0
+
+
+def test_autoencoder_clients_send_only_their_items_rows() -> None:
+    from fedrec.experiment import build_trainable, prepare_split
+
+    run = RunConfig("personalfr", dataset="synthetic:120x300", protocol="ratio-rating", seed=2,
+                    model={"clients": 12, "hidden": (16, 8)},
+                    federated=federated_config("personalfr", rounds=1, clients_per_round=0.5))
+    split = prepare_split(run)
+    _, algorithm = build_trainable(run, split)
+    algorithm.keep_uploads = True
+    plan = algorithm.plan(1)
+    uploads = algorithm.local_update(plan)
+    state = algorithm.state
+    assert sorted(u.client for u in uploads.per_client) == sorted(plan.clients.tolist())
+    for u in uploads.per_client:
+        users = state.partition.client_users[state.partition.client_ptr[u.client]:
+                                             state.partition.client_ptr[u.client + 1]]
+        assert set(u.items) == set(split.train[users].indices)  # exactly its users' rated items
+        assert u.tensors["dec.out"].shape == (len(u.items), 16)
+        assert "enc.in" not in u.tensors  # the encoder stays private

@@ -5,12 +5,24 @@ update, upload and Equation 5."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.federated.autoencoder import AEState
+from fedrec.models.autoencoder import ROW_TABLES
+
+
+@dataclass
+class ClientUpload:
+    """One autoencoder client's upload: the item of each row it sends, and its tensors."""
+
+    client: int
+    items: np.ndarray
+    tensors: dict[str, torch.Tensor]
 
 
 class AEAlgorithm(FederatedAlgorithm):
@@ -29,8 +41,21 @@ class AEAlgorithm(FederatedAlgorithm):
         # the state reports its mean loss over the clients' batches
         loss = stats.pop("loss")
         extra = {**stats, "clients": float(len(cohort)), "train_seconds": time.perf_counter() - start}
-        return Uploads(payload=(cohort, rows, upload, steps), per_client=None,
+        kept = self._per_client(cohort, rows, upload) if self.keep_uploads else None
+        return Uploads(payload=(cohort, rows, upload, steps), per_client=kept,
                        n_accepted=len(cohort), loss_sum=loss, client_batches=1, extra=extra)
+
+    def _per_client(self, cohort: np.ndarray, rows: np.ndarray, upload: dict[str, torch.Tensor]
+                    ) -> list[ClientUpload]:
+        """Each client's own upload: the rows of its items in the row tables (only those travel
+        under partial compression) and its copy of every shared dense layer."""
+        _, offsets = self.state.cohort_rows(cohort)
+        out = []
+        for k, client in enumerate(cohort.tolist()):
+            part = slice(int(offsets[k]), int(offsets[k + 1]))
+            out.append(ClientUpload(client, rows[part], {
+                name: v[part] if name in ROW_TABLES else v[k] for name, v in upload.items()}))
+        return out
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
         start = time.perf_counter()
