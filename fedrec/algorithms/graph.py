@@ -60,7 +60,7 @@ register(AlgorithmSpec(
     "gpfedrec", "federated",
     "GPFedRec: user graph from the cosine similarity of uploaded item tables; personalised tables "
     "regularise local training (--set similarity=legacy-distance: the official code's graph)",
-    _graph("gpfedrec"), GPFedRecOptions, dict(ENGINE),
+    _graph("gpfedrec"), GPFedRecOptions, dict(ENGINE), flower=True,
 ))
 
 VARIANTS = {
@@ -72,4 +72,4 @@ VARIANTS = {
 }
 for _name, (_text, _ablation) in VARIANTS.items():
     register(AlgorithmSpec(_name, "federated", _text, _graph("gfedpp"), GFedPPOptions, dict(ENGINE),
-                           {"ablation": _ablation}))
+                           {"ablation": _ablation}, flower=True))

@@ -55,8 +55,9 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.errors import FedrecError
+from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
-from fedrec.federated.family import FamilySpec, score
+from fedrec.federated.family import FamilySpec, client_params, score
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
@@ -121,9 +122,25 @@ class GraphSpec:
         return CohortAlgorithm(self, split, cfg, seed)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int, train: sp.csr_matrix | None = None) -> GraphState:
+                     item_std: float, seed: int, train: sp.csr_matrix | None = None,
+                     client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
+        """The state of every client (simulator, server), or of ``client_ids`` out of
+        ``n_total`` (a Flower node: no graph, its clients' public flags)."""
         return GraphState.create_graph(self, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                       item_std=item_std, seed=seed, train=train)
+                                       item_std=item_std, seed=seed, train=train,
+                                       client_ids=client_ids, n_total=n_total)
+
+    def flower_roles(self) -> tuple[type, type]:
+        """A node trains its clients from the tables the server sends each; the server keeps
+        every client's uploaded rows and runs the graph step (`fedrec.flower.graph`)."""
+        from fedrec.flower.graph import GraphNode, GraphServer
+
+        return GraphNode, GraphServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "the graph step needs each client's table, not a secure sum"
+        return None
 
 
 @dataclass
@@ -155,15 +172,21 @@ class GraphState(FamilyState):
 
     @staticmethod
     def create_graph(graph: GraphSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-                     item_std: float, seed: int, train: sp.csr_matrix | None) -> GraphState:
+                     item_std: float, seed: int, train: sp.csr_matrix | None,
+                     client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
         base = FamilyState.create(graph.family, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                  item_std=item_std, seed=seed)
-        # every client starts from the same model, as the official code's copies of one model:
-        # with private MLPs drawn independently, the item-row updates of different clients point
-        # in unrelated directions and their mean cancels (measured: validation HR@10 stays at
-        # chance, 0.09, after 17 rounds of GPFedRec on ML-100K)
-        base.private = {k: v[:1].expand_as(v).clone() for k, v in base.private.items()}
-        public = public_users(n_clients, graph.public_ratio, seed) if not graph.gpfedrec else np.ones(n_clients, bool)
+                                  item_std=item_std, seed=seed, client_ids=client_ids)
+        # every client starts from the same model (client 0's draw), as the official code's
+        # copies of one model: with private MLPs drawn independently, the item-row updates of
+        # different clients point in unrelated directions and their mean cancels (measured:
+        # validation HR@10 stays at chance, 0.09, after 17 rounds of GPFedRec on ML-100K)
+        first = client_params(graph.family, list(base.private), np.zeros(1, np.int64), (seed, draws.INIT))
+        base.private = {k: first[k].expand_as(v).clone() for k, v in base.private.items()}
+        n_all = n_total if n_total is not None else n_clients
+        public = public_users(n_all, graph.public_ratio, seed) if not graph.gpfedrec else np.ones(n_all, bool)
+        node = client_ids is not None
+        if node:  # a Flower node's clients: their flags; the graph is the server's
+            public = public[np.asarray(client_ids)]
         if graph.gpfedrec or graph.ablation == "iei":
             dense = np.ones(n_clients, bool)
         elif graph.ablation == "upie" or graph.alpha == 0.0:
@@ -174,7 +197,7 @@ class GraphState(FamilyState):
         dense_of[dense] = np.arange(int(dense.sum()))
         table = base.items.expand(int(dense.sum()), *base.items.shape).clone() if dense.any() else None
         adjacency, shared = None, 0
-        if not graph.gpfedrec:
+        if not graph.gpfedrec and not node:
             if train is None:
                 raise FedrecError("GFed-PP needs the public users' interactions (train matrix)")
             shared = int(train[np.flatnonzero(public)].nnz)

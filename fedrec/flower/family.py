@@ -42,10 +42,14 @@ class NodeRole:
         self.spec = check_deployable(run, split=split)
         self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
         self.lr_item = self.cfg.item_lr(split.n_items)
-        self.state = self.spec.create_state(
-            len(self.data.users), split.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
-            item_std=self.cfg.item_std, seed=run.seed, client_ids=self.data.users)
+        self.state = self.make_state()
         self.path = self.cfg.upload_path(self.lr_item)
+
+    def make_state(self) -> Any:
+        """The algorithm's state for this node's clients (private parameters drawn by id)."""
+        return self.spec.create_state(
+            len(self.data.users), self.data.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
+            item_std=self.cfg.item_std, seed=self.run.seed, client_ids=self.data.users)
 
     # private state: what the state declares its clients hold
     def private_state(self) -> bytes:

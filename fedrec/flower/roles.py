@@ -248,17 +248,21 @@ def wire(payload: Payload) -> Payload:
     return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
 
 
-def run_in_process(run: RunConfig, partitions: int, split: Split | None = None) -> Any:
+def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
+                   fresh: bool = True) -> Any:
     """A deployment with ``partitions`` nodes, in one process (no Flower): the server role driven
     by the one round driver over an in-process transport. The reference the Flower app is tested
-    against. Returns the server role, with the run's outcome in ``out``."""
+    against. ``fresh``: every message is answered by a new node that loads only what the last
+    one declared as its clients' state, as a ClientApp does. Returns the server role, with the
+    run's outcome in ``out``."""
     from fedrec.core.driver import run_rounds
     from fedrec.flower.server import FlowerServer, InProcess
 
     split = split if split is not None else prepare_split(run)
     nodes = {i: node_role(run, i, partitions, split) for i in range(partitions)}
     role = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
-    server = FlowerServer(role, InProcess(nodes), role.protocol, partitions)
+    rebuild = (lambda i: node_role(run, i, partitions, split)) if fresh else None
+    server = FlowerServer(role, InProcess(nodes, rebuild), role.protocol, partitions)
     cfg = run.federated
     role.out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,
                           eval_every=cfg.eval_every, patience=cfg.patience)

@@ -29,13 +29,30 @@ class Transport(Protocol):
 
 
 class InProcess:
-    """The nodes' roles, called in this process (`fedrec.flower.roles.run_in_process`)."""
+    """The nodes' roles, called in this process (`fedrec.flower.roles.run_in_process`).
 
-    def __init__(self, nodes: dict[int, Any]) -> None:
-        self.nodes = nodes
+    With ``rebuild`` (node index -> a new node), every message is answered by a new node that
+    loads what the last one kept (``private_state``), as a deployment's ClientApp, a fresh
+    process per message, does from Flower's context: state a node forgets to declare is lost
+    here as it would be there.
+    """
+
+    def __init__(self, nodes: dict[int, Any], rebuild: Callable[[int], Any] | None = None) -> None:
+        self.nodes, self.rebuild = nodes, rebuild
+        self.kept: dict[int, bytes] = {}
 
     def exchange(self, kind: str, payloads: dict[int, Payload], r: int) -> dict[int, Payload]:
-        return {i: wire(getattr(self.nodes[i], kind)(wire(m))) for i, m in payloads.items()}
+        out = {}
+        for i, m in payloads.items():
+            node = self.nodes[i]
+            if self.rebuild is not None:
+                node = self.rebuild(i)
+                if i in self.kept:
+                    node.load_private_state(self.kept[i])
+            out[i] = wire(getattr(node, kind)(wire(m)))
+            if self.rebuild is not None:
+                self.kept[i] = node.private_state()
+        return out
 
 
 def array_bytes(payload: Payload) -> int:
