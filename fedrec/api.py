@@ -137,19 +137,30 @@ def run(
     (epochs); ``data``: preprocessing options of `RunConfig` (``min_user``, ``max_users``, ...).
     """
     from fedrec.algorithms import get_algorithm
+    from fedrec.federated.engine import FederatedConfig
+    from fedrec.options import typed
 
     spec = get_algorithm(algorithm)
+    fixed = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
+             "federated"}
+    data = typed(RunConfig, data, "data option")
+    clash = sorted(set(data) & fixed)
+    if clash:
+        raise FedrecError(f"{', '.join(clash)}: pass as run()'s own arguments, not data options")
     engine = dict(engine or {})
+    for key in ("rounds", "epochs"):
+        if key in engine:
+            if rounds is not None:
+                raise FedrecError(f"give the number of rounds once: rounds={rounds} and engine {key}")
+            rounds = engine.pop(key)
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                     negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
     if spec.kind == "federated":
-        cfg.federated = federated_config(algorithm, rounds=rounds, **engine)
+        cfg.federated = federated_config(algorithm, rounds=rounds,
+                                         **typed(FederatedConfig, engine, "engine option"))
     else:
-        known = {f.name for f in fields(TrainConfig)}
-        unknown = sorted(set(engine) - known)
-        if unknown:
-            raise FedrecError(f"unknown training option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        engine.setdefault("lr", spec.lr or 1e-3)
-        cfg.train = TrainConfig(**{"epochs": rounds or 100, **engine})
+        train_opts = typed(TrainConfig, engine, "training option")
+        train_opts.setdefault("lr", spec.lr or 1e-3)
+        cfg.train = TrainConfig(**{"epochs": rounds if rounds is not None else 100, **train_opts})
     done = train(cfg, out=out, on_round=on_round, keep_best=True)
     return Run(cfg, done.result, done.model, done.split)

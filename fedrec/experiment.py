@@ -181,8 +181,8 @@ def run(
 ) -> RunResult:
     """Train and evaluate ``cfg.algorithm``; write the results JSON to ``out`` if given.
 
-    Runs write a checkpoint every ``federated.checkpoint_every`` rounds to ``checkpoint`` and,
-    with ``resume``, continue from it.
+    Runs write a checkpoint every ``federated.checkpoint_every`` rounds (centralised:
+    ``train.checkpoint_every`` epochs) to ``checkpoint`` and, with ``resume``, continue from it.
     """
     return train(cfg, out, on_round, checkpoint, resume).result
 

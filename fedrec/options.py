@@ -27,6 +27,16 @@ def check(*problems: tuple[bool, str]) -> None:
             raise FedrecError(message)
 
 
+def typed(cls: type, values: typing.Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``values`` converted to the types of dataclass ``cls``'s fields; an unknown key or a value
+    of the wrong type is one `FedrecError` (``what`` names the values in it)."""
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise FedrecError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(hints))}")
+    return {k: _convert(v, hints[k], k, f" ({what})") for k, v in values.items()}
+
+
 @dataclass(frozen=True)
 class Options:
     """Base of every algorithm's options (see the module docstring)."""

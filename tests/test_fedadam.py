@@ -13,7 +13,7 @@ def test_server_step_is_adam_on_the_mean_update():
     x = torch.tensor([0.0, 1.0])
     d = torch.tensor([2.0, -0.5])
     x1 = opt.update("items", x, x + d)
-    m, v = 0.1 * d, 0.01 * d**2
+    m, v = 0.1 * d, 0.99 * 1e-3**2 + 0.01 * d**2
     torch.testing.assert_close(x1, x + 0.1 * m / (v.sqrt() + 1e-3))
     # each coordinate moves by about server_lr (1 - b1) / sqrt(1 - b2) = 0.1 in the first round,
     # whatever the size of the clients' update

@@ -175,7 +175,7 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> N
     from fedrec.flower.secagg import QUANTIZATION, RANGE
 
     step = 2 * RANGE / QUANTIZATION
-    diff = (secure["state"]["server"]["items"] - plain.state.items).abs()  # the one checkpoint format
+    diff = (secure["state"]["server"]["role"]["items"] - plain.state.items).abs()  # the one checkpoint format
     assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
     history = json.loads((tmp_path / "secure.json").read_text())["history"]
     assert [h["extra"]["secure_aggregation"] for h in history] == [1.0, 1.0]

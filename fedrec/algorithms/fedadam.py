@@ -2,7 +2,7 @@
 "Adaptive Federated Optimization", ICLR 2021, Algorithm 2 with the Adam update).
 
 ``m <- b1 m + (1 - b1) d``, ``v <- b2 v + (1 - b2) d^2``, ``x <- x + server_lr m / (sqrt(v) + tau)``
-with d = mean - current, without bias correction, as in the paper. ``tau`` (1e-3) is the
+with d = mean - current, v starting at tau^2 and no bias correction, as in the paper. ``tau`` (1e-3) is the
 paper's adaptivity constant. Each coordinate then moves by at most about ``server_lr`` a round,
 so the server step no longer scales with the item rows' learning rate.
 """
@@ -31,7 +31,8 @@ class Adam(ServerOptimizer):
 
     def update(self, name: str, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         d = mean - current
-        m, v = self.moments.get(name, (torch.zeros_like(d), torch.zeros_like(d)))
+        # Algorithm 2 starts v at tau^2 or more, so the first step is bounded by server_lr
+        m, v = self.moments.get(name, (torch.zeros_like(d), torch.full_like(d, self.tau**2)))
         m = m.mul_(self.beta1).add_(d, alpha=1 - self.beta1)
         v = v.mul_(self.beta2).addcmul_(d, d, value=1 - self.beta2)
         self.moments[name] = (m, v)

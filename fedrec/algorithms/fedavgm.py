@@ -1,7 +1,7 @@
 """FedAvgM: FedMF with server momentum (Hsu et al. 2019; Reddi et al., ICLR 2021, Algorithm 2).
 
 The server keeps a momentum buffer of the round's pseudo-gradient (mean - current) for the item
-table and steps ``x <- x + server_lr * m``, ``m <- momentum * m + (mean - x)``. With
+table: ``m <- momentum * m + (mean - x)``, then ``x <- x + server_lr * m``. With
 ``momentum=0`` and ``server_lr=1`` it is FedMF exactly. The default effective step
 ``server_lr / (1 - momentum) = 1`` is Hsu et al.'s advice (the mean's own step size).
 This module is the walkthrough of docs/adding-an-algorithm.md: one file and one test.

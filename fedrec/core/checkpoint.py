@@ -6,7 +6,9 @@ and the run's *fingerprint*: every option that shapes the figures (the algorithm
 options, the data set and its preprocessing, the protocol, the seed, the engine options).
 Resuming compares the fingerprint key by key and refuses any difference, so a checkpoint can
 never be continued under another run's label. Only options that say how long to go on and
-when to stop or save are free (`FREE`).
+when to stop or save are free (`FREE`). A run always evaluates its last round, so a run resumed
+past its old last round keeps that round's evaluation: with ``--eval-every`` > 1 it has one
+evaluation more than an uninterrupted run (the same figures at every round both evaluated).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from fedrec.train.selection import TrainOutcome
 
 FORMAT = 2
 #: options that may change on resume: how long to go on, and when to stop, evaluate or save
-FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir"})
+FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir",
+                  "memory_budget_mb"})  # figures do not depend on the chunk size (tested)
 
 
 def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:

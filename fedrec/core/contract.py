@@ -43,18 +43,30 @@ class RoundPlan:
 
 
 @dataclass
+class ClientUpload:
+    """One client's upload in a round: the items its row tensors are about (one row each), its
+    tensors by name (row tables first dimension = ``items``; dense layers whole), and whether
+    the server accepted it."""
+
+    client: int
+    items: np.ndarray
+    tensors: dict[str, torch.Tensor]
+    accepted: bool = True
+
+
+@dataclass
 class Uploads:
     """What the clients of a round sent, and what it cost.
 
     ``payload`` is the algorithm's own form of the uploads: running sums folded chunk by chunk
     (memory proportional to the rows the clients touched; the simulator's fast path), or the
-    per-client uploads when something has to look at each one. ``per_client`` holds the
-    materialised uploads when the algorithm was asked to keep them (see
+    per-client uploads when something has to look at each one. ``per_client`` holds each
+    client's `ClientUpload` when the algorithm was asked to keep them (see
     `FederatedAlgorithm.keep_uploads`), else None.
     """
 
     payload: Any = None
-    per_client: list[Any] | None = None
+    per_client: list[ClientUpload] | None = None
     n_accepted: int = 0
     rejected: int = 0
     bytes_up: int = 0

@@ -58,7 +58,13 @@ def run_rounds(
     if resume and path is not None and path.exists():
         last, best_state = ckpt.load(path, algorithm, out, fingerprint, rounds)
         first = last + 1
+        if keep_best and best_state is None and out.best_round:
+            raise FedrecError(f"{path}: the checkpoint holds no copy of the model of its best round "
+                              f"({out.best_round}; it was written without keeping one, e.g. without "
+                              "--save); resume without --save, or start again with it")
     selection = Selection(select or split.protocol.select, patience, out)
+    if selection.should_stop:  # the checkpointed run had already stopped early
+        first = rounds + 1
     groups = algorithm.user_groups()
     for r in range(first, rounds + 1):
         start = time.perf_counter()

@@ -5,24 +5,14 @@ update, upload and Equation 5."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
+from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.federated.autoencoder import AEState
 from fedrec.models.autoencoder import ROW_TABLES
-
-
-@dataclass
-class ClientUpload:
-    """One autoencoder client's upload: the item of each row it sends, and its tensors."""
-
-    client: int
-    items: np.ndarray
-    tensors: dict[str, torch.Tensor]
 
 
 class AEAlgorithm(FederatedAlgorithm):

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedrec.core.contract import ClientUpload
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
@@ -53,23 +54,13 @@ class CohortUpload:
     client_batches: int
 
     def per_client(self) -> list[ClientUpload]:
-        """Each client's own upload: the items it sent rows for and their deltas (what the
-        server receives from it, before noise), its shared weights, and whether it was accepted."""
+        """Each client's own upload: the row deltas of the items it sent (``items``, before
+        noise) and its shared weights, and whether it was accepted."""
         c = self.cohort
-        return [ClientUpload(int(c.clients[k]), c.row_items[c.rows_of(k)], self.delta[c.rows_of(k)],
-                             {n: v[k] for n, v in self.shared.items()}, bool(self.accepted[k]))
+        return [ClientUpload(int(c.clients[k]), c.row_items[c.rows_of(k)],
+                             {ITEMS: self.delta[c.rows_of(k)], **{n: v[k] for n, v in self.shared.items()}},
+                             bool(self.accepted[k]))
                 for k in range(len(c.clients))]
-
-
-@dataclass
-class ClientUpload:
-    """One client's upload in a round (`CohortUpload.per_client`)."""
-
-    client: int
-    items: np.ndarray
-    delta: torch.Tensor
-    shared: dict[str, torch.Tensor]
-    accepted: bool
 
 
 @dataclass

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import io
 import math
+import secrets
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated import draws
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, round_plan, train_cohort
 from fedrec.flower.roles import (
@@ -94,8 +94,9 @@ class NodeRole:
                      self.data.users[rows], self.run.seed, r, self.path, acc)
         if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
             sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.run.seed, r)
-            key = draws.uniforms((self.run.seed, draws.LOCAL_NOISE, r), self.data.users[:1], 1)
-            gen = torch.Generator().manual_seed(int(key[0] * 2**62))
+            # from the node's own entropy, never the run's seed: the server knows the seed, and
+            # noise it could redraw it could subtract
+            gen = torch.Generator().manual_seed(secrets.randbits(62))
             acc.item_sum += self.path.local_noise(acc.n, len(sampled), tuple(st.items.shape), gen)
         return acc
 

@@ -127,7 +127,7 @@ class GraphServer(ServerRole):
         acc, st, bad = self.acc, self.state, 0
         got, dropped = self.answered(r, replies)
         for node, clients, reply in got:
-            problem = self.check_upload(reply, len(clients))
+            problem = self.check_upload(reply, len(clients)) or self._check_owners(reply, clients)
             if problem:
                 bad += 1
                 acc.rejected += len(clients)
@@ -167,6 +167,16 @@ class GraphServer(ServerRole):
             return "rows or loss hold non-finite values"
         if int(reply["n"]) + int(reply["rejected"]) != n_clients:
             return "counts do not add up to the clients sent"
+        return None
+
+    def _check_owners(self, reply: Payload, clients: np.ndarray) -> str | None:
+        """A node speaks only for the clients it was sent, with pull factors in [0, 1]."""
+        owner, decay_clients = np.asarray(reply["owner"]), np.asarray(reply["decay_clients"])
+        decay = np.asarray(reply["decay"])
+        if not (np.isin(owner, clients).all() and np.isin(decay_clients, clients).all()):
+            return "rows or pull factors for clients the node was not sent"
+        if decay.shape != decay_clients.shape or not ((decay >= 0) & (decay <= 1)).all():
+            return f"pull factors have shape {decay.shape} or lie outside [0, 1]"
         return None
 
     def evaluate_message(self) -> Payload:

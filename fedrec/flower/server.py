@@ -109,13 +109,14 @@ class FlowerServer(Trainable):
         raise FedrecError("a Flower server holds no client state: its nodes score their clients")
 
     def server_state_dict(self) -> dict[str, Any]:
-        return self.role.model_state()
+        return {"role": self.role.model_state(), "rounds_done": self._round}
 
     def client_state_dict(self) -> dict[str, Any]:
         return {}  # the nodes keep theirs (Flower's context, and on disk for a resumed run)
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
-        self.role.load_model_state(blob)
+        self.role.load_model_state(blob["role"])
+        self._round = int(blob["rounds_done"])
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         pass
@@ -124,6 +125,8 @@ class FlowerServer(Trainable):
         out: dict[str, Any] = {"engine": "flower", "nodes": self.n_nodes}
         cfg = self.role.cfg
         if cfg.dp_noise > 0:  # the nodes added the Gaussian noise; the accounting is the server's
+            # (against the server itself, a node's reply holds only its share of the noise:
+            # the figure holds for what sees only the round's sum, e.g. under --secagg)
             from fedrec.federated.engine import privacy_spent
 
             out["privacy"] = privacy_spent(cfg, self.role.n_clients, self._round)

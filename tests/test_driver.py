@@ -1,0 +1,86 @@
+"""The one round driver on a scripted trainer: selection, early stopping and resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedrec.core.contract import Trainable
+from fedrec.core.driver import run_rounds
+from fedrec.errors import FedrecError
+from fedrec.results import RoundRecord
+
+#: validation figure after each round: best at round 3, then worse
+VALID = [0.1, 0.2, 0.5, 0.4, 0.3, 0.3, 0.2, 0.1, 0.1, 0.1]
+
+
+class Scripted(Trainable):
+    """Reports `VALID`; its state is the number of rounds trained."""
+
+    def __init__(self) -> None:
+        self.trained = 0
+
+    def train_round(self, r: int) -> RoundRecord:
+        self.trained = r
+        return RoundRecord(round=r, loss=1.0 / r, seconds=0.0)
+
+    def evaluate(self, stage: str, split: Any, users: np.ndarray | None = None) -> dict[str, float]:
+        value = VALID[self.trained - 1]
+        return {"hr@10": value if stage == "valid" else value / 2}
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        return np.zeros((len(users), 1))
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"trained": self.trained}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        self.trained = blob["trained"]
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        pass
+
+
+def _run(rounds: int, **kw: Any) -> tuple[Scripted, Any]:
+    model = Scripted()
+    return model, run_rounds(model, None, select="hr@10", rounds=rounds, **kw)
+
+
+def test_test_figures_come_from_the_best_validation_round_and_the_best_model_is_kept():
+    model, out = _run(8, keep_best=True)
+    assert (out.best_round, out.valid_at_best, out.test) == (3, {"hr@10": 0.5}, {"hr@10": 0.25})
+    assert model.trained == 3  # left in the state of the round whose figures are reported
+
+
+def test_a_resumed_early_stopped_run_trains_no_further(tmp_path):
+    ckpt = tmp_path / "c.ckpt"
+    _, first = _run(10, patience=3, checkpoint=ckpt, checkpoint_every=1)
+    assert len(first.history) == 6  # rounds 4, 5, 6 did not beat round 3
+    model, again = _run(10, patience=3, checkpoint=ckpt, checkpoint_every=1, resume=True)
+    assert len(again.history) == 6 and model.trained == 6
+
+
+def test_a_checkpoint_without_the_best_model_is_not_resumed_as_if_it_had_it(tmp_path):
+    ckpt = tmp_path / "c.ckpt"
+    _run(5, checkpoint=ckpt, checkpoint_every=1)
+    with pytest.raises(FedrecError, match="no copy of the model of its best round"):
+        _run(8, checkpoint=ckpt, checkpoint_every=1, resume=True, keep_best=True)
+    model, out = _run(8, checkpoint=ckpt, checkpoint_every=1, resume=True)
+    assert out.best_round == 3 and model.trained == 8
+
+
+def test_resume_refuses_another_run_and_garbage(tmp_path):
+    ckpt = tmp_path / "c.ckpt"
+    _run(4, checkpoint=ckpt, checkpoint_every=1, fingerprint={"seed": 0, "rounds": 4})
+    with pytest.raises(FedrecError, match=r"seed \(checkpoint 0, now 1\)"):
+        _run(6, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={"seed": 1})
+    with pytest.raises(FedrecError, match="past the 3 rounds"):
+        _run(3, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={"seed": 0})
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.raises(FedrecError, match="not a readable fedrec checkpoint"):
+        _run(6, checkpoint=ckpt, resume=True)
