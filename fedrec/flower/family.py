@@ -22,6 +22,7 @@ from fedrec.flower.roles import (
     Payload,
     ServerBase,
     check_deployable,
+    fold_counts,
     log,
     node_users,
     shown_ids,
@@ -180,12 +181,7 @@ class ServerRole(ServerBase):
             acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
             for k in acc.shared_sum:
                 acc.shared_sum[k] += torch.as_tensor(reply[f"shared.{k}"])
-            acc.n += int(reply["n"])
-            acc.rejected += int(reply["rejected"])
-            acc.bytes_up += int(reply["bytes_up"])
-            acc.bytes_down += int(reply["bytes_down"])
-            acc.loss_sum += float(reply["loss_sum"])
-            acc.client_batches += int(reply["client_batches"])
+            fold_counts(acc, reply)
             self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
         self.state.aggregate(acc, self.path, self.gen)
         extra = {**self.state.round_extra(), "dropped_nodes": float(len(dropped)),

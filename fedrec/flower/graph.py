@@ -31,7 +31,7 @@ from fedrec.experiment import RunConfig
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import train_cohort
 from fedrec.flower.family import NodeRole, ServerRole
-from fedrec.flower.roles import Payload, ServerBase, log, wire_ids
+from fedrec.flower.roles import Payload, ServerBase, fold_counts, log, wire_ids
 from fedrec.results import RoundRecord
 
 
@@ -137,12 +137,7 @@ class GraphServer(ServerRole):
                                torch.as_tensor(reply["rows"])))
             st.seen += len(clients)
             st.decay[torch.as_tensor(np.asarray(reply["decay_clients"], np.int64))] = torch.as_tensor(reply["decay"])
-            acc.n += int(reply["n"])
-            acc.rejected += int(reply["rejected"])
-            acc.bytes_up += int(reply["bytes_up"])
-            acc.bytes_down += int(reply["bytes_down"])
-            acc.loss_sum += float(reply["loss_sum"])
-            acc.client_batches += int(reply["client_batches"])
+            fold_counts(acc, reply)
         st.aggregate(acc, self.path, self.gen)
         extra = {**st.round_extra(), "dropped_nodes": float(len(dropped)),
                  "dropped_clients": float(sum(len(self.sent[n]) for n in dropped)),

@@ -195,6 +195,16 @@ class ServerBase:
         raise NotImplementedError
 
 
+def fold_counts(acc: Any, reply: Payload) -> None:
+    """Add a node's counts (clients, rejected, bytes, loss, batches) to the round's `Accumulator`."""
+    acc.n += int(reply["n"])
+    acc.rejected += int(reply["rejected"])
+    acc.bytes_up += int(reply["bytes_up"])
+    acc.bytes_down += int(reply["bytes_down"])
+    acc.loss_sum += float(reply["loss_sum"])
+    acc.client_batches += int(reply["client_batches"])
+
+
 def stage_of(payload: Payload, name: str) -> dict[str, float]:
     prefix = name + "."
     return {k[len(prefix):]: float(v) for k, v in payload.items() if k.startswith(prefix)}
