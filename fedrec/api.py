@@ -10,8 +10,8 @@ recommend, and save or load a trained run as one file (see docs/api.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, fields
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +84,23 @@ class Run:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = {"format": FORMAT, "config": asdict(self.config), "result": self.result.to_dict(),
-                "state": self.model.state_dict()}
+                "state": self.model.state_dict(), "data": data_signature(self.split)}
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save(blob, tmp)
         tmp.replace(path)
         return path
+
+
+def data_signature(split: Split) -> dict[str, Any]:
+    """What identifies a run's data: sizes, raw ids and a hash of the training matrix."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (split.train.indptr, split.train.indices, split.data.user_ids.astype(str),
+              split.data.item_ids.astype(str)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return {"users": split.n_users, "items": split.n_items, "train": int(split.train.nnz),
+            "sha256": h.hexdigest()}
 
 
 def load(path: str | Path, data_dir: str | None = None) -> Run:
@@ -100,18 +112,41 @@ def load(path: str | Path, data_dir: str | None = None) -> Run:
         raise FedrecError(f"{path}: no such run file") from e
     except Exception as e:
         raise FedrecError(f"{path}: not a fedrec run file ({type(e).__name__})") from e
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT or not {"config", "result", "state"} <= set(blob):
         raise FedrecError(f"{path}: not a fedrec run file")
     config = RunConfig.from_dict(blob["config"])
     if data_dir is not None:
         config.data_dir = data_dir
     split = prepare_split(config)
+    if blob.get("data") != data_signature(split):
+        raise FedrecError(f"{path}: the data set prepared now ({config.dataset}"
+                          f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
+                          "trained on (users, items or training interactions differ)")
     _, model = build_trainable(config, split)
     model.load_state_dict(blob["state"])
     res = dict(blob["result"])
     res["history"] = [RoundRecord(**h) for h in res["history"]]
     known = {f.name for f in fields(RunResult)}
     return Run(config, RunResult(**{k: v for k, v in res.items() if k in known}), model, split)
+
+
+def _check_arguments(**given: tuple[Any, Any]) -> None:
+    for name, (value, kind) in given.items():
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise FedrecError(f"{name} must be {getattr(kind, '__name__', str(kind))} "
+                              f"(got {value!r})")
+
+
+@dataclass
+class DataOptions:
+    """The preprocessing options `run` takes as keyword arguments (`RunConfig`'s)."""
+
+    threshold: float | None = None
+    min_user: int = 0
+    min_item: int = 0
+    one_pass_core: bool = False
+    max_users: int | None = None
+    tie_break: str = "later-row-later"
 
 
 def run(
@@ -141,12 +176,19 @@ def run(
     from fedrec.options import typed
 
     spec = get_algorithm(algorithm)
-    fixed = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
-             "federated"}
-    data = typed(RunConfig, data, "data option")
-    clash = sorted(set(data) & fixed)
+    _check_arguments(dataset=(dataset, str), protocol=(protocol, str), seed=(seed, int),
+                     rounds=(rounds, int | None), negatives=(negatives, str))
+    for name, value in (("options", options), ("engine", engine)):
+        if value is not None and not isinstance(value, Mapping):
+            raise FedrecError(f"{name} must be a dict of KEY: VALUE (got {type(value).__name__})")
+    own = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
+           "federated"}
+    clash = sorted(set(data) & own)
     if clash:
-        raise FedrecError(f"{', '.join(clash)}: pass as run()'s own arguments, not data options")
+        instead = {"model": "options", "train": "engine", "federated": "engine"}
+        raise FedrecError(f"{clash[0]} is not a data option: pass it as run()'s "
+                          f"{instead.get(clash[0], clash[0])} argument")
+    data = typed(DataOptions, data, "data option")
     engine = dict(engine or {})
     for key in ("rounds", "epochs"):
         if key in engine:
@@ -163,4 +205,5 @@ def run(
         train_opts.setdefault("lr", spec.lr or 1e-3)
         cfg.train = TrainConfig(**{"epochs": rounds if rounds is not None else 100, **train_opts})
     done = train(cfg, out=out, on_round=on_round, keep_best=True)
+    cfg.model = dict(done.result.config["model"])  # the options as parsed and used
     return Run(cfg, done.result, done.model, done.split)

@@ -88,3 +88,49 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     assert user == "4"
     assert items.split() == [str(i) for i in fedrec.load(saved).recommend(4, 5)]
     assert _cli(["recommend", str(saved), "--user", "no-such-user"]) == 2
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"rounds": "2"}, "rounds must be"),
+    ({"seed": "a"}, "seed must be int"),
+    ({"options": ["dim"]}, "options must be a dict"),
+    ({"nosuch": 3}, "unknown data option nosuch; known: max_users"),
+    ({"model": {"dim": 4}}, "pass it as run\\(\\)'s options argument"),
+    ({"engine": {"lr": "abc"}}, "option lr \\(engine option\\) expects number"),
+])
+def test_bad_arguments_are_one_clear_error(kwargs, says):
+    with pytest.raises(FedrecError, match=says):
+        fedrec.run("fedmf", **{"dataset": "synthetic:100x200", "rounds": 1, **kwargs})
+
+
+def test_config_holds_the_parsed_options():
+    run = fedrec.run("fedmf", dataset="synthetic:150x300", rounds=1, options={"dim": "8"})
+    assert run.config.model == {"dim": 8, "dual": False} == run.result.config["model"]
+
+
+def test_load_refuses_other_data_and_broken_files(tmp_path):
+    import torch
+
+    path = fedrec.run("fedmf", dataset="synthetic:150x300", rounds=1).save(tmp_path / "r.fedrec")
+    blob = torch.load(path, weights_only=False)
+    blob["config"]["dataset"] = "synthetic:160x300"  # another data set under the same model
+    torch.save(blob, tmp_path / "other.fedrec")
+    with pytest.raises(FedrecError, match="not the one the run was trained on"):
+        fedrec.load(tmp_path / "other.fedrec")
+    del blob["state"]
+    torch.save(blob, tmp_path / "broken.fedrec")
+    with pytest.raises(FedrecError, match="not a fedrec run file"):
+        fedrec.load(tmp_path / "broken.fedrec")
+
+
+def test_errors_keep_their_brackets(capsys):
+    assert _cli(["run", "mf", "-d", "synthetic:100x200", "--set", "[x]=1"]) == 2
+    assert "unknown option [x] of 'mf'" in capsys.readouterr().err
+
+
+def test_algorithms_lists_names_and_shows_one_algorithms_options(capsys):
+    assert _cli(["algorithms"]) == 0
+    assert "fedavgm" in capsys.readouterr().out
+    assert _cli(["algorithms", "fedavgm"]) == 0
+    out = capsys.readouterr().out
+    assert "server_lr" in out and "momentum" in out and "--lr" in out

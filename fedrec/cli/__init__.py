@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from fedrec.errors import FedrecError
 
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=True)
     except FedrecError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # the message as text: brackets in it ([1, 5], fedrec[flower]) are not markup
+        err_console.print(Text.assemble(("error:", "bold red"), " ", str(e)), highlight=False,
+                          soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")

@@ -156,8 +156,9 @@ def recommend_command(
     k: int = typer.Option(10, "-k", help="How many items."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
 ) -> None:
-    """Print each user's top-K items (raw ids), excluding the items the user trained on; a
-    federated user is scored with that user's own private state."""
+    """Print each user's top-K items (raw ids), excluding the items the user trained on.
+
+    A federated user is scored with that user's own private state."""
     from fedrec.api import load
 
     trained = load(run_file, data_dir=data_dir)
@@ -207,21 +208,37 @@ def audit_command(
     console.print("chance level with 1 target among C candidates: hr@10 = 10/C.")
 
 
-def algorithms_command() -> None:
-    """List the registered algorithms."""
-    from fedrec.algorithms import ALGORITHMS
+def algorithms_command(
+    name: str | None = typer.Argument(None, help="An algorithm: show its typed options and engine defaults."),
+) -> None:
+    """List the registered algorithms, or show one algorithm's options."""
+    from fedrec.algorithms import ALGORITHMS, get_algorithm
 
-    table = Table(title="algorithms")
-    for c in ("name", "kind", "description", "options (--set KEY=VALUE)", "engine defaults"):
+    if name is None:
+        table = Table(title="algorithms (fedrec algorithms NAME: its options)")
+        for c in ("name", "kind", "description"):
+            table.add_column(c)
+        for spec in ALGORITHMS.values():
+            table.add_row(spec.name, spec.kind + (" (+ Flower)" if spec.flower else ""), spec.description)
+        console.print(table)
+        return
+    spec = get_algorithm(name)
+    console.print(f"[bold]{spec.name}[/] ({spec.kind}{', runs on Flower' if spec.flower else ''}): "
+                  f"{spec.description}", highlight=False)
+    table = Table(title="options (--set KEY=VALUE)")
+    for c in ("option", "default", "type", ""):
         table.add_column(c)
-    for spec in ALGORITHMS.values():
-        types = spec.options.describe()
-        options = ", ".join(f"{k}={_shown(v)} ({types[k]})" + (" fixed" if k in spec.fixed else "")
-                            for k, v in spec.defaults.items())
-        engine = ", ".join(f"{k}={v}" for k, v in spec.engine.items())
-        kind = spec.kind + (" (+ Flower)" if spec.flower else "")
-        table.add_row(spec.name, kind, spec.description, options, engine)
+    types = spec.options.describe()
+    for key, value in spec.defaults.items():
+        table.add_row(key, _shown(value), types[key], "fixed by this algorithm" if key in spec.fixed else "")
     console.print(table)
+    engine = Table(title="engine defaults (command-line options)")
+    engine.add_column("option")
+    engine.add_column("default")
+    for key, value in spec.engine.items():
+        flag = "--num-negatives" if key == "negatives" else "--" + key.replace("_", "-")
+        engine.add_row(flag, str(value))
+    console.print(engine)
 
 
 def _shown(value: object) -> str:
