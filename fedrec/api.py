@@ -11,7 +11,7 @@ recommend, and save or load a trained run as one file (see docs/api.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -137,18 +137,6 @@ def _check_arguments(**given: tuple[Any, Any]) -> None:
                               f"(got {value!r})")
 
 
-@dataclass
-class DataOptions:
-    """The preprocessing options `run` takes as keyword arguments (`RunConfig`'s)."""
-
-    threshold: float | None = None
-    min_user: int = 0
-    min_item: int = 0
-    one_pass_core: bool = False
-    max_users: int | None = None
-    tie_break: str = "later-row-later"
-
-
 def run(
     algorithm: str,
     dataset: str = "ml-100k",
@@ -188,7 +176,7 @@ def run(
         instead = {"model": "options", "train": "engine", "federated": "engine"}
         raise FedrecError(f"{clash[0]} is not a data option: pass it as run()'s "
                           f"{instead.get(clash[0], clash[0])} argument")
-    data = typed(DataOptions, data, "data option")
+    data = typed(RunConfig, data, "data option", only={f.name for f in fields(RunConfig)} - own)
     engine = dict(engine or {})
     for key in ("rounds", "epochs"):
         if key in engine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, train_federated
-from fedrec.options import check
+from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
     POSITIVE_AT,
@@ -53,8 +53,6 @@ class RunConfig:
     @staticmethod
     def from_dict(blob: dict[str, Any]) -> RunConfig:
         """The inverse of ``dataclasses.asdict`` (unknown keys are a `FedrecError`)."""
-        from dataclasses import fields
-
         blob = dict(blob)
         try:
             blob["train"] = TrainConfig(**blob.get("train", {}))
@@ -104,8 +102,6 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
 def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
     """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's (its learning
     rate and `AlgorithmSpec.engine`), then ``options`` (None means "not given")."""
-    from dataclasses import fields
-
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)
@@ -143,23 +139,31 @@ def prepare_split(cfg: RunConfig) -> Split:
     return make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break)
 
 
-def build_trainable(cfg: RunConfig, split: Split) -> tuple[Any, Any]:
-    """The algorithm's model description and the `fedrec.core.Trainable` the driver trains."""
+def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None) -> tuple[Any, Any]:
+    """The algorithm's model description (from ``options``, parsed from ``cfg.model`` if not
+    given) and the `fedrec.core.Trainable` the driver trains."""
     spec = get_algorithm(cfg.algorithm)
     torch.manual_seed(cfg.seed)
-    model = spec.build(split, cfg.model)
+    model = spec.build(split, options if options is not None else cfg.model)
     if spec.kind == "federated":
         return model, model.algorithm(split, cfg.federated, cfg.seed)
     return model, CentralisedModel(model, split, cfg.train, cfg.seed)
 
 
-def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint of this run must match to be resumed: every option of the run (the
-    model options as parsed), less where the data lives (`fedrec.core.checkpoint`)."""
+def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """The run's options as the results JSON records them: the model options as parsed, and the
+    engine's or the centralised trainer's options, whichever the algorithm runs with."""
     blob = asdict(cfg)
     blob["model"] = options
-    blob.pop("data_dir")
     blob.pop("federated" if get_algorithm(cfg.algorithm).kind != "federated" else "train")
+    return blob
+
+
+def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint of this run must match to be resumed: its recorded options, less where
+    the data lives (`fedrec.core.checkpoint`)."""
+    blob = recorded_config(cfg, options)
+    blob.pop("data_dir")
     return blob
 
 
@@ -209,7 +213,8 @@ def train(
             f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
             f"({split.protocol.ranking}); see `fedrec protocols`"
         )
-    model, trainable = build_trainable(cfg, split)
+    model, trainable = build_trainable(cfg, split, options)
+    config = recorded_config(cfg, asdict(options))
     driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
                               "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
     if spec.kind == "federated":
@@ -219,9 +224,6 @@ def train(
         outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
                              patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
                              **driver)
-    config = asdict(cfg)
-    config["model"] = asdict(options)
-    config.pop("federated" if spec.kind != "federated" else "train")
     result = RunResult(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,

@@ -27,10 +27,14 @@ def check(*problems: tuple[bool, str]) -> None:
             raise FedrecError(message)
 
 
-def typed(cls: type, values: typing.Mapping[str, Any], what: str) -> dict[str, Any]:
-    """``values`` converted to the types of dataclass ``cls``'s fields; an unknown key or a value
-    of the wrong type is one `FedrecError` (``what`` names the values in it)."""
+def typed(cls: type, values: typing.Mapping[str, Any], what: str,
+          only: typing.Collection[str] | None = None) -> dict[str, Any]:
+    """``values`` converted to the types of dataclass ``cls``'s fields (those in ``only``, if
+    given); an unknown key or a value of the wrong type is one `FedrecError` (``what`` names the
+    values in it)."""
     hints = typing.get_type_hints(cls)
+    if only is not None:
+        hints = {k: v for k, v in hints.items() if k in only}
     unknown = sorted(set(values) - set(hints))
     if unknown:
         raise FedrecError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(hints))}")

@@ -67,7 +67,6 @@ class Uploads:
 
     payload: Any = None
     per_client: list[ClientUpload] | None = None
-    n_accepted: int = 0
     rejected: int = 0
     bytes_up: int = 0
     bytes_down: int = 0

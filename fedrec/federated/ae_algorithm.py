@@ -28,12 +28,11 @@ class AEAlgorithm(FederatedAlgorithm):
         cohort, steps = self.state.training_order(plan.clients, self.cfg)
         payload, rows = self.state.download(cohort)
         upload, stats = self.state.local_update(cohort, payload, self.cfg, plan.round)
-        # the state reports its mean loss over the clients' batches
-        loss = stats.pop("loss")
+        loss_sum = stats.pop("loss_sum")
         extra = {**stats, "clients": float(len(cohort)), "train_seconds": time.perf_counter() - start}
         kept = self._per_client(cohort, rows, upload) if self.keep_uploads else None
         return Uploads(payload=(cohort, rows, upload, steps), per_client=kept,
-                       n_accepted=len(cohort), loss_sum=loss, client_batches=1, extra=extra)
+                       loss_sum=loss_sum, client_batches=int(stats["client_batches"]), extra=extra)
 
     def _per_client(self, cohort: np.ndarray, rows: np.ndarray, upload: dict[str, torch.Tensor]
                     ) -> list[ClientUpload]:

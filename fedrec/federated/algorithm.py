@@ -43,7 +43,7 @@ class CohortAlgorithm(FederatedAlgorithm):
         train_cohort(self.state, self.spec, self.cfg, self.split.train, self.split.sampler, cohort,
                      cohort, self.seed, plan.round, self.path, acc, keep=kept)
         per_client = [u for chunk in kept for u in chunk.per_client()] if kept is not None else None
-        return Uploads(payload=acc, per_client=per_client, n_accepted=acc.n, rejected=acc.rejected,
+        return Uploads(payload=acc, per_client=per_client, rejected=acc.rejected,
                        bytes_up=acc.bytes_up, bytes_down=acc.bytes_down, loss_sum=acc.loss_sum,
                        client_batches=acc.client_batches)
 

@@ -279,7 +279,7 @@ class AEState:
         if self.K == 1:
             self.opt = opt
         upload = {k: local[k].detach() for k in self.glob}
-        stats = {"loss": loss_sum / max(batches, 1), "macs": macs, "macs_fedrec": macs_sparse,
+        stats = {"loss_sum": loss_sum, "macs": macs, "macs_fedrec": macs_sparse,
                  "users_trained": float(len(users)), "client_batches": float(batches)}
         return upload, stats
 

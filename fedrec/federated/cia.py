@@ -337,7 +337,7 @@ class CIAAlgorithm(FederatedAlgorithm):
     def local_update(self, plan: RoundPlan) -> Uploads:
         start = time.perf_counter()
         loss, batches = self.state.train(self.cfg, plan.rng)
-        return Uploads(n_accepted=self.n_clients, loss_sum=loss, client_batches=batches,
+        return Uploads(loss_sum=loss, client_batches=batches,
                        extra={"train_seconds": time.perf_counter() - start})
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:

@@ -21,10 +21,10 @@ import torch
 
 from fedrec.core.contract import FederatedAlgorithm
 from fedrec.core.driver import run_rounds
-from fedrec.core.plan import cohort_size, round_plan, sample_clients  # noqa: F401  (re-exported)
+from fedrec.core.plan import cohort_size
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
-from fedrec.federated.family import client_params
+from fedrec.federated.family import FamilySpec, client_params
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
@@ -123,12 +123,13 @@ def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float)
     return bounds
 
 
-def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler: ComplementSampler,
+def client_draws(spec: FamilySpec, cfg: FederatedConfig, train: sp.csr_matrix, sampler: ComplementSampler,
                  rows: np.ndarray, clients: np.ndarray, seed: int, r: int
                  ) -> tuple[np.ndarray | None, np.ndarray, torch.Tensor | None]:
     """Round ``r``'s draws of ``clients`` (ids; their rows of ``train`` and ``sampler`` are
     ``rows``): training negatives ``(n_positives, k)`` in CSR order, shuffle keys
-    ``(epochs, n_samples)`` and FedRecon's fresh user vectors. Each client's draws are keyed by
+    ``(epochs, n_samples)`` and FedRecon's fresh user vectors (``spec``: the state's model, whose
+    ``reconstruct`` asks for them). Each client's draws are keyed by
     (seed, round, client id) (`fedrec.federated.draws`), so a Flower node that holds a few
     clients makes exactly the draws the simulator makes for them.
     """
@@ -160,7 +161,7 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     chunk's per-client uploads to ``keep`` when given). The simulator calls it with the whole
     cohort, a Flower node with its own clients."""
     counts = np.diff(train.indptr)[rows]
-    negs, keys, fresh = client_draws(spec, cfg, train, sampler, rows, clients, seed, r)
+    negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows, clients, seed, r)
     samples = counts * (1 + cfg.negatives)
     pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch

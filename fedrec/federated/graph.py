@@ -104,10 +104,6 @@ class GraphSpec:
         return FamilySpec(score="mlp", private_score=True, dual=False, dim=self.dim, layers=self.layers)
 
     @property
-    def reconstruct(self) -> int:
-        return 0
-
-    @property
     def bytes_per_sample(self) -> int:
         return self.family.bytes_per_sample
 

@@ -125,10 +125,6 @@ class RAPSpec:
         """The head as a member of the item-embedding family (for its init and score)."""
         return FamilySpec(score=self.score, private_score=True, dual=False, dim=self.dim)
 
-    # what the engine reads off a spec
-    reconstruct = 0
-    dual = False
-
     def flower_roles(self) -> tuple[type, type]:
         """FedRAP runs on the item family's Flower roles (its state is a `FamilyState`)."""
         return self.family.flower_roles()

@@ -33,7 +33,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core import checkpoint
 from fedrec.core.driver import run_rounds
 from fedrec.errors import FedrecError
-from fedrec.experiment import RunConfig, fingerprint, prepare_split
+from fedrec.experiment import RunConfig, fingerprint, prepare_split, recorded_config
 from fedrec.flower import secagg
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
 from fedrec.flower.roles import ServerBase, node_role, server_role
@@ -218,7 +218,7 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
                      eval_every=cfg.eval_every, patience=cfg.patience, on_round=on_round,
                      checkpoint=ckpt, checkpoint_every=1 if ckpt is not None else 0, resume=resume,
                      fingerprint=fingerprint(run, options))
-    result = _result(run, role, out, time.perf_counter() - start)
+    result = _result(run, options, role, out, time.perf_counter() - start)
     if opts.get("out"):
         result.write(opts["out"])
     return result
@@ -269,9 +269,9 @@ def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeou
     return out
 
 
-def _result(run: RunConfig, role: ServerBase, out: TrainOutcome, seconds: float) -> RunResult:
-    config = asdict(run)
-    config.pop("train")
+def _result(run: RunConfig, options: dict[str, Any], role: ServerBase, out: TrainOutcome,
+            seconds: float) -> RunResult:
+    config = recorded_config(run, options)
     return RunResult(
         algorithm=run.algorithm, dataset=run.dataset, protocol=run.protocol, seed=run.seed,
         config=config, select=role.protocol.select, history=out.history,

@@ -108,7 +108,7 @@ class AENode:
             else:
                 reply[f"dense.{k}"] = v.sum(0).numpy()
         up, down = st.round_bytes(cohort, first_round=False)  # item ids: in the first answer
-        reply.update({"n": len(cohort), "loss_sum": stats["loss"] * stats["client_batches"],
+        reply.update({"n": len(cohort), "loss_sum": stats["loss_sum"],
                       "client_batches": stats["client_batches"], "bytes_up": up, "bytes_down": down,
                       "macs": stats["macs"], "macs_fedrec": stats["macs_fedrec"],
                       "users_trained": stats["users_trained"]})

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec.core.plan import round_plan
 from fedrec.experiment import RunConfig, prepare_split
 from fedrec.federated.cohort import order_by_activity
-from fedrec.federated.engine import client_negatives, round_plan, train_cohort
+from fedrec.federated.engine import client_negatives, train_cohort
 from fedrec.flower.roles import (
     NodeData,
     Payload,

@@ -40,10 +40,10 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.algorithms import get_algorithm
+from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.engine import round_plan
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 
