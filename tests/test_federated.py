@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from fedrec.cli import main
+from fedrec.core.plan import sample_clients
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, run
-from fedrec.federated.engine import FederatedConfig, chunk_bounds, sample_clients
+from fedrec.federated.engine import FederatedConfig, chunk_bounds
 
 SYN = "synthetic:150x400"
 
