@@ -16,6 +16,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
+from fedrec.federated import draws
 from fedrec.federated.cia import CIASpec, CIAState, finetune
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.stack import ClientStack
@@ -34,31 +35,33 @@ def split() -> Split:
 
 
 def _reference(stack: ClientStack, split: Split, init: dict[str, torch.Tensor],
-               rng: np.random.Generator, epochs: int, k_neg: int) -> dict[str, torch.Tensor]:
-    """Each client of ``stack`` trained alone: its own parameters, torch.optim.Adam, the batches
-    the stack's shuffle gives it, its own LightGCN graph."""
+               seed: int, r: int, epochs: int, k_neg: int) -> dict[str, torch.Tensor]:
+    """Each client of ``stack`` trained alone: its own parameters, torch.optim.Adam, its own
+    keyed draws of negatives and shuffles, its own LightGCN graph."""
     coo = stack.train.tocoo()
-    neg = split.sample_negatives(stack.users[coo.row], k_neg, rng).T.ravel()  # same draws
-    user, pos = np.tile(coo.row, k_neg), np.tile(coo.col, k_neg)
-    client = stack.user_client[user]
-    orders = [np.lexsort((rng.random(len(user)), client)) for _ in range(epochs)]
     out = {k: v.clone() for k, v in init.items()}
     m = stack.n_items
     for c in range(stack.n_clients):
         lo, hi = stack.user_ptr[c], stack.user_ptr[c + 1]
+        mine = (coo.row >= lo) & (coo.row < hi)
+        rows, cols, cid = coo.row[mine], coo.col[mine], stack.clients[c : c + 1]
+        u = draws.uniforms((seed, draws.NEGATIVES, r), cid, len(rows) * k_neg).reshape(-1, k_neg)
+        neg = split.sampler.sample_at(stack.users[rows], u).ravel()
+        user, pos = np.repeat(rows, k_neg), np.repeat(cols, k_neg)
+        orders = [np.argsort(draws.uniforms((seed, draws.SHUFFLE, r, e), cid, len(user)), kind="stable")
+                  for e in range(epochs)]
         params = {k: (v[lo:hi] if k == "user" else v[c]).clone().requires_grad_(True) for k, v in init.items()}
         opt = torch.optim.Adam(list(params.values()), lr=LR)
         if stack.backbone == "lightgcn":
             a = np.zeros((hi - lo + m, hi - lo + m))
-            r = stack.train[lo:hi].toarray()
-            a[: hi - lo, hi - lo :], a[hi - lo :, : hi - lo] = r, r.T
+            x = stack.train[lo:hi].toarray()
+            a[: hi - lo, hi - lo :], a[hi - lo :, : hi - lo] = x, x.T
             deg = a.sum(1)
             inv = np.divide(1.0, np.sqrt(deg), out=np.zeros_like(deg), where=deg > 0)
             adj = torch.tensor(inv[:, None] * a * inv[None], dtype=torch.float32)
         for order in orders:
-            mine = order[client[order] == c]
-            for s in range(0, len(mine), BATCH):
-                b = mine[s : s + BATCH]
+            for s in range(0, len(order), BATCH):
+                b = order[s : s + BATCH]
                 u, p, n = (torch.from_numpy(x[b]) for x in (user - lo, pos, neg))
                 ue, ie = params["user"], params["item"]
                 if stack.backbone == "lightgcn":
@@ -97,11 +100,11 @@ def _reference(stack: ClientStack, split: Split, init: dict[str, torch.Tensor],
 def test_stack_equals_clients_trained_alone(split: Split, backbone: str) -> None:
     users = [np.arange(0, 4), np.arange(4, 13), np.arange(13, 15), np.arange(15, 30)]
     stack = ClientStack(backbone, DIM, np.arange(4), users, split.n_items, split.train,
-                        tower=(6, 3), layers=2, init_std=0.3, gen=torch.Generator().manual_seed(1))
+                        tower=(6, 3), layers=2, init_std=0.3, key=(1,))
     assert list(stack.client_pairs) == sorted(stack.client_pairs, reverse=True)  # busiest first
     init = {k: v.clone() for k, v in stack.params.items()}
-    expected = _reference(stack, split, init, np.random.default_rng(9), epochs=2, k_neg=2)
-    stack.train_round(split.sample_negatives, 2, 2, BATCH, LR, np.random.default_rng(9))
+    expected = _reference(stack, split, init, seed=9, r=3, epochs=2, k_neg=2)
+    stack.train_round(split.sampler, 2, 2, BATCH, LR, seed=9, r=3)
     # Adam divides by sqrt(v): float32 rounding of near-zero gradients (summed in another order)
     # is amplified to ~1e-4; a client seeing another's data would be off by ~LR (0.05)
     for k, v in expected.items():
@@ -135,7 +138,7 @@ def test_eigenbasis_finetune_equals_autograd(loss: str) -> None:
 def _state(split: Split, **kw: object) -> CIAState:
     """Clients start from one shared table; a per-client perturbation stands in for training."""
     spec = CIASpec(**{"clients": 5, "init_std": 0.3, **kw})  # type: ignore[arg-type]
-    state = CIAState(spec, split, spec.partition(split.n_users, 0), seed=3)
+    state = CIAState(spec, split.train, split.sampler, spec.partition(split.n_users, 0), seed=3)
     g = torch.Generator().manual_seed(5)
     for stack in state.stacks:
         stack.params["item"] += 0.2 * torch.randn(stack.params["item"].shape, generator=g)
@@ -225,7 +228,7 @@ def test_finetune_moves_clients_towards_the_mean_but_keeps_them_apart(split: Spl
 def test_weighted_average_within_a_shape_only(split: Split) -> None:
     state = _state(split, models=(("mf", 3), ("mlp", 3)), aggregation="waa")
     users_before = [s.params["user"].clone() for s in state.stacks]
-    state.train(FederatedConfig(batch_size=BATCH, negatives=1, lr=LR), np.random.default_rng(0))
+    state.train(FederatedConfig(batch_size=BATCH, negatives=1, lr=LR), r=1)
     trained = [s.params["item"].clone() for s in state.stacks]
     state.aggregate(UploadPath(), np.random.default_rng(0))
     for s, t, ub in zip(state.stacks, trained, users_before, strict=True):

@@ -146,8 +146,8 @@ FLOWER = [n for n in NAMES if get_algorithm(n).flower]
 def test_flower_in_process_equals_the_simulator(name: str) -> None:
     from fedrec.flower.roles import run_in_process
 
-    # the graph methods build their graph over every client each round
-    every = name.startswith(("gpfedrec", "gfedpp"))
+    # the graph methods build their graph over every client each round; FedCIA trains them all
+    every = name.startswith(("gpfedrec", "gfedpp")) or protocol_of(name) == "ratio-full"
     cfg = config(name, rounds=2, clients_per_round=1.0 if every else 0.5)
     if name.startswith("fedrap"):  # FedRAP's sparse C travels exactly only on the rows path
         cfg = replace(cfg, federated=replace(cfg.federated, encoding="rows"))

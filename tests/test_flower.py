@@ -24,6 +24,7 @@ DATA = "synthetic:60x300"
 
 
 AE = {"clients": 10, "hidden": "16/8"}  # PersonalFR's clients: 10 groups of 6 users
+CIA = {"clients": 6, "finetune_steps": 20}  # FedCIA's clients: 6 groups of 10 users
 
 
 def _run(alg: str, rounds: int = 3, seed: int = 3, model: dict[str, Any] | None = None,
@@ -63,6 +64,12 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("personalfr", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
     ("personalfr", {"model": AE, "protocol": "ratio-rating-implicit"}),
     ("fedavg-ae", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating-implicit"}),
+    # FedCIA: grouped clients of every backbone, each aggregation and upload form
+    ("fedcia", {"model": {**CIA, "backbone": "mixed"}, "protocol": "ratio-full"}),
+    ("fedcia", {"model": {**CIA, "scope": "local"}, "protocol": "ratio-full"}),
+    ("fedcia", {"model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),
+    ("stacked", {"model": {**CIA, "aggregation": "waa", "dims": "4/8"}, "protocol": "ratio-full"}),
+    ("fedcia-gfcf", {"model": {"clients": 6}, "protocol": "ratio-full"}),
 ])
 def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Each node trains its own block of users with keyed draws; the server sums node uploads."""
@@ -223,7 +230,8 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
 
 
 @pytest.mark.parametrize(("run", "secure", "says"), [
-    (RunConfig("fedcia"), False, "runs in the simulator only"),
+    (RunConfig("lightgcn", protocol="ratio-full"), False, "runs in the simulator only"),
+    (RunConfig("fedcia", protocol="ratio-full"), True, "secure aggregation"),
     (RunConfig("centrap"), False, "runs in the simulator only"),
     (RunConfig("mf"), False, "centralised"),
     (RunConfig("fedncf"), True, "averages shared weights"),
@@ -238,3 +246,22 @@ def test_what_the_flower_app_does_not_run_is_refused_clearly(run: RunConfig, sec
 
     with pytest.raises(FedrecError, match=says):
         check_deployable(run, secure)
+
+
+def test_fedcia_nodes_noise_their_own_similarities() -> None:
+    """Under --ldp each node adds its clients' Laplace noise before the upload leaves; the
+    server's sum then differs from the noiseless one by 6 clients' noise: variance 6 · 2b²."""
+    from fedrec.flower.roles import node_role, server_role, wire
+
+    b = 0.05
+    sums = {}
+    for ldp in (0.0, b):
+        run = _run("fedcia", rounds=1, protocol="ratio-full", model=CIA, ldp=ldp)
+        split = prepare_split(run)
+        nodes = {i: node_role(run, i, 3, split) for i in range(3)}
+        server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+        messages = server.train_messages(1)
+        sums[ldp] = sum(np.asarray(nodes[i].train(wire(m))["sum.similarity"]) for i, m in messages.items())
+    noise = sums[b] - sums[0.0]
+    assert abs(noise.mean()) < 0.01
+    assert noise.var() == pytest.approx(6 * 2 * b * b, rel=0.05)

@@ -79,7 +79,7 @@ LIGHTGCN_ENGINE: dict[str, Any] = {"negatives": 4}
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None,
               options: type[CIAOptions] = CIAOptions) -> None:
     register(AlgorithmSpec(name, "federated", text, _build, options,
-                           {**ENGINE, **(engine or {})}, fixed))
+                           {**ENGINE, **(engine or {})}, fixed, flower=fixed.get("clients") != 1))
 
 
 _register("fedcia", "FedCIA: clients upload item similarities E Eᵀ (or GF-CF filters); the server "

@@ -32,8 +32,9 @@ class RoundPlan:
     """The server's draws of a round (`fedrec.core.plan.round_plan`).
 
     ``clients``: the sampled client ids, sorted. ``server_gen``: the generator of the server's
-    own noise (DP). ``rng``: a generator seeded by (seed, round) for the few draws not yet keyed
-    by client (FedCIA's negatives); it is fresh, so using it does not shift any other draw.
+    own noise (DP). ``rng``: a generator seeded by (seed, round) for the simulator's draws that
+    are not a client's own (FedCIA's upload noise, drawn in one pass); it is fresh, so using it
+    does not shift any other draw.
     """
 
     round: int

@@ -41,7 +41,8 @@ def run_rounds(
     fingerprint: dict[str, Any] | None = None,
     keep_best: bool = False,
 ) -> TrainOutcome:
-    """Train ``algorithm`` for rounds ``1..rounds`` (or continue its checkpoint).
+    """Train ``algorithm`` for rounds ``1..rounds`` (at most its ``max_rounds``), or continue
+    its checkpoint.
 
     ``keep_best``: leave ``algorithm`` in its state at the best validation round (a copy is
     kept at every improvement), as a trained model handed to a user must be; otherwise it ends
@@ -50,6 +51,7 @@ def run_rounds(
     trainer holds no data (a Flower server: its nodes evaluate); ``select`` then names the
     metric that selects the best round.
     """
+    rounds = min(rounds, algorithm.max_rounds or rounds)
     out = TrainOutcome()
     first = 1
     best_state: dict[str, Any] | None = None

@@ -16,19 +16,18 @@ client) and each keeps a whole model of its own. Per round (the paper's Algorith
    * ``none``: independent models (the paper's "no aggregation" columns); with one client,
      the centralised model.
 
-**The fine-tune in S̄'s eigenbasis, exactly.** A gradient step on ‖E Eᵀ − S̄‖ costs O(M²d) per
-client (S̄ E). The server sends S̄ as its eigendecomposition U Λ Uᵀ (the same M² + M floats);
-with Ẽ = Uᵀ E, ‖E Eᵀ − S̄‖_F = ‖Ẽ Ẽᵀ − Λ‖_F because U is orthogonal, its gradient is
-U · 4(Ẽ(ẼᵀẼ) − ΛẼ), and the norm itself is ‖ẼᵀẼ‖² − 2 Σ_i λ_i ‖Ẽ_i‖² + ‖Λ‖² — O(Md²) a
-step. Rotating in and out costs two GEMMs, so 100 steps cost about what 1 direct step would.
-The loss is the Frobenius norm (not squared) as the official code (``finetune_loss="norm"``),
-or the paper's MSE (``"mse"``, the squared norm / M²).
+**The fine-tune** runs in S̄'s eigenbasis (`fedrec.federated.similarity`): O(M d²) a step.
 
 **Uploads** go through one path: the dense matrix (M² floats), or with ``upload_rank`` L its
 truncated eigendecomposition (M·L + L floats; from the client's thin SVD of E_k, so a client
 never forms M x M); GF-CF filters are not symmetric and travel as a rank-L SVD (2 M·L + L).
 Laplace LDP (``--ldp δ``) noises what travels: every entry of the dense matrix, or every float of
 the factors. The server keeps one running sum, never a matrix per client.
+
+**Draws** of a client (its initial user vectors, negatives, shuffles) are keyed by its id
+(`fedrec.federated.draws`), and the shared start of the item table by the backbone's index, so a
+Flower node holding a few clients (`fedrec.flower.cia`) trains them exactly as the simulator
+does. Uploads are summed in float64, so any grouping of the clients gives the same mean.
 
 **GF-CF** (`fedrec.models.gfcf`) has no parameters: one round computes each client's filter
 F_k, and a client scores its users with r_u F_k + β r_u F̄ (``none``: r_u F_k).
@@ -41,15 +40,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
+from fedrec.federated import draws
+from fedrec.federated.similarity import eigen, factored_sum, finetune
 from fedrec.federated.stack import BACKBONES, ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.options import check
 from fedrec.partition import GROUPINGS, Partition, clients_of
+from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 
 AGGREGATIONS = ("cia", "waa", "none")
@@ -99,24 +102,45 @@ class CIASpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
+    def flower_roles(self) -> tuple[type, type]:
+        """A node holds a block of FedCIA clients; the server averages their summed uploads."""
+        from fedrec.flower.cia import CIANode, CIAServer
+
+        return CIANode, CIAServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if self.clients == 1:
+            return "one client has nothing to federate"
+        if secure:
+            return "secure aggregation sums item tables only; FedCIA sums similarities or whole models"
+        return None
+
     def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
         """The federated algorithm the round driver trains."""
         if cfg.clients_per_round != 1.0:
             raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
         if cfg.dp_noise > 0 or cfg.clip is not None:
             raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
-        return CIAAlgorithm(CIAState(self, split, self.partition(split.n_users, seed), seed), cfg, seed)
+        state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)
+        return CIAAlgorithm(state, cfg, seed)
 
 
 class CIAState:
-    """All clients of a run: parameter stacks (one per backbone and dim) or GF-CF filters."""
+    """Clients of a run: parameter stacks (one per backbone and dim) or GF-CF filters.
 
-    def __init__(self, spec: CIASpec, split: Split, partition: Partition, seed: int) -> None:
-        self.spec, self.split = spec, split
-        self.n_users, self.n_items = split.n_users, split.n_items
-        gen = torch.Generator().manual_seed(seed)
-        users = np.split(partition.client_users, partition.client_ptr[1:-1])  # users of each client
+    The simulator holds every client; a Flower node (`fedrec.flower.cia`) the clients
+    ``client_ids`` (global ids of the ``partition``'s clients) over its own users' rows of
+    ``train`` and ``sampler``. A round is `train`, then `client_sums` (what the clients upload,
+    summed), `combine` (the server) and `apply` (what the server sends back, on every client).
+    """
+
+    def __init__(self, spec: CIASpec, train: sp.csr_matrix, sampler: ComplementSampler,
+                 partition: Partition, seed: int, client_ids: np.ndarray | None = None) -> None:
+        self.spec, self.train_matrix, self.sampler, self.seed = spec, train, sampler, seed
+        self.n_users, self.n_items = train.shape
         self.n_clients = partition.n_clients
+        ids = np.arange(self.n_clients) if client_ids is None else np.asarray(client_ids, np.int64)
+        users = np.split(partition.client_users, partition.client_ptr[1:-1])  # users of each client
         self.stacks: list[ClientStack] = []
         self.gfcf = spec.models[0][0] == "gfcf"
         self._global_filter: np.ndarray | None = None  # GF-CF: F̄ under cia
@@ -126,87 +150,85 @@ class CIAState:
         self.users_of_client = users
         if self.gfcf:
             return
-        for j, (backbone, dim) in enumerate(spec.models):
-            ids = np.arange(j, self.n_clients, len(spec.models))
-            if len(ids) == 0:
+        for j, (backbone, dim) in enumerate(spec.models):  # client c runs models[c % len(models)]
+            local = np.flatnonzero(ids % len(spec.models) == j)
+            if len(local) == 0:
                 continue
-            stack = ClientStack(backbone, dim, ids, [users[c] for c in ids], self.n_items, split.train,
-                                tower=spec.tower, layers=spec.layers, init_std=spec.init_std, gen=gen)
+            stack = ClientStack(backbone, dim, ids[local], [users[c] for c in local], self.n_items,
+                                train, tower=spec.tower, layers=spec.layers, init_std=spec.init_std,
+                                key=(seed, draws.INIT, j), model=j)
             self.user_stack[stack.users] = len(self.stacks)
             self.user_local[stack.users] = np.arange(len(stack.users))
             self.stacks.append(stack)
 
     # ---- a round ---------------------------------------------------------------------------
 
-    def train(self, cfg: Any, rng: np.random.Generator) -> tuple[float, int]:
+    def train(self, cfg: Any, r: int) -> tuple[float, int]:
+        """Round ``r``'s local training of every client (draws keyed by client id)."""
         loss, batches = 0.0, 0
         for stack in self.stacks:
-            s, b = stack.train_round(self.split.sample_negatives, max(cfg.negatives, 1),
-                                     cfg.local_epochs, cfg.batch_size, cfg.lr, rng)
+            s, b = stack.train_round(self.sampler, max(cfg.negatives, 1), cfg.local_epochs,
+                                     cfg.batch_size, cfg.lr, self.seed, r)
             loss, batches = loss + s, batches + b
         return loss, batches
 
     def aggregate(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
-        """Run the round's aggregation; returns (bytes up, bytes down, extra figures)."""
+        """The simulator's aggregation: uploads, server, every client; (bytes up, down, figures)."""
+        sums = self.client_sums(path, rng)
+        sync, extra = combine(self.spec, sums)
+        self.apply(sync)
+        return int(sums["bytes_up"]), int(sums["bytes_down"]), extra
+
+    def client_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+        """What this state's clients upload, summed over them (noised as sent: Laplace LDP from
+        ``rng``), with their number and the bytes each way (``bytes_up``, ``bytes_down``)."""
         if self.gfcf:
-            return self._gfcf_round(path, rng)
+            return self._gfcf_sums(path, rng)
         if self.spec.aggregation == "waa":
-            return self._average()
+            return self._waa_sums()
         if self.spec.aggregation == "none":
-            return 0, 0, {}
+            return {"n": self.n_clients, "bytes_up": 0, "bytes_down": 0}
         if self.spec.scope == "local":
-            return self._cia_local(path, rng)
-        return self._cia(path, rng)
-
-    def _average(self) -> tuple[int, int, dict[str, float]]:
-        """FedAvg of every shared parameter within each stack, weighted by training pairs."""
-        up = 0
-        for stack in self.stacks:
-            w = torch.from_numpy(stack.client_pairs / stack.client_pairs.sum()).float()
-            for name in stack.shared_names():
-                p = stack.params[name]
-                mean = torch.tensordot(w, p, dims=1)
-                p.copy_(mean.expand_as(p))
-            up += stack.n_clients * stack.payload_floats() * 4
-        return up, up, {}
-
-    def _cia(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
-        """Similarity upload, server mean, eigendecomposition, fine-tune of every client."""
+            return self._local_sums(path, rng)
         m, rank = self.n_items, self.spec.upload_rank
-        total = torch.zeros(m, m)  # float32: a mean of 100 products loses ~1e-6 relative
+        # summed in float64 (about 1.5x the float32 GEMM): a sum over any grouping of the clients
+        # (the simulator's stacks, Flower nodes) then rounds to the same float32 mean, and the
+        # fine-tune, which amplifies round-off, starts from the same target
+        total = torch.zeros(m, m, dtype=torch.float64)
         up = 0
         for stack in self.stacks:
             e = stack.params["item"]  # (K, M, d)
             if rank:
-                total += _factored_sum(e, rank, path, rng).float()
+                total += factored_sum(e, rank, path, rng)
                 up += stack.n_clients * (m * min(rank, stack.dim) + min(rank, stack.dim)) * 4
             else:
-                flat = e.permute(1, 0, 2).reshape(m, -1)
+                flat = e.permute(1, 0, 2).reshape(m, -1).double()
                 total += flat @ flat.T  # Σ_k E_k E_kᵀ in one GEMM
                 up += stack.n_clients * m * m * 4
         if path.ldp > 0 and not rank:
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-            total += path.noise_sum(self.n_clients, (m, m), gen)
-        mean = total / self.n_clients
+            total += path.noise_sum(self.n_clients, (m, m), gen).double()
+        return {"n": self.n_clients, "similarity": total, "bytes_up": up,
+                "bytes_down": self.n_clients * (m * m + m) * 4}
+
+    def _waa_sums(self) -> dict[str, Any]:
+        """Per backbone and size: Σ_k pairs_k · θ_k of every shared parameter, and Σ_k pairs_k."""
+        out: dict[str, Any] = {"n": self.n_clients}
+        up = 0
         for stack in self.stacks:
-            self._align(stack.params["item"], mean)
-        down = self.n_clients * (m * m + m) * 4
-        return up, down, {"similarity_norm": float(0.5 * (mean + mean.T).norm())}
+            w = torch.from_numpy(stack.client_pairs.astype(np.float64))  # float64: see `client_sums`
+            for name in stack.shared_names():
+                out[f"waa.{stack.model}.{name}"] = torch.tensordot(w, stack.params[name].double(), dims=1)
+            out[f"waa.{stack.model}.weight"] = np.float64(stack.client_pairs.sum())
+            up += stack.n_clients * stack.payload_floats() * 4
+        return {**out, "bytes_up": up, "bytes_down": up}
 
-    def _align(self, item: torch.Tensor, target: torch.Tensor) -> None:
-        """Fine-tune ``item`` ((K, L, d), in place) towards ``target`` (L x L): in the eigenbasis
-        of its symmetric part; the skew part (noise) only adds a constant to the loss."""
-        skew = 0.5 * (target - target.T)
-        lam, u = torch.linalg.eigh(target - skew)
-        finetune(item, u, lam, self.spec.finetune_steps, self.spec.finetune_lr,
-                 self.spec.finetune_loss, float((skew * skew).sum()))
-
-    def _cia_local(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
-        """CIA restricted to each client's items I_k: it uploads S_k[I_k, I_k] (with I_k), the
-        server averages every entry over the clients that hold both items, and the client
-        fine-tunes only E_k[I_k] towards S̄[I_k, I_k] (in that block's own eigenbasis)."""
+    def _local_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+        """CIA restricted to each client's items I_k: it uploads S_k[I_k, I_k] (with I_k); the
+        sums of the blocks and of how many clients hold each pair."""
         m, rank = self.n_items, self.spec.upload_rank
-        total, count = torch.zeros(m, m), torch.zeros(m, m)
+        total = torch.zeros(m, m, dtype=torch.float64)  # float64: see `client_sums`
+        count = torch.zeros(m, m, dtype=torch.float64)
         up = down = 0
         for stack in self.stacks:
             for c, items in enumerate(stack.client_items):
@@ -214,28 +236,24 @@ class CIAState:
                 e = stack.params["item"][c, idx]
                 n = len(items)
                 if rank:
-                    s_k = _factored_sum(e[None], rank, path, rng).float()
+                    s_k = factored_sum(e[None], rank, path, rng)
                     up += (n * min(rank, stack.dim) + min(rank, stack.dim) + n) * 4
                 else:
-                    s_k = torch.from_numpy(path.laplace((e @ e.T).detach().numpy(), rng)).float()
+                    e = e.double()
+                    s_k = torch.from_numpy(path.laplace((e @ e.T).numpy(), rng))
                     up += (n * n + n) * 4
                 total[idx[:, None], idx[None, :]] += s_k
                 count[idx[:, None], idx[None, :]] += 1.0
-        mean = total / count.clamp_min(1.0)
-        for stack in self.stacks:
-            for c, items in enumerate(stack.client_items):
-                idx = torch.from_numpy(items)
-                rows = stack.params["item"][c, idx][None].clone()
-                self._align(rows, mean[idx[:, None], idx[None, :]])
-                stack.params["item"][c, idx] = rows[0]
-                down += (len(items) ** 2 + len(items)) * 4
-        return up, down, {"similarity_norm": float(0.5 * (mean + mean.T).norm())}
+                down += (n * n + n) * 4
+        return {"n": self.n_clients, "similarity": total, "count": count, "bytes_up": up,
+                "bytes_down": down}
 
-    def _gfcf_round(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
-        """GF-CF's one shot: local filters, and under ``cia`` their (noisy) mean."""
+    def _gfcf_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+        """GF-CF's one shot: every client's filter F_k (kept for its own scores), and under
+        ``cia`` the sum of the (noisy) uploads."""
+        spec, m, train = self.spec, self.n_items, self.train_matrix
         if self._local_scores is not None:
-            return 0, 0, {}
-        spec, m, train = self.spec, self.n_items, self.split.train
+            return {"n": self.n_clients, "bytes_up": 0, "bytes_down": 0}
         local = np.zeros((self.n_users, m), dtype=np.float32)
         total = np.zeros((m, m), dtype=np.float64) if spec.aggregation == "cia" else None
         up = 0
@@ -256,9 +274,45 @@ class CIAState:
                 total += path.laplace(dense, rng)
                 up += m * m * 4
         self._local_scores = local
-        if total is not None:
-            self._global_filter = (total / self.n_clients).astype(np.float32)
-        return up, (self.n_clients * m * m * 4 if total is not None else 0), {}
+        out: dict[str, Any] = {"n": self.n_clients, "bytes_up": up,
+                               "bytes_down": self.n_clients * m * m * 4 if total is not None else 0}
+        return out if total is None else {**out, "filter": total}
+
+    def apply(self, sync: dict[str, Any]) -> None:
+        """What the server sent after aggregating (`combine`), on every client of this state."""
+        if "filter" in sync:
+            self._global_filter = np.asarray(sync["filter"], np.float32)
+        for stack in self.stacks:
+            for name in stack.shared_names():
+                mean = sync.get(f"waa.{stack.model}.{name}")
+                if mean is not None:
+                    stack.params[name].copy_(torch.as_tensor(mean).expand_as(stack.params[name]))
+            if "u" in sync:
+                finetune(stack.params["item"], torch.as_tensor(sync["u"]), torch.as_tensor(sync["lam"]),
+                         self.spec.finetune_steps, self.spec.finetune_lr, self.spec.finetune_loss,
+                         float(sync["offset"]))
+            elif "mean" in sync:  # local scope: each client towards its own block
+                mean = torch.as_tensor(sync["mean"])
+                for c, items in enumerate(stack.client_items):
+                    idx = torch.from_numpy(items)
+                    rows = stack.params["item"][c, idx][None].clone()
+                    u, lam, offset = eigen(mean[idx[:, None], idx[None, :]])
+                    finetune(rows, u, lam, self.spec.finetune_steps, self.spec.finetune_lr,
+                             self.spec.finetune_loss, offset)
+                    stack.params["item"][c, idx] = rows[0]
+
+    # ---- what the clients keep -----------------------------------------------------------------
+
+    def client_state(self) -> dict[str, Any]:
+        """Each client's own model (parameters, Adam moments, steps) and GF-CF's local scores."""
+        return {"stacks": [{"params": s.params, "moments": s.moments, "steps": s.steps}
+                           for s in self.stacks],
+                "local_scores": self._local_scores}
+
+    def load_client_state(self, blob: dict[str, Any]) -> None:
+        for stack, saved in zip(self.stacks, blob["stacks"], strict=True):
+            stack.params, stack.moments, stack.steps = saved["params"], saved["moments"], saved["steps"]
+        self._local_scores = blob["local_scores"]
 
     # ---- scores ------------------------------------------------------------------------------
 
@@ -274,7 +328,7 @@ class CIAState:
                 raise FedrecError("GF-CF has no scores before its one round")
             out = self._local_scores[users].copy()
             if self._global_filter is not None:
-                rows = (self.split.train[users] > 0).astype(np.float32)
+                rows = (self.train_matrix[users] > 0).astype(np.float32)
                 out += self.spec.beta * np.asarray(rows @ self._global_filter)
         else:
             out = np.empty((len(users), self.n_items), dtype=np.float32)
@@ -285,49 +339,29 @@ class CIAState:
         return out if items is None else np.take_along_axis(out, items, axis=1)
 
 
-def finetune(item: torch.Tensor, u: torch.Tensor, lam: torch.Tensor, steps: int, lr: float,
-             loss: str, offset: float = 0.0) -> None:
-    """``steps`` gradient steps of every client's E (``item``, (K, M, d), in place) on
-    ‖E Eᵀ − S̄‖ (``loss="norm"``) or ‖E Eᵀ − S̄‖² / M² (``"mse"``), with S̄ = U diag(lam) Uᵀ;
-    ``offset`` is ‖S − S̄‖² for a target S whose symmetric part is S̄ (it only enters the norm)."""
-    if steps == 0:
-        return
-    m = item.shape[1]
-    e = torch.matmul(u.T, item)  # Ẽ = Uᵀ E for every client
-    lam64 = lam.double()
-    lam_sq = float((lam64**2).sum())
-    for _ in range(steps):
-        gram = e.transpose(1, 2) @ e
-        if loss == "mse":
-            c = torch.full((len(e),), lr * 4.0 / (m * m))
-        else:
-            # ‖X‖² = ‖G‖² − 2 Σ_i λ_i ‖Ẽ_i‖² + ‖Λ‖², combined in float64 (it cancels near the end)
-            rows = torch.linalg.vector_norm(e, dim=2).double() ** 2
-            sq = (gram.double() ** 2).sum((1, 2)) - 2.0 * (rows @ lam64) + lam_sq + offset
-            c = (lr * 2.0 / sq.clamp_min(1e-30).sqrt()).float()  # d‖X‖ = d‖X‖² / (2‖X‖)
-        # Ẽ − lr·grad = Ẽ + c (ΛẼ − ẼG) = (1 + cΛ) ⊙ Ẽ − c ẼG, in place
-        step = torch.bmm(e, gram).mul_(c[:, None, None])
-        e.mul_(1.0 + c[:, None, None] * lam[None, :, None]).sub_(step)
-    item.copy_(torch.matmul(u, e))
-
-
-def _factored_sum(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generator) -> torch.Tensor:
-    """Σ_k of each client's rank-``rank`` eigen-upload of E_k E_kᵀ (P_k, λ_k from the thin SVD
-    of E_k; noised as sent), reconstructed by the server as P diag(λ) Pᵀ."""
-    p, s, _ = torch.linalg.svd(e.double(), full_matrices=False)
-    L = min(rank, e.shape[2])
-    p, lam = p[:, :, :L], s[:, :L] ** 2
-    p, lam = (torch.from_numpy(path.laplace(x.detach().numpy(), rng)) for x in (p, lam))
-    m = e.shape[1]
-    left = (p * lam[:, None, :]).permute(1, 0, 2).reshape(m, -1)
-    right = p.permute(1, 0, 2).reshape(m, -1)
-    return left @ right.T
+def combine(spec: CIASpec, sums: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """The server's step on the clients' summed uploads: what it sends back to every client
+    (`CIAState.apply`) and the round's figures. ``sums["n"]``: how many clients uploaded."""
+    n = max(int(sums["n"]), 1)
+    f32 = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731  (sums may arrive as float64)
+    if "filter" in sums:
+        return {"filter": (np.asarray(sums["filter"]) / n).astype(np.float32)}, {}
+    if "count" in sums:
+        mean = f32(sums["similarity"]) / f32(sums["count"]).clamp_min(1.0)
+        return {"mean": mean}, {"similarity_norm": float(0.5 * (mean + mean.T).norm())}
+    if "similarity" in sums:
+        mean = f32(sums["similarity"]) / n
+        u, lam, offset = eigen(mean)
+        return ({"u": u, "lam": lam, "offset": offset},
+                {"similarity_norm": float(0.5 * (mean + mean.T).norm())})
+    return {k: f32(torch.as_tensor(v, dtype=torch.float64) / float(sums[k.rsplit(".", 1)[0] + ".weight"]))
+            for k, v in sums.items() if k.startswith("waa.") and not k.endswith(".weight")}, {}
 
 
 class CIAAlgorithm(FederatedAlgorithm):
     """A `CIAState` as the round driver's federated algorithm: every client trains, then the
-    round's aggregation (similarities, averaging, GF-CF filters) runs. Its draws are not keyed by
-    client yet: the round's generator (`RoundPlan.rng`) serves training and aggregation."""
+    round's aggregation (similarities, averaging, GF-CF filters) runs. Training draws are keyed
+    by client id; the round's generator (`RoundPlan.rng`) draws the uploads' LDP noise."""
 
     def __init__(self, state: CIAState, cfg: Any, seed: int) -> None:
         self.state, self.cfg, self.seed = state, cfg, seed
@@ -336,7 +370,7 @@ class CIAAlgorithm(FederatedAlgorithm):
 
     def local_update(self, plan: RoundPlan) -> Uploads:
         start = time.perf_counter()
-        loss, batches = self.state.train(self.cfg, plan.rng)
+        loss, batches = self.state.train(self.cfg, plan.round)
         return Uploads(loss_sum=loss, client_batches=batches,
                        extra={"train_seconds": time.perf_counter() - start})
 
@@ -356,15 +390,10 @@ class CIAAlgorithm(FederatedAlgorithm):
         return {"global_filter": self.state._global_filter}
 
     def client_state_dict(self) -> dict[str, Any]:
-        """Each client's own model (parameters, Adam moments, steps) and GF-CF's local scores."""
-        return {"stacks": [{"params": s.params, "moments": s.moments, "steps": s.steps}
-                           for s in self.state.stacks],
-                "local_scores": self.state._local_scores}
+        return self.state.client_state()
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         self.state._global_filter = blob["global_filter"]
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
-        for stack, saved in zip(self.state.stacks, blob["stacks"], strict=True):
-            stack.params, stack.moments, stack.steps = saved["params"], saved["moments"], saved["steps"]
-        self.state._local_scores = blob["local_scores"]
+        self.state.load_client_state(blob)

@@ -55,6 +55,17 @@ def uniforms(key: tuple[int, ...], clients: np.ndarray, counts: np.ndarray | int
 
 def normals(key: tuple[int, ...], clients: np.ndarray, count: int) -> np.ndarray:
     """``(len(clients), count)`` standard normal draws (Box-Muller on two uniform streams)."""
-    u1 = uniforms((*key, 1), clients, count).reshape(len(clients), count)
-    u2 = uniforms((*key, 2), clients, count).reshape(len(clients), count)
+    return ragged_normals(key, clients, count).reshape(len(clients), count)
+
+
+def ragged_normals(key: tuple[int, ...], clients: np.ndarray, counts: np.ndarray | int) -> np.ndarray:
+    """Standard normal draws: ``counts[k]`` for client ``clients[k]``, concatenated in order."""
+    u1 = uniforms((*key, 1), clients, counts)
+    u2 = uniforms((*key, 2), clients, counts)
     return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def seed_of(key: tuple[int, ...]) -> int:
+    """A 63-bit seed for an ordinary generator whose draws every party must share (a start
+    common to all clients, drawn the same on every node)."""
+    return int(_key(key)[0] >> np.uint64(1))

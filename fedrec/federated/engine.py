@@ -206,8 +206,7 @@ def train_federated(algorithm: FederatedAlgorithm, spec: Any, split: Split, cfg:
     """Drive a built algorithm with ``cfg``'s rounds, evaluation and checkpoint options."""
     if driver.get("fingerprint") is None:
         driver["fingerprint"] = {"spec": asdict(spec), "config": asdict(cfg)}
-    rounds = min(cfg.rounds, algorithm.max_rounds or cfg.rounds)
-    return run_rounds(algorithm, split, rounds=rounds, eval_every=cfg.eval_every,
+    return run_rounds(algorithm, split, rounds=cfg.rounds, eval_every=cfg.eval_every,
                       patience=cfg.patience, checkpoint_every=cfg.checkpoint_every, **driver)
 
 

@@ -22,14 +22,15 @@ always taken from the layer-0 item table ``item`` (the paper's choice for LightG
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from fedrec.federated import draws
 from fedrec.federated.optim import adam_
+from fedrec.protocols.negatives import ComplementSampler
 
 BACKBONES = ("mf", "mlp", "lightgcn")
 
@@ -39,13 +40,14 @@ class ClientStack:
 
     def __init__(self, backbone: str, dim: int, clients: np.ndarray, users: list[np.ndarray],
                  n_items: int, train: sp.csr_matrix, *, tower: tuple[int, ...], layers: int,
-                 init_std: float, gen: torch.Generator) -> None:
+                 init_std: float, key: tuple[int, ...], model: int = 0) -> None:
         if backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {backbone!r}")
         per_user = np.diff(train.indptr)
         pairs = np.array([per_user[u].sum() for u in users], dtype=np.int64)
         order = np.argsort(-pairs, kind="stable")
         self.backbone, self.dim, self.n_items, self.layers = backbone, dim, n_items, layers
+        self.model = model  # which of the run's (backbone, dim) pairs: what parameter averaging groups by
         self.clients = np.asarray(clients, dtype=np.int64)[order]
         self.users = np.concatenate([users[k] for k in order]).astype(np.int64)
         sizes = np.array([len(users[k]) for k in order], dtype=np.int64)
@@ -57,9 +59,13 @@ class ClientStack:
                              for a, b in zip(self.user_ptr[:-1], self.user_ptr[1:], strict=True)]
         self.client_pairs = pairs[order]
         K = len(order)
+        # users' vectors: keyed by client id; the item table and MLP weights: one draw shared by
+        # every client of the backbone (the common start of a federated model), the same on
+        # every Flower node (`fedrec.federated.draws`)
+        user = draws.ragged_normals((*key, 1), self.clients, sizes * dim)
+        gen = torch.Generator().manual_seed(draws.seed_of((*key, 2)))
         self.params: dict[str, torch.Tensor] = {
-            "user": torch.randn(len(self.users), dim, generator=gen) * init_std,
-            # one draw shared by every client: the common start of a federated model
+            "user": torch.from_numpy(user.astype(np.float32)).reshape(-1, dim) * init_std,
             "item": (torch.randn(n_items, dim, generator=gen) * init_std).expand(K, -1, -1).clone(),
         }
         if backbone == "mlp":
@@ -81,22 +87,25 @@ class ClientStack:
 
     # ---- training ---------------------------------------------------------------------------
 
-    def train_round(self, sample_negatives: Callable[[np.ndarray, int, np.random.Generator], np.ndarray],
-                    k_neg: int, epochs: int, batch_size: int, lr: float,
-                    rng: np.random.Generator) -> tuple[float, int]:
-        """One round of local BPR training: each training pair with ``k_neg`` negatives drawn by
-        ``sample_negatives(global users, k, rng)`` (the split's policy). Returns (sum of the
-        clients' batch losses, client batches)."""
-        coo = self.train.tocoo()
-        negatives = sample_negatives(self.users[coo.row], k_neg, rng).T.ravel()
-        user = np.tile(coo.row, k_neg)
-        pos = np.tile(coo.col, k_neg)
+    def train_round(self, sampler: ComplementSampler, k_neg: int, epochs: int, batch_size: int,
+                    lr: float, seed: int, r: int) -> tuple[float, int]:
+        """Round ``r`` of local BPR training: each training pair with ``k_neg`` negatives drawn
+        from ``sampler`` (the split's policy; its rows are the rows of ``users``). Negatives and
+        shuffles are keyed by (seed, round, client id), so a client trains the same alone, in
+        this stack or on a Flower node. Returns (sum of the clients' batch losses, client
+        batches)."""
+        coo = self.train.tocoo()  # grouped by client, in stack order
+        u = draws.uniforms((seed, draws.NEGATIVES, r), self.clients, self.client_pairs * k_neg)
+        negatives = sampler.sample_at(self.users[coo.row], u.reshape(-1, k_neg)).ravel()
+        user = np.repeat(coo.row, k_neg)
+        pos = np.repeat(coo.col, k_neg)
         client = self.user_client[user]
         counts = self.client_pairs * k_neg
         ptr = np.r_[0, np.cumsum(counts)]
         loss_sum, batches = 0.0, 0
-        for _ in range(epochs):
-            order = np.lexsort((rng.random(len(user)), client))  # grouped by client, shuffled within
+        for e in range(epochs):
+            keys = draws.uniforms((seed, draws.SHUFFLE, r, e), self.clients, counts)
+            order = np.lexsort((keys, client))  # grouped by client, shuffled within
             u, p, n = (torch.from_numpy(x[order]) for x in (user, pos, negatives))
             n_steps = -(-counts // batch_size)
             for s in range(int(n_steps.max(initial=0))):

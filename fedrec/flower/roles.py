@@ -144,6 +144,9 @@ class ServerBase:
     test at the best validation round, checkpoints. Subclasses hold the model and implement
     `train_messages`, `finish_round`, `evaluate_message`, `model_state`, `load_model_state`."""
 
+    #: the most rounds the method has use for (as `fedrec.core.Trainable.max_rounds`)
+    max_rounds: int | None = None
+
     def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
         self.run, self.cfg, self.secure = run, run.federated, secure
         self.spec = check_deployable(run, secure)

@@ -71,6 +71,7 @@ class FlowerServer(Trainable):
                  secure_sum: Callable[[dict[int, Payload], int], tuple[Any, dict[int, Payload]]] | None = None
                  ) -> None:
         self.role, self.transport, self.protocol = role, transport, protocol
+        self.max_rounds = role.max_rounds
         self.n_nodes, self.secure_sum = n_nodes, secure_sum
         self._silent: set[int] = set()
         self._record: RoundRecord | None = None

@@ -1,0 +1,184 @@
+"""FedCIA and its parameter-averaging baselines on Flower: the node and server roles.
+
+A client is a group of users (`CIASpec.partition`, drawn from the run's seed); node i holds the
+i-th block of client ids and builds a `CIAState` for them alone (``client_ids=``: initial
+vectors, negatives and shuffles are keyed by client id, so it trains them as the simulator
+does). Every client trains every round (the paper's Algorithm 1).
+
+* **Train**: the node trains its clients and replies with the sum over them of what each
+  uploads (`CIAState.client_sums`: similarities E_k E_kᵀ, their item-block counts under
+  ``scope=local``, FedAvg's weighted parameters, GF-CF filters), noised on the node under
+  ``--ldp`` (its own entropy), with their counts and byte costs.
+* **Server**: adds the nodes' sums and runs the simulator's server step (`combine`: the mean,
+  its eigendecomposition), which every later message carries as ``sync.*`` with its round.
+* A node applies a ``sync`` it has not applied yet (`CIAState.apply`: each client fine-tunes
+  towards the mean, or takes the average) before it trains or scores, and keeps the round it
+  applied with its clients' models: the simulator applies it at the end of the round, and a
+  node never trains or scores between that point and the next message.
+
+A node's message to the server is the sum of its clients' uploads (as decoded by the server);
+the byte counts are what each client sends, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig
+from fedrec.federated.cia import CIAState, combine
+from fedrec.federated.upload import UploadPath
+from fedrec.flower.roles import (
+    NodeData,
+    Payload,
+    ServerBase,
+    check_deployable,
+    log,
+    node_users,
+    stage_metrics,
+)
+from fedrec.partition import Partition
+from fedrec.protocols.protocol import Split
+from fedrec.results import RoundRecord
+
+COUNTS = ("n", "loss_sum", "client_batches", "bytes_up", "bytes_down")
+
+
+def _numpy(v: Any) -> Any:
+    return v.numpy() if isinstance(v, torch.Tensor) else v
+
+
+class CIANode:
+    """A node holding a block of FedCIA clients (groups of users) and their whole models."""
+
+    def __init__(self, run: RunConfig, partition: int, partitions: int, split: Split) -> None:
+        self.run, self.cfg = run, run.federated
+        self.spec = check_deployable(run, split=split)
+        everyone = self.spec.partition(split.n_users, run.seed)
+        self.n_clients = everyone.n_clients
+        self.clients = node_users(everyone.n_clients, partition, partitions)
+        users = np.sort(everyone.users_of(self.clients))
+        local_client = np.searchsorted(self.clients, everyone.client_of_user[users])
+        data = NodeData.of(split, users)
+        self.state = CIAState(self.spec, data.train, data.sampler,
+                              Partition(local_client, max(len(self.clients), 1)), run.seed,
+                              client_ids=self.clients)
+        self.valid, self.test, self.protocol = data.valid, data.test, split.protocol
+        self.applied = 0  # the last round whose server step this node's clients took
+
+    def private_state(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save({**self.state.client_state(), "global_filter": self.state._global_filter,
+                    "applied": self.applied}, buf)
+        return buf.getvalue()
+
+    def load_private_state(self, raw: bytes) -> None:
+        blob = torch.load(io.BytesIO(raw), weights_only=False)
+        self.state._global_filter, self.applied = blob.pop("global_filter"), blob.pop("applied")
+        self.state.load_client_state(blob)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        return {"clients": self.clients, "n_clients": self.n_clients, "n_items": self.state.n_items}
+
+    def _sync(self, msg: Payload) -> None:
+        """Apply the server's last step if this node's clients have not taken it yet."""
+        r = int(msg.get("sync_round", 0))
+        if r > self.applied:
+            self.state.apply({k[len("sync."):]: v for k, v in msg.items() if k.startswith("sync.")})
+            self.applied = r
+
+    def train(self, msg: Payload) -> Payload:
+        """Train every client of the node; reply with the sums of their uploads and counts."""
+        clients = np.asarray(msg["clients"], np.int64)
+        if not np.array_equal(np.sort(clients), self.clients):
+            raise FedrecError("FedCIA trains every client every round; the server sent a subset")
+        self._sync(msg)
+        loss, batches = self.state.train(self.cfg, int(msg["round"]))
+        sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), np.random.default_rng())
+        reply = {f"sum.{k}": _numpy(v) for k, v in sums.items() if k not in COUNTS}
+        return {**reply, "n": int(sums["n"]), "loss_sum": loss, "client_batches": batches,
+                "bytes_up": int(sums["bytes_up"]), "bytes_down": int(sums["bytes_down"])}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        self._sync(msg)
+        return stage_metrics(self.state.scores, self.valid, self.test, self.protocol)
+
+
+class CIAServer(ServerBase):
+    """The server of FedCIA and its baselines: the sum of the nodes' uploads, `combine`."""
+
+    def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
+        super().__init__(run, hellos, secure)
+        self.max_rounds = 1 if self.spec.models[0][0] == "gfcf" else None  # GF-CF: one shot
+        self.sync: dict[str, Any] = {}  # the last server step, sent with every message
+        self.sync_round = 0
+        self.keys: set[str] | None = None  # the upload's keys, fixed by the first good reply
+
+    def _sync_payload(self) -> Payload:
+        return {"sync_round": self.sync_round, **{f"sync.{k}": _numpy(v) for k, v in self.sync.items()}}
+
+    def train_messages(self, r: int) -> dict[int, Payload]:
+        return {node: {"round": r, "clients": clients, **self._sync_payload()}
+                for node, clients in self.round_clients(r).items()}
+
+    def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
+        got, silent = self.answered(r, replies)
+        sums: dict[str, Any] = {}
+        totals = dict.fromkeys(COUNTS, 0.0)
+        rejected = bad = 0
+        for node, clients, reply in got:
+            problem = self.check_upload(reply, len(clients))
+            if problem:
+                rejected, bad = rejected + len(clients), bad + 1
+                log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
+                continue
+            for k, v in reply.items():
+                if k.startswith("sum."):
+                    name = k[len("sum."):]
+                    sums[name] = sums[name] + np.asarray(v, np.float64) if name in sums else np.asarray(v, np.float64)
+            for k in COUNTS:
+                totals[k] += float(reply[k])
+        extra: dict[str, float] = {}
+        if totals["n"] > 0:
+            self.sync, extra = combine(self.spec, {**sums, "n": int(totals["n"])})
+            self.sync_round = r
+        extra.update({"clients": totals["n"], "dropped_nodes": float(len(silent)),
+                      "dropped_clients": float(sum(len(self.sent[s]) for s in silent)),
+                      "rejected_nodes": float(bad)})
+        return RoundRecord(round=r, loss=totals["loss_sum"] / max(totals["client_batches"], 1.0),
+                           seconds=0.0, bytes_up=int(totals["bytes_up"]),
+                           bytes_down=int(totals["bytes_down"]), rejected_uploads=rejected,
+                           extra=extra)
+
+    def check_upload(self, reply: Payload, n_clients: int) -> str | None:
+        missing = [k for k in COUNTS if k not in reply]
+        if missing:
+            return f"missing {', '.join(missing)}"
+        keys = {k for k in reply if k.startswith("sum.")}
+        if self.keys is not None and keys != self.keys:
+            return f"uploads {sorted(keys)}, expected {sorted(self.keys)}"
+        m = self.n_items
+        for k in keys:
+            v = np.asarray(reply[k])
+            if not np.isfinite(v).all():
+                return f"{k} holds non-finite values"
+            if k in ("sum.similarity", "sum.count", "sum.filter") and v.shape != (m, m):
+                return f"{k} has shape {v.shape}, expected ({m}, {m})"
+        if int(reply["n"]) != n_clients or not math.isfinite(float(reply["loss_sum"])):
+            return f"{reply['n']} clients trained of the {n_clients} sent, or a non-finite loss"
+        self.keys = keys
+        return None
+
+    def evaluate_message(self) -> Payload:
+        return self._sync_payload()
+
+    def model_state(self) -> dict[str, Any]:
+        return {"sync": self.sync, "sync_round": self.sync_round}
+
+    def load_model_state(self, blob: dict[str, Any]) -> None:
+        self.sync, self.sync_round = blob["sync"], blob["sync_round"]
