@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec.core.device import check as check_device
+from fedrec.core.device import on
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
 from fedrec.protocols.protocol import Split
@@ -52,10 +54,15 @@ class Run:
     def best_round(self) -> int:
         return self.result.best_round
 
+    @property
+    def device(self) -> str:
+        """Where the model's tensors live: the run's device."""
+        return run_device(self.config)
+
     def scores(self, users: np.ndarray, items: np.ndarray | None = None) -> np.ndarray:
         """Scores of ``items`` (``(len(users), C)``; None = every item) for user indices
         ``users``, each under its own state (a federated user's private parameters)."""
-        with torch.no_grad():
+        with torch.no_grad(), on(self.device):
             return self.model.scores(np.asarray(users, dtype=np.int64), items)
 
     def user_index(self, user: Any) -> int:
@@ -103,11 +110,21 @@ def data_signature(split: Split) -> dict[str, Any]:
             "sha256": h.hexdigest()}
 
 
-def load(path: str | Path, data_dir: str | None = None) -> Run:
-    """A run saved by `Run.save`. Its data set is prepared again from the configuration (from
-    the registry's cache, or ``data_dir``), so the split and id maps are the ones it trained on."""
+def run_device(config: RunConfig) -> str:
+    """The device a run's algorithm runs on (the engine's or the centralised trainer's)."""
+    from fedrec.algorithms import get_algorithm
+
+    federated = get_algorithm(config.algorithm).kind == "federated"
+    return (config.federated if federated else config.train).device
+
+
+def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> Run:
+    """A run saved by `Run.save`, its model on ``device`` (whichever device trained it). Its
+    data set is prepared again from the configuration (from the registry's cache, or
+    ``data_dir``), so the split and id maps are the ones it trained on."""
+    check_device(device)
     try:
-        blob = torch.load(Path(path), weights_only=False)
+        blob = torch.load(Path(path), weights_only=False, map_location=device)
     except FileNotFoundError as e:
         raise FedrecError(f"{path}: no such run file") from e
     except Exception as e:
@@ -115,6 +132,7 @@ def load(path: str | Path, data_dir: str | None = None) -> Run:
     if not isinstance(blob, dict) or blob.get("format") != FORMAT or not {"config", "result", "state"} <= set(blob):
         raise FedrecError(f"{path}: not a fedrec run file")
     config = RunConfig.from_dict(blob["config"])
+    config.federated.device = config.train.device = device
     if data_dir is not None:
         config.data_dir = data_dir
     split = prepare_split(config)
@@ -122,8 +140,9 @@ def load(path: str | Path, data_dir: str | None = None) -> Run:
         raise FedrecError(f"{path}: the data set prepared now ({config.dataset}"
                           f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
                           "trained on (users, items or training interactions differ)")
-    _, model = build_trainable(config, split)
-    model.load_state_dict(blob["state"])
+    with on(device):
+        _, model = build_trainable(config, split)
+        model.load_state_dict(blob["state"])
     res = dict(blob["result"])
     res["history"] = [RoundRecord(**h) for h in res["history"]]
     known = {f.name for f in fields(RunResult)}

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import get_algorithm
+from fedrec.core.device import check as check_device
+from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
@@ -82,8 +84,7 @@ class RunConfig:
             raise FedrecError(
                 f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
             )
-        if t.device.startswith("cuda") and not torch.cuda.is_available():
-            raise FedrecError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
+        check_device(t.device)
 
 
 def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interactions:
@@ -213,17 +214,19 @@ def train(
             f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
             f"({split.protocol.ranking}); see `fedrec protocols`"
         )
-    model, trainable = build_trainable(cfg, split, options)
-    config = recorded_config(cfg, asdict(options))
-    driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
-                              "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
-    if spec.kind == "federated":
-        outcome = train_federated(trainable, model, split, cfg.federated, **driver)
-    else:
-        driver["keep_best"] = True  # the centralised baselines always end at their best epoch
-        outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
-                             patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
-                             **driver)
+    device = (cfg.federated if spec.kind == "federated" else cfg.train).device
+    with on(device):  # every tensor the algorithm creates lives on the run's device
+        model, trainable = build_trainable(cfg, split, options)
+        config = recorded_config(cfg, asdict(options))
+        driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
+                                  "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
+        if spec.kind == "federated":
+            outcome = train_federated(trainable, model, split, cfg.federated, **driver)
+        else:
+            driver["keep_best"] = True  # the centralised baselines always end at their best epoch
+            outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
+                                 patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
+                                 **driver)
     result = RunResult(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,

@@ -68,7 +68,7 @@ def peek_round(path: Path) -> int:
     """The round a checkpoint was written after, without loading it into anything (a Flower
     server tells its nodes which round's client state to restore before it builds its role)."""
     try:
-        blob = torch.load(path, weights_only=False)
+        blob = torch.load(path, weights_only=False, map_location="cpu")
         return int(blob["round"])
     except Exception as e:
         raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
@@ -80,7 +80,8 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     """Continue from ``path``: check it, load the state into ``algorithm`` and the history into
     ``out``; returns the round it was written after and the state at the best round (if kept)."""
     try:
-        blob = torch.load(path, weights_only=False)
+        # onto the run's device (`fedrec.core.device.on`), whichever device wrote it
+        blob = torch.load(path, weights_only=False, map_location=torch.get_default_device())
     except Exception as e:  # truncated, garbage, or another program's file
         raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
                           "remove it or drop --resume") from e

@@ -172,7 +172,7 @@ class AEState:
         values = train.data.astype(np.float32)
         if self.implicit:  # binarised ratings: input and target are 1 for a positive, 0 otherwise
             values = (values >= split.protocol.positive_at).astype(np.float32)
-        self.values = torch.from_numpy(values)
+        self.values = torch.as_tensor(values)
         self.degree = np.diff(self.indptr)
         pair_user = np.repeat(np.arange(self.n_users), self.degree)
         key = partition.client_of_user[pair_user] * self.n_items + self.items
@@ -213,7 +213,7 @@ class AEState:
         counted in `round_bytes`). Returns the payload and the item id of each row."""
         flat, _ = self.cohort_rows(cohort)
         items = self.row_item[flat]
-        idx = torch.from_numpy(items)
+        idx = torch.as_tensor(items)
         payload = {k: (v[idx] if k in ROW_TABLES else v) for k, v in self.glob.items()}
         return payload, items
 
@@ -227,7 +227,7 @@ class AEState:
         local: dict[str, torch.Tensor] = {}
         for k, v in payload.items():
             local[k] = v.clone() if k in ROW_TABLES else v.expand(C, *v.shape).clone()
-        flat_t, cohort_t = torch.from_numpy(flat), torch.from_numpy(cohort)
+        flat_t, cohort_t = torch.as_tensor(flat), torch.as_tensor(cohort)
         for k, v in self.priv.items():
             local[k] = v[flat_t].clone() if k in ROW_TABLES else v[cohort_t].clone()
         for v in local.values():
@@ -238,7 +238,7 @@ class AEState:
         width = self.hidden[-1]
         steps_k = (table >= 0).any(axis=2).sum(axis=1)
         opt = self._optimiser(local)
-        row_client = torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))
+        row_client = torch.as_tensor(np.repeat(np.arange(C), self.client_items[cohort]))
         n_out = self.client_items[cohort] if spec.compression else np.full(C, self.n_items)
         loss_sum = macs = macs_sparse = 0.0
         batches = 0
@@ -248,20 +248,20 @@ class AEState:
             real = slot_user >= 0
             lengths, nnz, slots = self._bags(slot_user)
             k_of_pair = slots // cfg.batch_size
-            rows = torch.from_numpy(offsets[k_of_pair] + self.pair_pos[nnz])
+            rows = torch.as_tensor(offsets[k_of_pair] + self.pair_pos[nnz])
             vals = self.values[nnz]
-            bag = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]])
+            bag = torch.as_tensor(np.r_[0, np.cumsum(lengths)[:-1]])
             noise = None
             if spec.dropout > 0:
                 u = draws.uniforms((self.seed, draws.DROPOUT, r, t), ids[:A], cfg.batch_size * width)
-                noise = torch.from_numpy(u.astype(np.float32)).view(A, cfg.batch_size, width)
+                noise = torch.as_tensor(u.astype(np.float32)).view(A, cfg.batch_size, width)
             h = codes(local, self.hidden, rows, bag, vals, A, cfg.batch_size, spec.dropout, noise)
-            pred = pair_outputs(h, torch.from_numpy(slots), rows, local)
+            pred = pair_outputs(h, torch.as_tensor(slots), rows, local)
             if self.implicit:
                 err = F.binary_cross_entropy_with_logits(pred, vals, reduction="none")
             else:
                 err = (pred - vals) ** 2
-            k_t = torch.from_numpy(k_of_pair)
+            k_t = torch.as_tensor(k_of_pair)
             count = torch.bincount(k_t, minlength=A).clamp(min=1)
             per_client = torch.zeros(A).index_add_(0, k_t, err) / count
             for v in local.values():
@@ -345,8 +345,8 @@ class AEState:
         if decaying:
             decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.spec.decay,
                                                 self.spec.nesterov) for s in steps])
-        row_decay = decays[torch.from_numpy(np.repeat(np.arange(C), self.client_items[cohort]))]
-        idx = torch.from_numpy(items)
+        row_decay = decays[torch.as_tensor(np.repeat(np.arange(C), self.client_items[cohort]))]
+        idx = torch.as_tensor(items)
         sums = {}
         for k, v in upload.items():
             if k in ROW_TABLES:
@@ -373,14 +373,14 @@ class AEState:
         client's encoder and the global decoder: every item, or ``items`` (n, C)."""
         if items is not None:  # rating protocols ask per (user, item) pair: code each user once
             distinct, back = np.unique(np.asarray(users, dtype=np.int64), return_inverse=True)
-            h = torch.from_numpy(self._codes(distinct))[torch.from_numpy(back)]
-            cols = torch.from_numpy(np.asarray(items, dtype=np.int64))
+            h = torch.as_tensor(self._codes(distinct))[torch.as_tensor(back)]
+            cols = torch.as_tensor(np.asarray(items, dtype=np.int64))
             with torch.no_grad():
                 return ((h[:, None, :] * self.glob["dec.out"][cols]).sum(-1)
-                        + self.glob["dec.out.b"][cols]).numpy()
-        h = torch.from_numpy(self._codes(np.asarray(users, dtype=np.int64)))
+                        + self.glob["dec.out.b"][cols]).cpu().numpy()
+        h = torch.as_tensor(self._codes(np.asarray(users, dtype=np.int64)))
         with torch.no_grad():
-            return torch.addmm(self.glob["dec.out.b"], h, self.glob["dec.out"].T).numpy()
+            return torch.addmm(self.glob["dec.out.b"], h, self.glob["dec.out"].T).cpu().numpy()
 
     def _codes(self, users: np.ndarray) -> np.ndarray:
         """Last hidden layer of ``users``: each through its client's encoder and the decoder.
@@ -405,15 +405,15 @@ class AEState:
                 lengths, nnz, slots = self._bags(slot_user)
                 p = {k: (v.expand(A, *v.shape) if k in self.dense_names else v) for k, v in self.glob.items()}
                 if private:
-                    idx = torch.from_numpy(g)
+                    idx = torch.as_tensor(g)
                     p.update({k: v[idx] for k, v in self.priv.items() if k not in ROW_TABLES})
                     p["enc.in"] = self.priv["enc.in"]
                     rows = self.row_ptr[g][slots // B] + self.pair_pos[nnz]
                 else:
                     rows = self.items[nnz]
-                bag = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]])
-                h = codes(p, self.hidden, torch.from_numpy(rows), bag, self.values[nnz], A, B)
-                out[where] = h.numpy()[np.repeat(np.arange(A), c) * B + pos]
+                bag = torch.as_tensor(np.r_[0, np.cumsum(lengths)[:-1]])
+                h = codes(p, self.hidden, torch.as_tensor(rows), bag, self.values[nnz], A, B)
+                out[where] = h.cpu().numpy()[np.repeat(np.arange(A), c) * B + pos]
         return out
 
     def _bags(self, slot_user: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

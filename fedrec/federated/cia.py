@@ -216,7 +216,7 @@ class CIAState:
         out: dict[str, Any] = {"n": self.n_clients}
         up = 0
         for stack in self.stacks:
-            w = torch.from_numpy(stack.client_pairs.astype(np.float64))  # float64: see `client_sums`
+            w = torch.as_tensor(stack.client_pairs.astype(np.float64))  # float64: see `client_sums`
             for name in stack.shared_names():
                 out[f"waa.{stack.model}.{name}"] = torch.tensordot(w, stack.params[name].double(), dims=1)
             out[f"waa.{stack.model}.weight"] = np.float64(stack.client_pairs.sum())
@@ -232,7 +232,7 @@ class CIAState:
         up = down = 0
         for stack in self.stacks:
             for c, items in enumerate(stack.client_items):
-                idx = torch.from_numpy(items)
+                idx = torch.as_tensor(items)
                 e = stack.params["item"][c, idx]
                 n = len(items)
                 if rank:
@@ -240,7 +240,7 @@ class CIAState:
                     up += (n * min(rank, stack.dim) + min(rank, stack.dim) + n) * 4
                 else:
                     e = e.double()
-                    s_k = torch.from_numpy(path.laplace((e @ e.T).numpy(), rng))
+                    s_k = torch.as_tensor(path.laplace((e @ e.T).cpu().numpy(), rng))
                     up += (n * n + n) * 4
                 total[idx[:, None], idx[None, :]] += s_k
                 count[idx[:, None], idx[None, :]] += 1.0
@@ -294,7 +294,7 @@ class CIAState:
             elif "mean" in sync:  # local scope: each client towards its own block
                 mean = torch.as_tensor(sync["mean"])
                 for c, items in enumerate(stack.client_items):
-                    idx = torch.from_numpy(items)
+                    idx = torch.as_tensor(items)
                     rows = stack.params["item"][c, idx][None].clone()
                     u, lam, offset = eigen(mean[idx[:, None], idx[None, :]])
                     finetune(rows, u, lam, self.spec.finetune_steps, self.spec.finetune_lr,

@@ -20,6 +20,7 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.core.contract import FederatedAlgorithm
+from fedrec.core.device import check as check_device
 from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size
 from fedrec.federated import draws
@@ -90,8 +91,8 @@ class FederatedConfig:
             (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
             (self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
-            (self.device != "cpu", "the federated engine runs on the CPU only so far (--device cpu)"),
         )
+        check_device(self.device)
 
     def upload_path(self, lr_item: float = 1.0) -> UploadPath:
         """The clients' upload path. ``dp_clip`` bounds a client's gradient w.r.t. the item

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.device import here
 from fedrec.federated import draws
 from fedrec.federated.scores import ScoreFunction, get_score
 
@@ -140,8 +141,8 @@ def init_params(spec: FamilySpec, names: list[str], n: int,
     sigmoid. Under the ``mlp`` score the user vector is an input of the MLP beside the item
     row, and starts N(0, 1) like it (as ``nn.Embedding`` in GPFedRec's code).
     """
-    return _draw_params(spec, names, n, lambda shape: torch.rand(shape, generator=gen),
-                        lambda shape: torch.randn(shape, generator=gen))
+    return _draw_params(spec, names, n, lambda shape: here(torch.rand(shape, generator=gen, device="cpu")),
+                        lambda shape: here(torch.randn(shape, generator=gen, device="cpu")))
 
 
 def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
@@ -154,7 +155,7 @@ def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
 
         def keyed(shape: tuple[int, ...], fn: Callable[..., np.ndarray], sub=sub) -> torch.Tensor:
             x = fn(sub, clients, math.prod(shape[1:]))
-            return torch.from_numpy(np.asarray(x, np.float32)).reshape(shape)
+            return torch.as_tensor(np.asarray(x, np.float32)).reshape(shape)
 
         out.update(_draw_params(spec, [name], len(clients),
                                 lambda shape, k=keyed: k(shape, draws.uniforms),

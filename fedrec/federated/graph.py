@@ -54,6 +54,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec.core.device import here
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
@@ -281,7 +282,7 @@ class GraphState(FamilyState):
         """Keep each accepted client's received rows (the server needs every table, not a sum)."""
         assert isinstance(up, GraphUpload)
         counts = np.diff(up.cohort.row_ptr)
-        keep = np.repeat(up.accepted.numpy(), counts)
+        keep = np.repeat(up.accepted.cpu().numpy(), counts)
         owner = np.repeat(up.cohort.clients, counts)[keep]
         self.uploads.append((owner, up.cohort.row_items[keep], up.received[torch.as_tensor(keep)]))
         self.seen += len(up.cohort.clients)
@@ -301,7 +302,7 @@ class GraphState(FamilyState):
                               f"run it with --clients-per-round 1 (got {self.seen} of {n_clients})")
         self.pending = True
         self.ldp = path.ldp
-        self.noise_seed = int(torch.randint(2**62, (1,), generator=gen))
+        self.noise_seed = int(torch.randint(2**62, (1,), generator=gen, device="cpu"))
 
     # -- the server step ---------------------------------------------------------------------
 
@@ -327,7 +328,7 @@ class GraphState(FamilyState):
             q[torch.as_tensor(owner[s]), torch.as_tensor(items[s] - a)] = rows[s]
             if self.ldp > 0:
                 gen = torch.Generator().manual_seed(self.noise_seed + k)
-                e = torch.empty((2, *q.shape)).exponential_(generator=gen)
+                e = here(torch.empty((2, *q.shape), device="cpu").exponential_(generator=gen))
                 q += self.ldp * (e[0] - e[1])
             return q
 

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.device import here
 from fedrec.federated import draws
 from fedrec.federated.family import FamilySpec, client_params
 
@@ -126,7 +127,7 @@ class MetaMFSpec(FamilySpec):
         from fedrec.federated.state import FamilyState
 
         gen = torch.Generator().manual_seed(seed)
-        items = torch.randn((n_items, self.item_width), generator=gen) * item_std
+        items = here(torch.randn((n_items, self.item_width), generator=gen, device="cpu")) * item_std
         shared = {}
         for name, shape in self.score_shapes().items():
             shared[name] = _xavier(shape, gen) if len(shape) == 2 else torch.zeros(shape)
@@ -160,7 +161,7 @@ class MetaMFSpec(FamilySpec):
 
 def _xavier(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Xavier-normal draw: std sqrt(2 / (fan_in + fan_out)) for an ``(in, out)`` matrix."""
-    return torch.randn(shape, generator=gen) * (2.0 / sum(shape)) ** 0.5
+    return here(torch.randn(shape, generator=gen, device="cpu")) * (2.0 / sum(shape)) ** 0.5
 
 
 def _per_client(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

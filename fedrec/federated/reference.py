@@ -300,7 +300,7 @@ def reference_scores(state: ReferenceState, clients: np.ndarray,
         wanted = np.arange(n_items) if items is None else items[k]
         values = {name: state.private[name][client] for name in spec.private_names()}
         scorer = make_scorer(spec, {**values, **state.shared})
-        out[k] = scorer(client_rows(state, int(client), wanted)).numpy()
+        out[k] = scorer(client_rows(state, int(client), wanted)).cpu().numpy()
     return out
 
 

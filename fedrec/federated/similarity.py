@@ -57,7 +57,7 @@ def factored_sum(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Ge
     p, s, _ = torch.linalg.svd(e.double(), full_matrices=False)
     L = min(rank, e.shape[2])
     p, lam = p[:, :, :L], s[:, :L] ** 2
-    p, lam = (torch.from_numpy(path.laplace(x.detach().numpy(), rng)) for x in (p, lam))
+    p, lam = (torch.as_tensor(path.laplace(x.detach().cpu().numpy(), rng)) for x in (p, lam))
     m = e.shape[1]
     left = (p * lam[:, None, :]).permute(1, 0, 2).reshape(m, -1)
     right = p.permute(1, 0, 2).reshape(m, -1)

@@ -28,6 +28,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.device import here
 from fedrec.federated import draws
 from fedrec.federated.optim import adam_
 from fedrec.protocols.negatives import ComplementSampler
@@ -65,16 +66,16 @@ class ClientStack:
         user = draws.ragged_normals((*key, 1), self.clients, sizes * dim)
         gen = torch.Generator().manual_seed(draws.seed_of((*key, 2)))
         self.params: dict[str, torch.Tensor] = {
-            "user": torch.from_numpy(user.astype(np.float32)).reshape(-1, dim) * init_std,
-            "item": (torch.randn(n_items, dim, generator=gen) * init_std).expand(K, -1, -1).clone(),
+            "user": torch.as_tensor(user.astype(np.float32)).reshape(-1, dim) * init_std,
+            "item": (here(torch.randn(n_items, dim, generator=gen, device="cpu")) * init_std).expand(K, -1, -1).clone(),
         }
         if backbone == "mlp":
             widths = (2 * dim, *tower, 1)
             for j, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
                 bound = 1.0 / math.sqrt(a)  # nn.Linear's default init, drawn once
-                w = (torch.rand(a, b, generator=gen) * 2 - 1) * bound
+                w = (here(torch.rand(a, b, generator=gen, device="cpu")) * 2 - 1) * bound
                 self.params[f"w{j}"] = w.expand(K, -1, -1).clone()
-                self.params[f"b{j}"] = ((torch.rand(b, generator=gen) * 2 - 1) * bound).expand(K, -1).clone()
+                self.params[f"b{j}"] = ((here(torch.rand(b, generator=gen, device="cpu")) * 2 - 1) * bound).expand(K, -1).clone()
         self.n_layers = sum(1 for name in self.params if name.startswith("w"))  # MLP tower
         self.moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in self.params.items()}
         self.steps = torch.zeros(K)
@@ -106,7 +107,7 @@ class ClientStack:
         for e in range(epochs):
             keys = draws.uniforms((seed, draws.SHUFFLE, r, e), self.clients, counts)
             order = np.lexsort((keys, client))  # grouped by client, shuffled within
-            u, p, n = (torch.from_numpy(x[order]) for x in (user, pos, negatives))
+            u, p, n = (torch.as_tensor(x[order]) for x in (user, pos, negatives))
             n_steps = -(-counts // batch_size)
             for s in range(int(n_steps.max(initial=0))):
                 active = int((n_steps > s).sum())
@@ -114,8 +115,8 @@ class ClientStack:
                 width = int(lens.max())
                 idx = ptr[:active, None] + s * batch_size + np.arange(width)[None]
                 mask = np.arange(width)[None] < lens[:, None]
-                idx = torch.from_numpy(np.where(mask, idx, ptr[:active, None]))
-                losses = self._step(active, u[idx], p[idx], n[idx], torch.from_numpy(mask), lr)
+                idx = torch.as_tensor(np.where(mask, idx, ptr[:active, None]))
+                losses = self._step(active, u[idx], p[idx], n[idx], torch.as_tensor(mask), lr)
                 loss_sum += float(losses.sum())
                 batches += active
         return loss_sum, batches
@@ -179,11 +180,11 @@ class ClientStack:
         user_emb, item_emb = self._embeddings()
         out = np.empty((len(local_users), self.n_items), dtype=np.float32)
         for s in range(0, len(local_users), chunk):
-            lu = torch.from_numpy(local_users[s : s + chunk])
-            k = torch.from_numpy(self.user_client[local_users[s : s + chunk]])
+            lu = torch.as_tensor(local_users[s : s + chunk])
+            k = torch.as_tensor(self.user_client[local_users[s : s + chunk]])
             uv = user_emb[lu]
             if self.backbone != "mlp":
-                out[s : s + chunk] = torch.bmm(item_emb[k], uv[:, :, None])[..., 0].numpy()
+                out[s : s + chunk] = torch.bmm(item_emb[k], uv[:, :, None])[..., 0].cpu().numpy()
                 continue
             # first layer split into its user and item halves: W0 = [W_u; W_i]
             w0, b0 = self.params["w0"][k], self.params["b0"][k]
@@ -191,7 +192,7 @@ class ClientStack:
                 + torch.bmm(item_emb[k], w0[:, self.dim :])
             for j in range(1, self.n_layers):
                 h = torch.baddbmm(self.params[f"b{j}"][k][:, None, :], torch.relu(h), self.params[f"w{j}"][k])
-            out[s : s + chunk] = h[..., 0].numpy()
+            out[s : s + chunk] = h[..., 0].cpu().numpy()
         return out
 
     # ---- what aggregation touches ----------------------------------------------------------
@@ -218,6 +219,6 @@ def _lightgcn_adjacency(train: sp.csr_matrix, user_client: np.ndarray, n_clients
     deg = np.bincount(rows, minlength=n).astype(np.float64)
     inv = np.divide(1.0, np.sqrt(deg), out=np.zeros_like(deg), where=deg > 0)
     vals = inv[rows] * inv[cols]
-    index = torch.from_numpy(np.vstack([rows, cols]))
-    return torch.sparse_coo_tensor(index, torch.from_numpy(vals.astype(np.float32)), (n, n),
+    index = torch.as_tensor(np.vstack([rows, cols]))
+    return torch.sparse_coo_tensor(index, torch.as_tensor(vals.astype(np.float32)), (n, n),
                                    check_invariants=False).coalesce()

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import ClientUpload
+from fedrec.core.device import here
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
@@ -121,7 +122,7 @@ class FamilyState:
         state for a few clients (``client_ids``, a Flower node's) starts them as the
         simulator's state for all clients does."""
         gen = torch.Generator().manual_seed(seed)
-        items = torch.randn((n_items, spec.item_width), generator=gen) * item_std
+        items = here(torch.randn((n_items, spec.item_width), generator=gen, device="cpu")) * item_std
         shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen).items()}
         ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
         private = client_params(spec, spec.private_names(), ids, (seed, draws.INIT))
@@ -321,7 +322,7 @@ class FamilyState:
             cl, it = clients[s : s + per], np.ascontiguousarray(items[s : s + per])
             if not it.flags.writeable:  # a broadcast row of every item
                 it = it.copy()
-            out[s : s + per] = self._score_block(cl, it).numpy()
+            out[s : s + per] = self._score_block(cl, it).cpu().numpy()
         return out
 
     def _score_block(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:

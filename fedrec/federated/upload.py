@@ -105,13 +105,13 @@ class UploadPath:
         total = torch.zeros(shape)
         if not self.noisy or k <= 0:
             return total
-        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen)))
+        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen, device="cpu")))
         if self.ldp > 0:
             g = rng.standard_gamma(float(k), size=(2, *shape))
-            total += torch.from_numpy(self.ldp * (g[0] - g[1])).float()
+            total += torch.as_tensor(self.ldp * (g[0] - g[1])).float()
         if self.dp_noise > 0 and self.dp_clip is not None:
             std = 2.0 * self.dp_noise * self.dp_clip * (k / max(n_clients, 1)) ** 0.5
-            total += torch.from_numpy(rng.normal(0.0, std, size=shape)).float()
+            total += torch.as_tensor(rng.normal(0.0, std, size=shape)).float()
         return total
 
     @property
@@ -142,7 +142,7 @@ def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarra
     width = rows.shape[1]
     if width >= WHOLE_ROW:
         raise ValueError("the sparse row encoding stores columns in one byte (width < 255)")
-    dense = rows.numpy()
+    dense = rows.cpu().numpy()
     nz = dense != 0
     per_row = nz.sum(1)
     whole = per_row * (1 + FLOAT_BYTES) >= width * FLOAT_BYTES
@@ -166,4 +166,4 @@ def decode_sparse(counts: np.ndarray, cols: np.ndarray, values: np.ndarray,
     rows = np.zeros((len(counts), width), np.float32)
     rows[which, col] = values
     n_bytes = len(counts) * INDEX_BYTES + counts.nbytes + cols.nbytes + values.nbytes
-    return torch.from_numpy(rows), int(n_bytes)
+    return torch.as_tensor(rows), int(n_bytes)

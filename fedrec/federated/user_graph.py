@@ -39,12 +39,12 @@ def public_graph(train: sp.csr_matrix, public: np.ndarray, sparse_below: float =
     norm.sort_indices()
     n = norm.shape[0]
     if norm.nnz >= sparse_below * max(n * n, 1):
-        return torch.from_numpy(norm.toarray())
+        return torch.as_tensor(norm.toarray())
     with warnings.catch_warnings():  # "sparse CSR support is in beta": products with dense work
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(torch.from_numpy(norm.indptr.astype(np.int64)),
-                                       torch.from_numpy(norm.indices.astype(np.int64)),
-                                       torch.from_numpy(norm.data), size=norm.shape,
+        return torch.sparse_csr_tensor(torch.as_tensor(norm.indptr.astype(np.int64)),
+                                       torch.as_tensor(norm.indices.astype(np.int64)),
+                                       torch.as_tensor(norm.data), size=norm.shape,
                                        check_invariants=True)
 
 

@@ -68,7 +68,7 @@ class AENode:
         return buf.getvalue()
 
     def load_private_state(self, raw: bytes) -> None:
-        self.state.priv = torch.load(io.BytesIO(raw), weights_only=False)["priv"]
+        self.state.priv = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")["priv"]
 
     def hello(self, resume_round: int = 0) -> Payload:
         st = self.state
@@ -104,9 +104,9 @@ class AENode:
         for k, v in upload.items():
             if k in ROW_TABLES:
                 delta = v - payload[k]
-                reply[f"rows.{k}"] = torch.zeros((len(touched), *delta.shape[1:])).index_add_(0, at, delta).numpy()
+                reply[f"rows.{k}"] = torch.zeros((len(touched), *delta.shape[1:])).index_add_(0, at, delta).cpu().numpy()
             else:
-                reply[f"dense.{k}"] = v.sum(0).numpy()
+                reply[f"dense.{k}"] = v.sum(0).cpu().numpy()
         up, down = st.round_bytes(cohort, first_round=False)  # item ids: in the first answer
         reply.update({"n": len(cohort), "loss_sum": stats["loss_sum"],
                       "client_batches": stats["client_batches"], "bytes_up": up, "bytes_down": down,
@@ -134,7 +134,7 @@ class AEServer(ServerBase):
 
     def train_messages(self, r: int) -> dict[int, Payload]:
         messages = {}
-        dense = {f"dense.{k}": v.numpy() for k, v in self.glob.items() if k not in ROW_TABLES}
+        dense = {f"dense.{k}": v.cpu().numpy() for k, v in self.glob.items() if k not in ROW_TABLES}
         for node, clients in self.round_clients(r).items():
             if self.spec.compression:
                 flat, ptr = self.items_of[node]
@@ -145,7 +145,7 @@ class AEServer(ServerBase):
             else:
                 items = np.arange(self.n_items)
             idx = torch.as_tensor(items)
-            rows = {f"rows.{k}": v[idx].numpy() for k, v in self.glob.items() if k in ROW_TABLES}
+            rows = {f"rows.{k}": v[idx].cpu().numpy() for k, v in self.glob.items() if k in ROW_TABLES}
             messages[node] = {"round": r, "clients": wire_ids(clients), "items": wire_ids(items), **rows, **dense}
         return messages
 
@@ -206,8 +206,8 @@ class AEServer(ServerBase):
         return None
 
     def evaluate_message(self) -> Payload:
-        return {**{f"rows.{k}": v.numpy() for k, v in self.glob.items() if k in ROW_TABLES},
-                **{f"dense.{k}": v.numpy() for k, v in self.glob.items() if k not in ROW_TABLES}}
+        return {**{f"rows.{k}": v.cpu().numpy() for k, v in self.glob.items() if k in ROW_TABLES},
+                **{f"dense.{k}": v.cpu().numpy() for k, v in self.glob.items() if k not in ROW_TABLES}}
 
     def model_state(self) -> dict[str, Any]:
         return {"glob": self.glob}

@@ -50,7 +50,7 @@ COUNTS = ("n", "loss_sum", "client_batches", "bytes_up", "bytes_down")
 
 
 def _numpy(v: Any) -> Any:
-    return v.numpy() if isinstance(v, torch.Tensor) else v
+    return v.cpu().numpy() if isinstance(v, torch.Tensor) else v
 
 
 class CIANode:
@@ -78,7 +78,7 @@ class CIANode:
         return buf.getvalue()
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False)
+        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
         self.state._global_filter, self.applied = blob.pop("global_filter"), blob.pop("applied")
         self.state.load_client_state(blob)
 

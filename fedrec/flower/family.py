@@ -61,7 +61,7 @@ class NodeRole:
         return buf.getvalue()
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False)
+        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
         self.state.load_client_state_dict(blob)
 
     def hello(self, resume_round: int = 0) -> Payload:
@@ -74,16 +74,16 @@ class NodeRole:
         holds the sum of their accepted row deltas on the rows they touched."""
         acc = self._train(msg)
         touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
-        reply = {"items": wire_ids(touched.numpy()), "rows": acc.item_sum[touched].numpy(),
+        reply = {"items": wire_ids(touched.cpu().numpy()), "rows": acc.item_sum[touched].cpu().numpy(),
                  **self._counts(acc), **self._want(int(msg["round"]))}
-        reply.update({f"shared.{k}": v.numpy() for k, v in acc.shared_sum.items()})
+        reply.update({f"shared.{k}": v.cpu().numpy() for k, v in acc.shared_sum.items()})
         return reply
 
     def train_secure(self, msg: Payload) -> tuple[list[np.ndarray], Payload]:
         """`train` for secure aggregation: the whole table of row-delta sums (to be masked)
         and the counts (sent in the clear)."""
         acc = self._train(msg)
-        return [acc.item_sum.numpy()], self._counts(acc)
+        return [acc.item_sum.cpu().numpy()], self._counts(acc)
 
     def _train(self, msg: Payload) -> Any:
         r = int(msg["round"])
@@ -158,14 +158,14 @@ class ServerRole(ServerBase):
     def train_messages(self, r: int) -> dict[int, Payload]:
         """Round ``r``'s message to each node holding a sampled client."""
         self.acc = self.state.begin_round(r)
-        shared = {f"shared.{k}": v.numpy() for k, v in self.state.shared.items()}
+        shared = {f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()}
         messages = {}
         for node, clients in self.round_clients(r).items():
             want_round, items = self.want.get(node, (0, None))
             if want_round != r or items is None:  # no request for this round: the whole table
                 items = np.arange(self.n_items)
             messages[node] = {"round": r, "clients": wire_ids(clients), "items": wire_ids(items),
-                              "rows": self.state.items[torch.as_tensor(items)].numpy(), **shared}
+                              "rows": self.state.items[torch.as_tensor(items)].cpu().numpy(), **shared}
         return messages
 
     def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
@@ -259,7 +259,7 @@ class ServerRole(ServerBase):
     def evaluate_message(self) -> Payload:
         st = self.state
         base = st.round_start_items if (st.spec.dual and st.round_start_items is not None) else st.items
-        return {"table": base.numpy(), **{f"shared.{k}": v.numpy() for k, v in st.shared.items()}}
+        return {"table": base.cpu().numpy(), **{f"shared.{k}": v.cpu().numpy() for k, v in st.shared.items()}}
 
     def model_state(self) -> dict[str, Any]:
         return self.state.state_dict()

@@ -55,7 +55,7 @@ class GraphNode(NodeRole):
         return buf.getvalue()
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False)
+        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
         self.state.table, self.state.decay = blob.pop("table"), blob.pop("decay")
         self.state.load_client_state_dict(blob)
 
@@ -86,8 +86,8 @@ class GraphNode(NodeRole):
         owner, items, rows = self.state._flat_uploads()
         trained = np.unique(owner)
         return {"owner": wire_ids(self.data.users[owner]), "items": wire_ids(items),
-                "rows": rows.numpy(), "decay_clients": wire_ids(self.data.users[trained]),
-                "decay": self.state.decay[torch.as_tensor(trained)].numpy(), **self._counts(acc)}
+                "rows": rows.cpu().numpy(), "decay_clients": wire_ids(self.data.users[trained]),
+                "decay": self.state.decay[torch.as_tensor(trained)].cpu().numpy(), **self._counts(acc)}
 
 
 class GraphServer(ServerRole):
@@ -117,9 +117,9 @@ class GraphServer(ServerRole):
         st, messages = self.state, {}
         for node, clients in self.round_clients(r).items():
             tabled = clients[st.dense_of[clients] >= 0] if st.table is not None else clients[:0]
-            tables = (st.table[torch.as_tensor(st.dense_of[tabled])].numpy() if len(tabled)
+            tables = (st.table[torch.as_tensor(st.dense_of[tabled])].cpu().numpy() if len(tabled)
                       else np.zeros((0, self.n_items, st.graph.dim), np.float32))
-            messages[node] = {"round": r, "clients": wire_ids(clients), "rows": st.items.numpy(),
+            messages[node] = {"round": r, "clients": wire_ids(clients), "rows": st.items.cpu().numpy(),
                               "table_clients": wire_ids(tabled), "tables": tables}
         return messages
 
@@ -175,7 +175,7 @@ class GraphServer(ServerRole):
         return None
 
     def evaluate_message(self) -> Payload:
-        return {"table": self.state.items.numpy()}
+        return {"table": self.state.items.cpu().numpy()}
 
 
 

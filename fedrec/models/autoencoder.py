@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.device import here
+
 ROW_TABLES = ("enc.in", "dec.out", "dec.out.b")
 
 
@@ -76,7 +78,7 @@ def init_params(n_items: int, hidden: tuple[int, ...], norm: bool,
 
 def _xavier(shape: tuple[int, ...], fan_in: int, fan_out: int, gen: torch.Generator) -> torch.Tensor:
     bound = math.sqrt(6.0 / (fan_in + fan_out))
-    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    return (here(torch.rand(shape, generator=gen, device="cpu")) * 2 - 1) * bound
 
 
 def _activate(h: torch.Tensor, p: dict[str, torch.Tensor], name: str, A: int) -> torch.Tensor:

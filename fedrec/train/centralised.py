@@ -68,7 +68,7 @@ class CentralisedModel(Trainable):
         config, device = self.config, self.config.device
         u_all, i_all, y_all = _epoch_samples(self.split, *self.pairs, config.negatives,
                                              self.rating_task, self.rng)
-        perm = torch.randperm(len(u_all), generator=self.gen)
+        perm = torch.randperm(len(u_all), generator=self.gen, device="cpu")
         u_t = torch.as_tensor(u_all)[perm].to(device)
         i_t = torch.as_tensor(i_all)[perm].to(device)
         y_t = torch.as_tensor(y_all)[perm].to(device)

@@ -1,0 +1,51 @@
+"""The run's device: every tensor an algorithm creates lives there.
+
+Algorithms are written device-generic rather than passing a device to each call: a factory call
+without ``device=`` follows PyTorch's default device, which a run sets for its duration with
+`on(device)` (PyTorch's ``torch.device`` context manager; a CPU run sets nothing and pays no
+overhead). Three rules keep the code so, checked over the whole package by
+``tests/test_device.py``:
+
+* no ``torch.from_numpy`` outside the data layer (it always makes a CPU tensor): ``torch.as_tensor``
+  follows the default device (and shares memory on the CPU as ``from_numpy`` does);
+* a tensor leaves for numpy with ``.cpu().numpy()`` (a no-op on the CPU);
+* seeded draws are made on the CPU (``device="cpu"`` with a CPU generator) and moved with
+  `here`, so a seed gives the same values on every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from fedrec.errors import FedrecError
+
+
+def check(device: str) -> str:
+    """``device`` if this machine has it, else one clear error."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise FedrecError(f"--device {device} is not a device name (cpu, cuda, cuda:1, ...)") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FedrecError(f"--device {device} was asked for, but this PyTorch build sees no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise FedrecError(f"--device {device}: fedrec runs on cpu or cuda")
+    return device
+
+
+@contextmanager
+def on(device: str) -> Iterator[None]:
+    """Make ``device`` the default device of tensor factories for the block."""
+    if torch.device(device).type == "cpu":
+        yield
+        return
+    with torch.device(device):
+        yield
+
+
+def here(t: torch.Tensor) -> torch.Tensor:
+    """A CPU draw moved to the run's device (the default device: see `on`)."""
+    return t.to(torch.get_default_device())

@@ -1,0 +1,102 @@
+"""Device-aware state: nothing outside the data layer assumes CPU tensors.
+
+Algorithms are device-generic (`fedrec.core.device`): tensor factories follow the run's default
+device, draws are made on the CPU and moved, tensors leave for numpy through ``.cpu()``. The
+rules are checked over every module of the package, so code a CPU run never reaches is held to
+them too; where CUDA is present, every registered algorithm runs there and must end with its
+CPU figures.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import fedrec
+from fedrec.core.device import check, here, on
+from fedrec.errors import FedrecError
+
+PACKAGE = Path(fedrec.__file__).parent
+#: numpy and scipy only (the data path stays on the host), and Flower's own Array type
+EXEMPT = {PACKAGE / "data", PACKAGE / "flower" / "records.py"}
+
+
+def _violations(path: Path, base: Path = PACKAGE) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        f, where = node.func, f"{path.relative_to(base)}:{node.lineno}"
+        keywords = {k.arg for k in node.keywords}
+        if isinstance(f.value, ast.Name) and f.value.id == "torch" and f.attr == "from_numpy":
+            out.append(f"{where}: torch.from_numpy makes a CPU tensor (use torch.as_tensor)")
+        if f.attr == "numpy" and not (isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Attribute)
+                                      and f.value.func.attr == "cpu"):
+            out.append(f"{where}: .numpy() without .cpu() fails on a GPU tensor")
+        # torch.randn(..., generator=g) or torch.empty(...).exponential_(generator=g)
+        made = node if isinstance(f.value, ast.Name) else f.value
+        if "generator" in keywords and not (isinstance(made, ast.Call)
+                                            and "device" in {k.arg for k in made.keywords}):
+            out.append(f"{where}: a seeded draw without device='cpu' fails on a GPU default device")
+    return out
+
+
+def test_no_module_assumes_cpu_tensors() -> None:
+    files = [p for p in PACKAGE.rglob("*.py") if not any(p == e or e in p.parents for e in EXEMPT)]
+    assert len(files) > 50
+    problems = [v for p in files for v in _violations(p)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_rules_catch_what_they_name(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nx = torch.from_numpy(a)\ny = x.numpy()\nz = torch.randn(3, generator=g)\n"
+                   "ok = x.cpu().numpy(), torch.randn(3, generator=g, device='cpu')\n")
+    found = _violations(bad, tmp_path)
+    assert [v.split(":")[1] for v in found] == ["2", "3", "4"]
+
+
+def test_cpu_runs_set_no_default_device_and_draws_stay_put() -> None:
+    with on("cpu"):
+        assert torch.get_default_device().type == "cpu"
+        t = torch.randn(3, generator=torch.Generator().manual_seed(0), device="cpu")
+        assert here(t) is t
+
+
+@pytest.mark.parametrize("name", ["cuda:x", "tpu"])
+def test_a_device_fedrec_cannot_use_is_one_clear_error(name: str) -> None:
+    with pytest.raises(FedrecError, match="--device"):
+        check(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_cuda_without_cuda_is_one_clear_error() -> None:
+    from fedrec.experiment import RunConfig, train
+
+    cfg = RunConfig("pfedrec", dataset="synthetic:40x60")
+    cfg.federated.device = "cuda"
+    with pytest.raises(FedrecError, match="sees no CUDA device"):
+        train(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(__import__("fedrec.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS))
+def test_cuda_ends_with_the_cpu_figures(name: str) -> None:
+    """Every registered algorithm, a few rounds on CUDA, equal to the CPU within float
+    tolerance (the same keyed draws on both devices)."""
+    from test_contract import config
+
+    from fedrec.experiment import train
+
+    cpu = config(name, rounds=2)
+    cuda = replace(cpu, federated=replace(cpu.federated, device="cuda"),
+                   train=replace(cpu.train, device="cuda"))
+    a, b = train(cpu).result, train(cuda).result
+    for x, y in zip(a.history, b.history, strict=True):
+        assert y.valid == pytest.approx(x.valid, rel=1e-3, abs=1e-4), x.round
+    assert b.test == pytest.approx(a.test, rel=1e-3, abs=1e-4)
