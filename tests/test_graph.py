@@ -23,14 +23,10 @@ from fedrec.errors import FedrecError
 from fedrec.federated import graph as graph_module
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.federated.graph import (
-    GraphSpec,
-    GraphState,
-    neighbour_graph,
-    public_graph,
-    public_users,
-)
+from fedrec.federated.graph import GraphState
+from fedrec.federated.graph_spec import GraphSpec
 from fedrec.federated.upload import UploadPath
+from fedrec.federated.user_graph import neighbour_graph, public_graph, public_users
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from fedrec.data import parsers as P
 from fedrec.data.interactions import Interactions
+from fedrec.data.tables import read_table
 from fedrec.errors import DataFormatError, FedrecError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -162,7 +164,7 @@ def test_fedcia_split_returns_split_and_client() -> None:
 
 
 def test_generic_csv_by_header_names() -> None:
-    data = P.read_table(FIXTURES / "generic" / "ratings.csv", "uid", "iid", "score", "ts")
+    data = read_table(FIXTURES / "generic" / "ratings.csv", "uid", "iid", "score", "ts")
     assert data.user_ids.tolist() == ["u1", "u2"] and data.item_ids.tolist() == ["i1", "i2"]
     assert data.ratings.tolist() == [4.5, 3.0, 5.0] and data.timestamps.tolist() == [100, 200, 300]
     assert not data.implicit
@@ -170,17 +172,17 @@ def test_generic_csv_by_header_names() -> None:
 
 def test_generic_tsv_typed_header_implicit() -> None:
     path = FIXTURES / "generic" / "ratings.tsv"
-    data = P.read_table(path, "user", "item", time_col="ts")
+    data = read_table(path, "user", "item", time_col="ts")
     assert data.implicit and data.ratings.tolist() == [1, 1, 1]
     assert data.user_ids.tolist() == [7, 8] and data.item_ids.tolist() == [10, 11]
     assert data.timestamps.tolist() == [1000, 2000, 3000]
-    assert _events(P.read_table(path, "user:token", "item:token", time_col="ts:float")) == _events(
+    assert _events(read_table(path, "user:token", "item:token", time_col="ts:float")) == _events(
         data
     )
 
 
 def test_generic_positions_without_header() -> None:
-    data = P.read_table(FIXTURES / "generic" / "noheader.txt", 0, 1, 2, sep=";", header=False)
+    data = read_table(FIXTURES / "generic" / "noheader.txt", 0, 1, 2, sep=";", header=False)
     assert _events(data) == [(7, 10, 4.0, 0), (8, 10, 2.0, 1)]
 
 
@@ -189,33 +191,33 @@ def test_generic_parquet(tmp_path: Path) -> None:
     pd.DataFrame(
         {"u": ["a", "b", "a"], "i": [10, 10, 11], "r": [1.5, 2.0, 3.0], "t": [5, 6, 7]}
     ).to_parquet(path)
-    data = P.read_table(path, "u", "i", "r", "t")
+    data = read_table(path, "u", "i", "r", "t")
     assert _events(data) == [("a", 10, 1.5, 5), ("b", 10, 2.0, 6), ("a", 11, 3.0, 7)]
     bad = tmp_path / "bad.parquet"
     pd.DataFrame({"u": ["a", "b"], "i": [1, 2], "r": ["4", "five"]}).to_parquet(bad)
     with pytest.raises(DataFormatError, match=r"row 2: r 'five' is not a finite number"):
-        P.read_table(bad, "u", "i", "r")
+        read_table(bad, "u", "i", "r")
 
 
 def test_generic_parquet_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "events.parquet"
     path.write_bytes(b"PAR1")
-    real = P.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        P.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *a: None if name == "pyarrow" else real(name, *a),
     )
     with pytest.raises(FedrecError, match=r"needs the optional pyarrow"):
-        P.read_table(path, "u", "i")
+        read_table(path, "u", "i")
 
 
 def test_generic_unknown_column_and_format() -> None:
     with pytest.raises(DataFormatError, match=r"no column 'user'") as err:
-        P.read_table(FIXTURES / "generic" / "ratings.csv", "user", "iid")
+        read_table(FIXTURES / "generic" / "ratings.csv", "user", "iid")
     assert err.value.line == 1
     with pytest.raises(FedrecError, match=r"cannot tell the format"):
-        P.read_table(FIXTURES / "ml-100k" / "u.data", "a", "b")
+        read_table(FIXTURES / "ml-100k" / "u.data", "a", "b")
 
 
 MALFORMED_CASES: list[tuple[str, Callable[..., Interactions], int, str]] = [
@@ -259,7 +261,7 @@ def test_malformed_names_file_and_line(
 def test_generic_reader_bad_value_line() -> None:
     path = MALFORMED / "bad_score.csv"
     with pytest.raises(DataFormatError, match=r"score 'n/a' is not a number") as err:
-        P.read_table(path, "uid", "iid", "score")
+        read_table(path, "uid", "iid", "score")
     assert err.value.line == 3
 
 

@@ -17,14 +17,14 @@ import requests
 from typer.testing import CliRunner
 
 from fedrec.cli import data as cli
-from fedrec.data import parsers, registry
+from fedrec.data import fetch, parsers, registry
 from fedrec.errors import FedrecError, UnknownNameError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 U_DATA = FIXTURES / "ml-100k" / "u.data"
 INTER = FIXTURES / "ml-100k" / "ml-100k.inter"
 WHEEL_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
-REAL_PIP_DOWNLOAD = registry.pip_download  # the autouse fixture replaces it with a failure
+REAL_PIP_DOWNLOAD = fetch.pip_download  # the autouse fixture replaces it with a failure
 
 
 def _sha256(data: bytes) -> str:
@@ -50,10 +50,10 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         raise requests.exceptions.ConnectionError("NameResolutionError: offline in tests")
 
     def no_pip(requirement: str, dest: Path) -> Path:
-        raise registry._SourceFailed("pip download failed: offline in tests")
+        raise fetch.SourceFailed("pip download failed: offline in tests")
 
-    monkeypatch.setattr(registry, "_downloader", lambda: no_network)
-    monkeypatch.setattr(registry, "pip_download", no_pip)
+    monkeypatch.setattr(fetch, "_downloader", lambda: no_network)
+    monkeypatch.setattr(fetch, "pip_download", no_pip)
     return cache
 
 
@@ -183,7 +183,7 @@ def _serve(monkeypatch: pytest.MonkeyPatch, payload: bytes, calls: list[str]) ->
         calls.append(url)
         Path(output_file).write_bytes(payload)
 
-    monkeypatch.setattr(registry, "_downloader", lambda: fake_download)
+    monkeypatch.setattr(fetch, "_downloader", lambda: fake_download)
 
 
 def _zip_spec(checksum: str | None) -> registry.DatasetSpec:
@@ -276,7 +276,7 @@ def _fake_pip(monkeypatch: pytest.MonkeyPatch, wheel: bytes, calls: list[str]) -
         path.write_bytes(wheel)
         return path
 
-    monkeypatch.setattr(registry, "pip_download", fake)
+    monkeypatch.setattr(fetch, "pip_download", fake)
 
 
 def test_wheel_mirror_extracts_and_verifies(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,7 +360,7 @@ def test_pip_download_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         (Path(command[command.index("-d") + 1]) / "pkg-1.0-py3-none-any.whl").write_bytes(b"x")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
     wheel = REAL_PIP_DOWNLOAD("recbole==1.2.1", tmp_path)
     assert wheel.name == "pkg-1.0-py3-none-any.whl"
     command = seen[0]
@@ -370,8 +370,8 @@ def test_pip_download_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     def failing_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution\n")
 
-    monkeypatch.setattr(registry.subprocess, "run", failing_run)
-    with pytest.raises(registry._SourceFailed, match=r"No matching distribution"):
+    monkeypatch.setattr(fetch.subprocess, "run", failing_run)
+    with pytest.raises(fetch.SourceFailed, match=r"No matching distribution"):
         REAL_PIP_DOWNLOAD("recbole==1.2.1", tmp_path / "empty")
 
 

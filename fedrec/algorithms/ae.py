@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.autoencoder import AESpec
+from fedrec.federated.ae_spec import AESpec
 from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.graph import GraphSpec
+from fedrec.federated.graph_spec import GraphSpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 

@@ -1,0 +1,88 @@
+"""The options of the rating autoencoders: PersonalFR, FedAvg of the autoencoder, the Joint
+model (see `fedrec.federated.autoencoder` for the method)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedrec.errors import FedrecError
+from fedrec.options import check
+from fedrec.partition import GROUPINGS, Partition, clients_of
+from fedrec.protocols.protocol import Split
+
+SHARES = ("decoder", "all")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class AESpec:
+    """An autoencoder run; ``clients`` = 0 is one user per client, 1 the Joint model.
+
+    ``weight_decay`` None means the paper's 5e-4 with SGD and none with Adam. ``clip`` bounds
+    the gradient norm of each client's step (0: no clipping; the official code clips at 1).
+    """
+
+    share: str = "decoder"
+    clients: int = 100
+    grouping: str = "random"
+    hidden: tuple[int, ...] = (256, 128)
+    dropout: float = 0.5
+    norm: bool = True
+    compression: bool = True
+    optimizer: str = "adam"
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float | None = None
+    clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(
+            (self.share not in SHARES, f"share must be one of {SHARES}"),
+            (self.optimizer not in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}"),
+            (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
+            (self.clients < 0, "clients must be >= 0 (0: one user per client)"),
+            (len(self.hidden) < 2 or min(self.hidden) < 1, "hidden needs two or more sizes >= 1"),
+            (not 0 <= self.dropout < 1, "dropout must be in [0, 1)"),
+            (self.clip < 0 or self.decay < 0, "clip and weight_decay must be >= 0"),
+            (self.optimizer == "adam" and self.decay > 0 and not self.compression,
+             "Adam with weight decay moves rows a client never trained; use compression or SGD"),
+        )
+
+    @property
+    def decay(self) -> float:
+        if self.weight_decay is None:
+            return 5e-4 if self.optimizer == "sgd" else 0.0
+        return self.weight_decay
+
+    def private(self, name: str) -> bool:
+        """Whether a parameter stays on the client (PersonalFR: the encoder)."""
+        return self.share == "decoder" and name.startswith("enc.")
+
+    def partition(self, n_users: int, seed: int) -> Partition:
+        return clients_of(n_users, self.clients, self.grouping, seed)
+
+    def flower_roles(self) -> tuple[type, type]:
+        """A node holds a block of autoencoder clients; the server applies Equation 5."""
+        from fedrec.flower.autoencoder import AENode, AEServer
+
+        return AENode, AEServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if self.clients == 1:
+            return "the Joint autoencoder (one client) has nothing to federate"
+        if self.optimizer == "sgd" and self.decay > 0 and not self.compression:
+            return ("the Flower app does not send the whole decoder with weight decay (rows a "
+                    "client never trained would decay); use compression or Adam")
+        if secure:
+            return "secure aggregation sums item tables only; the autoencoders average shared weights"
+        return None
+
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> Any:
+        """The federated algorithm the round driver trains."""
+        if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
+            raise FedrecError("the autoencoder runs take no upload noise or clipping options")
+        from fedrec.federated.ae_algorithm import AEAlgorithm
+        from fedrec.federated.autoencoder import AEState
+
+        return AEAlgorithm(AEState(self, split, self.partition(split.n_users, seed), seed), cfg)

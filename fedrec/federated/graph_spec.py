@@ -1,0 +1,90 @@
+"""The options of GPFedRec and GFed-PP (see `fedrec.federated.graph` for the methods)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedrec.federated.family import FamilySpec
+from fedrec.options import check
+
+if TYPE_CHECKING:
+    from fedrec.federated.graph import GraphState
+
+METHODS = ("gpfedrec", "gfedpp")
+SIMILARITIES = ("cosine", "legacy-distance")
+ABLATIONS = ("none", "iei", "ugc", "upie")
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A GPFedRec or GFed-PP configuration (see the module docstring)."""
+
+    method: str = "gfedpp"
+    dim: int = 32
+    layers: tuple[int, ...] = (32, 16, 8)
+    user_lr_scale: float = 79.0
+    reg: float = 1.0
+    similarity: str = "cosine"
+    threshold: float = 1.0
+    mp_layers: int = 1
+    public_ratio: float = 1.0
+    alpha: float = 0.5
+    gcn_layers: int = 1
+    ablation: str = "none"
+
+    def __post_init__(self) -> None:
+        check(
+            (self.method not in METHODS, f"unknown graph method '{self.method}'; known: {', '.join(METHODS)}"),
+            (self.similarity not in SIMILARITIES, f"similarity must be one of {', '.join(SIMILARITIES)}"),
+            (self.ablation not in ABLATIONS, f"ablation must be one of {', '.join(ABLATIONS)}"),
+            (not (0.0 <= self.public_ratio <= 1.0), "public_ratio must be in [0, 1]"),
+            (not (0.0 <= self.alpha <= 1.0), "alpha must be in [0, 1]"),
+            (not (1 <= self.gcn_layers <= 4 and self.mp_layers >= 1), "gcn_layers must be in 1..4, mp_layers >= 1"),
+            (not (self.reg >= 0 and self.user_lr_scale > 0), "reg must be >= 0 and user_lr_scale > 0"),
+        )
+
+    @property
+    def family(self) -> FamilySpec:
+        """The local model: private user vector and MLP score function (the item family's ``mlp``)."""
+        return FamilySpec(score="mlp", private_score=True, dual=False, dim=self.dim, layers=self.layers)
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.family.bytes_per_sample
+
+    @property
+    def gpfedrec(self) -> bool:
+        return self.method == "gpfedrec"
+
+    def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
+        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
+        from fedrec.federated.algorithm import CohortAlgorithm
+
+        return CohortAlgorithm(self, split, cfg, seed)
+
+    def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+                     item_std: float, seed: int, train: sp.csr_matrix | None = None,
+                     client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
+        """The state of every client (simulator, server), or of ``client_ids`` out of
+        ``n_total`` (a Flower node: no graph, its clients' public flags)."""
+        from fedrec.federated.graph import GraphState
+
+        return GraphState.create_graph(self, n_clients, n_items, lr=lr, lr_item=lr_item,
+                                       item_std=item_std, seed=seed, train=train,
+                                       client_ids=client_ids, n_total=n_total)
+
+    def flower_roles(self) -> tuple[type, type]:
+        """A node trains its clients from the tables the server sends each; the server keeps
+        every client's uploaded rows and runs the graph step (`fedrec.flower.graph`)."""
+        from fedrec.flower.graph import GraphNode, GraphServer
+
+        return GraphNode, GraphServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "the graph step needs each client's table, not a secure sum"
+        return None
