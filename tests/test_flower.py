@@ -265,3 +265,33 @@ def test_fedcia_nodes_noise_their_own_similarities() -> None:
     noise = sums[b] - sums[0.0]
     assert abs(noise.mean()) < 0.01
     assert noise.var() == pytest.approx(6 * 2 * b * b, rel=0.05)
+
+
+@pytest.mark.parametrize("alg", ["gpfedrec", "gfedpp"])
+def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
+    """Under --ldp a GPFedRec/GFed-PP node uploads each client's whole table (start + trained
+    rows) with Laplace(b) noise on every entry, drawn on the node; the server adds none."""
+    from fedrec.flower.roles import node_role, server_role, wire
+
+    b = 0.05
+    sent = {}
+    for ldp in (0.0, b):
+        run = _run(alg, rounds=1, ldp=ldp, model={"dim": 32})
+        split = prepare_split(run)
+        nodes = {i: node_role(run, i, 3, split) for i in range(3)}
+        server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+        assert server.path.ldp == 0.0
+        replies = {i: nodes[i].train(wire(m)) for i, m in server.train_messages(1).items()}
+        tables = {i: nodes[i].state.whole_tables().numpy() for i in nodes}
+        sent[ldp] = (replies, tables)
+    replies, _ = sent[b]
+    _, clean = sent[0.0]
+    for i, reply in replies.items():
+        n, m, d = clean[i].shape
+        rows = np.asarray(reply["rows"])
+        assert rows.shape == (n * m, d)  # every row of every client's table
+        noise = rows.reshape(n, m, d) - clean[i]
+        assert abs(noise.mean()) < 0.01
+        assert noise.var() == pytest.approx(2 * b * b, rel=0.1)
+    out = run_in_process(_run(alg, rounds=2, ldp=b, model={"dim": 32}), 3).out  # the server's graph step takes them
+    assert len(out.history) == 2 and all(np.isfinite(list(h.valid.values())).all() for h in out.history)

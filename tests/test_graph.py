@@ -318,10 +318,14 @@ def test_gfedpp_learns_through_the_cli_and_records_its_graph(tmp_path: Any, caps
     mean = (90 * groups["public"]["hr@10"] + 60 * groups["private"]["hr@10"]) / 150
     assert mean == pytest.approx(result["test"]["hr@10"])
 
-    argv = ["run", "gpfedrec", "--dataset", "synthetic:150x400", "--rounds", "2", "--dim", "8",
+    argv = ["run", "gpfedrec", "--dataset", "synthetic:150x400", "--rounds", "2", "--dim", "32",
             "--set", "similarity=legacy-distance", "--out", str(out), "-q"]
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 0, capsys.readouterr().err
     extra = json.loads(out.read_text())["history"][1]["extra"]
     assert extra["neighbour_similarity"] < extra["other_similarity"]  # the official graph's fault
+    # at dim 8 the default rates' MSE pull (lr_item x reg x 2 / (items x dim) = 2) overshoots
+    with pytest.raises(SystemExit) as done:
+        main([*argv[:6], "--dim", "8", *argv[8:]])
+    assert done.value.code != 0 and "overshoots" in capsys.readouterr().err

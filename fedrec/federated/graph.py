@@ -99,6 +99,11 @@ class GraphState(FamilyState):
     def create_graph(graph: GraphSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: sp.csr_matrix | None,
                      client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
+        kappa = lr_item * graph.reg * 2.0 / (n_items * graph.dim)
+        if graph.gpfedrec and kappa >= 1.0:
+            raise FedrecError(f"GPFedRec's MSE pull moves each row by {kappa:.3g} of its distance to "
+                              "p_i a step (item lr x reg x 2 / (items x dim)), which overshoots: "
+                              "lower --lr, --item-lr-scale or reg, or raise dim")
         base = FamilyState.create(graph.family, n_clients, n_items, lr=lr, lr_item=lr_item,
                                   item_std=item_std, seed=seed, client_ids=client_ids)
         # every client starts from the same model (client 0's draw), as the official code's
@@ -310,6 +315,14 @@ class GraphState(FamilyState):
                 q.mul_(c).add_(self.table[:, a:b] * (1 - c))
             else:
                 q[dense] = self.table[:, a:b]
+        return q
+
+    def whole_tables(self) -> torch.Tensor:
+        """Every client's table after its training, ``(n, items, dim)``: its start (as
+        `_base_block` rebuilds it) with the rows it trained; what it uploads under LDP."""
+        q = self._base_block(0, self.n_items)
+        owner, items, rows = self._flat_uploads()
+        q[torch.as_tensor(owner), torch.as_tensor(items)] = rows
         return q
 
     def _flat_uploads(self) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:

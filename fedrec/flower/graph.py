@@ -13,8 +13,9 @@
 
 Nodes hold their clients' state exactly as the simulator does, so an in-process deployment ends
 with the simulator's figures (tested). The personalised tables make the train messages large
-(a table per client). Under `--ldp` the noise of each upload is drawn by the server's graph
-step, as in the simulator, not on the nodes: moving it there is left to do.
+(a table per client). Under `--ldp` each node adds the Laplace noise to its clients' whole
+tables before they leave and the server adds none; the simulator draws the same noise in its
+graph step (equal in distribution, tested).
 """
 
 from __future__ import annotations
@@ -81,10 +82,20 @@ class GraphNode(NodeRole):
         return acc
 
     def train(self, msg: Payload) -> Payload:
-        """Each trained client's uploaded rows, by client id, and GPFedRec's pull factors."""
+        """Each trained client's uploaded rows, by client id, and GPFedRec's pull factors. Under
+        ``--ldp`` each client uploads its whole table with Laplace noise drawn here (noise on
+        its touched rows alone would reveal them): every (client, item) row."""
         acc = self._train(msg)
         owner, items, rows = self.state._flat_uploads()
         trained = np.unique(owner)
+        if self.path.ldp > 0:
+            tables = self.state.whole_tables()
+            gen = torch.Generator().manual_seed(int(np.random.default_rng().integers(2**62)))
+            e = torch.empty((2, *tables.shape), device="cpu").exponential_(generator=gen)
+            tables += self.path.ldp * (e[0] - e[1])
+            m = self.data.n_items
+            owner, items = np.repeat(np.arange(len(tables)), m), np.tile(np.arange(m), len(tables))
+            rows = tables.reshape(-1, tables.shape[-1])
         return {"owner": wire_ids(self.data.users[owner]), "items": wire_ids(items),
                 "rows": rows.cpu().numpy(), "decay_clients": wire_ids(self.data.users[trained]),
                 "decay": self.state.decay[torch.as_tensor(trained)].cpu().numpy(), **self._counts(acc)}
@@ -99,7 +110,7 @@ class GraphServer(ServerRole):
         self.state = self.spec.create_state(
             self.n_clients, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
             item_std=self.cfg.item_std, seed=run.seed, train=self._public_interactions(hellos))
-        self.path = self.cfg.upload_path(self.lr_item)
+        self.path = self.cfg.upload_path(self.lr_item).noiseless  # the nodes noise the uploads
         self.want, self.acc = {}, None
 
     def _public_interactions(self, hellos: dict[int, Payload]) -> sp.csr_matrix:
