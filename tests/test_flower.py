@@ -295,3 +295,22 @@ def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
         assert noise.var() == pytest.approx(2 * b * b, rel=0.1)
     out = run_in_process(_run(alg, rounds=2, ldp=b, model={"dim": 32}), 3).out  # the server's graph step takes them
     assert len(out.history) == 2 and all(np.isfinite(list(h.valid.values())).all() for h in out.history)
+
+
+@pytest.mark.parametrize(("alg", "engine"), [
+    ("fedcia", {"model": {"clients": 2, "finetune_steps": 5}, "protocol": "ratio-full"}),
+    ("personalfr", {"model": {**AE, "clients": 2}, "protocol": "ratio-rating"}),
+])
+def test_a_node_without_clients_is_harmless(alg: str, engine: dict[str, Any]) -> None:
+    """Three nodes for two grouped clients: the third holds none, answers with no figures."""
+    run = _run(alg, rounds=2, **engine)
+    _same_outcome(run_in_process(run, 3).out, _simulate(run))
+
+
+def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
+    """Every federated algorithm runs on Flower except the centralised baselines the papers
+    train under the federated engine (one client holding every user, or one server)."""
+    from fedrec.algorithms import ALGORITHMS
+
+    off = {n: a for n, a in ALGORITHMS.items() if a.kind == "federated" and not a.flower}
+    assert off and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in off.values())

@@ -57,7 +57,7 @@ class AENode:
         local_client = np.searchsorted(self.clients, everyone.client_of_user[users])
         view = SimpleNamespace(train=split.train[users], n_users=len(users), n_items=split.n_items,
                                protocol=split.protocol)
-        self.state = AEState(self.spec, view, Partition(local_client, len(self.clients)),  # type: ignore[arg-type]
+        self.state = AEState(self.spec, view, Partition(local_client, max(len(self.clients), 1)),  # type: ignore[arg-type]
                              run.seed, client_ids=self.clients)
         data = NodeData.of(split, users)
         self.valid, self.test, self.protocol = data.valid, data.test, split.protocol

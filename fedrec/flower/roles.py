@@ -58,12 +58,10 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     alg = get_algorithm(run.algorithm)
     if alg.kind != "federated":
         raise FedrecError(f"'{run.algorithm}' is centralised: there is nothing to deploy")
-    if not alg.flower:
-        from fedrec.algorithms import ALGORITHMS
-
-        names = ", ".join(n for n, a in ALGORITHMS.items() if a.flower)
-        raise FedrecError(f"the Flower app runs {names} so far; '{run.algorithm}' runs in the "
-                          "simulator only (`fedrec run`)")
+    if not alg.flower:  # the papers' centralised baselines under federated names (tested)
+        raise FedrecError(f"'{run.algorithm}' is a centralised baseline (one client or one server "
+                          "holds every user): there is nothing to deploy; it runs in the simulator "
+                          "only (`fedrec run`)")
     ranking = get_protocol(run.protocol).ranking
     if ranking not in alg.rankings:
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
@@ -128,6 +126,9 @@ def stage_metrics(scorer: Any, valid: EvalSet, test: EvalSet, protocol: Protocol
     users and, for RMSE, of rated entries, so the server can average over all nodes."""
     out: Payload = {}
     for name, stage in (("valid", valid), ("test", test)):
+        if not len(stage.users):  # a node whose clients hold no user of this stage
+            out[f"{name}.users"] = 0.0
+            continue
         for k, v in evaluate(scorer, stage, protocol).items():
             out[f"{name}.{k}"] = float(v)
         if protocol.ranking == "rating":
