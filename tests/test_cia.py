@@ -17,7 +17,9 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
-from fedrec.federated.cia import CIASpec, CIAState, finetune
+from fedrec.federated.cia import CIAState
+from fedrec.federated.cia_spec import CIASpec
+from fedrec.federated.similarity import finetune
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.stack import ClientStack
 from fedrec.federated.upload import UploadPath
@@ -335,3 +337,66 @@ def test_cli_run_keeps_the_algorithms_own_defaults(tmp_path) -> None:  # type: i
     assert config["federated"]["negatives"] == engine["negatives"] == 1
     assert config["federated"]["patience"] == engine["patience"] == 10
     assert config["federated"]["rounds"] == 2
+
+
+def _decoded(u) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """A kept upload as the server decodes it: the client's similarity or filter block."""
+    t = u.tensors
+    if "p" in t:
+        return (t["p"].double() * t["lam"].double()) @ t["p"].double().T
+    if "u" in t:
+        return (t["u"].double() * t["s"].double()) @ t["vt"].double()
+    return (t.get("similarity", t.get("filter"))).double()
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"upload_rank": 2}, {"scope": "local"}, {"scope": "local", "upload_rank": 2},
+    {"models": (("gfcf", 1),), "filter_rank": 2}, {"models": (("gfcf", 1),), "filter_rank": 2, "upload_rank": 3},
+])
+def test_kept_uploads_are_each_clients_own_and_sum_to_the_round(split: Split, kw: dict) -> None:
+    state = _state(split, **kw)
+    folded = state.client_sums(UploadPath(), np.random.default_rng(0))
+    keep: list = []
+    _state(split, **kw).client_sums(UploadPath(), np.random.default_rng(0), keep)
+    assert sorted(u.client for u in keep) == list(range(5))
+    m = split.n_items
+    total = torch.zeros(m, m, dtype=torch.float64)
+    for u in keep:
+        idx = torch.as_tensor(u.items)
+        total[idx[:, None], idx[None, :]] += _decoded(u)
+    want = folded.get("similarity", folded.get("filter"))
+    torch.testing.assert_close(total, torch.as_tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    if not kw:  # a dense similarity upload is E_k E_kᵀ, and only the client's
+        for stack in state.stacks:
+            for c, client in enumerate(stack.clients):
+                e = stack.params["item"][c].double()
+                mine = next(u for u in keep if u.client == client)
+                torch.testing.assert_close(mine.tensors["similarity"].double(), e @ e.T, rtol=1e-5, atol=1e-5)
+
+
+def test_kept_waa_uploads_are_each_clients_parameters(split: Split) -> None:
+    state = _state(split, models=(("mf", 3), ("mlp", 3)), aggregation="waa")
+    keep: list = []
+    state.client_sums(UploadPath(), np.random.default_rng(0), keep)
+    assert sorted(u.client for u in keep) == list(range(5))
+    for stack in state.stacks:
+        for c, client in enumerate(stack.clients):
+            mine = next(u for u in keep if u.client == client)
+            assert set(mine.tensors) == set(stack.shared_names())  # never the user vectors
+            for k, v in mine.tensors.items():
+                assert torch.equal(v, stack.params[k][c])
+
+
+def test_a_run_keeping_uploads_ends_as_one_that_folds_them(small_data) -> None:  # type: ignore[no-untyped-def]
+    from fedrec.core.driver import run_rounds
+
+    split = make_split(small_data, "ratio-full", seed=0)
+    cfg = FederatedConfig(rounds=2, batch_size=64, negatives=1, lr=0.05)
+    spec = CIASpec(models=(("mf", 8),), clients=6, finetune_steps=10)
+    outs = []
+    for keep in (False, True):
+        alg = spec.algorithm(split, cfg, 0)
+        alg.keep_uploads = keep
+        outs.append(run_rounds(alg, split, rounds=2))
+    for kept, folded in zip(outs[1].history, outs[0].history, strict=True):
+        assert kept.valid == pytest.approx(folded.valid, rel=1e-5)

@@ -159,3 +159,26 @@ def test_flower_in_process_equals_the_simulator(name: str) -> None:
         assert x.loss == pytest.approx(y.loss, rel=1e-5)
     assert got.best_round == sim.best_round
     assert got.test == pytest.approx(sim.test, rel=1e-6)
+
+
+FEDERATED = [n for n in NAMES if get_algorithm(n).kind == "federated"]
+
+
+@pytest.mark.parametrize("name", FEDERATED)
+def test_each_clients_upload_can_be_kept(name: str) -> None:
+    """Asked to (`keep_uploads`), every federated algorithm hands over each client's own upload
+    of the round, for robust aggregators, attacks and audits to look at."""
+    from fedrec.experiment import build_trainable, prepare_split
+
+    cfg = config(name, rounds=1)
+    split = prepare_split(cfg)
+    _, algorithm = build_trainable(cfg, split)
+    algorithm.keep_uploads = True
+    plan = algorithm.plan(1)
+    algorithm.begin_round(plan)
+    uploads = algorithm.local_update(plan)
+    assert uploads.per_client is not None
+    clients = [u.client for u in uploads.per_client]
+    assert len(clients) == len(set(clients)) and set(clients) <= set(plan.clients.tolist())
+    if uploads.bytes_up:  # everything but independent clients (no aggregation) uploads
+        assert clients and all(u.tensors for u in uploads.per_client)

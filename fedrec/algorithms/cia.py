@@ -21,7 +21,7 @@ from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.errors import FedrecError
-from fedrec.federated.cia import CIASpec
+from fedrec.federated.cia_spec import CIASpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 

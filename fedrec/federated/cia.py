@@ -36,93 +36,22 @@ F_k, and a client scores its users with r_u F_k + β r_u F̄ (``none``: r_u F_k)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
+from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
-from fedrec.federated.similarity import eigen, factored_sum, finetune
-from fedrec.federated.stack import BACKBONES, ClientStack
+from fedrec.federated.cia_spec import CIASpec
+from fedrec.federated.similarity import eigen, factors, finetune, reconstruct_sum
+from fedrec.federated.stack import ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
-from fedrec.options import check
-from fedrec.partition import GROUPINGS, Partition, clients_of
+from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.protocol import Split
-
-AGGREGATIONS = ("cia", "waa", "none")
-FINETUNE_LOSSES = ("norm", "mse")
-SCOPES = ("all", "local")
-
-
-@dataclass(frozen=True)
-class CIASpec:
-    """A FedCIA-style run. ``models`` lists (backbone, dim) pairs; client c uses
-    ``models[c % len(models)]`` (several pairs: the heterogeneous runs of Section 6.6).
-    ``clients`` = 0 means one user per client."""
-
-    models: tuple[tuple[str, int], ...] = (("mf", 64),)
-    aggregation: str = "cia"
-    clients: int = 100
-    grouping: str = "contiguous"
-    layers: int = 3
-    tower: tuple[int, ...] = (64, 32, 16, 8)
-    init_std: float = 0.1
-    finetune_steps: int = 100
-    finetune_lr: float = 0.1
-    finetune_loss: str = "norm"
-    upload_rank: int = 0
-    scope: str = "all"
-    beta: float = 60.0
-    ideal_weight: float = 0.3
-    filter_rank: int = 32
-
-    def __post_init__(self) -> None:
-        check(
-            (self.aggregation not in AGGREGATIONS, f"aggregation must be one of {AGGREGATIONS}"),
-            (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
-            (self.finetune_loss not in FINETUNE_LOSSES, f"finetune_loss must be one of {FINETUNE_LOSSES}"),
-            (self.scope not in SCOPES, f"scope must be one of {SCOPES}"),
-            (not self.models, "at least one (backbone, dim) is needed"),
-            (any(b not in (*BACKBONES, "gfcf") for b, _ in self.models),
-             f"backbones are {', '.join((*BACKBONES, 'gfcf'))}"),
-            (any(d < 1 for _, d in self.models), "dims must be >= 1"),
-            (self.clients < 0, "clients must be >= 0 (0: one user per client)"),
-            (self.upload_rank < 0 or self.finetune_steps < 0 or self.layers < 0,
-             "upload_rank, finetune_steps and layers must be >= 0"),
-            (any(b == "gfcf" for b, _ in self.models) and len(self.models) > 1,
-             "GF-CF cannot be mixed with parameter models in one run"),
-        )
-
-    def partition(self, n_users: int, seed: int) -> Partition:
-        return clients_of(n_users, self.clients, self.grouping, seed)
-
-    def flower_roles(self) -> tuple[type, type]:
-        """A node holds a block of FedCIA clients; the server averages their summed uploads."""
-        from fedrec.flower.cia import CIANode, CIAServer
-
-        return CIANode, CIAServer
-
-    def flower_refusal(self, secure: bool) -> str | None:
-        if self.clients == 1:
-            return "one client has nothing to federate"
-        if secure:
-            return "secure aggregation sums item tables only; FedCIA sums similarities or whole models"
-        return None
-
-    def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
-        """The federated algorithm the round driver trains."""
-        if cfg.clients_per_round != 1.0:
-            raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
-        if cfg.dp_noise > 0 or cfg.clip is not None:
-            raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
-        state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)
-        return CIAAlgorithm(state, cfg, seed)
 
 
 class CIAState:
@@ -148,6 +77,7 @@ class CIAState:
         self.user_stack = np.zeros(self.n_users, dtype=np.int64)
         self.user_local = np.zeros(self.n_users, dtype=np.int64)
         self.users_of_client = users
+        self.client_ids = ids  # global ids of the clients, in partition order
         if self.gfcf:
             return
         for j, (backbone, dim) in enumerate(spec.models):  # client c runs models[c % len(models)]
@@ -172,50 +102,66 @@ class CIAState:
             loss, batches = loss + s, batches + b
         return loss, batches
 
-    def aggregate(self, path: UploadPath, rng: np.random.Generator) -> tuple[int, int, dict[str, float]]:
+    def aggregate(self, path: UploadPath, rng: np.random.Generator,
+                  keep: list[ClientUpload] | None = None) -> tuple[int, int, dict[str, float]]:
         """The simulator's aggregation: uploads, server, every client; (bytes up, down, figures)."""
-        sums = self.client_sums(path, rng)
+        sums = self.client_sums(path, rng, keep)
         sync, extra = combine(self.spec, sums)
         self.apply(sync)
         return int(sums["bytes_up"]), int(sums["bytes_down"]), extra
 
-    def client_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+    def client_sums(self, path: UploadPath, rng: np.random.Generator,
+                    keep: list[ClientUpload] | None = None) -> dict[str, Any]:
         """What this state's clients upload, summed over them (noised as sent: Laplace LDP from
-        ``rng``), with their number and the bytes each way (``bytes_up``, ``bytes_down``)."""
+        ``rng``), with their number and the bytes each way (``bytes_up``, ``bytes_down``).
+        With ``keep``, each client's own upload (as sent, noise included) is appended to it and
+        the sums are of those (slower: one product per client instead of one GEMM)."""
         if self.gfcf:
-            return self._gfcf_sums(path, rng)
+            return self._gfcf_sums(path, rng, keep)
         if self.spec.aggregation == "waa":
-            return self._waa_sums()
+            return self._waa_sums(keep)
         if self.spec.aggregation == "none":
             return {"n": self.n_clients, "bytes_up": 0, "bytes_down": 0}
         if self.spec.scope == "local":
-            return self._local_sums(path, rng)
+            return self._local_sums(path, rng, keep)
         m, rank = self.n_items, self.spec.upload_rank
         # summed in float64 (about 1.5x the float32 GEMM): a sum over any grouping of the clients
         # (the simulator's stacks, Flower nodes) then rounds to the same float32 mean, and the
         # fine-tune, which amplifies round-off, starts from the same target
         total = torch.zeros(m, m, dtype=torch.float64)
-        up = 0
+        up, everything = 0, np.arange(m)
         for stack in self.stacks:
             e = stack.params["item"]  # (K, M, d)
             if rank:
-                total += factored_sum(e, rank, path, rng)
+                p, lam = factors(e, rank, path, rng)
+                total += reconstruct_sum(p, lam)
                 up += stack.n_clients * (m * min(rank, stack.dim) + min(rank, stack.dim)) * 4
+                for c, client in enumerate(stack.clients if keep is not None else ()):
+                    keep.append(ClientUpload(int(client), everything, {"p": p[c].float(), "lam": lam[c].float()}))
+            elif keep is not None:
+                for c, client in enumerate(stack.clients):
+                    s_k = torch.as_tensor(path.laplace((e[c].double() @ e[c].double().T).cpu().numpy(), rng))
+                    keep.append(ClientUpload(int(client), everything, {"similarity": s_k.float()}))
+                    total += s_k
+                up += stack.n_clients * m * m * 4
             else:
                 flat = e.permute(1, 0, 2).reshape(m, -1).double()
                 total += flat @ flat.T  # Σ_k E_k E_kᵀ in one GEMM
                 up += stack.n_clients * m * m * 4
-        if path.ldp > 0 and not rank:
+        if path.ldp > 0 and not rank and keep is None:  # the clients' noise, summed in one pass
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
             total += path.noise_sum(self.n_clients, (m, m), gen).double()
         return {"n": self.n_clients, "similarity": total, "bytes_up": up,
                 "bytes_down": self.n_clients * (m * m + m) * 4}
 
-    def _waa_sums(self) -> dict[str, Any]:
+    def _waa_sums(self, keep: list[ClientUpload] | None) -> dict[str, Any]:
         """Per backbone and size: Σ_k pairs_k · θ_k of every shared parameter, and Σ_k pairs_k."""
         out: dict[str, Any] = {"n": self.n_clients}
         up = 0
         for stack in self.stacks:
+            for c, client in enumerate(stack.clients if keep is not None else ()):
+                keep.append(ClientUpload(int(client), np.arange(self.n_items),
+                                         {k: stack.params[k][c].clone() for k in stack.shared_names()}))
             w = torch.as_tensor(stack.client_pairs.astype(np.float64))  # float64: see `client_sums`
             for name in stack.shared_names():
                 out[f"waa.{stack.model}.{name}"] = torch.tensordot(w, stack.params[name].double(), dims=1)
@@ -223,7 +169,8 @@ class CIAState:
             up += stack.n_clients * stack.payload_floats() * 4
         return {**out, "bytes_up": up, "bytes_down": up}
 
-    def _local_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+    def _local_sums(self, path: UploadPath, rng: np.random.Generator,
+                    keep: list[ClientUpload] | None) -> dict[str, Any]:
         """CIA restricted to each client's items I_k: it uploads S_k[I_k, I_k] (with I_k); the
         sums of the blocks and of how many clients hold each pair."""
         m, rank = self.n_items, self.spec.upload_rank
@@ -236,19 +183,25 @@ class CIAState:
                 e = stack.params["item"][c, idx]
                 n = len(items)
                 if rank:
-                    s_k = factored_sum(e[None], rank, path, rng)
+                    p, lam = factors(e[None], rank, path, rng)
+                    s_k = reconstruct_sum(p, lam)
+                    sent = {"p": p[0].float(), "lam": lam[0].float()}
                     up += (n * min(rank, stack.dim) + min(rank, stack.dim) + n) * 4
                 else:
                     e = e.double()
                     s_k = torch.as_tensor(path.laplace((e @ e.T).cpu().numpy(), rng))
+                    sent = {"similarity": s_k.float()}
                     up += (n * n + n) * 4
+                if keep is not None:
+                    keep.append(ClientUpload(int(stack.clients[c]), items, sent))
                 total[idx[:, None], idx[None, :]] += s_k
                 count[idx[:, None], idx[None, :]] += 1.0
                 down += (n * n + n) * 4
         return {"n": self.n_clients, "similarity": total, "count": count, "bytes_up": up,
                 "bytes_down": down}
 
-    def _gfcf_sums(self, path: UploadPath, rng: np.random.Generator) -> dict[str, Any]:
+    def _gfcf_sums(self, path: UploadPath, rng: np.random.Generator,
+                   keep: list[ClientUpload] | None) -> dict[str, Any]:
         """GF-CF's one shot: every client's filter F_k (kept for its own scores), and under
         ``cia`` the sum of the (noisy) uploads."""
         spec, m, train = self.spec, self.n_items, self.train_matrix
@@ -257,7 +210,7 @@ class CIAState:
         local = np.zeros((self.n_users, m), dtype=np.float32)
         total = np.zeros((m, m), dtype=np.float64) if spec.aggregation == "cia" else None
         up = 0
-        for users in self.users_of_client:
+        for client, users in zip(self.client_ids, self.users_of_client, strict=True):
             f = LocalFilter.fit(train[users], spec.filter_rank, spec.ideal_weight)
             local[users] = f.apply(train[users])
             if total is None:
@@ -269,10 +222,16 @@ class CIAState:
                 a, s, bt = a[:, :L], s[:L], bt[:L]
                 a, s, bt = (path.laplace(x, rng) for x in (a, s, bt))
                 total += (a * s) @ bt
+                sent = {"u": a, "s": s, "vt": bt}
                 up += (2 * m * L + L) * 4
             else:
-                total += path.laplace(dense, rng)
+                noisy = path.laplace(dense, rng)
+                total += noisy
+                sent = {"filter": noisy}
                 up += m * m * 4
+            if keep is not None:
+                keep.append(ClientUpload(int(client), np.arange(m),
+                                         {k: torch.as_tensor(v, dtype=torch.float32) for k, v in sent.items()}))
         self._local_scores = local
         out: dict[str, Any] = {"n": self.n_clients, "bytes_up": up,
                                "bytes_down": self.n_clients * m * m * 4 if total is not None else 0}
@@ -369,15 +328,23 @@ class CIAAlgorithm(FederatedAlgorithm):
         self.max_rounds = 1 if state.gfcf else None
 
     def local_update(self, plan: RoundPlan) -> Uploads:
+        """Every client trains, then computes what it uploads (`CIAState.client_sums`; each
+        client's own upload too when `keep_uploads` is set)."""
         start = time.perf_counter()
         loss, batches = self.state.train(self.cfg, plan.round)
-        return Uploads(loss_sum=loss, client_batches=batches,
-                       extra={"train_seconds": time.perf_counter() - start})
+        trained = time.perf_counter()
+        keep: list[ClientUpload] | None = [] if self.keep_uploads else None
+        sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), plan.rng, keep)
+        return Uploads(payload=sums, per_client=keep, loss_sum=loss, client_batches=batches,
+                       bytes_up=int(sums["bytes_up"]), bytes_down=int(sums["bytes_down"]),
+                       extra={"train_seconds": trained - start,
+                              "upload_seconds": time.perf_counter() - trained})
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        """The server's step on the summed uploads, then every client takes it."""
         start = time.perf_counter()
-        up, down, extra = self.state.aggregate(UploadPath(ldp=self.cfg.ldp), plan.rng)
-        uploads.bytes_up, uploads.bytes_down = up, down
+        sync, extra = combine(self.state.spec, uploads.payload)
+        self.state.apply(sync)
         uploads.extra = {**extra, **uploads.extra, "aggregate_seconds": time.perf_counter() - start}
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:

@@ -51,14 +51,19 @@ def finetune(item: torch.Tensor, u: torch.Tensor, lam: torch.Tensor, steps: int,
     item.copy_(torch.matmul(u, e))
 
 
-def factored_sum(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generator) -> torch.Tensor:
-    """Σ_k of each client's rank-``rank`` eigen-upload of E_k E_kᵀ (P_k, λ_k from the thin SVD
-    of E_k; noised as sent), reconstructed by the server as P diag(λ) Pᵀ."""
+def factors(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's rank-``rank`` eigen-upload of E_k E_kᵀ: P_k ``(K, M, L)`` and λ_k
+    ``(K, L)`` from the thin SVD of E_k (a client never forms M x M), noised as sent."""
     p, s, _ = torch.linalg.svd(e.double(), full_matrices=False)
     L = min(rank, e.shape[2])
     p, lam = p[:, :, :L], s[:, :L] ** 2
-    p, lam = (torch.as_tensor(path.laplace(x.detach().cpu().numpy(), rng)) for x in (p, lam))
-    m = e.shape[1]
+    return tuple(torch.as_tensor(path.laplace(x.detach().cpu().numpy(), rng)) for x in (p, lam))  # type: ignore[return-value]
+
+
+def reconstruct_sum(p: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """Σ_k P_k diag(λ_k) P_kᵀ, as the server rebuilds the clients' factored uploads."""
+    m = p.shape[1]
     left = (p * lam[:, None, :]).permute(1, 0, 2).reshape(m, -1)
     right = p.permute(1, 0, 2).reshape(m, -1)
     return left @ right.T

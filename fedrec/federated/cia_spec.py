@@ -1,0 +1,86 @@
+"""The options of FedCIA and its parameter-averaging baselines (see `fedrec.federated.cia`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fedrec.errors import FedrecError
+from fedrec.federated.stack import BACKBONES
+from fedrec.options import check
+from fedrec.partition import GROUPINGS, Partition, clients_of
+from fedrec.protocols.protocol import Split
+
+if TYPE_CHECKING:
+    from fedrec.federated.cia import CIAAlgorithm
+
+AGGREGATIONS = ("cia", "waa", "none")
+FINETUNE_LOSSES = ("norm", "mse")
+SCOPES = ("all", "local")
+
+
+@dataclass(frozen=True)
+class CIASpec:
+    """A FedCIA-style run. ``models`` lists (backbone, dim) pairs; client c uses
+    ``models[c % len(models)]`` (several pairs: the heterogeneous runs of Section 6.6).
+    ``clients`` = 0 means one user per client."""
+
+    models: tuple[tuple[str, int], ...] = (("mf", 64),)
+    aggregation: str = "cia"
+    clients: int = 100
+    grouping: str = "contiguous"
+    layers: int = 3
+    tower: tuple[int, ...] = (64, 32, 16, 8)
+    init_std: float = 0.1
+    finetune_steps: int = 100
+    finetune_lr: float = 0.1
+    finetune_loss: str = "norm"
+    upload_rank: int = 0
+    scope: str = "all"
+    beta: float = 60.0
+    ideal_weight: float = 0.3
+    filter_rank: int = 32
+
+    def __post_init__(self) -> None:
+        check(
+            (self.aggregation not in AGGREGATIONS, f"aggregation must be one of {AGGREGATIONS}"),
+            (self.grouping not in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
+            (self.finetune_loss not in FINETUNE_LOSSES, f"finetune_loss must be one of {FINETUNE_LOSSES}"),
+            (self.scope not in SCOPES, f"scope must be one of {SCOPES}"),
+            (not self.models, "at least one (backbone, dim) is needed"),
+            (any(b not in (*BACKBONES, "gfcf") for b, _ in self.models),
+             f"backbones are {', '.join((*BACKBONES, 'gfcf'))}"),
+            (any(d < 1 for _, d in self.models), "dims must be >= 1"),
+            (self.clients < 0, "clients must be >= 0 (0: one user per client)"),
+            (self.upload_rank < 0 or self.finetune_steps < 0 or self.layers < 0,
+             "upload_rank, finetune_steps and layers must be >= 0"),
+            (any(b == "gfcf" for b, _ in self.models) and len(self.models) > 1,
+             "GF-CF cannot be mixed with parameter models in one run"),
+        )
+
+    def partition(self, n_users: int, seed: int) -> Partition:
+        return clients_of(n_users, self.clients, self.grouping, seed)
+
+    def flower_roles(self) -> tuple[type, type]:
+        """A node holds a block of FedCIA clients; the server averages their summed uploads."""
+        from fedrec.flower.cia import CIANode, CIAServer
+
+        return CIANode, CIAServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if self.clients == 1:
+            return "one client has nothing to federate"
+        if secure:
+            return "secure aggregation sums item tables only; FedCIA sums similarities or whole models"
+        return None
+
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
+        """The federated algorithm the round driver trains."""
+        if cfg.clients_per_round != 1.0:
+            raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
+        if cfg.dp_noise > 0 or cfg.clip is not None:
+            raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
+        from fedrec.federated.cia import CIAAlgorithm, CIAState
+
+        state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)
+        return CIAAlgorithm(state, cfg, seed)
