@@ -19,8 +19,8 @@ from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cia import CIAState
 from fedrec.federated.cia_spec import CIASpec
-from fedrec.federated.similarity import finetune
 from fedrec.federated.engine import FederatedConfig, run_federated
+from fedrec.federated.similarity import finetune
 from fedrec.federated.stack import ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
