@@ -22,6 +22,7 @@ from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
+from fedrec.files import atomic_write, check_writable
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult
 from fedrec.train.centralised import TrainConfig
@@ -88,14 +89,9 @@ class Run:
 
     def save(self, path: str | Path) -> Path:
         """Write the run (configuration, results, server and client state) to one file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         blob = {"format": FORMAT, "config": asdict(self.config), "result": self.result.to_dict(),
                 "state": self.model.state_dict(), "data": data_signature(self.split)}
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(blob, tmp)
-        tmp.replace(path)
-        return path
+        return atomic_write(check_writable(path, "run file"), lambda tmp: torch.save(blob, tmp))
 
 
 def data_signature(split: Split) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import FederatedConfig, train_federated
+from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
@@ -67,7 +68,19 @@ class RunConfig:
             raise FedrecError(f"not a fedrec run configuration: {e}") from e
 
     def validate(self) -> None:
-        """Reject impossible options before any data is read."""
+        """Reject impossible options before any data is read: the data options, and the
+        options of the trainer the algorithm runs with (the engine's or the centralised one's)."""
+        check(
+            (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
+            (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
+        )
+        if self.negatives not in NEGATIVE_POLICIES:
+            raise FedrecError(
+                f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
+            )
+        if get_algorithm(self.algorithm).kind == "federated":
+            self.federated.validate()
+            return
         t = self.train
         check(
             (t.epochs < 1, f"--epochs must be >= 1 (got {t.epochs})"),
@@ -77,13 +90,7 @@ class RunConfig:
             (t.negatives < 1, f"--num-negatives must be >= 1 (got {t.negatives})"),
             (t.patience < 0, f"--patience must be >= 0 (got {t.patience})"),
             (t.eval_every < 1, f"--eval-every must be >= 1 (got {t.eval_every})"),
-            (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
-            (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
         )
-        if self.negatives not in NEGATIVE_POLICIES:
-            raise FedrecError(
-                f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
-            )
         check_device(t.device)
 
 
@@ -205,10 +212,13 @@ def train(
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
-    if spec.kind == "federated":
-        cfg.federated.validate()
+    if out is not None:
+        check_writable(out)
     options = spec.parse(cfg.model)
     split = prepare_split(cfg)
+    k = cfg.federated.negatives if spec.kind == "federated" else cfg.train.negatives
+    if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k
+        raise FedrecError(f"--num-negatives {k} is not below the number of items ({split.n_items})")
     if split.protocol.ranking not in spec.rankings:
         raise FedrecError(
             f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
@@ -244,7 +254,8 @@ def train(
             "train": int(split.train.nnz), "valid_users": len(split.valid.users),
             "test_users": len(split.test.users), "negatives": split.negatives,
         },
-        wall_seconds=time.perf_counter() - start,
+        wall_seconds=time.perf_counter() - start + outcome.earlier_seconds,
+        resumed_at=outcome.resumed_at,
         peak_memory_mb=peak_memory_mb(),
         git_revision=git_revision(),
     )

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import fedrec
+from fedrec.files import atomic_write
 
 SCHEMA_VERSION = 1
 
@@ -51,6 +50,8 @@ class RunResult:
     data: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    #: rounds after which the run was continued from a checkpoint (wall_seconds covers all parts)
+    resumed_at: list[int] = field(default_factory=list)
     peak_memory_mb: float = 0.0
     fedrec_version: str = fedrec.__version__
     git_revision: str | None = None
@@ -60,19 +61,14 @@ class RunResult:
         return asdict(self)
 
     def write(self, path: str | Path) -> Path:
-        """Write JSON atomically: a temporary file in the same folder renamed into place."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
+        """Write JSON atomically (`fedrec.files.atomic_write`): never a partial file."""
+
+        def dump(tmp: str) -> None:
+            with open(tmp, "w") as f:
                 json.dump(self.to_dict(), f, indent=2)
                 f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+
+        return atomic_write(path, dump)
 
 
 def load_result(path: str | Path) -> dict[str, Any]:

@@ -319,7 +319,7 @@ def test_gfedpp_learns_through_the_cli_and_records_its_graph(tmp_path: Any, caps
     assert mean == pytest.approx(result["test"]["hr@10"])
 
     argv = ["run", "gpfedrec", "--dataset", "synthetic:150x400", "--rounds", "2", "--dim", "32",
-            "--set", "similarity=legacy-distance", "--out", str(out), "-q"]
+            "--set", "similarity=legacy-distance", "--out", str(out), "-q", "--overwrite"]
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 0, capsys.readouterr().err

@@ -26,6 +26,31 @@ def register(app: typer.Typer) -> None:
     app.command("recommend")(recommend_command)
 
 
+def _refuse_ignored(algorithm: str, federated: bool, federated_only: dict[str, bool],
+                    centralised_only: dict[str, bool]) -> None:
+    """An option the algorithm's trainer would not read is an error, not silently dropped."""
+    ignored = [k for k, given in (centralised_only if federated else federated_only).items() if given]
+    if ignored:
+        kind = "federated" if federated else "centralised"
+        raise FedrecError(f"'{algorithm}' is {kind}: {', '.join(ignored)} "
+                          f"{'does' if len(ignored) == 1 else 'do'} not apply to it")
+
+
+def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool, overwrite: bool) -> None:
+    """Before any work: every file the run writes can be written, and an earlier run's files are
+    replaced only when asked (``--overwrite``) or continued (``--resume``)."""
+    from fedrec.files import check_writable
+
+    check_writable(out, "--out", overwrite=overwrite or resume)
+    if save is not None:
+        check_writable(save, "--save", overwrite=overwrite)
+    if resume and not checkpoint.exists():
+        typer.echo(f"no checkpoint at {checkpoint}: starting from the first round", err=True)
+    if checkpoint.exists() and not (resume or overwrite):
+        raise FedrecError(f"{checkpoint} holds an earlier run's checkpoint: --resume to continue it, "
+                          "--overwrite to start again")
+
+
 def run_command(
     algorithm: str = typer.Argument(..., help="Algorithm name (see `fedrec algorithms`)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
@@ -68,6 +93,7 @@ def run_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
     save: Path | None = typer.Option(None, "--save", help="Also save the trained run (model at the best validation round) to this file, for `fedrec recommend` and `fedrec.load`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's results, checkpoint and --save file."),
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
     from fedrec.algorithms import get_algorithm
@@ -77,6 +103,14 @@ def run_command(
 
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
+    _refuse_ignored(algorithm, federated, {
+        "--dual": dual, "--reconstruct-epochs": reconstruct_epochs is not None,
+        "--clients-per-round": clients_per_round is not None, "--local-epochs": local_epochs is not None,
+        "--lr-item": lr_item is not None, "--item-lr-scale": item_lr_scale is not None,
+        "--item-std": item_std != 1.0, "--ldp": ldp != 0.0, "--clip": clip is not None,
+        "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
+        "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
+    }, {"--weight-decay": weight_decay != 0.0})
     given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
     lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(
@@ -88,7 +122,7 @@ def run_command(
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
                **_parse_settings(set_options)},
         train=TrainConfig(
-            epochs=100 if rounds is None else rounds, batch_size=batch_size or 256, lr=lr,
+            epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
             patience=10 if patience is None else patience,
             eval_every=eval_every, device=device, checkpoint_every=checkpoint_every,
@@ -103,9 +137,9 @@ def run_command(
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
         ),
     )
-    if dual and not federated:
-        raise FedrecError("--dual applies to federated algorithms only")
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}.json"
+    checkpoint = out.with_suffix(".ckpt")
+    _check_outputs(out, save, checkpoint, resume, overwrite)
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -123,8 +157,7 @@ def run_command(
         bar.update(task, completed=record.round, status=status)
 
     try:
-        done = train(cfg, out=out, on_round=on_round, resume=resume,
-                     checkpoint=out.with_suffix(".ckpt"),
+        done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
                      keep_best=save is not None)
     finally:
         bar.stop()

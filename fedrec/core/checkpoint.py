@@ -13,8 +13,6 @@ evaluation more than an uninterrupted run (the same figures at every round both 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import torch
 
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
+from fedrec.files import atomic_write
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
@@ -45,23 +44,16 @@ def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def save(path: Path, r: int, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
-         best_state: dict[str, Any] | None = None) -> None:
-    """Write the run after round ``r`` atomically (a unique temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+         best_state: dict[str, Any] | None = None, seconds: float = 0.0) -> None:
+    """Write the run after round ``r`` atomically (a unique temporary file renamed into place);
+    ``seconds``: its training time so far, over every process that worked on it."""
     blob = {
         "format": FORMAT, "round": r, "fingerprint": fingerprint, "state": algorithm.state_dict(),
         "best_state": best_state, "history": [asdict(h) for h in out.history],
         "best_round": out.best_round, "valid_at_best": out.valid_at_best, "test": out.test,
-        "extra": out.extra,
+        "extra": out.extra, "seconds": seconds, "resumed_at": out.resumed_at,
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
 
 
 def peek_round(path: Path) -> int:
@@ -100,4 +92,6 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
     out.extra = blob["extra"]
+    out.resumed_at = [*blob.get("resumed_at", []), int(blob["round"])]
+    out.earlier_seconds = float(blob.get("seconds", 0.0))
     return int(blob["round"]), blob["best_state"]

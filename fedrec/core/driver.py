@@ -52,6 +52,7 @@ def run_rounds(
     metric that selects the best round.
     """
     rounds = min(rounds, algorithm.max_rounds or rounds)
+    began = time.perf_counter()
     out = TrainOutcome()
     first = 1
     best_state: dict[str, Any] | None = None
@@ -88,7 +89,8 @@ def run_rounds(
         if on_round is not None:
             on_round(record, out.best_round, out.valid_at_best)
         if path is not None and checkpoint_every and r % checkpoint_every == 0:
-            ckpt.save(path, r, algorithm, out, fingerprint, best_state)
+            ckpt.save(path, r, algorithm, out, fingerprint, best_state,
+                      seconds=out.earlier_seconds + time.perf_counter() - began)
         if selection.should_stop:
             break
     out.extra = {**algorithm.run_extra(), **out.extra}

@@ -78,6 +78,9 @@ class FederatedConfig:
         check(
             (self.rounds < 1, f"--rounds must be >= 1 (got {self.rounds})"),
             (self.clients_per_round <= 0, "--clients-per-round must be > 0"),
+            (self.clients_per_round > 1 and self.clients_per_round != int(self.clients_per_round),
+             f"--clients-per-round is a fraction (<= 1) or a whole number of clients (got "
+             f"{self.clients_per_round})"),
             (self.local_epochs < 1, "--local-epochs must be >= 1"),
             (self.batch_size < 1, "--batch-size must be >= 1"),
             (self.lr <= 0 or (self.lr_item is not None and self.lr_item <= 0), "learning rates must be > 0"),

@@ -277,5 +277,6 @@ def _result(run: RunConfig, options: dict[str, Any], role: ServerBase, out: Trai
         config=config, select=role.protocol.select, history=out.history,
         best_round=out.best_round, valid_at_best=out.valid_at_best, test=out.test,
         extra=out.extra, data={"clients": role.n_clients, "items": role.n_items},
-        wall_seconds=seconds, peak_memory_mb=peak_memory_mb(), git_revision=git_revision(),
+        wall_seconds=seconds + out.earlier_seconds, resumed_at=out.resumed_at,
+        peak_memory_mb=peak_memory_mb(), git_revision=git_revision(),
     )

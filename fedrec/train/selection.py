@@ -23,6 +23,10 @@ class TrainOutcome:
     valid_at_best: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: rounds after which the run was continued from a checkpoint (empty: one uninterrupted run)
+    resumed_at: list[int] = field(default_factory=list)
+    #: training seconds of the earlier processes of a resumed run
+    earlier_seconds: float = 0.0
 
 
 class Selection:

@@ -1,0 +1,60 @@
+"""Output files: checked before any work, written atomically, readable like any other file.
+
+Every file fedrec writes (results JSON, checkpoints, saved runs) goes through `atomic_write`:
+a uniquely named temporary file in the target's folder, renamed into place once complete, so a
+crash, an interrupt or a concurrent run never leaves a partial file or collides on a fixed
+temporary name. `check_writable` is called before training, so a bad ``--out`` is one line at
+the start instead of a traceback after the work is done.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from fedrec.errors import FedrecError
+
+
+def check_writable(path: str | Path, what: str = "--out", overwrite: bool = True) -> Path:
+    """``path`` if a file can be written there, else one clear error: it is a folder, a folder
+    on its way is a file, the nearest existing folder is not writable, or (without
+    ``overwrite``) the file exists."""
+    path = Path(path)
+    if path.is_dir():
+        raise FedrecError(f"{what} {path} is a folder; give a file name")
+    if path.exists() and not overwrite:
+        raise FedrecError(f"{what} {path} exists (an earlier run's); pass --overwrite to replace it "
+                          "or choose another name")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise FedrecError(f"{what} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise FedrecError(f"{what} {path}: cannot write in {folder} (permission denied)")
+    return path
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+    """Call ``write(temporary path)``, then rename the file to ``path``; nothing is left behind
+    if it fails. The file gets the usual permissions (0666 less the umask), not mkstemp's 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,139 @@
+"""Trustworthy runs (issue 17): each failure a new user met, re-run.
+
+Bad options are one line and exit 2 before any work, with no file left; output files are
+checked up front, replaced only when asked, and written atomically under unique names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from fedrec.cli import main
+from fedrec.errors import FedrecError
+from fedrec.files import atomic_write, check_writable
+
+SYN = "synthetic:60x300"
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(done.value.code or 0), captured.err + captured.out
+
+
+@pytest.mark.parametrize(("algorithm", "flags", "says"), [
+    ("mf", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    ("pfedrec", ["--rounds", "0"], "--rounds must be >= 1"),  # not "--epochs"
+    ("mf", ["--epochs", "0"], "--epochs must be >= 1"),
+    ("pfedrec", ["--clients-per-round", "1.5"], "a fraction (<= 1) or a whole number"),
+    ("pfedrec", ["--num-negatives", "100000"], "not below the number of items"),
+    ("pfedrec", ["--dim", "0"], "dim must be >= 1"),
+    ("pfedrec", ["--dim", "-5"], "dim must be >= 1"),
+    ("mf", ["--ldp", "0.1"], "'mf' is centralised: --ldp does not apply"),
+    ("mf", ["--dual", "--clients-per-round", "0.5"], "--dual, --clients-per-round do not apply"),
+    ("pfedrec", ["--weight-decay", "0.1"], "'pfedrec' is federated: --weight-decay"),
+    ("pfedrec", ["--device", "tpu"], "--device tpu"),
+])
+def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,
+                                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    code, text = _cli(["run", algorithm, "-d", SYN, "--out", str(out), "-q", *flags], capsys)
+    assert code == 2 and says in text and "Traceback" not in text
+    assert len([line for line in text.splitlines() if line.strip()]) == 1
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_bad_output_paths_are_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for out, says in [(tmp_path, "is a folder"), (a_file / "r.json", "is a file, not a folder")]:
+        code, text = _cli(["run", "mf", "-d", SYN, "--out", str(out), "-q"], capsys)
+        assert code == 2 and says in text and "Traceback" not in text
+    code, text = _cli(["run", "mf", "-d", SYN, "--out", str(tmp_path / "r.json"), "--save", str(tmp_path), "-q"], capsys)
+    assert code == 2 and "--save" in text and not (tmp_path / "r.json").exists()
+
+
+def test_an_earlier_run_is_replaced_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    argv = ["run", "pfedrec", "-d", SYN, "--rounds", "2", "--checkpoint-every", "1", "--out", str(out), "-q"]
+    assert _cli(argv, capsys)[0] == 0
+    first = out.read_text()
+    code, text = _cli(argv, capsys)  # the same command again
+    assert code == 2 and "exists" in text and "--overwrite" in text and out.read_text() == first
+    out.unlink()
+    code, text = _cli(argv, capsys)  # results gone, checkpoint still there
+    assert code == 2 and "--resume to continue it" in text
+    assert _cli([*argv, "--overwrite"], capsys)[0] == 0
+    assert (out.stat().st_mode & 0o777) == 0o666 & ~_umask()  # like any other output file
+
+
+def test_resume_without_a_checkpoint_says_it_starts_afresh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    code, text = _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q", "--resume"], capsys)
+    assert code == 0 and "no checkpoint" in text and "starting from the first round" in text
+    assert json.loads(out.read_text())["best_round"] == 1
+
+
+def test_concurrent_writers_of_one_file_never_collide(tmp_path: Path) -> None:
+    """Unique temporary names: eight writers of one path all finish, and the file is whole."""
+    path, errors = tmp_path / "shared.json", []
+
+    def write(k: int) -> None:
+        try:
+            for _ in range(20):
+                atomic_write(path, lambda tmp, k=k: Path(tmp).write_text(json.dumps({"writer": k, "pad": "x" * 5000})))
+        except Exception as e:  # pragma: no cover - the failure this test exists to catch
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert json.loads(path.read_text())["pad"] == "x" * 5000
+    assert [p.name for p in tmp_path.iterdir()] == ["shared.json"]  # no temporary file left
+
+
+def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    def boom(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "r.json", boom)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_writable_names_what_is_wrong(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FedrecError, match="exists"):
+        check_writable(tmp_path / "f", overwrite=False)
+    assert check_writable(tmp_path / "new" / "deeper" / "r.json") == tmp_path / "new" / "deeper" / "r.json"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_resumed_run_says_so_and_counts_all_its_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    argv = ["run", "pfedrec", "-d", SYN, "--checkpoint-every", "1", "--out", str(out), "-q"]
+    assert _cli([*argv, "--rounds", "2"], capsys)[0] == 0
+    first = json.loads(out.read_text())
+    assert first["resumed_at"] == []
+    assert _cli([*argv, "--rounds", "3", "--resume"], capsys)[0] == 0
+    assert _cli([*argv, "--rounds", "4", "--resume"], capsys)[0] == 0
+    last = json.loads(out.read_text())
+    assert last["resumed_at"] == [2, 3] and [h["round"] for h in last["history"]] == [1, 2, 3, 4]
+    assert last["wall_seconds"] >= sum(h["seconds"] for h in last["history"])  # every part's time
+    code, text = _cli([*argv, "--rounds", "3", "--resume"], capsys)  # rounds only go up
+    assert code == 2 and "past the 3 rounds asked for" in text
