@@ -101,7 +101,9 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
         from fedrec.data.synthetic import synthetic
 
         users, items = (int(m.group(1)), int(m.group(2))) if m.group(1) else (1000, 1000)
-        return synthetic(users, items, seed=seed)
+        data = synthetic(users, items, seed=seed)
+        return replace(data, source={"generator": "fedrec.data.synthetic.synthetic", "users": users,
+                                     "items": items, "seed": seed})
     from fedrec.data.registry import load
 
     return load(dataset, data_dir=data_dir)
@@ -253,6 +255,7 @@ def train(
             "users": split.n_users, "items": split.n_items, "interactions": len(split.data),
             "train": int(split.train.nnz), "valid_users": len(split.valid.users),
             "test_users": len(split.test.users), "negatives": split.negatives,
+            "source": split.data.source,
         },
         wall_seconds=time.perf_counter() - start + outcome.earlier_seconds,
         resumed_at=outcome.resumed_at,

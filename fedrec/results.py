@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import platform
 import resource
+import shlex
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,8 @@ class RunResult:
     peak_memory_mb: float = 0.0
     fedrec_version: str = fedrec.__version__
     git_revision: str | None = None
+    #: versions, date, machine and command line of the process that wrote it (`environment`)
+    environment: dict[str, str] = field(default_factory=lambda: environment())
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,3 +97,18 @@ def git_revision() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment() -> dict[str, str]:
+    """What a results file needs to be reproduced: library versions, date, machine, command."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for package in ("torch", "numpy", "scipy", "flwr"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:  # pragma: no cover - flwr is a dependency
+            out[package] = "absent"
+    out.update(date=datetime.now(UTC).isoformat(timespec="seconds"),
+               platform=platform.platform(), command=shlex.join(sys.argv))
+    return out

@@ -137,3 +137,26 @@ def test_a_resumed_run_says_so_and_counts_all_its_time(tmp_path: Path, capsys: p
     assert last["wall_seconds"] >= sum(h["seconds"] for h in last["history"])  # every part's time
     code, text = _cli([*argv, "--rounds", "3", "--resume"], capsys)  # rounds only go up
     assert code == 2 and "past the 3 rounds asked for" in text
+
+
+def test_results_say_what_made_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    assert _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q"], capsys)[0] == 0
+    blob = json.loads(out.read_text())
+    env = blob["environment"]
+    assert {"python", "torch", "numpy", "scipy", "date", "platform", "command"} <= set(env)
+    assert env["date"].endswith("+00:00")
+    assert blob["data"]["source"] == {"generator": "fedrec.data.synthetic.synthetic", "users": 60,
+                                      "items": 300, "seed": 0}
+
+
+def test_a_registered_data_set_records_its_file_and_checksum(tmp_path: Path) -> None:
+    import hashlib
+
+    from fedrec.data import registry
+
+    fixture = Path(__file__).parent / "fixtures" / "ml-100k"
+    data = registry.load("ml-100k", data_dir=fixture, download=False)
+    path = Path(data.source["file"])
+    assert data.source["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert str(fixture) in data.source["origin"]

@@ -8,6 +8,7 @@ kept in ``user_ids``/``item_ids`` so that results can be written in the file's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,6 +34,8 @@ class Interactions:
     row_order: np.ndarray = field(default=None)  # type: ignore[assignment]
     name: str = "interactions"
     implicit: bool = False
+    #: where the events came from (file, origin, sha256; or the generator), for results files
+    source: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.users)
@@ -74,6 +77,7 @@ class Interactions:
             row_order=self.row_order[mask],
             name=self.name,
             implicit=self.implicit,
+            source=self.source,
         )
 
     def to_csr(self, values: np.ndarray | None = None) -> sp.csr_matrix:

@@ -106,7 +106,8 @@ def load(
             f"{parser.__name__} (which reads {found.raw.name}) does not take "
             f"{', '.join(sorted(parser_options))}; it takes: {', '.join(accepted) or 'no options'}"
         ) from None
-    return dataclasses.replace(parser(found.path, **parser_options), name=name)
+    source = {"file": str(found.path), "origin": found.origin, "sha256": sha256_of(found.path)}
+    return dataclasses.replace(parser(found.path, **parser_options), name=name, source=source)
 
 
 def resolve(
