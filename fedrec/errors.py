@@ -24,3 +24,9 @@ class UnknownNameError(FedrecError):
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         super().__init__(f"unknown {kind} '{name}'; known: {', '.join(sorted(known))}")
+
+
+class Interrupted(FedrecError):
+    """A run stopped by SIGINT or SIGTERM; the message says what was saved and how to go on."""
+
+    exit_code = 130

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 from pathlib import Path
 
@@ -160,3 +161,36 @@ def test_a_registered_data_set_records_its_file_and_checksum(tmp_path: Path) -> 
     path = Path(data.source["file"])
     assert data.source["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert str(fixture) in data.source["origin"]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_says_what_was_saved_and_how_to_go_on(sig: str, tmp_path: Path) -> None:
+    """Ctrl-C (or a kill) mid-run: one line naming the last checkpointed round and the command
+    that continues it, exit 130, no results file; that command then finishes the run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "fedrec", "run", "pfedrec", "-d", "synthetic:200x400", "--rounds",
+            "400", "--checkpoint-every", "1", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while not out.with_suffix(".ckpt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: after round"), stderr
+    assert "holds round" in lines[0] and lines[0].endswith("--resume") and "Traceback" not in stderr
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+    assert "round " in stdout  # progress lines without a terminal
+    go_on = shlex.split(lines[0].split("go on with: ", 1)[1])
+    assert go_on[:2] == ["fedrec", "run"] and go_on[-1] == "--resume"
+    go_on[go_on.index("--rounds") + 1] = "12"  # the command as printed, for fewer rounds
+    done = subprocess.run([sys.executable, "-m", *go_on], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["resumed_at"]

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from fedrec.errors import FedrecError
+from fedrec.errors import FedrecError, Interrupted
 
 app = typer.Typer(
     name="fedrec",
@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=True)
     except FedrecError as e:
         # the message as text: brackets in it ([1, 5], fedrec[flower]) are not markup
-        err_console.print(Text.assemble(("error:", "bold red"), " ", str(e)), highlight=False,
+        label = "interrupted:" if isinstance(e, Interrupted) else "error:"
+        err_console.print(Text.assemble((label, "bold red"), " ", str(e)), highlight=False,
                           soft_wrap=True)
-        sys.exit(2)
+        sys.exit(Interrupted.exit_code if isinstance(e, Interrupted) else 2)
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)

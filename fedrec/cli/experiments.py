@@ -3,6 +3,12 @@ protocols (`fedrec reproduce` is in `fedrec.cli.reproduce`)."""
 
 from __future__ import annotations
 
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -10,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedrec.errors import FedrecError
+from fedrec.errors import FedrecError, Interrupted
 
 console = Console()
 
@@ -34,6 +40,31 @@ def _refuse_ignored(algorithm: str, federated: bool, federated_only: dict[str, b
         kind = "federated" if federated else "centralised"
         raise FedrecError(f"'{algorithm}' is {kind}: {', '.join(ignored)} "
                           f"{'does' if len(ignored) == 1 else 'do'} not apply to it")
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a run as Ctrl-C does (one line, nothing partial written)."""
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_message(last: int, total: int, checkpoint: Path, resumed: bool) -> str:
+    """Which round was last finished and checkpointed, and the exact command that goes on."""
+    from fedrec.core.checkpoint import peek_round
+
+    done = f"after round {last} of {total}" if last else "before the first round ended"
+    saved = peek_round(checkpoint) if checkpoint.exists() else 0
+    if not saved:
+        return f"{done}; no checkpoint was written (run with --checkpoint-every N to be able to resume)"
+    argv = ["fedrec", *sys.argv[1:]] + ([] if resumed else ["--resume"])
+    return f"{done}; {checkpoint} holds round {saved}; go on with: {shlex.join(argv)}"
 
 
 def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool, overwrite: bool) -> None:
@@ -149,16 +180,32 @@ def run_command(
     task = bar.add_task(f"{algorithm} on {dataset}", total=total, status="")
     select = get_protocol(protocol).select if protocol in PROTOCOLS else ""
 
+    last = [0]
+    log_every = max(1, total // 10)  # without a terminal: the first round, then every tenth
+    logged = [time.monotonic()]  # of the run or every 30 s, whichever comes first
+
     def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
-        bar.start()  # only once data and options have been accepted: errors print alone
+        last[0] = record.round
         status = f"loss {record.loss:.4f}"
         if record.valid:
             status += f"  valid {select} {record.valid[select]:.4f}  best {best_valid[select]:.4f} @ {best_round}"
+        if not console.is_terminal:
+            now = time.monotonic()
+            if not quiet and (record.round in (1, total) or record.round % log_every == 0
+                              or now - logged[0] >= 30):
+                typer.echo(f"{'round' if federated else 'epoch'} {record.round}/{total}  {status}")
+                logged[0] = now
+            return
+        bar.start()  # only once data and options have been accepted: errors print alone
         bar.update(task, completed=record.round, status=status)
 
     try:
-        done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
-                     keep_best=save is not None)
+        with _sigterm_as_interrupt():
+            done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
+                         keep_best=save is not None)
+    except KeyboardInterrupt:
+        bar.stop()
+        raise Interrupted(_interrupt_message(last[0], total, checkpoint, resume)) from None
     finally:
         bar.stop()
     result = done.result
