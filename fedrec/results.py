@@ -109,6 +109,9 @@ def environment() -> dict[str, str]:
             out[package] = version(package)
         except PackageNotFoundError:  # pragma: no cover - flwr is a dependency
             out[package] = "absent"
+    import torch
+
+    out["threads"] = str(torch.get_num_threads())
     out.update(date=datetime.now(UTC).isoformat(timespec="seconds"),
                platform=platform.platform(), command=shlex.join(sys.argv))
     return out

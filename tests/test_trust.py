@@ -194,3 +194,30 @@ def test_an_interrupt_says_what_was_saved_and_how_to_go_on(sig: str, tmp_path: P
     done = subprocess.run([sys.executable, "-m", *go_on], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["resumed_at"]
+
+
+def test_threads_default_to_one_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedrec import threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads.choose() == 1
+    assert threads.choose(3) == 3 and threads.choose(0) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert threads.choose() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    with pytest.raises(FedrecError, match="OMP_NUM_THREADS"):
+        threads.choose()
+    with pytest.raises(FedrecError, match="--threads must be >= 0"):
+        threads.choose(-1)
+
+
+def test_the_results_record_the_threads_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    out = tmp_path / "r.json"
+    try:
+        assert _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q", "--threads", "2"], capsys)[0] == 0
+        assert json.loads(out.read_text())["environment"]["threads"] == "2"
+    finally:
+        torch.set_num_threads(before)

@@ -125,8 +125,12 @@ def run_command(
     save: Path | None = typer.Option(None, "--save", help="Also save the trained run (model at the best validation round) to this file, for `fedrec recommend` and `fedrec.load`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's results, checkpoint and --save file."),
+    threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1, which does not collapse on a busy machine; 0: PyTorch's default)."),
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
+    from fedrec import threads as torch_threads
+
+    torch_threads.apply(threads)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, train
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol
