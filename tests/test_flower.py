@@ -314,3 +314,19 @@ def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
 
     off = {n: a for n, a in ALGORITHMS.items() if a.kind == "federated" and not a.flower}
     assert off and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in off.values())
+
+
+def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
+    """Free ports, not fixed ones: two deployments on one host both start and stay up."""
+    import socket
+
+    from fedrec.flower.launch import Loopback
+
+    with Loopback(2, workdir=tmp_path / "a") as a, Loopback(2, workdir=tmp_path / "b") as b:
+        ports = {a.port, b.port, *a.node_ports, *b.node_ports}
+        assert len(ports) == 6
+        time.sleep(2)  # let every process bind (a clash would end one)
+        assert all(p.poll() is None for d in (a, b) for p in d.procs.values())
+        for port in (a.port, b.port):
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) == 0

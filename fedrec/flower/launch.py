@@ -58,6 +58,15 @@ def simulate(run: RunConfig, nodes: int, **kw: Any) -> None:
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Loopback:
     """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, as child processes.
 
@@ -66,11 +75,15 @@ class Loopback:
     ``workdir/logs``.
     """
 
-    def __init__(self, nodes: int, workdir: str | Path | None = None, port: int = 9092,
-                 node_port: int = 9200) -> None:
+    def __init__(self, nodes: int, workdir: str | Path | None = None, port: int | None = None,
+                 node_ports: list[int] | None = None) -> None:
         self.nodes = nodes
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrec-flower-"))
-        self.port, self.node_port = port, node_port
+        # free ports unless given, so two deployments (or test runs) on one host do not collide
+        self.port = port if port is not None else free_port()
+        self.node_ports = node_ports if node_ports is not None else [free_port() for _ in range(nodes)]
+        if len(self.node_ports) != nodes:
+            raise FedrecError(f"{nodes} SuperNodes need {nodes} ports, got {len(self.node_ports)}")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         bin_dir = str(Path(sys.executable).parent)  # flower-* spawn flower-superexec by name
         # the SuperExecs poll for work every second by default; 0.1 s cuts a wait per message
@@ -95,7 +108,7 @@ class Loopback:
         for i in range(self.nodes):
             self._start(f"supernode{i}", [
                 "flower-supernode", "--insecure", "--superlink", self.address,
-                "--port", str(self.node_port + i),
+                "--port", str(self.node_ports[i]),
                 "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
         return self
 
