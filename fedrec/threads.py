@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from fedrec.errors import FedrecError
 
 
@@ -35,6 +33,8 @@ def choose(requested: int | None = None) -> int:
 
 def apply(requested: int | None = None) -> int:
     """Set PyTorch's intra-op threads by `choose`; returns the number in use."""
+    import torch  # here: `fedrec data` and `--help` need no PyTorch
+
     n = choose(requested)
     if n:
         torch.set_num_threads(n)

@@ -214,7 +214,7 @@ def test_zip_download_is_verified_unpacked_and_cached(
     found = registry.resolve("toy")
     assert found.path == offline / "toy" / "u.data"
     assert found.path.read_bytes() == U_DATA.read_bytes()
-    assert sorted(p.name for p in (offline / "toy").iterdir()) == ["u.data"]  # no staging left
+    assert sorted(p.name for p in (offline / "toy").iterdir()) == [".sha256.json", "u.data"]  # no staging left
     assert len(registry.load("toy")) == 5
     assert calls == ["https://example.invalid/toy.zip"]  # second call served from the cache
 
@@ -289,7 +289,7 @@ def test_wheel_mirror_extracts_and_verifies(offline: Path, monkeypatch: pytest.M
     assert calls == ["toypkg==1.0"]
     assert found.path == offline / "toy-wheel" / "ml-100k.inter"
     assert found.path.read_bytes() == content
-    assert sorted(p.name for p in (offline / "toy-wheel").iterdir()) == ["ml-100k.inter"]
+    assert sorted(p.name for p in (offline / "toy-wheel").iterdir()) == [".sha256.json", "ml-100k.inter"]
     assert len(registry.load("toy-wheel")) == 5 and calls == ["toypkg==1.0"]
 
 
@@ -479,3 +479,38 @@ def test_cli_module_does_not_import_torch() -> None:
     code = "import sys, fedrec.cli.data; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_a_truncated_cached_file_is_caught_and_fetched_again_with_a_reason(
+    offline: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """u.data has no published checksum; the cache records the sha256 of what it unpacked from
+    the verified download, so a truncated copy is not used: it is fetched again, and said so."""
+    archive = _zip_bytes({"toy/u.data": U_DATA.read_bytes()})
+    calls: list[str] = []
+    _serve(monkeypatch, archive, calls)
+    _register(monkeypatch, _zip_spec(f"sha256:{_sha256(archive)}"))
+    cached = registry.resolve("toy").path
+    full = len(registry.load("toy"))
+    assert fetch.recorded_hashes(cached.parent)["u.data"] == _sha256(U_DATA.read_bytes())
+    lines = cached.read_bytes().splitlines(keepends=True)
+    cached.write_bytes(b"".join(lines[: len(lines) * 4 // 5]))  # a cut-off copy
+    with caplog.at_level("WARNING", logger="fedrec.data"):
+        assert len(registry.load("toy")) == full and len(calls) == 2
+    assert "truncated or overwritten" in caplog.text and "fetching it again" in caplog.text
+
+
+def test_a_killed_fetch_leaves_no_staging_folder_for_long(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    archive = _zip_bytes({"toy/u.data": U_DATA.read_bytes()})
+    _serve(monkeypatch, archive, [])
+    _register(monkeypatch, _zip_spec(f"sha256:{_sha256(archive)}"))
+    stale, fresh = offline / "toy" / ".fetch-killed", offline / "toy" / ".fetch-running"
+    for d in (stale, fresh):
+        d.mkdir(parents=True)
+    old = time.time() - 2 * fetch.STALE_STAGING_S
+    os.utime(stale, (old, old))
+    registry.resolve("toy")
+    assert not stale.exists() and fresh.exists()  # a live fetch's folder is left alone

@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from fedrec import threads
 from fedrec.errors import FedrecError, Interrupted
 
 app = typer.Typer(
@@ -42,7 +41,6 @@ _mount()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     try:
-        threads.apply()  # one thread unless OMP_NUM_THREADS says otherwise; `run --threads N`
         app(args=argv, standalone_mode=True)
     except FedrecError as e:
         # the message as text: brackets in it ([1, 5], fedrec[flower]) are not markup

@@ -48,7 +48,10 @@ def flower_command(
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),
 ) -> None:
     """Run ALGORITHM on Flower: the simulator's algorithm objects as a ServerApp and ClientApp."""
+    from fedrec import threads
     from fedrec.cli.experiments import _parse_settings
+
+    threads.apply()  # the server process; nodes are their own processes
 
     try:
         from fedrec.flower import launch

@@ -24,12 +24,16 @@ def reproduce_command(
     plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
     reuse_only: bool = typer.Option(False, "--reuse-only", help="Print the tables from the results already in OUT_DIR; run nothing."),
+    threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1; 0: PyTorch's default)."),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
 
     Every run is done under the legacy negative policy the paper's code used and under
     fedrec's leak-free default, so a gap can be told apart from the leak.
     """
+    from fedrec import threads as torch_threads
+
+    torch_threads.apply(threads)
     from fedrec.reproduce.papers import load_figures
     from fedrec.reproduce.runner import (
         DATA_OPTIONS,

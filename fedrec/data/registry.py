@@ -16,12 +16,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from fedrec.data.catalogue import REGISTRY
-from fedrec.data.fetch import SourceFailed, describe_checksum, fetch, pip_download  # noqa: F401  (the public names)
+from fedrec.data.fetch import (  # noqa: F401  (the public names)
+    SourceFailed,
+    describe_checksum,
+    fetch,
+    pip_download,
+    recorded_hashes,
+)
 from fedrec.data.interactions import Interactions
 from fedrec.data.sources import (  # noqa: F401  (the public names)
     DEFAULT_DATASET,
@@ -32,6 +39,8 @@ from fedrec.data.sources import (  # noqa: F401  (the public names)
     Source,
 )
 from fedrec.errors import FedrecError, UnknownNameError
+
+log = logging.getLogger("fedrec.data")
 
 
 def list_datasets() -> list[str]:
@@ -138,6 +147,9 @@ def resolve(
         for source in spec.sources:
             if not names & set(source.provides):
                 continue
+            rejected = [f for f in failures if f.startswith("cache: ")]
+            if rejected:  # a re-fetch says why
+                log.warning("%s; fetching it again from %s", rejected[-1][len("cache: "):], source.label)
             try:
                 fetch(spec, source, cache)
             except SourceFailed as exc:
@@ -187,6 +199,11 @@ def _search_dir(
                 continue
             if verify and raw.sha256 is not None and sha256_of(path) != raw.sha256:
                 skipped.append(f"{path} has the wrong sha256 (corrupt or different copy)")
+                continue
+            recorded = recorded_hashes(folder).get(raw.name) if verify else None
+            if recorded is not None and sha256_of(path) != recorded:
+                skipped.append(f"{path} is not the file fetched into the cache (its sha256 "
+                               "changed since: truncated or overwritten)")
                 continue
             return path, raw
     names = ", ".join(raw.name for raw in wanted)
