@@ -49,6 +49,8 @@ class RunConfig:
     one_pass_core: bool = False
     max_users: int | None = None
     data_dir: str | None = None
+    #: a user's own file as ``--dataset``: its user, item[, rating[, timestamp]] columns
+    columns: str | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
@@ -94,8 +96,12 @@ class RunConfig:
         check_device(t.device)
 
 
-def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interactions:
-    """A registered data set, or ``synthetic[:USERSxITEMS]`` generated with the run's seed."""
+def load_interactions(dataset: str, data_dir: str | None, seed: int,
+                      columns: str | None = None) -> Interactions:
+    """A registered data set, ``synthetic[:USERSxITEMS]`` generated with the run's seed, or a
+    user's own CSV/TSV/Parquet file read by the generic reader with ``columns``."""
+    if columns is not None or _looks_like_a_file(dataset):
+        return read_own_file(dataset, columns)
     m = _SYNTHETIC.match(dataset)
     if m:
         from fedrec.data.synthetic import synthetic
@@ -122,6 +128,33 @@ def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
     return FederatedConfig(**merged)
 
 
+def _looks_like_a_file(dataset: str) -> bool:
+    return "/" in dataset or Path(dataset).suffix.lower() in (".csv", ".tsv", ".txt", ".dat", ".parquet",
+                                                              ".pq", ".inter", ".tab")
+
+
+def read_own_file(path: str, columns: str | None) -> Interactions:
+    """``path`` through `fedrec.data.tables.read_table`: ``columns`` names the user, item and
+    optionally rating and timestamp columns (header names, or 0-based positions for a file
+    without a header)."""
+    import hashlib
+
+    from fedrec.data.tables import read_table
+
+    if not columns:
+        raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
+                          "USER,ITEM[,RATING[,TIMESTAMP]] (header names, or 0-based positions)")
+    names = [c.strip() for c in columns.split(",")]
+    if not 2 <= len(names) <= 4 or not all(names):
+        raise FedrecError(f"--columns {columns!r}: give USER,ITEM[,RATING[,TIMESTAMP]]")
+    positions = all(n.isdigit() for n in names)
+    cols: list[str | int] = [int(n) for n in names] if positions else names
+    data = read_table(path, *cols, header=not positions)  # type: ignore[arg-type]
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()),
+                                                       "origin": "--dataset", "sha256": digest})
+
+
 def prepare_split(cfg: RunConfig) -> Split:
     """Load, preprocess (as the protocol needs) and split the run's data set."""
     from fedrec.data.preprocess import PreprocessConfig, preprocess
@@ -137,7 +170,7 @@ def prepare_split(cfg: RunConfig) -> Split:
             f"--threshold turns ratings into implicit feedback, but protocol '{protocol.name}' "
             "evaluates explicit ratings"
         )
-    raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
+    raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed, cfg.columns)
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,

@@ -221,3 +221,27 @@ def test_the_results_record_the_threads_used(tmp_path: Path, capsys: pytest.Capt
         assert json.loads(out.read_text())["environment"]["threads"] == "2"
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_users_own_file_runs_through_the_generic_reader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = ["uid,iid,score,ts"] + [f"u{u},i{(u * 7 + k * 13) % 300},{1 + k % 5},{u * 100 + k}"
+                                   for u in range(60) for k in range(20)]
+    data = tmp_path / "mine.csv"
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.json"
+    argv = ["run", "pfedrec", "-d", str(data), "--rounds", "1", "--out", str(out), "-q"]
+    code, text = _cli(argv, capsys)
+    assert code == 2 and "--columns" in text and not out.exists()
+    code, text = _cli([*argv, "--columns", "uid,nope"], capsys)
+    assert code == 2 and "no column 'nope'; columns are: uid, iid, score, ts" in text
+    assert _cli([*argv, "--columns", "uid,iid,score,ts"], capsys)[0] == 0
+    blob = json.loads(out.read_text())
+    assert blob["data"]["users"] == 60 and blob["data"]["source"]["origin"] == "--dataset"
+    assert blob["config"]["columns"] == "uid,iid,score,ts"
+
+
+def test_data_stats_says_what_a_run_keeps_of_repeated_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = (Path(__file__).parent / "fixtures" / "ml-100k" / "u.data").read_text().splitlines()
+    (tmp_path / "u.data").write_text("\n".join([*lines, lines[0], lines[1]]) + "\n")
+    code, text = _cli(["data", "stats", "ml-100k", "--data-dir", str(tmp_path), "--file", "u.data"], capsys)
+    assert code == 0 and "2 rows repeat a (user, item) pair; a run keeps the last of each" in text

@@ -121,6 +121,7 @@ def stats_command(
         (data.implicit or registry.get_spec(name).implicit) if implicit is None else implicit
     )
     users, items, events, sparsity = _summary(data, as_implicit, min_rating)
+    distinct = _summary(data, True, min_rating)[2]
     out = _console()
     kept = f", rating >= {min_rating:g}" if min_rating is not None else ""
     mode = "implicit" if as_implicit else "explicit"
@@ -135,6 +136,9 @@ def stats_command(
     table.add_row("interactions", f"{events:,}")
     table.add_row("sparsity", f"{sparsity:.2%}")
     out.print(table)
+    if events > distinct:  # what a run uses: one row per (user, item) pair
+        out.print(f"note: {events - distinct:,} rows repeat a (user, item) pair; a run keeps the "
+                  f"last of each ({distinct:,} interactions)")
 
 
 def _summary(

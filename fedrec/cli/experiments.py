@@ -84,7 +84,8 @@ def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool,
 
 def run_command(
     algorithm: str = typer.Argument(..., help="Algorithm name (see `fedrec algorithms`)."),
-    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, synthetic[:USERSxITEMS], or your own CSV/TSV/Parquet file (with --columns)."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns: header names, or 0-based positions for a file without a header."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (see `fedrec protocols`)."),
     seed: int = typer.Option(0, help="Seed of every random choice in the run."),
     rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Federated rounds (centralised: epochs); default: the algorithm's, else 100."),
@@ -152,7 +153,7 @@ def run_command(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
-        data_dir=data_dir,
+        data_dir=data_dir, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
                **_parse_settings(set_options)},
@@ -172,7 +173,7 @@ def run_command(
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
         ),
     )
-    out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}.json"
+    out = out or Path("runs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}.json"
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
     bar = Progress(
