@@ -94,7 +94,7 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     ({"rounds": "2"}, "rounds must be"),
     ({"seed": "a"}, "seed must be int"),
     ({"options": ["dim"]}, "options must be a dict"),
-    ({"nosuch": 3}, "unknown data option nosuch; known: max_users"),
+    ({"nosuch": 3}, "unknown data option nosuch; known: columns, max_users"),
     ({"model": {"dim": 4}}, "pass it as run\\(\\)'s options argument"),
     ({"engine": {"lr": "abc"}}, "option lr \\(engine option\\) expects number"),
 ])
