@@ -245,3 +245,19 @@ def test_data_stats_says_what_a_run_keeps_of_repeated_pairs(tmp_path: Path, caps
     (tmp_path / "u.data").write_text("\n".join([*lines, lines[0], lines[1]]) + "\n")
     code, text = _cli(["data", "stats", "ml-100k", "--data-dir", str(tmp_path), "--file", "u.data"], capsys)
     assert code == 0 and "2 rows repeat a (user, item) pair; a run keeps the last of each" in text
+
+
+def test_plot_draws_runs_and_refuses_what_it_cannot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fed, cen = tmp_path / "fed.json", tmp_path / "cen.json"
+    assert _cli(["run", "pfedrec", "-d", SYN, "--rounds", "3", "--out", str(fed), "-q"], capsys)[0] == 0
+    assert _cli(["run", "mf", "-d", SYN, "--epochs", "2", "--out", str(cen), "-q"], capsys)[0] == 0
+    fig = tmp_path / "fig.png"
+    code, text = _cli(["plot", str(fed), str(cen), "--out", str(fig)], capsys)
+    assert code == 0 and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "junk.json").write_text("{]")
+    for argv, says in [([str(tmp_path / "none.json")], "no such results file"),
+                       ([str(tmp_path / "junk.json")], "not a results JSON"),
+                       ([str(fed), "--metric", "auc"], "no validation auc per round")]:
+        code, text = _cli(["plot", *argv, "--out", str(tmp_path / "bad.png")], capsys)
+        assert code == 2 and says in text and "Traceback" not in text
+    assert not (tmp_path / "bad.png").exists()

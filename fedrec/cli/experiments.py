@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
 
     app.command("reproduce")(reproduce_command)
     app.command("recommend")(recommend_command)
+    app.command("plot")(plot_command)
 
 
 def _refuse_ignored(algorithm: str, federated: bool, federated_only: dict[str, bool],
@@ -250,6 +251,17 @@ def recommend_command(
     for u in user:
         items = trained.recommend(u, k)
         typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
+
+
+def plot_command(
+    results: list[Path] = typer.Argument(..., help="Results JSON files of `fedrec run` (or `fedrec flower`)."),
+    out: Path = typer.Option(Path("runs/plot.png"), "--out", "-o", help="The PNG to write."),
+    metric: str | None = typer.Option(None, help="Validation metric (default: the one that selected the runs' best rounds)."),
+) -> None:
+    """Draw validation curves (best rounds marked) and bytes per round of one or more runs."""
+    from fedrec.plot import runs_figure
+
+    typer.echo(f"wrote {runs_figure(results, out, metric)}")
 
 
 def audit_command(
