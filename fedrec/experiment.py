@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -85,6 +86,7 @@ class RunConfig:
             return
         t = self.train
         check(
+            (not all(math.isfinite(v) for v in (t.lr, t.weight_decay)), "--lr and --weight-decay must be finite numbers"),
             (t.epochs < 1, f"--epochs must be >= 1 (got {t.epochs})"),
             (t.batch_size < 1, f"--batch-size must be >= 1 (got {t.batch_size})"),
             (t.lr <= 0, f"--lr must be > 0 (got {t.lr})"),

@@ -10,6 +10,7 @@ would have done.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,7 +76,13 @@ class FederatedConfig:
     device: str = "cpu"
 
     def validate(self) -> None:
+        floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
+                  "--item-std": self.item_std, "--ldp": self.ldp, "--clip": self.clip,
+                  "--dp-clip": self.dp_clip, "--dp-noise": self.dp_noise, "--dp-delta": self.dp_delta,
+                  "--memory-budget-mb": self.memory_budget_mb, "--clients-per-round": self.clients_per_round}
+        not_finite = [k for k, v in floats.items() if v is not None and not math.isfinite(v)]
         check(
+            (bool(not_finite), f"{', '.join(not_finite)} must be finite numbers"),
             (self.rounds < 1, f"--rounds must be >= 1 (got {self.rounds})"),
             (self.clients_per_round <= 0, "--clients-per-round must be > 0"),
             (self.clients_per_round > 1 and self.clients_per_round != int(self.clients_per_round),
