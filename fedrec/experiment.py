@@ -252,15 +252,16 @@ def train(
     if out is not None:
         check_writable(out)
     options = spec.parse(cfg.model)
+    ranking = get_protocol(cfg.protocol).ranking
+    if ranking not in spec.rankings:  # before any data is read
+        why = ": its scores are not ratings" if ranking == "rating" else ""
+        raise FedrecError(f"'{cfg.algorithm}' cannot be evaluated under protocol '{cfg.protocol}' "
+                          f"({ranking}{why}); it runs under {', '.join(spec.rankings)} protocols, "
+                          "see `fedrec protocols`")
     split = prepare_split(cfg)
     k = cfg.federated.negatives if spec.kind == "federated" else cfg.train.negatives
     if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k
         raise FedrecError(f"--num-negatives {k} is not below the number of items ({split.n_items})")
-    if split.protocol.ranking not in spec.rankings:
-        raise FedrecError(
-            f"'{cfg.algorithm}' cannot be evaluated under protocol '{split.protocol.name}' "
-            f"({split.protocol.ranking}); see `fedrec protocols`"
-        )
     device = (cfg.federated if spec.kind == "federated" else cfg.train).device
     with on(device):  # every tensor the algorithm creates lives on the run's device
         model, trainable = build_trainable(cfg, split, options)

@@ -261,3 +261,12 @@ def test_plot_draws_runs_and_refuses_what_it_cannot(tmp_path: Path, capsys: pyte
         code, text = _cli(["plot", *argv, "--out", str(tmp_path / "bad.png")], capsys)
         assert code == 2 and says in text and "Traceback" not in text
     assert not (tmp_path / "bad.png").exists()
+
+
+def test_scores_that_are_not_ratings_are_not_scored_as_ratings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PFedRec's scores are logits: under a rating protocol its RMSE was 6.8-9.6 on 1-5 stars."""
+    out = tmp_path / "r.json"
+    for algorithm in ("pfedrec", "fedrap", "gpfedrec", "metamf"):
+        code, text = _cli(["run", algorithm, "-d", SYN, "-p", "ratio-rating", "--out", str(out), "-q"], capsys)
+        assert code == 2 and "its scores are not ratings" in text
+    assert _cli(["run", "mf", "-d", SYN, "-p", "ratio-rating", "--epochs", "1", "--out", str(out), "-q"], capsys)[0] == 0

@@ -39,7 +39,8 @@ class AlgorithmSpec:
     options: type[Options] = Options
     engine: dict[str, Any] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
-    rankings: tuple[str, ...] = ("sampled", "full", "rating")
+    #: scores that rank items by default; "rating" only where the model is trained on ratings
+    rankings: tuple[str, ...] = ("sampled", "full")
     flower: bool = False
 
     def parse(self, values: Mapping[str, Any] | None = None) -> Options:

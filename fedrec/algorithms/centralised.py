@@ -42,10 +42,10 @@ def _build_ncf(split: Split, o: NCFOptions) -> nn.Module:
 register(AlgorithmSpec(
     "mf", "centralised",
     "matrix factorisation, BCE with sampled negatives (biased MSE under ratio-rating)",
-    _build_mf, MFOptions, {"lr": 1e-3},
+    _build_mf, MFOptions, {"lr": 1e-3}, rankings=("sampled", "full", "rating"),
 ))
 register(AlgorithmSpec(
     "ncf", "centralised",
-    "NeuMF: GMF + 3-layer MLP tower (64-32-16-8), BCE with sampled negatives",
-    _build_ncf, NCFOptions, {"lr": 1e-3},
+    "NeuMF: GMF + 3-layer MLP tower (64-32-16-8), BCE with sampled negatives (MSE under ratio-rating)",
+    _build_ncf, NCFOptions, {"lr": 1e-3}, rankings=("sampled", "full", "rating"),
 ))
