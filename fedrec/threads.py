@@ -1,11 +1,18 @@
 """How many threads PyTorch computes with: one unless told otherwise.
 
 PyTorch's default (one intra-op thread per core) collapses when another process competes for
-a core: its OpenMP threads wait on each other. Measured on the 2-core development machine with
-one competing CPU-bound process, identical figures in every case: PFedRec (ML-100K) 0.197 s a
-round with 1 thread against 0.520 with 2 or the default; MF 0.926 s an epoch against 4.42 and
-3.70. fedrec's engine vectorises over clients, so one thread keeps most of the speed on an idle
-machine too (see the README). ``--threads N`` (or ``OMP_NUM_THREADS``) asks for more; 0 leaves
+a core: its OpenMP threads wait on each other. Measured on the 2-core development machine
+(`fedrec run pfedrec --rounds 20`, `fedrec run mf --epochs 10`, ML-100K, median seconds a
+round/epoch, identical figures in every case):
+
+=====================  ==============  ===============  ==============
+threads                1               2                default (2)
+idle: PFedRec / MF     0.209 / 1.135   0.210 / 1.381    0.169 / 0.875
+one busy process       0.202 / 0.920   0.618 / 3.260    0.679 / 3.816
+=====================  ==============  ===============  ==============
+
+One thread gives up about a fifth on an idle machine and is 3-4x faster beside one other busy
+process, so it is the default. ``--threads N`` (or ``OMP_NUM_THREADS``) asks for more; 0 leaves
 PyTorch's default.
 """
 
