@@ -243,9 +243,11 @@ def train(
     checkpoint: str | Path | None = None,
     resume: bool = False,
     keep_best: bool = False,
+    exclusive: bool = False,
 ) -> Trained:
     """`run`, and also hand back the trained model (at its best validation round with
-    ``keep_best``, else as the last round left it) and the split it was trained on."""
+    ``keep_best``, else as the last round left it) and the split it was trained on.
+    ``exclusive``: do not replace an ``out`` that another run wrote while this one trained."""
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
@@ -299,5 +301,5 @@ def train(
         git_revision=git_revision(),
     )
     if out is not None:
-        result.write(out)
+        result.write(out, exclusive=exclusive)
     return Trained(result, trainable, split)

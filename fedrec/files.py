@@ -37,9 +37,13 @@ def check_writable(path: str | Path, what: str = "--out", overwrite: bool = True
     return path
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool = False) -> Path:
     """Call ``write(temporary path)``, then rename the file to ``path``; nothing is left behind
-    if it fails. The file gets the usual permissions (0666 less the umask), not mkstemp's 0600."""
+    if it fails. The file gets the usual permissions (0666 less the umask), not mkstemp's 0600.
+
+    ``exclusive``: never replace an existing ``path`` (another run wrote it meanwhile): the file
+    is kept as ``NAME.PID.SUFFIX`` beside it instead, and a `FedrecError` says so.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -47,7 +51,22 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        if not exclusive:
+            os.replace(tmp, path)
+            return path
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name exists
+        except FileExistsError:
+            kept = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+            os.replace(tmp, kept)
+            raise FedrecError(f"{path} was written by another run meanwhile; this run's file is "
+                              f"{kept}") from None
+        except OSError:  # a file system without hard links: check, then rename
+            if path.exists():
+                raise
+            os.replace(tmp, path)
+            return path
+        Path(tmp).unlink()
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -66,15 +66,16 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def write(self, path: str | Path) -> Path:
-        """Write JSON atomically (`fedrec.files.atomic_write`): never a partial file."""
+    def write(self, path: str | Path, exclusive: bool = False) -> Path:
+        """Write JSON atomically (`fedrec.files.atomic_write`): never a partial file; with
+        ``exclusive``, never over a file another run wrote meanwhile."""
 
         def dump(tmp: str) -> None:
             with open(tmp, "w") as f:
                 json.dump(self.to_dict(), f, indent=2)
                 f.write("\n")
 
-        return atomic_write(path, dump)
+        return atomic_write(path, dump, exclusive)
 
 
 def load_result(path: str | Path) -> dict[str, Any]:

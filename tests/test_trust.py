@@ -270,3 +270,16 @@ def test_scores_that_are_not_ratings_are_not_scored_as_ratings(tmp_path: Path, c
         code, text = _cli(["run", algorithm, "-d", SYN, "-p", "ratio-rating", "--out", str(out), "-q"], capsys)
         assert code == 2 and "its scores are not ratings" in text
     assert _cli(["run", "mf", "-d", SYN, "-p", "ratio-rating", "--epochs", "1", "--out", str(out), "-q"], capsys)[0] == 0
+
+
+def test_a_run_never_overwrites_results_another_run_wrote_meanwhile(tmp_path: Path) -> None:
+    """Two runs with one --out both start (no file yet); the second to finish keeps its results
+    beside the first's and says where, instead of silently replacing them."""
+    path = tmp_path / "r.json"
+    atomic_write(path, lambda tmp: Path(tmp).write_text('{"run": 1}'), exclusive=True)
+    with pytest.raises(FedrecError, match="written by another run meanwhile") as e:
+        atomic_write(path, lambda tmp: Path(tmp).write_text('{"run": 2}'), exclusive=True)
+    assert json.loads(path.read_text()) == {"run": 1}
+    kept = Path(str(e.value).rsplit(" ", 1)[1])
+    assert json.loads(kept.read_text()) == {"run": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", kept.name])

@@ -208,7 +208,7 @@ def run_command(
     try:
         with _sigterm_as_interrupt():
             done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
-                         keep_best=save is not None)
+                         keep_best=save is not None, exclusive=not (overwrite or resume))
     except KeyboardInterrupt:
         bar.stop()
         raise Interrupted(_interrupt_message(last[0], total, checkpoint, resume)) from None
