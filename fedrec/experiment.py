@@ -125,6 +125,14 @@ def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
     unknown = sorted(set(options) - known)
     if unknown:
         raise FedrecError(f"unknown engine option(s): {', '.join(unknown)}")
+    default = FederatedConfig()
+    ignored = [k for k, v in options.items()
+               if k in spec.ignores and v is not None and v != getattr(default, k)]
+    if ignored:
+        flag = {"negatives": "num-negatives"}  # the engine field behind --num-negatives
+        names = ", ".join("--" + flag.get(k, k).replace("_", "-") for k in ignored)
+        raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
+                          "not read by its training")
     merged: dict[str, Any] = dict(spec.engine)
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)

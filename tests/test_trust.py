@@ -40,6 +40,8 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("mf", ["--dual", "--clients-per-round", "0.5"], "--dual, --clients-per-round do not apply"),
     ("pfedrec", ["--weight-decay", "0.1"], "'pfedrec' is federated: --weight-decay"),
     ("pfedrec", ["--device", "tpu"], "--device tpu"),
+    ("personalfr", ["--num-negatives", "8"], "'personalfr' does not use --num-negatives"),
+    ("fedcia", ["--item-lr-scale", "3", "--encoding", "dense"], "does not use --item-lr-scale, --encoding"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,
                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,6 +42,9 @@ class AlgorithmSpec:
     #: scores that rank items by default; "rating" only where the model is trained on ratings
     rankings: tuple[str, ...] = ("sampled", "full")
     flower: bool = False
+    #: engine options (`FederatedConfig` fields) the algorithm does not read: given, they are an
+    #: error rather than silently dropped
+    ignores: tuple[str, ...] = ()
 
     def parse(self, values: Mapping[str, Any] | None = None) -> Options:
         """Typed options from ``values`` (unknown keys, wrong types and contradicted fixed

@@ -40,7 +40,9 @@ ENGINE: dict[str, Any] = {"lr": 1e-3, "rounds": 800, "clients_per_round": 0.1, "
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None) -> None:
     register(AlgorithmSpec(name, "federated", text, _build, AEOptions, {**ENGINE, **(engine or {})},
-                           fixed, rankings=("rating", "rated"), flower=fixed.get("clients") != 1))
+                           fixed, rankings=("rating", "rated"), flower=fixed.get("clients") != 1,
+                           ignores=("negatives", "lr_item", "item_lr_scale", "item_std", "encoding",
+                                    "memory_budget_mb", "dp_clip")))
 
 
 _register("personalfr", "PersonalFR: rating autoencoder, private encoder per client, decoder "

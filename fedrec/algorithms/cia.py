@@ -76,10 +76,15 @@ ENGINE: dict[str, Any] = {"lr": 0.03, "batch_size": 4096, "negatives": 1, "patie
 LIGHTGCN_ENGINE: dict[str, Any] = {"negatives": 4}
 
 
+#: the item-family engine options FedCIA's whole-model clients do not read
+IGNORES = ("lr_item", "item_lr_scale", "item_std", "encoding", "memory_budget_mb", "dp_clip")
+
+
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None,
               options: type[CIAOptions] = CIAOptions) -> None:
     register(AlgorithmSpec(name, "federated", text, _build, options,
-                           {**ENGINE, **(engine or {})}, fixed, flower=fixed.get("clients") != 1))
+                           {**ENGINE, **(engine or {})}, fixed, flower=fixed.get("clients") != 1,
+                           ignores=IGNORES))
 
 
 _register("fedcia", "FedCIA: clients upload item similarities E Eᵀ (or GF-CF filters); the server "
