@@ -178,7 +178,10 @@ def test_an_interrupt_says_what_was_saved_and_how_to_go_on(sig: str, tmp_path: P
     argv = [sys.executable, "-m", "fedrec", "run", "pfedrec", "-d", "synthetic:200x400", "--rounds",
             "400", "--checkpoint-every", "1", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # a shell's background jobs inherit SIGINT ignored, and Python then keeps ignoring it: the
+    # child starts with the default disposition, as a run in a terminal has
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not out.with_suffix(".ckpt").exists() and time.time() < deadline:
         time.sleep(0.05)
