@@ -30,8 +30,10 @@ CIA = {"clients": 6, "finetune_steps": 20}  # FedCIA's clients: 6 groups of 10 u
 def _run(alg: str, rounds: int = 3, seed: int = 3, model: dict[str, Any] | None = None,
          protocol: str = "loo-sampled", **engine: Any) -> RunConfig:
     dim = {"dim": 8} if "dim" in get_algorithm(alg).defaults else {}
+    # small chunks (several per node) where the algorithm trains the item family's cohorts
+    chunks = {} if "memory_budget_mb" in get_algorithm(alg).ignores else {"memory_budget_mb": 0.05}
     return RunConfig(alg, dataset=DATA, protocol=protocol, seed=seed, model={**dim, **(model or {})},
-                     federated=federated_config(alg, rounds=rounds, memory_budget_mb=0.05, **engine))
+                     federated=federated_config(alg, rounds=rounds, **chunks, **engine))
 
 
 def _simulate(run: RunConfig) -> Any:

@@ -16,6 +16,7 @@ Two levels:
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,13 +176,19 @@ class FederatedAlgorithm(Trainable):
         return {}
 
     def train_round(self, r: int) -> RoundRecord:
+        """One round; its record's ``extra`` says how long the clients' side (``train_seconds``:
+        the server's preparation, broadcast, local updates, uploads) and the server's
+        aggregation (``aggregate_seconds``) took."""
+        start = time.perf_counter()
         plan = self.plan(r)
         self.begin_round(plan)
         uploads = self.local_update(plan)
         if not math.isfinite(uploads.loss_sum):
             raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
                               f"{self.divergence_hint}")
+        trained = time.perf_counter()
         self.aggregate(uploads, plan)
+        timing = {"train_seconds": trained - start, "aggregate_seconds": time.perf_counter() - trained}
         return RoundRecord(round=r, loss=uploads.loss, seconds=0.0, bytes_up=uploads.bytes_up,
                            bytes_down=uploads.bytes_down, rejected_uploads=uploads.rejected,
-                           extra={**uploads.extra, **self.round_extra()})
+                           extra={**uploads.extra, **self.round_extra(), **timing})

@@ -76,6 +76,7 @@ def run_rounds(
             raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
                               f"{algorithm.divergence_hint}")
         if r % eval_every == 0 or r == rounds:
+            evaluating = time.perf_counter()
             record.valid = algorithm.evaluate("valid", split)
             if record.valid and selection.observe(r, record.valid):
                 out.test = algorithm.evaluate("test", split)
@@ -84,6 +85,7 @@ def run_rounds(
                                                 for name, mask in groups.items() if mask.any()}
                 if keep_best:
                     best_state = copy.deepcopy(algorithm.state_dict())
+            record.extra["eval_seconds"] = time.perf_counter() - evaluating
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:

@@ -4,7 +4,6 @@ update, upload and Equation 5."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -24,12 +23,11 @@ class AEAlgorithm(FederatedAlgorithm):
         self.n_clients, self.seed, self.clients_per_round = state.K, state.seed, cfg.clients_per_round
 
     def local_update(self, plan: RoundPlan) -> Uploads:
-        start = time.perf_counter()
         cohort, steps = self.state.training_order(plan.clients, self.cfg)
         payload, rows = self.state.download(cohort)
         upload, stats = self.state.local_update(cohort, payload, self.cfg, plan.round)
         loss_sum = stats.pop("loss_sum")
-        extra = {**stats, "clients": float(len(cohort)), "train_seconds": time.perf_counter() - start}
+        extra = {**stats, "clients": float(len(cohort))}
         kept = self._per_client(cohort, rows, upload) if self.keep_uploads else None
         return Uploads(payload=(cohort, rows, upload, steps), per_client=kept,
                        loss_sum=loss_sum, client_batches=int(stats["client_batches"]), extra=extra)
@@ -47,11 +45,9 @@ class AEAlgorithm(FederatedAlgorithm):
         return out
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
-        start = time.perf_counter()
         cohort, rows, upload, steps = uploads.payload
         self.state.aggregate(cohort, rows, upload, steps, self.cfg.lr)
         uploads.bytes_up, uploads.bytes_down = self.state.round_bytes(cohort, first_round=plan.round == 1)
-        uploads.extra["aggregate_seconds"] = time.perf_counter() - start
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)

@@ -330,22 +330,19 @@ class CIAAlgorithm(FederatedAlgorithm):
     def local_update(self, plan: RoundPlan) -> Uploads:
         """Every client trains, then computes what it uploads (`CIAState.client_sums`; each
         client's own upload too when `keep_uploads` is set)."""
-        start = time.perf_counter()
         loss, batches = self.state.train(self.cfg, plan.round)
         trained = time.perf_counter()
         keep: list[ClientUpload] | None = [] if self.keep_uploads else None
         sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), plan.rng, keep)
         return Uploads(payload=sums, per_client=keep, loss_sum=loss, client_batches=batches,
                        bytes_up=int(sums["bytes_up"]), bytes_down=int(sums["bytes_down"]),
-                       extra={"train_seconds": trained - start,
-                              "upload_seconds": time.perf_counter() - trained})
+                       extra={"upload_seconds": time.perf_counter() - trained})
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
         """The server's step on the summed uploads, then every client takes it."""
-        start = time.perf_counter()
         sync, extra = combine(self.state.spec, uploads.payload)
         self.state.apply(sync)
-        uploads.extra = {**extra, **uploads.extra, "aggregate_seconds": time.perf_counter() - start}
+        uploads.extra = {**extra, **uploads.extra}
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)
