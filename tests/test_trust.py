@@ -288,3 +288,19 @@ def test_a_run_never_overwrites_results_another_run_wrote_meanwhile(tmp_path: Pa
     kept = Path(str(e.value).rsplit(" ", 1)[1])
     assert json.loads(kept.read_text()) == {"run": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", kept.name])
+
+
+def test_a_run_from_another_thread_needs_no_signal_handler(tmp_path: Path) -> None:
+    """Signal handlers can only be set from the main thread; a run started elsewhere still works."""
+    out, codes = tmp_path / "r.json", []
+
+    def go() -> None:
+        try:
+            main(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q"])
+        except SystemExit as e:
+            codes.append(e.code)
+
+    t = threading.Thread(target=go)
+    t.start()
+    t.join()
+    assert codes == [0] and out.exists()

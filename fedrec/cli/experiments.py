@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +50,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
