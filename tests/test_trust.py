@@ -304,3 +304,13 @@ def test_a_run_from_another_thread_needs_no_signal_handler(tmp_path: Path) -> No
     t.start()
     t.join()
     assert codes == [0] and out.exists()
+
+
+def test_an_unwritable_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The suite runs as root, for whom every folder is writable: the check is asked directly.)"""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    with pytest.raises(FedrecError, match="cannot write in .*locked"):
+        check_writable(locked / "deeper" / "r.json")
