@@ -88,8 +88,9 @@ def restrict(stage: EvalSet, keep: np.ndarray) -> EvalSet:
 
 
 def _chunked(scorer: Scorer, users: np.ndarray, items: np.ndarray, chunk: int) -> np.ndarray:
+    # candidates are stored compactly (int32); scorers get int64 ids, a chunk at a time
     parts = [
-        np.asarray(scorer(users[s : s + chunk], items[s : s + chunk]), dtype=np.float64)
+        np.asarray(scorer(users[s : s + chunk], items[s : s + chunk].astype(np.int64)), dtype=np.float64)
         for s in range(0, len(users), chunk)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, items.shape[1]))

@@ -27,7 +27,7 @@ class ComplementSampler:
     """Draws items uniformly from the complement of each user's forbidden set."""
 
     def __init__(self, forbidden: sp.csr_matrix) -> None:
-        forbidden = sp.csr_matrix(forbidden, dtype=np.float32)
+        forbidden = sp.csr_matrix(forbidden, dtype=bool)  # only its pattern is used
         forbidden.sum_duplicates()
         forbidden.sort_indices()
         self.forbidden = forbidden

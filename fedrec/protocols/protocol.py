@@ -191,7 +191,7 @@ def _draw_eval_negatives(
     code does for everyone); fewer than n is an error naming the user.
     """
     share = sampler.n_allowed[users] < 2 * n
-    drawn = np.empty((len(users), 2 * n), dtype=np.int64)
+    drawn = np.empty((len(users), 2 * n), dtype=_id_dtype(sampler.n_items))
     drawn[~share] = sampler.sample_distinct(users[~share], 2 * n, rng)
     if share.any():
         once = sampler.sample_distinct(users[share], n, rng)
@@ -202,7 +202,14 @@ def _draw_eval_negatives(
 def _sampled_evalset(targets: sp.csr_matrix, users: np.ndarray, negs: np.ndarray) -> EvalSet:
     """Candidates = the user's single target in column 0, then its sampled negatives."""
     target = targets.indices[targets.indptr[users]]
-    return EvalSet(users, targets, candidates=np.column_stack([target, negs]).astype(np.int64))
+    ids = _id_dtype(targets.shape[1])
+    return EvalSet(users, targets, candidates=np.column_stack([target.astype(ids), negs.astype(ids)]))
+
+
+def _id_dtype(n_items: int) -> type[np.integer]:
+    """Item ids as stored in a split: int32 where they fit (half the memory of a million users'
+    candidates); `fedrec.eval.evaluate` hands scorers int64, a chunk of users at a time."""
+    return np.int32 if n_items < 2**31 else np.int64
 
 
 def make_split(
