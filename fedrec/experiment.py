@@ -147,8 +147,7 @@ def read_own_file(path: str, columns: str | None) -> Interactions:
     """``path`` through `fedrec.data.tables.read_table`: ``columns`` names the user, item and
     optionally rating and timestamp columns (header names, or 0-based positions for a file
     without a header)."""
-    import hashlib
-
+    from fedrec.data.fetch import sha256_of
     from fedrec.data.tables import read_table
 
     if not columns:
@@ -160,7 +159,7 @@ def read_own_file(path: str, columns: str | None) -> Interactions:
     positions = all(n.isdigit() for n in names)
     cols: list[str | int] = [int(n) for n in names] if positions else names
     data = read_table(path, *cols, header=not positions)  # type: ignore[arg-type]
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    digest = sha256_of(Path(path))
     return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()),
                                                        "origin": "--dataset", "sha256": digest})
 

@@ -47,7 +47,7 @@ def fetch(spec: DatasetSpec, source: Source, cache: Path) -> None:
             extracted = _fetch_url(source, stage)
         recorded = recorded_hashes(cache)
         for path in extracted:
-            recorded[path.name] = _sha256(path)
+            recorded[path.name] = sha256_of(path)
             os.replace(path, cache / path.name)
         manifest = cache / MANIFEST
         tmp = manifest.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
@@ -75,7 +75,8 @@ def _remove_stale_staging(cache: Path) -> None:
             continue
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read in 1 MB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

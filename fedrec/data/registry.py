@@ -14,7 +14,6 @@ verified, so an interrupted fetch never leaves a partial file behind.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import logging
 import os
@@ -28,6 +27,7 @@ from fedrec.data.fetch import (  # noqa: F401  (the public names)
     fetch,
     pip_download,
     recorded_hashes,
+    sha256_of,
 )
 from fedrec.data.interactions import Interactions
 from fedrec.data.sources import (  # noqa: F401  (the public names)
@@ -71,14 +71,6 @@ def info(name: str) -> DatasetInfo:
     folder = cache_root() / spec.name
     cached = tuple(folder / f.name for f in spec.files if (folder / f.name).is_file())
     return DatasetInfo(spec, folder, cached)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def locate(

@@ -104,7 +104,8 @@ class CIAState:
 
     def aggregate(self, path: UploadPath, rng: np.random.Generator,
                   keep: list[ClientUpload] | None = None) -> tuple[int, int, dict[str, float]]:
-        """The simulator's aggregation: uploads, server, every client; (bytes up, down, figures)."""
+        """A round's uploads, server step and clients' update in one call (`CIAAlgorithm` runs
+        the three in its local update and aggregation); (bytes up, down, figures)."""
         sums = self.client_sums(path, rng, keep)
         sync, extra = combine(self.spec, sums)
         self.apply(sync)

@@ -30,13 +30,12 @@ from fedrec.flower.roles import (
     Payload,
     ServerBase,
     check_deployable,
+    grouped_share,
     log,
-    node_users,
     stage_metrics,
     wire_ids,
 )
 from fedrec.models.autoencoder import ROW_TABLES, init_params
-from fedrec.partition import Partition
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 
@@ -50,15 +49,11 @@ class AENode:
     def __init__(self, run: RunConfig, partition: int, partitions: int, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         self.spec = check_deployable(run, split=split)
-        everyone = self.spec.partition(split.n_users, run.seed)
-        self.n_clients = everyone.n_clients
-        self.clients = node_users(everyone.n_clients, partition, partitions)
-        users = np.sort(everyone.users_of(self.clients))
-        local_client = np.searchsorted(self.clients, everyone.client_of_user[users])
+        self.n_clients, self.clients, users, local = grouped_share(self.spec, split, run.seed,
+                                                                   partition, partitions)
         view = SimpleNamespace(train=split.train[users], n_users=len(users), n_items=split.n_items,
                                protocol=split.protocol)
-        self.state = AEState(self.spec, view, Partition(local_client, max(len(self.clients), 1)),  # type: ignore[arg-type]
-                             run.seed, client_ids=self.clients)
+        self.state = AEState(self.spec, view, local, run.seed, client_ids=self.clients)  # type: ignore[arg-type]
         data = NodeData.of(split, users)
         self.valid, self.test, self.protocol = data.valid, data.test, split.protocol
 

@@ -38,11 +38,10 @@ from fedrec.flower.roles import (
     Payload,
     ServerBase,
     check_deployable,
+    grouped_share,
     log,
-    node_users,
     stage_metrics,
 )
-from fedrec.partition import Partition
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 
@@ -59,14 +58,10 @@ class CIANode:
     def __init__(self, run: RunConfig, partition: int, partitions: int, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         self.spec = check_deployable(run, split=split)
-        everyone = self.spec.partition(split.n_users, run.seed)
-        self.n_clients = everyone.n_clients
-        self.clients = node_users(everyone.n_clients, partition, partitions)
-        users = np.sort(everyone.users_of(self.clients))
-        local_client = np.searchsorted(self.clients, everyone.client_of_user[users])
+        self.n_clients, self.clients, users, local = grouped_share(self.spec, split, run.seed,
+                                                                   partition, partitions)
         data = NodeData.of(split, users)
-        self.state = CIAState(self.spec, data.train, data.sampler,
-                              Partition(local_client, max(len(self.clients), 1)), run.seed,
+        self.state = CIAState(self.spec, data.train, data.sampler, local, run.seed,
                               client_ids=self.clients)
         self.valid, self.test, self.protocol = data.valid, data.test, split.protocol
         self.applied = 0  # the last round whose server step this node's clients took

@@ -44,6 +44,7 @@ from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, prepare_split
+from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
 
@@ -110,6 +111,18 @@ class NodeData:
         if len(clients) and (rows.max() >= len(self.users) or (self.users[rows] != clients).any()):
             raise FedrecError("the server asked a node to train clients it does not hold")
         return rows
+
+
+def grouped_share(spec: Any, split: Split, seed: int, partition: int, partitions: int
+                  ) -> tuple[int, np.ndarray, np.ndarray, Partition]:
+    """A node's share of grouped clients (FedCIA, the autoencoders): the number of clients in
+    all, the ``partition``-th block of client ids, their users (sorted) and those users'
+    clients renumbered 0..k-1 (a node without clients gets an empty one-client partition)."""
+    everyone = spec.partition(split.n_users, seed)
+    clients = node_users(everyone.n_clients, partition, partitions)
+    users = np.sort(everyone.users_of(clients))
+    local = Partition(np.searchsorted(clients, everyone.client_of_user[users]), max(len(clients), 1))
+    return everyone.n_clients, clients, users, local
 
 
 def _local_stage(stage: EvalSet, users: np.ndarray, n_users: int) -> EvalSet:
