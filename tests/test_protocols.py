@@ -166,3 +166,16 @@ def test_complement_table_and_search_draw_the_same_items(small_data, monkeypatch
     b = searched.sample(users, 5, np.random.default_rng(3))
     assert np.array_equal(a, b)
     assert not forbidden[np.repeat(users, 5), a.ravel()].any()
+
+
+def test_a_samplers_subset_keeps_its_users_forbidden_items() -> None:
+    """A Flower node's sampler: the rows of its users, rebuilt from the search keys alone."""
+    rng = np.random.default_rng(0)
+    dense = rng.random((40, 30)) < 0.3
+    sampler = ComplementSampler(sp.csr_matrix(dense))
+    users = np.array([7, 0, 39, 12, 12])
+    np.testing.assert_array_equal(sampler.forbidden_of(users).toarray(), dense[users])
+    part = sampler.subset(users)
+    drawn = part.sample(np.repeat(np.arange(len(users)), 50), 3, rng)
+    owners = np.repeat(users, 50)
+    assert not dense[owners[:, None], drawn].any()

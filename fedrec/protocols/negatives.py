@@ -6,7 +6,8 @@ and map it to the r-th allowed item: with the forbidden items ``f_0 < f_1 < ...`
 ``b_j = f_j - j`` (non-decreasing), the r-th allowed item is ``r + #{j : b_j <= r}``. One
 ``searchsorted`` over all users' ``b`` rows (offset per user so they stay sorted) does it for
 every draw at once: no Python loop over users, exact uniformity, and memory proportional to
-the forbidden entries plus the draws.
+the forbidden entries plus the draws (made a block of ``BLOCK`` users at a time, so a
+million users' 200 evaluation negatives never hold more than a block's float64 uniforms).
 
 When the user x item grid is small (at most ``TABLE_CELLS`` cells: ML-1M has 22M), the
 sampler also keeps every user's allowed items in one flat table and maps a rank to its item
@@ -21,6 +22,7 @@ import scipy.sparse as sp
 from fedrec.errors import FedrecError
 
 TABLE_CELLS = 1 << 25
+BLOCK = 1 << 16
 
 
 class ComplementSampler:
@@ -30,32 +32,66 @@ class ComplementSampler:
         forbidden = sp.csr_matrix(forbidden, dtype=bool)  # only its pattern is used
         forbidden.sum_duplicates()
         forbidden.sort_indices()
-        self.forbidden = forbidden
         self.n_users, self.n_items = forbidden.shape
         self.indptr = forbidden.indptr.astype(np.int64)
         counts = np.diff(self.indptr)
         self.n_allowed = self.n_items - counts
-        rows = np.repeat(np.arange(self.n_users, dtype=np.int64), counts)
-        within = np.arange(len(rows), dtype=np.int64) - self.indptr[rows]
-        stride = self.n_items + 1
-        self._keys = rows * stride + (forbidden.indices.astype(np.int64) - within)
-        self._stride = stride
+        self._stride = self.n_items + 1
+        # the search keys are all that is kept of the pattern (`forbidden_of` rebuilds rows)
+        self._keys = self._search_keys(forbidden.indices)
         self._table: np.ndarray | None = None
         self._table_ptr: np.ndarray | None = None
         if self.n_users * self.n_items <= TABLE_CELLS:
+            rows = np.repeat(np.arange(self.n_users, dtype=np.int64), counts)
             allowed = np.ones((self.n_users, self.n_items), bool)
             allowed[rows, forbidden.indices] = False
             dtype = np.int16 if self.n_items <= np.iinfo(np.int16).max else np.int32
             self._table = np.nonzero(allowed)[1].astype(dtype)
             self._table_ptr = np.concatenate([[0], np.cumsum(self.n_allowed)])
 
+    def _block_offsets(self, start: int, stop: int) -> np.ndarray:
+        """``user * stride - j`` of the forbidden entries of users ``start:stop`` (j: an entry's
+        position within its user's row): key = item + offset."""
+        lo, hi = self.indptr[start], self.indptr[stop]
+        rows = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(self.indptr[start:stop + 1]))
+        return rows * self._stride - (np.arange(lo, hi, dtype=np.int64) - self.indptr[rows])
+
+    def _search_keys(self, indices: np.ndarray) -> np.ndarray:
+        """``user * stride + b_j`` for every forbidden entry, sorted (int64), built a block of
+        users at a time: the only full-size array is the result."""
+        keys = np.empty(len(indices), np.int64)
+        for start in range(0, self.n_users, BLOCK):
+            stop = min(start + BLOCK, self.n_users)
+            lo, hi = self.indptr[start], self.indptr[stop]
+            keys[lo:hi] = indices[lo:hi] + self._block_offsets(start, stop)
+        return keys
+
+    def forbidden_of(self, users: np.ndarray) -> sp.csr_matrix:
+        """The forbidden pattern (bool CSR) of ``users``' rows, in that order."""
+        users = np.asarray(users, np.int64)
+        counts = self.indptr[users + 1] - self.indptr[users]
+        ptr = np.r_[0, np.cumsum(counts)]
+        entries = np.repeat(self.indptr[users] - ptr[:-1], counts) + np.arange(ptr[-1])
+        rows = np.repeat(users, counts)
+        within = entries - self.indptr[rows]
+        items = self._keys[entries] - rows * self._stride + within
+        return sp.csr_matrix((np.ones(len(items), bool), items, ptr), shape=(len(users), self.n_items))
+
     def subset(self, users: np.ndarray) -> ComplementSampler:
         """The sampler of ``users`` only, renumbered 0..len(users)-1 (a Flower node's clients)."""
-        return ComplementSampler(self.forbidden[np.asarray(users, np.int64)])
+        return ComplementSampler(self.forbidden_of(users))
 
-    def sample(self, users: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-        """``(len(users), k)`` items, each drawn uniformly (with replacement) for its user."""
-        return self.sample_at(users, rng.random((len(users), k)))
+    def sample(self, users: np.ndarray, k: int, rng: np.random.Generator,
+               dtype: type[np.integer] = np.int64) -> np.ndarray:
+        """``(len(users), k)`` items, each drawn uniformly (with replacement) for its user.
+
+        Drawn a block of users at a time; the uniforms come from ``rng`` in row order, so the
+        draws do not depend on the block size."""
+        out = np.empty((len(users), k), dtype)
+        for start in range(0, len(users), BLOCK):
+            block = users[start:start + BLOCK]
+            out[start:start + len(block)] = self.sample_at(block, rng.random((len(block), k)))
+        return out
 
     def sample_at(self, users: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The items at uniform positions ``u`` (``(len(users), k)`` in [0, 1)) of each user's
@@ -72,7 +108,8 @@ class ComplementSampler:
         before = np.searchsorted(self._keys, q, side="right") - self.indptr[users][:, None]
         return r + before
 
-    def sample_distinct(self, users: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    def sample_distinct(self, users: np.ndarray, k: int, rng: np.random.Generator,
+                        dtype: type[np.integer] = np.int64) -> np.ndarray:
         """``(len(users), k)`` items, distinct within each row (sampling without replacement)."""
         users = np.asarray(users, dtype=np.int64)
         short = self.n_allowed[users] < k
@@ -82,7 +119,7 @@ class ComplementSampler:
                 f"user {bad} has only {self.n_allowed[bad]} items to draw {k} distinct ones from; "
                 "use fewer evaluation negatives or a data set with more items"
             )
-        out = self.sample(users, k, rng)
+        out = self.sample(users, k, rng, dtype)
         todo = np.arange(len(users))
         while len(todo):
             rows = np.sort(out[todo], axis=1)
@@ -97,7 +134,7 @@ class ComplementSampler:
             repeat_sorted = np.zeros_like(repeat)
             repeat_sorted[:, 1:] = sorted_block[:, 1:] == sorted_block[:, :-1]
             np.put_along_axis(repeat, order, repeat_sorted, axis=1)
-            redraw = self.sample(users[todo], k, rng)
+            redraw = self.sample(users[todo], k, rng, dtype)
             block[repeat] = redraw[repeat]
             out[todo] = block
         return out

@@ -168,12 +168,28 @@ def _csr(x: Interactions, mask: np.ndarray) -> sp.csr_matrix:
 
 
 def _rows_to_csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
-    m = sp.csr_matrix(
-        (np.ones(cols.size, np.float32), (np.repeat(rows, cols.shape[1]), cols.ravel())), shape=shape
-    )
+    """The pattern (bool CSR) of ``cols[k]`` in row ``rows[k]``."""
+    m = sp.csr_matrix((np.ones(cols.size, bool), (np.repeat(rows, cols.shape[1]), cols.ravel())), shape=shape)
     m.sum_duplicates()
-    m.data[:] = 1.0
     return m
+
+
+def _union(train: sp.csr_matrix, *evals: EvalSet, block: int = 1 << 16) -> sp.csr_matrix:
+    """The pattern (bool CSR) of each user's training items and sampled evaluation candidates,
+    built a block of users at a time: a million users' 200 candidates each never pass through
+    a full-size float or int64 COO."""
+    parts = []
+    for start in range(0, train.shape[0], block):
+        stop = min(start + block, train.shape[0])
+        shape = (stop - start, train.shape[1])
+        part = sp.csr_matrix(train[start:stop], dtype=bool)
+        for e in evals:
+            lo, hi = np.searchsorted(e.users, [start, stop])
+            part = part + _rows_to_csr(e.users[lo:hi] - start, e.candidates[lo:hi], shape)
+        parts.append(part)
+    union = sp.vstack(parts, format="csr") if parts else sp.csr_matrix(train.shape, dtype=bool)
+    union.sort_indices()
+    return union
 
 
 def _binary(m: sp.csr_matrix) -> sp.csr_matrix:
@@ -191,10 +207,11 @@ def _draw_eval_negatives(
     code does for everyone); fewer than n is an error naming the user.
     """
     share = sampler.n_allowed[users] < 2 * n
-    drawn = np.empty((len(users), 2 * n), dtype=_id_dtype(sampler.n_items))
-    drawn[~share] = sampler.sample_distinct(users[~share], 2 * n, rng)
+    ids = _id_dtype(sampler.n_items)
+    drawn = np.empty((len(users), 2 * n), dtype=ids)
+    drawn[~share] = sampler.sample_distinct(users[~share], 2 * n, rng, ids)
     if share.any():
-        once = sampler.sample_distinct(users[share], n, rng)
+        once = sampler.sample_distinct(users[share], n, rng, ids)
         drawn[share] = np.concatenate([once, once], axis=1)
     return drawn
 
@@ -268,11 +285,10 @@ def make_split(
                 "--negatives exclude-candidates needs sampled candidates; under full ranking "
                 "every unseen item is a candidate (use train-only)"
             )
-        forbidden = train_b + _rows_to_csr(valid.users, valid.candidates, shape)
-        forbidden = forbidden + _rows_to_csr(test.users, test.candidates, shape)
+        forbidden = _union(train_b, valid, test)
     elif policy == "train-only":
         forbidden = train_b
     else:
         forbidden = train_b + _binary(valid_t) + _binary(test_t)
-    sampler = ComplementSampler(_binary(forbidden.tocsr()))
+    sampler = ComplementSampler(forbidden)
     return Split(p, x, label, train, valid, test, policy, sampler)
