@@ -170,19 +170,16 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     """Train ``clients`` (ids; rows ``rows`` of ``train``, in `order_by_activity` order) for
     round ``r`` in memory-sized chunks, folding their uploads into ``acc`` (and appending each
     chunk's per-client uploads to ``keep`` when given). The simulator calls it with the whole
-    cohort, a Flower node with its own clients."""
-    counts = np.diff(train.indptr)[rows]
-    negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows, clients, seed, r)
-    samples = counts * (1 + cfg.negatives)
-    pos_end, smp_end = np.cumsum(counts), np.cumsum(samples)
+    cohort, a Flower node with its own clients. A chunk's draws are made with the chunk (they
+    are keyed by client, so chunking does not change them): the round never holds the whole
+    cohort's negatives and shuffle keys at once."""
+    samples = np.diff(train.indptr)[rows] * (1 + cfg.negatives)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
     for a, b in chunk_bounds(samples, per_sample, cfg.memory_budget_mb):
-        p0, s0 = (pos_end[a - 1], smp_end[a - 1]) if a else (0, 0)
-        chunk_negs = negs[p0 : pos_end[b - 1]] if negs is not None else None
-        batches = build_cohort(train, rows[a:b], chunk_negs, cfg.batch_size,
-                               keys[:, s0 : smp_end[b - 1]])
-        up = state.local_update(batches, path, None if fresh is None else fresh[a:b])
+        negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
+        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys)
+        up = state.local_update(batches, path, fresh)
         state.accumulate(acc, up)
         if keep is not None:
             keep.append(up)
