@@ -108,8 +108,9 @@ def main() -> None:
     train = [h.extra["train_seconds"] for h in out.history if "train_seconds" in h.extra]
     if train:  # states that run whole rounds: local training, then the aggregation
         aggregate = [h.extra["aggregate_seconds"] for h in out.history]
-        print(f"        of which local training {np.mean(train):.3f} s/round, aggregation "
-              f"(FedCIA: upload, server mean, eigendecomposition, fine-tune) {np.mean(aggregate):.3f} s/round; "
+        what = " (FedCIA: upload, server mean, eigendecomposition, fine-tune)" if "cia" in args.algorithm else ""
+        print(f"        of which local training {np.mean(train):.3f} s/round, aggregation{what} "
+              f"{np.mean(aggregate):.3f} s/round; "
               f"upload {np.mean([h.bytes_up for h in out.history]) / 2**20:,.2f} MiB/round")
     macs = [h.extra["macs"] for h in out.history if "macs" in h.extra]
     if macs:  # the autoencoders: what a dense implementation computes and what fedrec does

@@ -48,7 +48,9 @@ def _state(spec: RAPSpec, split: Split, seed: int = 2) -> RAPState:
     state = spec.create_state(split.n_users, split.n_items, lr=LR, lr_item=LR_ITEM, item_std=0.5, seed=seed)
     # non-zero D and heads of every shape, so the D-C term and the prox are exercised at once
     if spec.use_d:
-        state.personal_table.normal_(0, 0.3, generator=torch.Generator().manual_seed(seed))
+        pairs = split.n_users * split.n_items
+        views = torch.empty(pairs, spec.dim).normal_(0, 0.3, generator=torch.Generator().manual_seed(seed))
+        state.personal_views.put(np.arange(pairs), views)
     return state
 
 
@@ -68,7 +70,7 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
     head_name = "w" if spec.score == "linear" else "user"
     head = state.private[head_name][client].clone()
     bias = state.private["b"][client].clone() if spec.score == "linear" else torch.zeros(())
-    dd = state.personal_table[client * n_items + items].clone() if spec.use_d else torch.zeros(len(items), d)
+    dd = state.personal_views.get(client * n_items + items.numpy()) if spec.use_d else torch.zeros(len(items), d)
     cc = state.items[items].clone()
     mine = cohort.sample_client == k
     order_rows = cohort.sample_row[mine] - cohort.row_ptr[k]
@@ -139,7 +141,7 @@ def test_lockstep_round_matches_per_client_reference(split: Split, name: str, op
         if spec.score == "linear":
             torch.testing.assert_close(state.private["b"][c], ref["bias"], **TOL)
         if spec.use_d:
-            got_d = state.personal_table[c * state.n_items + ref["items"]]
+            got_d = state.personal_views.get(c * state.n_items + ref["items"].numpy())
             torch.testing.assert_close(got_d, ref["D"], **TOL)
         total[ref["items"]] += ref["C"] - before_items[ref["items"]]
     expected = before_items + total / len(cohort.clients) if spec.use_c else before_items
@@ -175,7 +177,8 @@ def test_centrap_with_one_user_equals_fedrap(split: Split) -> None:
         results.append((state, up))
     (fed, fed_up), (cent, cent_up) = results
     torch.testing.assert_close(cent.items, fed.items, **TOL)
-    torch.testing.assert_close(cent.personal_table, fed.personal_table, **TOL)
+    every = np.arange(split.n_users * split.n_items)
+    torch.testing.assert_close(cent.personal_views.get(every), fed.personal_views.get(every), **TOL)
     assert fed_up.bytes_up > 0 and cent_up.bytes_up == 0
 
 
@@ -185,11 +188,12 @@ def test_untrained_items_keep_a_zero_personal_view(split: Split) -> None:
     cohort = _cohort(split)
     state.begin_round(5)
     state.local_update(cohort, UploadPath())
-    table = state.personal_table.view(split.n_users, split.n_items, -1)
+    table = state.personal_views.get(np.arange(split.n_users * split.n_items)).view(split.n_users, split.n_items, -1)
     touched = np.zeros((split.n_users, split.n_items), bool)
     touched[np.repeat(cohort.clients, np.diff(cohort.row_ptr)), cohort.row_items] = True
     assert (table[torch.as_tensor(~touched)] == 0).all()
     assert (table[torch.as_tensor(touched)].abs().sum(1) > 0).all()
+    assert len(state.personal_views) == touched.sum()  # only the trained pairs are stored
 
 
 def test_sparse_encoding_is_lossless_and_counts_what_travels() -> None:

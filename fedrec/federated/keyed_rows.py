@@ -1,0 +1,108 @@
+"""Rows stored only for the keys that were written: FedRAP's private item views D_i.
+
+A client's D_i starts at zero and a row changes only when the client trains that item, so
+the rows never touched are zero and need no storage. Keys are ``client * n_items + item``
+(int64); they are kept sorted beside the slot of each key's row, and rows are appended in
+the order keys first appear, so a lookup is one ``searchsorted`` and storing a new key never
+moves a row. Memory is 144 bytes a touched (client, item) at width 32 (a dense table costs
+128 bytes for every pair): far less on sparse data (Ciao: 0.3% of its 775 million pairs
+are ever rated), slightly more where clients end up touching nearly every item.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class KeyedRows:
+    """A zero-default table of ``width``-wide rows addressed by int64 keys."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._keys = np.zeros(0, np.int64)  # sorted
+        self._slot = np.zeros(0, np.int64)  # _slot[i]: the row of _keys[i]
+        self._rows = torch.zeros((0, width))
+        self._used = 0
+
+    def __len__(self) -> int:
+        return self._used
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The stored rows (a view; row ``slots(keys)[i]`` belongs to ``keys[i]``)."""
+        return self._rows[: self._used]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the stored keys (capacity not yet used is not counted)."""
+        return self._used * (self.width * self._rows.element_size() + 16)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The slot of each key, -1 where the key was never stored."""
+        keys = np.asarray(keys, np.int64)
+        pos = np.searchsorted(self._keys, keys)
+        out = np.full(keys.shape, -1, np.int64)
+        inside = pos < len(self._keys)
+        hit = np.zeros(keys.shape, bool)
+        hit[inside] = self._keys[pos[inside]] == keys[inside]
+        out[hit] = self._slot[pos[hit]]
+        return out
+
+    def slots(self, keys: np.ndarray) -> torch.Tensor:
+        """The slot of each key, storing a zero row for each key not yet stored."""
+        keys = np.asarray(keys, np.int64)
+        out = self.find(keys)
+        missing = out < 0
+        if missing.any():
+            new = np.unique(keys[missing])
+            new_slots = np.arange(self._used, self._used + len(new), dtype=np.int64)
+            self._reserve(self._used + len(new))
+            self._used += len(new)
+            at = np.searchsorted(self._keys, new)
+            self._keys = np.insert(self._keys, at, new)
+            self._slot = np.insert(self._slot, at, new_slots)
+            out[missing] = new_slots[np.searchsorted(new, keys[missing])]
+        return torch.as_tensor(out)
+
+    def get(self, keys: np.ndarray) -> torch.Tensor:
+        """The rows of ``keys`` (any shape; zero rows for keys never stored), ``keys.shape + (width,)``."""
+        keys = np.asarray(keys, np.int64)
+        found = self.find(keys.ravel())
+        out = torch.zeros((found.size, self.width), dtype=self._rows.dtype)
+        hit = np.flatnonzero(found >= 0)
+        if len(hit):
+            out[torch.as_tensor(hit)] = self._rows.index_select(0, torch.as_tensor(found[hit]))
+        return out.view(*keys.shape, self.width)
+
+    def put(self, keys: np.ndarray, values: torch.Tensor) -> None:
+        """Store ``values`` (``(len(keys), width)``) as the rows of ``keys`` (distinct)."""
+        slots = self.slots(keys)  # first: storing new keys may reallocate the rows
+        self._rows.index_copy_(0, slots, values)
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` rows, growing by half again so appends are amortised O(1)."""
+        if n <= self._rows.shape[0]:
+            return
+        grown = torch.zeros((max(n, self._rows.shape[0] * 3 // 2), self.width), dtype=self._rows.dtype)
+        grown[: self._used] = self._rows[: self._used]
+        self._rows = grown
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Keys (sorted) and their rows in key order: independent of the order keys arrived."""
+        return {"keys": torch.as_tensor(self._keys.copy()),
+                "rows": self._rows.index_select(0, torch.as_tensor(self._slot))}
+
+    @classmethod
+    def from_state(cls, blob: dict[str, Any]) -> KeyedRows:
+        rows = blob["rows"]
+        store = cls(int(rows.shape[1]))
+        store._keys = blob["keys"].cpu().numpy().astype(np.int64)
+        store._slot = np.arange(len(store._keys), dtype=np.int64)
+        store._rows = rows.clone()
+        store._used = len(store._keys)
+        return store
