@@ -148,3 +148,13 @@ def test_resume_refuses_changed_options(tmp_path):
         run(_cfg(rounds=4, checkpoint_every=1, lr=0.3), checkpoint=ckpt, resume=True)
     longer = run(_cfg(rounds=4, checkpoint_every=1), checkpoint=ckpt, resume=True)
     assert [h.round for h in longer.history] == [1, 2, 3, 4]
+
+
+def test_chunk_budget_follows_the_device_unless_given() -> None:
+    from fedrec.federated.engine import CPU_BUDGET_MB, CUDA_BUDGET_MB
+
+    assert FederatedConfig().chunk_budget_mb() == CPU_BUDGET_MB
+    assert FederatedConfig(device="cuda:0").chunk_budget_mb() == CUDA_BUDGET_MB > CPU_BUDGET_MB
+    assert FederatedConfig(device="cuda", memory_budget_mb=8.0).chunk_budget_mb() == 8.0
+    with pytest.raises(FedrecError, match="memory-budget-mb must be > 0"):
+        FederatedConfig(memory_budget_mb=0.0).validate()

@@ -116,7 +116,7 @@ def run_command(
     dp_delta: float = typer.Option(1e-5, help="Federated DP: delta of the reported (epsilon, delta)."),
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
-    memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default 32, about a CPU's last-level cache)."),
+    memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
     checkpoint_every: int = typer.Option(0, help="Write a checkpoint every N rounds (epochs) (0: never)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),

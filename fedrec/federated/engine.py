@@ -35,6 +35,9 @@ from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
+CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
+CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
+
 
 @dataclass
 class FederatedConfig:
@@ -51,7 +54,10 @@ class FederatedConfig:
     in it. Smaller chunks are faster as long as they stay big enough to vectorise: a chunk that
     fits the CPU's last-level cache avoids streaming rows from memory (measured, PFedRec, 2-core
     EPYC with 32 MB L3: ML-100K 0.21 s/round at 512 MB, 0.157 s at 32 MB; ML-1M scale 2.8 and
-    1.5 s/round). Results do not depend on it.
+    1.5 s/round). Results do not depend on it. None (the default) picks it by device: 32 MB on
+    the CPU, `CUDA_BUDGET_MB` on a GPU, where a chunk is one batch of kernel launches and
+    bigger chunks launch fewer (not measured yet: no GPU was available; `--memory-budget-mb`
+    and `benchmarks/gpu_speed.py` are there to tune it).
     """
 
     rounds: int = 100
@@ -71,7 +77,7 @@ class FederatedConfig:
     dp_clip: float | None = None
     dp_noise: float = 0.0
     dp_delta: float = 1e-5
-    memory_budget_mb: float = 32.0
+    memory_budget_mb: float | None = None
     checkpoint_every: int = 0
     device: str = "cpu"
 
@@ -99,10 +105,16 @@ class FederatedConfig:
             (self.dp_noise > 0 and self.dp_clip is None, "--dp-noise needs --dp-clip (the sensitivity)"),
             (not 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
             (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
-            (self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
+            (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
         )
         check_device(self.device)
+
+    def chunk_budget_mb(self) -> float:
+        """The working set of one trained chunk: ``memory_budget_mb``, else the device's default."""
+        if self.memory_budget_mb is not None:
+            return self.memory_budget_mb
+        return CUDA_BUDGET_MB if self.device.startswith("cuda") else CPU_BUDGET_MB
 
     def upload_path(self, lr_item: float = 1.0) -> UploadPath:
         """The clients' upload path. ``dp_clip`` bounds a client's gradient w.r.t. the item
@@ -176,7 +188,7 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     samples = np.diff(train.indptr)[rows] * (1 + cfg.negatives)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
-    for a, b in chunk_bounds(samples, per_sample, cfg.memory_budget_mb):
+    for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb()):
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys)
         up = state.local_update(batches, path, fresh)
