@@ -46,6 +46,10 @@ def flower_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
     app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write."),
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),
+    device: str = typer.Option("cpu", help="Where nodes train their clients (cpu, cuda, cuda:1); the server aggregates on the CPU."),
+    ray_address: str | None = typer.Option(None, help="Simulation: an existing Ray cluster (its head's HOST:PORT, or auto) whose machines run the nodes; see docs/scale.md."),
+    node_cpus: int = typer.Option(1, help="Simulation: CPUs each node's Ray actor asks for."),
+    node_gpus: float = typer.Option(0.0, help="Simulation: share of a GPU each node's Ray actor asks for (e.g. 0.25: four nodes a GPU); use with --device cuda."),
 ) -> None:
     """Run ALGORITHM on Flower: the simulator's algorithm objects as a ServerApp and ClientApp."""
     from fedrec import threads
@@ -62,13 +66,19 @@ def flower_command(
 
     if mode not in MODES:
         raise FedrecError(f"--mode must be one of {', '.join(MODES)}")
+    ray_set = [name for name, given in (("--ray-address", ray_address is not None), ("--node-cpus", node_cpus != 1),
+                                        ("--node-gpus", node_gpus != 0.0)) if given]
+    if ray_set and mode != "simulation":
+        raise FedrecError(f"{', '.join(ray_set)} only apply to --mode simulation (Ray)")
+    if node_cpus < 1 or node_gpus < 0:
+        raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
     run = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
         model={**({"dim": dim} if dim is not None else {}), **_parse_settings(set_options)},
         federated=federated_config(algorithm, rounds=rounds, clients_per_round=clients_per_round,
                                    local_epochs=local_epochs, lr=lr, lr_item=lr_item,
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
-                                   dp_noise=dp_noise, dp_delta=dp_delta),
+                                   dp_noise=dp_noise, dp_delta=dp_delta, device=device),
     )
     run.validate()
     run.federated.validate()
@@ -86,7 +96,8 @@ def flower_command(
         return
     start = time.perf_counter()
     if mode == "simulation":
-        launch.simulate(run, nodes, out=out, **kw)
+        launch.simulate(run, nodes, out=out, ray_address=ray_address, node_cpus=node_cpus,
+                        node_gpus=node_gpus, **kw)
     else:
         with launch.Loopback(nodes, workdir=workdir) as deployment:
             console.print(f"SuperLink on {deployment.address}, {nodes} SuperNodes; logs in "

@@ -31,6 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedrec.algorithms import get_algorithm
 from fedrec.core import checkpoint
+from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, fingerprint, prepare_split, recorded_config
@@ -114,7 +115,20 @@ def _save_bytes(path: Path, raw: bytes) -> None:
 def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
     app = ClientApp(mods=[secagg.client_mod])  # passes everything but SecAgg+ messages through
 
+    def on_run_device(handler: Any) -> Any:
+        """Handle with the run's device as PyTorch's default (`fedrec.core.device`): a node
+        trains its clients on the GPU share its Ray actor or machine was given."""
+
+        @functools.wraps(handler)
+        def wrapped(msg: Message, context: Context) -> Message:
+            run = run_from_json(str(_options(context, fixed)[RUN_KEY]))
+            with on(run.federated.device if run.federated is not None else "cpu"):
+                return handler(msg, context)
+
+        return wrapped
+
     @app.query()
+    @on_run_device
     def hello(msg: Message, context: Context) -> Message:
         node = _node(context, fixed)
         resume = int(from_record(msg.content).get("resume_round", 0))
@@ -123,6 +137,7 @@ def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
         return _reply(msg, node.hello(resume))
 
     @app.train()
+    @on_run_device
     def train(msg: Message, context: Context) -> Message:
         node = _node(context, fixed)
         if secagg.is_request(msg):  # the masked-vector stage of SecAgg+ (the mod masks it)
@@ -136,6 +151,7 @@ def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
         return _reply(msg, reply)
 
     @app.evaluate()
+    @on_run_device
     def evaluate(msg: Message, context: Context) -> Message:
         node = _node(context, fixed)
         return _reply(msg, node.evaluate(from_record(msg.content)))

@@ -46,16 +46,25 @@ def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Pa
     return opts
 
 
-def simulate(run: RunConfig, nodes: int, **kw: Any) -> None:
-    """Run on Flower's simulation engine (Ray), one virtual SuperNode per partition."""
+def simulate(run: RunConfig, nodes: int, *, ray_address: str | None = None, node_cpus: int = 1,
+             node_gpus: float = 0.0, **kw: Any) -> None:
+    """Run on Flower's simulation engine (Ray), one virtual SuperNode per partition.
+
+    ``ray_address``: an existing Ray cluster (``HOST:PORT`` of its head, or ``auto``) whose
+    machines run the nodes (see docs/scale.md); default: a Ray instance started here. Each node
+    is a Ray actor asking for ``node_cpus`` CPUs and ``node_gpus`` of a GPU, and trains its shard
+    of clients with the vectorised engine on the run's device.
+    """
     os.environ.update(QUIET)
     from flwr.simulation import run_simulation
 
     from fedrec.flower.app import apps
 
+    backend: dict[str, Any] = {"client_resources": {"num_cpus": node_cpus, "num_gpus": float(node_gpus)}}
+    if ray_address:
+        backend["init_args"] = {"address": ray_address}
     server, client = apps(options(run, nodes, **kw))
-    run_simulation(server_app=server, client_app=client, num_supernodes=nodes,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=backend)
 
 
 def free_port() -> int:
