@@ -236,6 +236,7 @@ MALFORMED_CASES: list[tuple[str, Callable[..., Interactions], int, str]] = [
     ("bad_rating.amazon.csv", P.parse_amazon_ratings, 2, "rating 'five' is not a number"),
     ("bad_header.user_artists.dat", P.parse_lastfm_user_artists, 1, "expected header"),
     ("bad_date.tafeng.csv", P.parse_tafeng, 3, "'31/31/2000' is not a date"),
+    ("bad_date.user_taggedartists.dat", P.parse_lastfm_tagged_dates, 3, "'2009-02-31' is not a date"),
     ("short_row.tafeng.csv", P.parse_tafeng, 2, "expected 9 comma-separated fields, got 8"),
     ("bad_rating.anime.csv", P.parse_anime, 4, "rating 11 is not -1 or in 1..10"),
     ("bad_rating.bx.csv", P.parse_book_crossing, 3, "Book-Rating 'five' is not an integer"),

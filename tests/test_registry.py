@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 from typer.testing import CliRunner
@@ -102,14 +103,30 @@ def test_marker_rejects_other_data_sets_file(tmp_path: Path) -> None:
 
 
 def test_file_choice_and_parser_options(tmp_path: Path) -> None:
-    for name in ("user_artists.dat", "user_taggedartists-timestamps.dat"):
-        _copy(FIXTURES / "lastfm-2k" / name, tmp_path / "lastfm")
-    default = registry.load("lastfm-2k", tmp_path / "lastfm")
-    assert not default.implicit and default.ratings.tolist() == [13883, 11690, 228, 600]
-    tags = registry.load("lastfm-2k", tmp_path / "lastfm", file="user_taggedartists-timestamps.dat")
-    assert tags.implicit and len(tags) == 4 and tags.name == "lastfm-2k"
+    _copy(FIXTURES / "lastfm-2k" / "user_artists.dat", tmp_path / "lastfm")
+    for name in ("user_taggedartists-timestamps.dat", "user_taggedartists.dat"):
+        _copy(FIXTURES / "lastfm-2k-tags" / name, tmp_path / "lastfm")
+    listens = registry.load("lastfm-2k-listens", tmp_path / "lastfm")
+    assert not listens.implicit and listens.ratings.tolist() == [13883, 11690, 228, 600]
+    tags = registry.load("lastfm-2k", tmp_path / "lastfm")
+    assert tags.implicit and tags.name == "lastfm-2k" and tags.source["file"].endswith("-timestamps.dat")
     with pytest.raises(FedrecError, match=r"has no raw file 'nope.dat'"):
         registry.load("lastfm-2k", tmp_path / "lastfm", file="nope.dat")
+
+
+def test_lastfm_2k_is_the_papers_tag_assignments_of_users_with_five(tmp_path: Path) -> None:
+    """PFedRec's Lastfm-2K: one row per tag assignment, users with fewer than 5 rows left out
+    (counted on rows, before any deduplication); both HetRec files give the same data."""
+    for name in ("user_taggedartists-timestamps.dat", "user_taggedartists.dat"):
+        _copy(FIXTURES / "lastfm-2k-tags" / name, tmp_path / "fm")
+    stamped = registry.load("lastfm-2k", tmp_path / "fm", file="user_taggedartists-timestamps.dat")
+    dated = registry.load("lastfm-2k", tmp_path / "fm", file="user_taggedartists.dat")
+    for data in (stamped, dated):
+        kept = data.user_ids[np.unique(data.users)].tolist()
+        assert kept == [2, 7] and len(data) == 11  # user 4 (4 rows) is out, user 7 (exactly 5) in
+    assert stamped.users.tolist() == dated.users.tolist() and stamped.items.tolist() == dated.items.tolist()
+    assert np.array_equal(np.argsort(stamped.timestamps, kind="stable"), np.argsort(dated.timestamps, kind="stable"))
+    assert (dated.timestamps - stamped.timestamps == 2 * 3600).all()  # UTC midnight vs CEST midnight
 
     _copy(FIXTURES / "anime" / "rating.csv", tmp_path / "anime")
     assert len(registry.load("anime", tmp_path / "anime")) == 3
@@ -385,6 +402,7 @@ def test_registry_contents_and_checksums() -> None:
         "ml-100k",
         "ml-1m",
         "lastfm-2k",
+        "lastfm-2k-listens",
         "hetrec-movielens",
         "amazon-video",
         "tafeng",
@@ -456,13 +474,15 @@ def test_cli_stats_thousands_and_implicit(tmp_path: Path) -> None:
     assert re.search(r"users\s+1,500\n", result.output)
     assert re.search(r"items\s+1,100\n", result.output)
 
-    _copy(FIXTURES / "lastfm-2k" / "user_taggedartists-timestamps.dat", tmp_path / "fm")
-    args = ["stats", "lastfm-2k", "--data-dir", str(tmp_path / "fm"), "--file"]
-    args.append("user_taggedartists-timestamps.dat")
-    implicit = runner.invoke(cli.app, args)
-    assert re.search(r"interactions\s+3\n", implicit.output)  # distinct (user, artist) pairs
-    explicit = runner.invoke(cli.app, [*args, "--explicit"])
-    assert re.search(r"interactions\s+4\n", explicit.output)  # one row per tag
+    _copy(FIXTURES / "lastfm-2k-tags" / "user_taggedartists.dat", tmp_path / "fm")
+    args = ["stats", "lastfm-2k", "--data-dir", str(tmp_path / "fm")]
+    papers = runner.invoke(cli.app, args)  # counted as the papers count: every tag assignment
+    assert re.search(r"users\s+2\n", papers.output) and re.search(r"items\s+7\n", papers.output)
+    assert re.search(r"interactions\s+11\n", papers.output)
+    assert "users with fewer than 5 rows left out" in papers.output
+    assert "a run keeps the last of each (7 interactions)" in papers.output
+    pairs = runner.invoke(cli.app, [*args, "--implicit"])
+    assert re.search(r"interactions\s+7\n", pairs.output)  # distinct (user, artist) pairs
 
 
 def test_cli_fetch_prints_path(tmp_path: Path) -> None:

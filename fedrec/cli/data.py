@@ -116,18 +116,22 @@ def stats_command(
 ) -> None:
     """Print users, items, interactions and sparsity of a data set."""
     found = registry.resolve(name, data_dir, file=file)
-    data = found.raw.parser(found.path)
-    as_implicit = (
-        (data.implicit or registry.get_spec(name).implicit) if implicit is None else implicit
-    )
+    spec = registry.get_spec(name)
+    data = spec.defining_filter(found.raw.parser(found.path))
+    if implicit is None:  # the data set's own count: distinct pairs, or rows as its papers count
+        as_implicit = (data.implicit or spec.implicit) and not spec.count_rows
+    else:
+        as_implicit = implicit
     users, items, events, sparsity = _summary(data, as_implicit, min_rating)
     distinct = _summary(data, True, min_rating)[2]
     out = _console()
     kept = f", rating >= {min_rating:g}" if min_rating is not None else ""
-    mode = "implicit" if as_implicit else "explicit"
+    mode = "implicit" if as_implicit else ("implicit, every row counted" if data.implicit else "explicit")
     out.print(
         f"{escape(name)}: {escape(found.raw.name)} from {escape(found.origin)} ({mode}{kept})"
     )
+    if spec.min_user_rows:
+        out.print(f"users with fewer than {spec.min_user_rows} rows left out (the data set's definition)")
     table = Table.grid(padding=(0, 2))
     table.add_column()
     table.add_column(justify="right")

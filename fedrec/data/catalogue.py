@@ -14,6 +14,21 @@ _HETREC = (
     "Heterogeneity and Fusion in Recommender Systems (HetRec 2011). RecSys 2011."
 )
 
+def _hetrec_lastfm(*members: str) -> Source:
+    """The GroupLens HetRec Last.fm archive, keeping ``members``."""
+    return Source(
+        "GroupLens",
+        "https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
+        # GroupLens publishes no hash for the HetRec archives; this md5 is the one
+        # pinned by sisinflab/DataRec (datarec/datasets/lastfm/lastfm_2011.py).
+        checksum="md5:296d61afe4e8632b173fc2dd3be20ce2",
+        checksum_source="sisinflab/DataRec datarec/datasets/lastfm/lastfm_2011.py",
+        members=members,
+    )
+
+
+_LASTFM_FOLDERS = ("lastfm-2k", "hetrec2011-lastfm-2k", "lastfm", "lastfm-2k-hetrec")
+
 REGISTRY: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
@@ -85,33 +100,38 @@ REGISTRY: dict[str, DatasetSpec] = {
         DatasetSpec(
             name="lastfm-2k",
             description=(
-                "HetRec 2011 Last.fm: 1,892 users, 17,632 artists; 92,834 listening counts "
-                "(user_artists.dat, default) or 186,479 timestamped tag assignments"
+                "HetRec 2011 Last.fm tag assignments as PFedRec, FedRAP and GFed-PP use them: "
+                "users with >= 5 assignments; 1,600 users, 12,454 artists, 185,650 assignments "
+                "(70,508 distinct user-artist pairs)"
             ),
             citation=_HETREC,
             homepage="https://grouplens.org/datasets/hetrec-2011/",
             files=(
                 RawFile(
-                    "user_artists.dat", parsers.parse_lastfm_user_artists, note="weight as rating"
-                ),
-                RawFile(
                     "user_taggedartists-timestamps.dat",
                     parsers.parse_lastfm_tagged,
-                    note="one implicit row per tag assignment (PFedRec's Lastfm-2K)",
+                    note="one implicit row per tag assignment, clock in milliseconds (PFedRec's copy)",
+                ),
+                RawFile(
+                    "user_taggedartists.dat",
+                    parsers.parse_lastfm_tagged_dates,
+                    note="the same assignments with day/month/year",
                 ),
             ),
-            sources=(
-                Source(
-                    "GroupLens",
-                    "https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
-                    # GroupLens publishes no hash for the HetRec archives; this md5 is the one
-                    # pinned by sisinflab/DataRec (datarec/datasets/lastfm/lastfm_2011.py).
-                    checksum="md5:296d61afe4e8632b173fc2dd3be20ce2",
-                    checksum_source="sisinflab/DataRec datarec/datasets/lastfm/lastfm_2011.py",
-                    members=("user_artists.dat", "user_taggedartists-timestamps.dat"),
-                ),
-            ),
-            folders=("lastfm-2k", "hetrec2011-lastfm-2k", "lastfm"),
+            sources=(_hetrec_lastfm("user_taggedartists-timestamps.dat", "user_taggedartists.dat"),),
+            folders=_LASTFM_FOLDERS,
+            implicit=True,
+            min_user_rows=5,
+            count_rows=True,
+        ),
+        DatasetSpec(
+            name="lastfm-2k-listens",
+            description="HetRec 2011 Last.fm listening counts: 92,834 by 1,892 users on 17,632 artists",
+            citation=_HETREC,
+            homepage="https://grouplens.org/datasets/hetrec-2011/",
+            files=(RawFile("user_artists.dat", parsers.parse_lastfm_user_artists, note="weight as rating"),),
+            sources=(_hetrec_lastfm("user_artists.dat"),),
+            folders=_LASTFM_FOLDERS,
         ),
         DatasetSpec(
             name="hetrec-movielens",

@@ -196,6 +196,24 @@ def parse_lastfm_tagged(path: PathLike) -> Interactions:
     )
 
 
+def parse_lastfm_tagged_dates(path: PathLike) -> Interactions:
+    """HetRec-2011 Last.fm ``user_taggedartists.dat``: the tag assignments with their dates.
+
+    Header ``userID artistID tagID day month year``; a row's clock is its date (midnight UTC,
+    in seconds): the same order as the ``-timestamps`` file's milliseconds, which are local
+    midnights of the same dates. One implicit row per tag assignment.
+    """
+    columns = ("userID", "artistID", "tagID", "day", "month", "year")
+    layout = Layout(columns, ("int",) * 6, "\t", header=columns)
+    df = read_frame(path, layout)
+    iso = (df["year"].astype(str) + "-" + df["month"].astype(str).str.zfill(2) + "-"
+           + df["day"].astype(str).str.zfill(2))
+    seconds = dates_to_seconds(Path(path), layout, "date (year-month-day)", iso)
+    return build_interactions(
+        df["userID"].to_numpy(), df["artistID"].to_numpy(), None, seconds, Path(path), implicit=True,
+    )
+
+
 def parse_hetrec_movielens(path: PathLike) -> Interactions:
     """HetRec-2011 MovieLens ``user_ratedmovies-timestamps.dat``.
 
@@ -372,6 +390,7 @@ PARSERS: dict[str, Callable[..., Interactions]] = {
     "amazon-ratings": parse_amazon_ratings,
     "lastfm-user-artists": parse_lastfm_user_artists,
     "lastfm-tagged": parse_lastfm_tagged,
+    "lastfm-tagged-dates": parse_lastfm_tagged_dates,
     "hetrec-movielens": parse_hetrec_movielens,
     "tafeng": parse_tafeng,
     "anime": parse_anime,

@@ -108,7 +108,8 @@ def load(
             f"{', '.join(sorted(parser_options))}; it takes: {', '.join(accepted) or 'no options'}"
         ) from None
     source = {"file": str(found.path), "origin": found.origin, "sha256": sha256_of(found.path)}
-    return dataclasses.replace(parser(found.path, **parser_options), name=name, source=source)
+    data = get_spec(name).defining_filter(parser(found.path, **parser_options))
+    return dataclasses.replace(data, name=name, source=source)
 
 
 def resolve(

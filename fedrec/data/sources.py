@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
 
@@ -74,6 +76,11 @@ class DatasetSpec:
     wins unless the caller names one); ``sources`` are tried in order when none is found.
     ``manual_download`` is set for publishers behind a login, who have no URL here.
     ``folders`` are directory names the raw files usually sit in (the archive's folder).
+    ``min_user_rows`` is part of what the name means where the papers define the data set by a
+    filter on raw rows (Lastfm-2K: users with at least 5 tag assignments): it is applied when
+    the data are read, before any deduplication. ``count_rows``: the papers count every raw row
+    as an interaction (a tag assignment), so `fedrec data stats` does too, beside the distinct
+    pairs a run keeps.
     """
 
     name: str
@@ -85,6 +92,15 @@ class DatasetSpec:
     manual_download: str | None = None
     folders: tuple[str, ...] = ()
     implicit: bool = False
+    min_user_rows: int = 0
+    count_rows: bool = False
+
+    def defining_filter(self, x: Interactions) -> Interactions:
+        """``x`` without the users the data set's definition leaves out (``min_user_rows``)."""
+        if not self.min_user_rows:
+            return x
+        rows = np.bincount(x.users, minlength=x.n_users)
+        return x.subset(rows[x.users] >= self.min_user_rows)
 
     @property
     def parser(self) -> Callable[..., Interactions]:
