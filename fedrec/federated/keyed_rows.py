@@ -2,9 +2,12 @@
 
 A client's D_i starts at zero and a row changes only when the client trains that item, so
 the rows never touched are zero and need no storage. Keys are ``client * n_items + item``
-(int64); they are kept sorted beside the slot of each key's row, and rows are appended in
-the order keys first appear, so a lookup is one ``searchsorted`` and storing a new key never
-moves a row. Memory is 144 bytes a touched (client, item) at width 32 (a dense table costs
+(int64). Rows are appended in the order keys first appear, so storing a key never moves a
+row; the keys live in a few sorted runs beside their rows' slots, merged like a binary counter
+(a run is merged into the one before it once that one is at most twice its size). Storing the
+keys of a chunk of clients thus costs amortised O(log n) a key instead of the O(n) of inserting
+into one sorted array (which made FedRAP's early rounds at ML-1M scale 40% slower), and a
+lookup is one ``searchsorted`` a run (at most log2 of the number of chunks that added keys). Memory is 144 bytes a touched (client, item) at width 32 (a dense table costs
 128 bytes for every pair): far less on sparse data (Ciao: 0.3% of its 775 million pairs
 are ever rated), slightly more where clients end up touching nearly every item.
 """
@@ -22,8 +25,7 @@ class KeyedRows:
 
     def __init__(self, width: int) -> None:
         self.width = width
-        self._keys = np.zeros(0, np.int64)  # sorted
-        self._slot = np.zeros(0, np.int64)  # _slot[i]: the row of _keys[i]
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, their rows' slots)
         self._rows = torch.zeros((0, width))
         self._used = 0
 
@@ -43,13 +45,21 @@ class KeyedRows:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The slot of each key, -1 where the key was never stored."""
         keys = np.asarray(keys, np.int64)
-        pos = np.searchsorted(self._keys, keys)
         out = np.full(keys.shape, -1, np.int64)
-        inside = pos < len(self._keys)
-        hit = np.zeros(keys.shape, bool)
-        hit[inside] = self._keys[pos[inside]] == keys[inside]
-        out[hit] = self._slot[pos[hit]]
+        for run_keys, run_slots in self._runs:
+            pos = np.searchsorted(run_keys, keys).clip(max=len(run_keys) - 1)
+            hit = run_keys[pos] == keys
+            out[hit] = run_slots[pos[hit]]
         return out
+
+    def _add_run(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Add sorted new ``keys``, merging runs while the last is at least half the one before."""
+        self._runs.append((keys, slots))
+        while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
+            (a_keys, a_slots), (b_keys, b_slots) = self._runs[-2], self._runs.pop()
+            merged = np.concatenate([a_keys, b_keys])
+            order = np.argsort(merged, kind="stable")  # two sorted runs: timsort merges them in O(n)
+            self._runs[-1] = (merged[order], np.concatenate([a_slots, b_slots])[order])
 
     def slots(self, keys: np.ndarray) -> torch.Tensor:
         """The slot of each key, storing a zero row for each key not yet stored."""
@@ -61,9 +71,7 @@ class KeyedRows:
             new_slots = np.arange(self._used, self._used + len(new), dtype=np.int64)
             self._reserve(self._used + len(new))
             self._used += len(new)
-            at = np.searchsorted(self._keys, new)
-            self._keys = np.insert(self._keys, at, new)
-            self._slot = np.insert(self._slot, at, new_slots)
+            self._add_run(new, new_slots)
             out[missing] = new_slots[np.searchsorted(new, keys[missing])]
         return torch.as_tensor(out)
 
@@ -94,15 +102,19 @@ class KeyedRows:
 
     def state(self) -> dict[str, Any]:
         """Keys (sorted) and their rows in key order: independent of the order keys arrived."""
-        return {"keys": torch.as_tensor(self._keys.copy()),
-                "rows": self._rows.index_select(0, torch.as_tensor(self._slot))}
+        keys = np.concatenate([k for k, _ in self._runs] or [np.zeros(0, np.int64)])
+        slots = np.concatenate([s for _, s in self._runs] or [np.zeros(0, np.int64)])
+        order = np.argsort(keys, kind="stable")
+        return {"keys": torch.as_tensor(keys[order]),
+                "rows": self._rows.index_select(0, torch.as_tensor(slots[order]))}
 
     @classmethod
     def from_state(cls, blob: dict[str, Any]) -> KeyedRows:
         rows = blob["rows"]
         store = cls(int(rows.shape[1]))
-        store._keys = blob["keys"].cpu().numpy().astype(np.int64)
-        store._slot = np.arange(len(store._keys), dtype=np.int64)
+        keys = blob["keys"].cpu().numpy().astype(np.int64)
+        if len(keys):
+            store._runs = [(keys, np.arange(len(keys), dtype=np.int64))]
         store._rows = rows.clone()
-        store._used = len(store._keys)
+        store._used = len(keys)
         return store
