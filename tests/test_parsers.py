@@ -161,6 +161,7 @@ def test_fedcia_split_returns_split_and_client() -> None:
     assert split.interactions.item_ids.tolist() == [0, 47, 5]
     assert split.interactions.implicit
     assert _events(P.parse_fedcia_split(path)) == _events(split.interactions)
+    assert P.parse_fedcia_split(path).given_split.tolist() == [0, 1, 2, 0]  # train, valid, test
 
 
 def test_generic_csv_by_header_names() -> None:

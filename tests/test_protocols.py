@@ -45,6 +45,11 @@ def test_timestamp_ties_are_broken_by_row_order(tied_data):
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_targets_never_in_training(small_data, name):
+    if PROTOCOLS[name].split == "given":  # a file's fixed split, here a random one
+        import dataclasses
+
+        fixed = np.random.default_rng(3).integers(0, 3, len(small_data)).astype(np.int8)
+        small_data = dataclasses.replace(small_data, given_split=fixed)
     s = make_split(small_data, name, seed=3)
     assert s.train.multiply(s.valid.targets).nnz == 0
     assert s.train.multiply(s.test.targets).nnz == 0
@@ -179,3 +184,24 @@ def test_a_samplers_subset_keeps_its_users_forbidden_items() -> None:
     drawn = part.sample(np.repeat(np.arange(len(users)), 50), 3, rng)
     owners = np.repeat(users, 50)
     assert not dense[owners[:, None], drawn].any()
+
+
+def test_given_split_is_the_files_and_needs_one() -> None:
+    """FedCIA's published split: train/valid/test exactly as the file says (through dedup and
+    remapping), full ranking; data without a fixed split is refused by name."""
+    import dataclasses
+
+    from fedrec.data.preprocess import PreprocessConfig, preprocess
+    from fedrec.data.synthetic import synthetic
+
+    x = synthetic(30, 40, mean_interactions=8, seed=1)
+    labels = np.random.default_rng(0).integers(0, 3, len(x)).astype(np.int8)
+    data = preprocess(dataclasses.replace(x, given_split=labels), PreprocessConfig(implicit=True))
+    split = make_split(data, "given-full")
+    assert (split.label == data.given_split).all()
+    for code, part in ((TRAIN, split.train), (VALID, split.valid.targets), (TEST, split.test.targets)):
+        rows = data.given_split == code
+        assert part.nnz == rows.sum()
+        assert part[data.users[rows], data.items[rows]].all()
+    with pytest.raises(FedrecError, match="given-full reads the split a data set's file fixes"):
+        make_split(preprocess(x, PreprocessConfig(implicit=True)), "given-full")

@@ -114,6 +114,13 @@ def test_file_choice_and_parser_options(tmp_path: Path) -> None:
         registry.load("lastfm-2k", tmp_path / "lastfm", file="nope.dat")
 
 
+def test_fedcias_ml1m_split_loads_with_its_split(tmp_path: Path) -> None:
+    _copy(FIXTURES / "splits" / "fedcia_split.tsv", tmp_path / "cia")
+    (tmp_path / "cia" / "fedcia_split.tsv").rename(tmp_path / "cia" / "fedcia_ml1m_100_split.tsv")
+    data = registry.load("ml-1m-fedcia", tmp_path / "cia")
+    assert data.implicit and data.given_split.tolist() == [0, 1, 2, 0] and len(data) == 4
+
+
 def test_lastfm_2k_is_the_papers_tag_assignments_of_users_with_five(tmp_path: Path) -> None:
     """PFedRec's Lastfm-2K: one row per tag assignment, users with fewer than 5 rows left out
     (counted on rows, before any deduplication); both HetRec files give the same data."""

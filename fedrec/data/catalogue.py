@@ -134,6 +134,32 @@ REGISTRY: dict[str, DatasetSpec] = {
             folders=_LASTFM_FOLDERS,
         ),
         DatasetSpec(
+            name="ml-1m-fedcia",
+            description=(
+                "FedCIA's published ML-1M split: 6,040 users in 100 clients (contiguous blocks), "
+                "3,706 movies, implicit; train/valid/test 720,150 / 80,017 / 200,042 "
+                "(protocol given-full)"
+            ),
+            citation=_MOVIELENS,
+            homepage="https://github.com/Mingzhe-Han/FedCIA",
+            files=(
+                RawFile(
+                    "fedcia_ml1m_100_split.tsv",
+                    parsers.parse_fedcia_split,
+                    sha256="71c35e3f2bfdf257fc06d2ece87bc147c74e50964f60fe92677a1fa415269e02",
+                    note="client, user_in_client, user_global, item, split (one row per event)",
+                ),
+            ),
+            manual_download=(
+                "re-encode the 300 files datasets/ml1m_100/<client>/{train,valid,test}_dataset.npy "
+                "of https://github.com/Mingzhe-Han/FedCIA as a TSV with header "
+                "'client user_in_client user_global item split' (one row per 1 in the matrices; "
+                "user_global = 60 x client + user_in_client, item = the column)"
+            ),
+            folders=("ml-1m-fedcia", "ml1m_100"),
+            implicit=True,
+        ),
+        DatasetSpec(
             name="hetrec-movielens",
             description=(
                 "HetRec 2011 MovieLens: 855,598 ratings (0.5-5) by 2,113 users on 10,197 movies"

@@ -36,13 +36,16 @@ class Interactions:
     implicit: bool = False
     #: where the events came from (file, origin, sha256; or the generator), for results files
     source: dict[str, Any] = field(default_factory=dict)
+    #: the split a file fixes for each event (0 train, 1 validation, 2 test; FedCIA's
+    #: published split), read by the ``given-*`` protocols; None for ordinary data
+    given_split: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.users)
         if self.row_order is None:
             object.__setattr__(self, "row_order", np.arange(n, dtype=np.int64))
-        for arr_name in ("items", "ratings", "timestamps", "row_order"):
-            if len(getattr(self, arr_name)) != n:
+        for arr_name in ("items", "ratings", "timestamps", "row_order", "given_split"):
+            if getattr(self, arr_name) is not None and len(getattr(self, arr_name)) != n:
                 raise ValueError(f"Interactions.{arr_name} has {len(getattr(self, arr_name))} rows, expected {n}")
 
     @property
@@ -78,6 +81,7 @@ class Interactions:
             name=self.name,
             implicit=self.implicit,
             source=self.source,
+            given_split=None if self.given_split is None else self.given_split[mask],
         )
 
     def to_csr(self, values: np.ndarray | None = None) -> sp.csr_matrix:

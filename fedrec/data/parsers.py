@@ -7,6 +7,7 @@ turns any malformed input into a `DataFormatError` naming the file and the 1-bas
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,8 +379,14 @@ def read_fedcia_split(path: PathLike) -> FedCIASplit:
 
 
 def parse_fedcia_split(path: PathLike) -> Interactions:
-    """The events of a FedCIA split TSV without the split column (see `read_fedcia_split`)."""
-    return read_fedcia_split(path).interactions
+    """The events of a FedCIA split TSV, each with its published split (``given_split``: 0
+    train, 1 validation, 2 test, read by the ``given-full`` protocol); the client column is
+    FedCIA's contiguous blocks of users, which ``grouping=contiguous`` rebuilds."""
+    published = read_fedcia_split(path)
+    codes = np.zeros(len(published.split), np.int8)
+    for code, name in enumerate(_FEDCIA_SPLITS):  # train 0, valid 1, test 2
+        codes[published.split == name] = code
+    return dataclasses.replace(published.interactions, given_split=codes)
 
 
 PARSERS: dict[str, Callable[..., Interactions]] = {

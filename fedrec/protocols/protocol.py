@@ -68,6 +68,14 @@ PROTOCOLS: dict[str, Protocol] = {
             metrics=("precision", "recall", "f1", "mrr", "ndcg"), select="f1@10",
         ),
         Protocol(
+            "given-full",
+            "the train/validation/test split the data set's file fixes (FedCIA's published "
+            "ML-1M split: ml-1m-fedcia); full ranking against all items the user did not train "
+            "on, FedCIA's metrics.",
+            split="given", ranking="full",
+            metrics=("precision", "recall", "f1", "mrr", "ndcg"), select="f1@10",
+        ),
+        Protocol(
             "ratio-rating",
             "per-user random 80/20 split of explicit ratings, 10% of training for validation; "
             "RMSE of predicted ratings. PersonalFR.",
@@ -249,6 +257,11 @@ def make_split(
         )
     if p.split == "loo":
         label = leave_one_out(x, tie_break)
+    elif p.split == "given":
+        if x.given_split is None:
+            raise FedrecError(f"protocol {p.name} reads the split a data set's file fixes, and "
+                              "this data set has none (ml-1m-fedcia has one)")
+        label = x.given_split.astype(np.int8)
     else:
         label = ratio_split(x, p.test_ratio, p.valid_ratio, seed)
     shape = (x.n_users, x.n_items)
