@@ -121,6 +121,18 @@ def test_fedcias_ml1m_split_loads_with_its_split(tmp_path: Path) -> None:
     assert data.implicit and data.given_split.tolist() == [0, 1, 2, 0] and len(data) == 4
 
 
+def test_ciao_is_metamfs_three_files_with_their_split(tmp_path: Path) -> None:
+    for part in ("train", "valid", "test"):
+        _copy(FIXTURES / "ciao" / f"ciao.{part}.rating", tmp_path / "ciao")
+    data = registry.load("ciao", tmp_path / "ciao")
+    assert not data.implicit and data.given_split.tolist() == [0, 0, 0, 0, 1, 2, 2]
+    assert data.ratings.tolist() == [5.0, 5.0, 4.0, 3.0, 2.0, 1.0, 4.0]
+    assert data.user_ids[data.users].tolist() == [0, 0, 1, 2, 0, 1, 2]
+    (tmp_path / "ciao" / "ciao.test.rating").unlink()
+    with pytest.raises(FedrecError, match="ciao.test.rating"):
+        registry.load("ciao", tmp_path / "ciao")
+
+
 def test_lastfm_2k_is_the_papers_tag_assignments_of_users_with_five(tmp_path: Path) -> None:
     """PFedRec's Lastfm-2K: one row per tag assignment, users with fewer than 5 rows left out
     (counted on rows, before any deduplication); both HetRec files give the same data."""

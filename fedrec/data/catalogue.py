@@ -160,6 +160,32 @@ REGISTRY: dict[str, DatasetSpec] = {
             implicit=True,
         ),
         DatasetSpec(
+            name="ciao",
+            description=(
+                "Ciao ratings (1-5) as MetaMF splits them: 7,375 users, 105,096 items; "
+                "train/valid/test 223,006 / 28,240 / 31,373 (protocol given-rating)"
+            ),
+            citation=(
+                "Jiliang Tang, Huiji Gao and Huan Liu. 2012. mTrust: Discerning multi-faceted trust "
+                "in a connected world. WSDM 2012. Split: Yujie Lin et al. 2020. Meta Matrix "
+                "Factorization for Federated Rating Predictions. SIGIR 2020."
+            ),
+            homepage="https://github.com/TempSDU/MetaMF",
+            files=(
+                RawFile(
+                    "ciao.train.rating",
+                    parsers.parse_metamf_split,
+                    sha256="ca7b498cad3ea85503369f7e0c20eba3457993f7f0836cbf2007455b7f066550",
+                    note="with ciao.valid.rating and ciao.test.rating beside it",
+                ),
+            ),
+            manual_download=(
+                "download data/ciao.{train,valid,test}.rating from "
+                "https://github.com/TempSDU/MetaMF (commit bbfdf0b) into one folder"
+            ),
+            folders=("ciao",),
+        ),
+        DatasetSpec(
             name="hetrec-movielens",
             description=(
                 "HetRec 2011 MovieLens: 855,598 ratings (0.5-5) by 2,113 users on 10,197 movies"

@@ -353,6 +353,23 @@ def parse_metamf_rating(path: PathLike) -> Interactions:
     )
 
 
+def parse_metamf_split(path: PathLike) -> Interactions:
+    """A MetaMF split (``ciao.train.rating``) with its siblings ``.valid.rating`` and
+    ``.test.rating``: the three files' ratings, each with its published split in
+    ``given_split`` (read by the ``given-rating`` protocol)."""
+    p = existing(path)
+    if not p.name.endswith(".train.rating"):
+        raise DataFormatError(p, "a MetaMF split is read from its .train.rating file")
+    stem = p.name[: -len(".train.rating")]
+    parts = [parse_metamf_rating(p)] + [parse_metamf_rating(existing(p.with_name(f"{stem}.{part}.rating")))
+                                        for part in ("valid", "test")]
+    raw = [(x.user_ids[x.users], x.item_ids[x.items], x.ratings) for x in parts]
+    merged = build_interactions(np.concatenate([r[0] for r in raw]), np.concatenate([r[1] for r in raw]),
+                                np.concatenate([r[2] for r in raw]), None, p)
+    split = np.repeat(np.arange(3, dtype=np.int8), [len(x) for x in parts])  # train 0, valid 1, test 2
+    return dataclasses.replace(merged, given_split=split)
+
+
 _FEDCIA_COLUMNS = ("client", "user_in_client", "user_global", "item", "split")
 _FEDCIA_SPLITS = ("train", "valid", "test")
 
@@ -405,5 +422,6 @@ PARSERS: dict[str, Callable[..., Interactions]] = {
     "lightgcn-pairs": parse_lightgcn_pairs,
     "metamf-rating": parse_metamf_rating,
     "fedcia-split": parse_fedcia_split,
+    "metamf-split": parse_metamf_split,
 }
 """Raw formats by name, for callers (the CLI) that pick a parser from a string."""

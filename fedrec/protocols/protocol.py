@@ -76,6 +76,12 @@ PROTOCOLS: dict[str, Protocol] = {
             metrics=("precision", "recall", "f1", "mrr", "ndcg"), select="f1@10",
         ),
         Protocol(
+            "given-rating",
+            "the train/validation/test split the data set's files fix (MetaMF's Ciao split: "
+            "ciao); RMSE of predicted ratings.",
+            split="given", ranking="rating", metrics=("rmse",), select="rmse", implicit=False,
+        ),
+        Protocol(
             "ratio-rating",
             "per-user random 80/20 split of explicit ratings, 10% of training for validation; "
             "RMSE of predicted ratings. PersonalFR.",
