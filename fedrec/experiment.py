@@ -117,9 +117,10 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
     return load(dataset, data_dir=data_dir)
 
 
-def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
+def federated_config(algorithm: str, dataset: str | None = None, **options: Any) -> FederatedConfig:
     """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's (its learning
-    rate and `AlgorithmSpec.engine`), then ``options`` (None means "not given")."""
+    rate and `AlgorithmSpec.engine`, with a paper's settings for ``dataset`` where one gives
+    them), then ``options`` (None means "not given")."""
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)
@@ -133,7 +134,7 @@ def federated_config(algorithm: str, **options: Any) -> FederatedConfig:
         names = ", ".join("--" + flag.get(k, k).replace("_", "-") for k in ignored)
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
-    merged: dict[str, Any] = dict(spec.engine)
+    merged: dict[str, Any] = spec.engine_for(dataset)
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
 

@@ -158,3 +158,23 @@ def test_chunk_budget_follows_the_device_unless_given() -> None:
     assert FederatedConfig(device="cuda", memory_budget_mb=8.0).chunk_budget_mb() == 8.0
     with pytest.raises(FedrecError, match="memory-budget-mb must be > 0"):
         FederatedConfig(memory_budget_mb=0.0).validate()
+
+
+def test_a_papers_settings_follow_the_data_set_and_elsewhere_a_note_says_untuned(capsys) -> None:
+    """PFedRec's Table 4: the learning rate per data set; a user's option still wins; data no
+    paper covers keep the ML-100K defaults, with a note."""
+    from fedrec.algorithms import get_algorithm
+
+    assert federated_config("pfedrec", "lastfm-2k").lr == 0.05
+    assert federated_config("pfedrec", "amazon-video").lr == 0.01
+    assert federated_config("fedmf", "lastfm-2k").lr == 0.05 and federated_config("fedmf", "ml-1m").lr == 0.1
+    assert federated_config("pfedrec", "lastfm-2k", lr=0.3).lr == 0.3
+    assert federated_config("pfedrec", "ciao").lr == federated_config("pfedrec").lr == 0.1
+    pfedrec = get_algorithm("pfedrec")
+    assert pfedrec.untuned_note("lastfm-2k") is None and pfedrec.untuned_note("ml-100k") is None
+    assert pfedrec.untuned_note("synthetic:50x80") is None
+    assert "untuned" in pfedrec.untuned_note("ciao") and "untuned" in get_algorithm("fedrap").untuned_note("ml-1m")
+    with pytest.raises(SystemExit):
+        main(["algorithms", "fedmf"])
+    shown = capsys.readouterr().out
+    assert "lastfm-2k" in shown and "--lr 0.05" in shown

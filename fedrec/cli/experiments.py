@@ -169,7 +169,7 @@ def run_command(
             eval_every=eval_every, device=device, checkpoint_every=checkpoint_every,
         ),
         federated=federated_config(
-            algorithm,
+            algorithm, dataset,
             rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
             batch_size=batch_size, lr=given_lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
@@ -181,6 +181,9 @@ def run_command(
     out = out or Path("runs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}.json"
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
+    note = get_algorithm(algorithm).untuned_note(dataset)
+    if note and not quiet:
+        console.print(f"note: {note}", highlight=False)
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -340,6 +343,13 @@ def algorithms_command(
         flag = "--num-negatives" if key == "negatives" else "--" + key.replace("_", "-")
         engine.add_row(flag, str(value))
     console.print(engine)
+    if spec.per_dataset:
+        papers = Table(title="a paper's settings per data set (elsewhere: the defaults above)")
+        papers.add_column("data set")
+        papers.add_column("engine options")
+        for dataset, opts in spec.per_dataset.items():
+            papers.add_row(dataset, ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
+        console.print(papers)
 
 
 def _shown(value: object) -> str:

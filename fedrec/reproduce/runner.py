@@ -229,7 +229,7 @@ def execute(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
                         seed=seed, negatives=negatives, data_dir=data_dir, **(data_options or {}),
                         model=_model_options(planned),
-                        federated=federated_config(planned.algorithm, rounds=rounds,
+                        federated=federated_config(planned.algorithm, dataset, rounds=rounds,
                                                    ldp=planned.ldp, **dict(planned.engine)),
                     )
                     try:
