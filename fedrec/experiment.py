@@ -252,10 +252,12 @@ def train(
     resume: bool = False,
     keep_best: bool = False,
     exclusive: bool = False,
+    split: Split | None = None,
 ) -> Trained:
     """`run`, and also hand back the trained model (at its best validation round with
     ``keep_best``, else as the last round left it) and the split it was trained on.
-    ``exclusive``: do not replace an ``out`` that another run wrote while this one trained."""
+    ``exclusive``: do not replace an ``out`` that another run wrote while this one trained.
+    ``split``: ``cfg``'s split, already prepared (the tuner's, whose test stage is empty)."""
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
@@ -268,7 +270,7 @@ def train(
         raise FedrecError(f"'{cfg.algorithm}' cannot be evaluated under protocol '{cfg.protocol}' "
                           f"({ranking}{why}); it runs under {', '.join(spec.rankings)} protocols, "
                           "see `fedrec protocols`")
-    split = prepare_split(cfg)
+    split = split if split is not None else prepare_split(cfg)
     k = cfg.federated.negatives if spec.kind == "federated" else cfg.train.negatives
     if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k
         raise FedrecError(f"--num-negatives {k} is not below the number of items ({split.n_items})")

@@ -40,6 +40,9 @@ def _build(split: Split, o: RAPOptions) -> RAPSpec:
 ENGINE: dict[str, object] = {"lr": 3.0, "local_epochs": 10, "batch_size": 2048,
                              "encoding": "sparse", "item_lr_scale": 1000.0}
 
+# `fedrec tune` also searches the regularisers' weights (v1 = lam, v2 = mu)
+_SEARCH = {"lam": (1e-3, 1.0), "mu": (1e-5, 1e-1)}
+
 VARIANTS = {
     "fedrap": ("FedRAP: private head and D_i, global sparse C (L1 prox), tanh curriculum", {}),
     "fedrap-c": ("FedRAP-C ablation: the global C alone (no D_i)", {"use_d": False}),
@@ -48,7 +51,8 @@ VARIANTS = {
     "fedrap-l2": ("FedRAP-L2 ablation: mu ||C||^2 instead of the L1 term", {"reg": "l2"}),
 }
 for name, (text, fixed) in VARIANTS.items():
-    register(AlgorithmSpec(name, "federated", text, _build, RAPOptions, dict(ENGINE), fixed, flower=True))
+    register(AlgorithmSpec(name, "federated", text, _build, RAPOptions, dict(ENGINE), fixed, flower=True,
+                           search=_SEARCH if fixed.get("reg") != "none" else {"lam": _SEARCH["lam"]}))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",

@@ -28,8 +28,10 @@ def register(app: typer.Typer) -> None:
     app.command("algorithms")(algorithms_command)
     app.command("protocols")(protocols_command)
     from fedrec.cli.reproduce import reproduce_command
+    from fedrec.cli.tune import tune_command
 
     app.command("reproduce")(reproduce_command)
+    app.command("tune")(tune_command)
     app.command("recommend")(recommend_command)
     app.command("plot")(plot_command)
 
@@ -132,11 +134,31 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's results, checkpoint and --save file."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1, which does not collapse on a busy machine; 0: PyTorch's default)."),
+    config: Path | None = typer.Option(None, "--config", help="A run config written by `fedrec tune`: its engine and model options, under any given here."),
 ) -> None:
     """Train and evaluate ALGORITHM; test figures are taken at the best validation epoch/round."""
     from fedrec import threads as torch_threads
 
     torch_threads.apply(threads)
+    if config is not None:
+        from fedrec.tune import read_config
+
+        tuned = read_config(config)
+        if tuned["algorithm"] != algorithm:
+            raise FedrecError(f"--config {config} was tuned for {tuned['algorithm']}, not {algorithm}")
+        engine = dict(tuned["engine"])
+        rounds = rounds if rounds is not None else engine.pop("rounds", None)
+        lr = lr if lr is not None else engine.pop("lr", None)
+        local_epochs = local_epochs if local_epochs is not None else engine.pop("local_epochs", None)
+        item_lr_scale = item_lr_scale if item_lr_scale is not None else engine.pop("item_lr_scale", None)
+        lr_item = lr_item if lr_item is not None else engine.pop("lr_item", None)
+        batch_size = batch_size if batch_size is not None else engine.pop("batch_size", None)
+        unread = sorted(set(engine) - {"rounds", "lr", "local_epochs", "item_lr_scale", "lr_item", "batch_size"})
+        if unread:
+            raise FedrecError(f"--config {config}: engine option(s) {', '.join(unread)} are not read from configs")
+        set_options = [f"{k}={v}" for k, v in tuned["model"].items()] + list(set_options)
+        if tuned.get("dataset") not in (None, dataset) and not quiet:
+            console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, train
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol

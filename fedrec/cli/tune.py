@@ -1,0 +1,63 @@
+"""`fedrec tune`: search an algorithm's options on a data set's validation split (`fedrec.tune`)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedrec.errors import FedrecError
+
+console = Console()
+
+
+def tune_command(
+    algorithm: str = typer.Argument(..., help="The algorithm to tune (`fedrec algorithms`)."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    trials: int = typer.Option(20, help="Trials (the same budget for every method you compare)."),
+    rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Rounds (epochs) a trial trains (default: the algorithm's, else 100)."),
+    protocol: str | None = typer.Option(None, "--protocol", "-p", help="Protocol whose validation split is searched (default loo-sampled, ratio-rating for the rating autoencoders)."),
+    negatives: str = typer.Option("leak-free", help="Training-negative policy (see `fedrec protocols`)."),
+    seed: int = typer.Option(0, help="Seed of the data split, the runs and the sampler."),
+    data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="The run config to write (default configs/ALGO-DATASET.json), for `fedrec run --config`."),
+    threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
+) -> None:
+    """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
+    never scored. Writes the best options as a run config."""
+    from fedrec import threads as torch_threads
+
+    torch_threads.apply(threads)
+    try:
+        import optuna  # noqa: F401
+    except ImportError as e:
+        raise FedrecError(f"fedrec tune needs Optuna ({e}); pip install 'fedrec[tune]'") from e
+    from fedrec.tune import tune, write_config
+
+    out = out or Path("configs") / f"{algorithm}-{dataset.replace(':', '_')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+    task = bar.add_task(f"tuning {algorithm} on {dataset}", total=trials, status="")
+    def on_trial(entry: dict[str, Any]) -> None:
+        status = f"trial {entry['trial']}: {entry['state']}"
+        if console.is_terminal:
+            bar.update(task, advance=1, status=status)
+        else:
+            typer.echo(f"{status}  {entry.get('best_valid', '')}")
+
+    with bar if console.is_terminal else nullcontext():
+        result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
+                      negatives=negatives, data_dir=data_dir, on_trial=on_trial)
+    write_config(result, out)
+    shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in {**result.engine, **result.model}.items())
+    console.print(f"best validation {result.metric} {result.best_valid:.4f} ({result.completed} complete, "
+                  f"{result.pruned} pruned of {result.trials}): {shown}", highlight=False)
+    console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset} -p {result.protocol} "
+                  f"--config {out}", highlight=False)
+

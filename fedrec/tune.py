@@ -1,0 +1,213 @@
+"""`fedrec tune`: equal-budget hyper-parameter search on the validation split, with Optuna.
+
+Every algorithm is tuned the same way: Optuna's TPE sampler (seeded) proposes the options of
+the algorithm's search space (`search_space`), a trial trains the run's rounds and reports its
+validation figure after every round, and the median pruner stops trials that fall behind
+(after a quarter of the rounds). A trial's value is its best validation figure, the one that
+selects a run's reported round. The test split is never scored: trials train on the split with
+its test stage emptied (`validation_only`), so no test figure exists to be read.
+
+The best options are written as a run config (`write_config`) that ``fedrec run --config``
+reads (`read_config`): the engine options and model options a run takes, and how they were
+found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedrec.algorithms import AlgorithmSpec, get_algorithm
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, prepare_split, train
+from fedrec.files import atomic_write
+from fedrec.protocols.protocol import EvalSet, Split, get_protocol
+from fedrec.train.centralised import TrainConfig
+
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched option: an engine option (`FederatedConfig` / `TrainConfig` field) or a
+    model option, drawn from ``[low, high]`` (log-uniform where ``log``; whole numbers where
+    ``integer``)."""
+
+    name: str
+    where: str  # "engine" or "model"
+    low: float
+    high: float
+    log: bool = True
+    integer: bool = False
+
+
+def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]:
+    """What is tuned: the learning rate (a decade either side of the default), the item rows'
+    rate scale and the local epochs where the algorithm reads them, and the algorithm's own
+    declared options (`AlgorithmSpec.search`: FedRAP's regularisers)."""
+    space: list[Param] = []
+    if spec.kind == "federated":
+        engine = {**dataclasses.asdict(federated_config(spec.name, dataset))}
+        if "lr" not in spec.ignores:
+            space.append(Param("lr", "engine", engine["lr"] / 10, engine["lr"] * 10))
+        if "item_lr_scale" not in spec.ignores and "lr_item" not in spec.ignores:
+            scale = engine["item_lr_scale"] or split.n_items * 80.0  # the engine's default rule
+            space.append(Param("item_lr_scale", "engine", scale / 10, scale * 10))
+        if "local_epochs" not in spec.ignores:
+            space.append(Param("local_epochs", "engine", 1, max(5, engine["local_epochs"]), log=False, integer=True))
+    else:
+        lr = spec.lr or TrainConfig().lr
+        space.append(Param("lr", "engine", lr / 10, lr * 10))
+    space.extend(Param(name, "model", low, high) for name, (low, high) in spec.search.items())
+    return space
+
+
+def validation_only(split: Split) -> Split:
+    """``split`` with an empty test stage: a tuning trial cannot score, let alone read, the test
+    set."""
+    shape = split.test.targets.shape
+    empty = EvalSet(np.zeros(0, np.int64), sp.csr_matrix(shape, dtype=np.float32),
+                    candidates=None if split.test.candidates is None else split.test.candidates[:0],
+                    exclude=split.test.exclude)
+    return dataclasses.replace(split, test=empty)
+
+
+@dataclass
+class TuneResult:
+    """The search's outcome: the best options and how they were found."""
+
+    algorithm: str
+    dataset: str
+    protocol: str
+    negatives: str
+    seed: int
+    rounds: int
+    metric: str
+    engine: dict[str, Any]
+    model: dict[str, Any]
+    best_valid: float
+    trials: int
+    completed: int
+    pruned: int
+    history: list[dict[str, Any]]
+
+    def config(self) -> dict[str, Any]:
+        """The run config `fedrec run --config` reads."""
+        return {
+            "fedrec_config": CONFIG_VERSION,
+            "algorithm": self.algorithm, "dataset": self.dataset, "protocol": self.protocol,
+            "negatives": self.negatives,
+            "engine": {"rounds": self.rounds, **self.engine}, "model": self.model,
+            "tuning": {"sampler": "optuna TPE", "pruner": "median", "seed": self.seed,
+                       "trials": self.trials, "completed": self.completed, "pruned": self.pruned,
+                       "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
+                       "test_read": False, "history": self.history},
+        }
+
+
+def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None,
+         protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
+         data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+    """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials."""
+    import optuna
+
+    spec = get_algorithm(algorithm)
+    if trials < 1:
+        raise FedrecError("--trials must be >= 1")
+    protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
+                            else "loo-sampled")
+    base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
+                     negatives=negatives, data_dir=data_dir)
+    if spec.kind == "federated":
+        base.federated = federated_config(algorithm, dataset, rounds=rounds)
+        rounds = base.federated.rounds
+    else:
+        base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr)
+        rounds = base.train.epochs
+    base.validate()
+    split = validation_only(prepare_split(base))
+    space = search_space(spec, split, dataset)
+    select = get_protocol(protocol).select
+    maximise = select != "rmse"
+    history: list[dict[str, Any]] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        engine, model = {}, {}
+        for p in space:
+            value = (trial.suggest_int(p.name, int(p.low), int(p.high)) if p.integer
+                     else trial.suggest_float(p.name, p.low, p.high, log=p.log))
+            (engine if p.where == "engine" else model)[p.name] = value
+        cfg = dataclasses.replace(base, model=model)
+        if spec.kind == "federated":
+            cfg.federated = dataclasses.replace(base.federated, **engine)
+        else:
+            cfg.train = dataclasses.replace(base.train, **engine)
+
+        def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
+            if record.valid:
+                trial.report(record.valid[select], record.round)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+
+        entry: dict[str, Any] = {"trial": trial.number, "engine": engine, "model": model}
+        history.append(entry)
+        try:
+            done = train(cfg, on_round=report, split=split).result
+        except optuna.TrialPruned:
+            entry["state"] = "pruned"
+            _tell(entry)
+            raise
+        except FedrecError as e:  # diverged: a bad region of the space, not a failed search
+            entry.update(state="failed", reason=str(e))
+            _tell(entry)
+            return -math.inf if maximise else math.inf
+        entry.update(state="complete", best_valid=done.valid_at_best.get(select), best_round=done.best_round)
+        _tell(entry)
+        return float(done.valid_at_best[select])
+
+    def _tell(entry: dict[str, Any]) -> None:
+        if on_trial is not None:
+            on_trial(entry)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        direction="maximize" if maximise else "minimize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
+    )
+    study.optimize(objective, n_trials=trials)
+    states = [t.state for t in study.trials]
+    best = study.best_trial
+    engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
+    model = {p.name: best.params[p.name] for p in space if p.where == "model"}
+    return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
+                      float(best.value), trials, states.count(optuna.trial.TrialState.COMPLETE),
+                      states.count(optuna.trial.TrialState.PRUNED), history)
+
+
+def write_config(result: TuneResult, path: str | Path) -> None:
+    text = json.dumps(result.config(), indent=2) + "\n"
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A run config written by `fedrec tune` (one clear error for anything else)."""
+    p = Path(path)
+    try:
+        blob = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FedrecError(f"--config {p}: not a readable fedrec config ({e})") from None
+    if not isinstance(blob, dict) or blob.get("fedrec_config") != CONFIG_VERSION:
+        raise FedrecError(f"--config {p}: not a fedrec run config (written by `fedrec tune`)")
+    for key in ("algorithm", "engine", "model"):
+        if key not in blob:
+            raise FedrecError(f"--config {p}: no '{key}'")
+    return blob

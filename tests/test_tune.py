@@ -1,0 +1,87 @@
+"""`fedrec tune`: Optuna on the validation split only; its config makes `fedrec run` repeat the
+best trial."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedrec.algorithms import get_algorithm
+from fedrec.cli import main
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, prepare_split
+from fedrec.tune import read_config, search_space, tune, validation_only
+
+DATA = "synthetic:80x300"
+
+
+def _cli(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    return int(done.value.code or 0)
+
+
+def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path) -> None:
+    config = tmp_path / "pfedrec.json"
+    assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "3", "--rounds", "2", "-o", str(config)]) == 0
+    blob = read_config(config)
+    assert blob["tuning"]["trials"] == 3 and blob["tuning"]["test_read"] is False
+    split = validation_only(prepare_split(RunConfig("pfedrec", dataset=DATA)))
+    space = {p.name: p for p in search_space(get_algorithm("pfedrec"), split, DATA)}
+    assert set(blob["engine"]) == {"rounds", *space}
+    for name, value in blob["engine"].items():
+        if name in space:
+            assert space[name].low <= value <= space[name].high
+    out = tmp_path / "run.json"
+    assert _cli(["run", "pfedrec", "-d", DATA, "--config", str(config), "-o", str(out), "-q"]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["federated"]["lr"] == blob["engine"]["lr"]
+    assert result["valid_at_best"]["ndcg@10"] == pytest.approx(blob["tuning"]["best_valid"], rel=1e-12)
+
+
+def test_tuning_never_scores_the_test_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedrec.eval.evaluate as ev
+
+    real = prepare_split(RunConfig("fedmf", dataset=DATA))
+    scored = []
+    original = ev.evaluate
+
+    def spy(scores, data, protocol):  # type: ignore[no-untyped-def]
+        scored.append(data)
+        return original(scores, data, protocol)
+
+    monkeypatch.setattr(ev, "evaluate", spy)
+    tune("fedmf", DATA, trials=2, rounds=2)
+    assert scored
+    for data in scored:
+        if len(data.users):  # every set with users is the validation set
+            assert (data.targets != real.valid.targets).nnz == 0
+            assert (data.candidates == real.valid.candidates).all()
+    assert any(len(data.users) == 0 for data in scored)  # the driver's test call found nothing
+
+
+def test_search_spaces_follow_what_each_algorithm_reads() -> None:
+    split = prepare_split(RunConfig("fedrap", dataset=DATA))
+    rap = {p.name: p for p in search_space(get_algorithm("fedrap"), split, DATA)}
+    assert {"lr", "item_lr_scale", "local_epochs", "lam", "mu"} <= set(rap)
+    assert rap["lam"].where == "model" and rap["local_epochs"].integer and rap["local_epochs"].high >= 10
+    assert "mu" not in {p.name for p in search_space(get_algorithm("fedrap-no"), split, DATA)}
+    assert [p.name for p in search_space(get_algorithm("mf"), split, DATA)] == ["lr"]
+    cia = {p.name for p in search_space(get_algorithm("fedcia-mf"), split, DATA)}
+    assert "item_lr_scale" not in cia  # FedCIA does not read it
+    lr = federated_config("pfedrec", "lastfm-2k").lr  # the space centres on the data set's setting
+    pf = {p.name: p for p in search_space(get_algorithm("pfedrec"), split, "lastfm-2k")}
+    assert pf["lr"].low == pytest.approx(lr / 10) and pf["lr"].high == pytest.approx(lr * 10)
+
+
+def test_a_config_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(FedrecError, match="not a fedrec run config"):
+        read_config(bad)
+    other = tmp_path / "mf.json"
+    other.write_text(json.dumps({"fedrec_config": 1, "algorithm": "mf", "engine": {"lr": 0.01}, "model": {}}))
+    assert _cli(["run", "pfedrec", "-d", DATA, "--config", str(other), "-q", "-o", str(tmp_path / "r.json")]) == 2
+    assert "tuned for mf, not pfedrec" in capsys.readouterr().err
