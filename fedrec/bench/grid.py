@@ -1,0 +1,202 @@
+"""The benchmark grid of `fedrec bench`: algorithms × data sets × protocols × negative policies ×
+seeds, from one TOML file, each cell one run cached under its full config.
+
+A cell's results JSON is stored as ``OUT/cells/<key>.json``, ``key`` a hash of everything that
+shapes its figures (the `RunConfig`, with the data folder left out), written atomically when
+the run ends. So a rerun does only the missing cells, a killed grid resumes where it stopped
+(the cells that were running start again), and changing any option makes new cells rather
+than reusing stale ones. Cells run in worker processes, one PyTorch thread each.
+
+The file::
+
+    [grid]
+    algorithms = ["fedmf", "pfedrec"]
+    datasets = ["ml-100k", "lastfm-2k"]
+    protocols = ["loo-sampled", "loo-full"]   # sampled and full ranking
+    negatives = ["leak-free"]
+    seeds = [0, 1, 2, 3, 4]
+    rounds = 100            # optional: every cell's rounds (epochs)
+    workers = 2             # optional: parallel processes (default: CPUs)
+    data_dir = "data"       # optional
+
+    [tuned]                 # optional: `fedrec tune` configs, by "ALGO" or "ALGO@DATASET"
+    "pfedrec@lastfm-2k" = "configs/pfedrec-lastfm-2k.json"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tomllib
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedrec.errors import FedrecError
+
+GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    algorithm: str
+    dataset: str
+    protocol: str
+    negatives: str
+    seed: int
+    rounds: int | None
+    engine: tuple[tuple[str, Any], ...] = ()  # from a tuned config
+    model: tuple[tuple[str, Any], ...] = ()
+
+    def run_config(self, data_dir: str | None) -> Any:
+        from fedrec.algorithms import get_algorithm
+        from fedrec.experiment import RunConfig, federated_config
+        from fedrec.train.centralised import TrainConfig
+
+        spec = get_algorithm(self.algorithm)
+        cfg = RunConfig(algorithm=self.algorithm, dataset=self.dataset, protocol=self.protocol, seed=self.seed,
+                        negatives=self.negatives, data_dir=data_dir, model=dict(self.model))
+        engine = dict(self.engine)
+        if spec.kind == "federated":
+            cfg.federated = federated_config(self.algorithm, self.dataset, rounds=self.rounds, **engine)
+        else:
+            lr = engine.pop("lr", spec.lr or TrainConfig().lr)
+            cfg.train = TrainConfig(epochs=self.rounds or 100, lr=lr, **engine)
+        return cfg
+
+    def key(self) -> str:
+        """A hash of the run's whole config, less where the data live."""
+        blob = dataclasses.asdict(self.run_config(None))
+        blob.pop("data_dir")
+        text = json.dumps(blob, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@dataclass
+class Grid:
+    """A parsed bench file."""
+
+    cells: list[Cell]
+    workers: int
+    data_dir: str | None
+    source: Path
+    tuned: dict[str, str] = field(default_factory=dict)
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Parse and check a bench file (unknown keys, algorithms, protocols and policies are one
+    clear error each, before anything runs)."""
+    from fedrec.algorithms import get_algorithm
+    from fedrec.protocols.protocol import NEGATIVE_POLICIES, get_protocol
+    from fedrec.tune import read_config
+
+    p = Path(path)
+    try:
+        blob = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise FedrecError(f"{p}: not a readable bench file ({e})") from None
+    grid = blob.get("grid")
+    if not isinstance(grid, dict):
+        raise FedrecError(f"{p}: no [grid] table")
+    unknown = sorted(set(grid) - GRID_KEYS) + sorted(set(blob) - {"grid", "tuned"})
+    if unknown:
+        raise FedrecError(f"{p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(GRID_KEYS))}, [tuned]")
+    lists = {}
+    for key in ("algorithms", "datasets", "protocols", "negatives", "seeds"):
+        value = grid.get(key, ["leak-free"] if key == "negatives" else None)
+        if not isinstance(value, list) or not value:
+            raise FedrecError(f"{p}: grid.{key} must be a non-empty list")
+        lists[key] = value
+    for name in lists["algorithms"]:
+        get_algorithm(name)
+    for name in lists["protocols"]:
+        get_protocol(name)
+    for name in lists["negatives"]:
+        if name not in NEGATIVE_POLICIES:
+            raise FedrecError(f"{p}: unknown negative policy '{name}'; known: {', '.join(NEGATIVE_POLICIES)}")
+    tuned = {str(k): str(v) for k, v in blob.get("tuned", {}).items()}
+    configs = {k: read_config(p.parent / v if not Path(v).is_absolute() else v) for k, v in tuned.items()}
+    rounds = grid.get("rounds")
+    cells = []
+    for algorithm in lists["algorithms"]:
+        for dataset in lists["datasets"]:
+            config = configs.get(f"{algorithm}@{dataset}") or configs.get(algorithm)
+            if config is not None and config["algorithm"] != algorithm:
+                raise FedrecError(f"{p}: the tuned config for {algorithm} was tuned for {config['algorithm']}")
+            engine = dict(config["engine"]) if config else {}
+            cell_rounds = rounds if rounds is not None else engine.get("rounds")
+            engine.pop("rounds", None)
+            model = tuple(sorted(config["model"].items())) if config else ()
+            for protocol in lists["protocols"]:
+                for negatives in lists["negatives"]:
+                    for seed in lists["seeds"]:
+                        cells.append(Cell(algorithm, dataset, protocol, negatives, int(seed), cell_rounds,
+                                          tuple(sorted(engine.items())), model))
+    workers = int(grid.get("workers", os.cpu_count() or 1))
+    if workers < 1:
+        raise FedrecError(f"{p}: grid.workers must be >= 1")
+    return Grid(cells, workers, grid.get("data_dir"), p, tuned)
+
+
+def cell_path(out: Path, cell: Cell) -> Path:
+    return out / "cells" / f"{cell.key()}.json"
+
+
+def _run_cell(cell: Cell, data_dir: str | None, path: str) -> str:
+    """Worker: one cell, one thread; its results JSON written atomically at the end."""
+    from fedrec import threads
+    from fedrec.experiment import run
+
+    threads.apply(1)
+    run(cell.run_config(data_dir), out=path)
+    return path
+
+
+def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None] | None = None) -> dict[str, int]:
+    """Run the cells of ``grid`` that ``out`` lacks; ``on_cell(cell, state)`` reports each one
+    (``cached``, ``done`` or ``failed: reason``). Returns the counts of each state."""
+    import multiprocessing
+
+    out = Path(out)
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    counts = {"cached": 0, "done": 0, "failed": 0}
+    todo = []
+    for cell in grid.cells:
+        if cell_path(out, cell).exists():
+            counts["cached"] += 1
+            if on_cell is not None:
+                on_cell(cell, "cached")
+        else:
+            todo.append(cell)
+    if not todo:
+        return counts
+    context = multiprocessing.get_context("spawn")  # no forked torch state in the workers
+    with ProcessPoolExecutor(max_workers=min(grid.workers, len(todo)), mp_context=context) as pool:
+        futures = {pool.submit(_run_cell, cell, grid.data_dir, str(cell_path(out, cell))): cell for cell in todo}
+        for future in as_completed(futures):
+            cell = futures[future]
+            try:
+                future.result()
+                state = "done"
+            except Exception as e:  # one failed cell must not end the grid
+                state = f"failed: {e}".splitlines()[0]
+            counts["done" if state == "done" else "failed"] += 1
+            if on_cell is not None:
+                on_cell(cell, state)
+    return counts
+
+
+def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
+    """The results JSON of every finished cell of ``grid``."""
+    found = []
+    for cell in grid.cells:
+        path = cell_path(Path(out), cell)
+        if path.exists():
+            found.append(json.loads(path.read_text()))
+    return found

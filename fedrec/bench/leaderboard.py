@@ -1,0 +1,153 @@
+"""Leaderboards of a benchmark grid: per data set and protocol, every method's test figures as
+mean ± standard deviation over seeds, its rank, and paired significance against the best.
+
+A method is an algorithm under a training-negative policy. The best method is the one with the
+best mean of the protocol's selection metric (highest, or lowest for RMSE); every other method
+is compared with it seed by seed on that metric, with a paired t-test and a Wilcoxon
+signed-rank test (scipy), and the table names both. With fewer than two shared seeds no test is
+possible and the cell says so; with five seeds the smallest Wilcoxon p-value is 0.0625, so
+"not significant" there often means "too few seeds to tell". The standard deviation is the
+sample one (ddof=1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+NO_TEST = "—"
+
+
+@dataclass
+class Board:
+    """One leaderboard: ``table`` has a row per method, ranked."""
+
+    dataset: str
+    protocol: str
+    metric: str
+    table: pd.DataFrame
+
+    @property
+    def stem(self) -> str:
+        return f"leaderboard-{self.dataset.replace(':', '_').replace('/', '_')}-{self.protocol}"
+
+
+def _lower_is_better(metric: str) -> bool:
+    return metric.startswith("rmse")
+
+
+def boards(results: list[dict[str, Any]]) -> list[Board]:
+    """A leaderboard per (data set, protocol) of the cells' results JSON."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups[(r["dataset"], r["protocol"])].append(r)
+    return [_board(dataset, protocol, runs) for (dataset, protocol), runs in sorted(groups.items())]
+
+
+def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
+    select = runs[0]["select"]
+    metrics = [m for m in runs[0]["test"] if m != "users"]
+    by_method: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    for r in runs:
+        method = r["algorithm"] if _single_policy(runs) else f"{r['algorithm']} ({r['data']['negatives']})"
+        by_method[method][int(r["seed"])] = r["test"]
+    rows = []
+    for method, seeds in by_method.items():
+        row: dict[str, Any] = {"method": method, "seeds": len(seeds)}
+        for m in metrics:
+            values = np.array([s[m] for s in seeds.values() if m in s], float)
+            row[m] = float(values.mean()) if len(values) else math.nan
+            row[f"{m} std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    ascending = _lower_is_better(select)
+    table = table.sort_values(select, ascending=ascending, kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", range(1, len(table) + 1))
+    best = table["method"].iloc[0]
+    t_p, w_p = [], []
+    for method in table["method"]:
+        t, w = _paired(by_method[best], by_method[method], select) if method != best else (None, None)
+        t_p.append(t)
+        w_p.append(w)
+    table["t-test p"] = t_p
+    table["Wilcoxon p"] = w_p
+    return Board(dataset, protocol, select, table)
+
+
+def _single_policy(runs: list[dict[str, Any]]) -> bool:
+    return len({r["data"]["negatives"] for r in runs}) == 1
+
+
+def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]],
+            metric: str) -> tuple[float | None, float | None]:
+    """p-values of the paired t-test and the Wilcoxon test over the seeds both ran."""
+    from scipy import stats
+
+    shared = sorted(set(best) & set(other))
+    if len(shared) < 2:
+        return None, None
+    a = np.array([best[s][metric] for s in shared])
+    b = np.array([other[s][metric] for s in shared])
+    if np.all(a == b):
+        return 1.0, 1.0
+    with np.errstate(all="ignore"):
+        t = float(stats.ttest_rel(a, b).pvalue)
+        w = float(stats.wilcoxon(a, b).pvalue)
+    return (None if math.isnan(t) else t), (None if math.isnan(w) else w)
+
+
+def _shown(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean ± std and p-values as text, one column per metric."""
+    metrics = [c for c in table.columns if c not in ("rank", "method", "seeds", "t-test p", "Wilcoxon p")
+               and not c.endswith(" std")]
+    out = table[["rank", "method", "seeds"]].copy()
+    for m in metrics:
+        std = table[f"{m} std"]
+        out[m] = [f"{v:.4f}" + ("" if math.isnan(s) else f" ± {s:.4f}") for v, s in zip(table[m], std, strict=True)]
+    for p in ("t-test p", "Wilcoxon p"):
+        out[p] = ["best" if i == 0 else (NO_TEST if pd.isna(v) else f"{v:.3g}") for i, v in enumerate(table[p])]
+    return out
+
+
+def to_markdown(board: Board) -> str:
+    """The board as a Markdown table, with a caption naming the tests."""
+    shown = _shown(board.table)
+    lines = [f"**{board.dataset} · {board.protocol}** (test figures at the best validation round; "
+             f"mean ± std over seeds; p: paired t-test and Wilcoxon signed-rank test of "
+             f"{board.metric} against the best method)", "",
+             "| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def write(board: Board, folder: str | Path) -> list[Path]:
+    """Markdown, CSV (numbers unrounded), LaTeX and a bar chart (PNG) of ``board``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / board.stem
+    paths = [base.with_suffix(".md"), base.with_suffix(".csv"), base.with_suffix(".tex"), base.with_suffix(".png")]
+    paths[0].write_text(to_markdown(board))
+    board.table.to_csv(paths[1], index=False)
+    latex = _shown(board.table).style.hide(axis="index").to_latex(hrules=True)
+    paths[2].write_text(latex.replace("±", r"$\pm$"))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(board.table)), 3.2))
+    std = board.table[f"{board.metric} std"].fillna(0.0)
+    ax.bar(board.table["method"], board.table[board.metric], yerr=std, capsize=4, color="#4C72B0")
+    ax.set_ylabel(f"test {board.metric}")
+    ax.set_title(f"{board.dataset} · {board.protocol} (mean ± std over seeds)")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(paths[3], dpi=120)
+    plt.close(fig)
+    return paths

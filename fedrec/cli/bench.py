@@ -1,0 +1,52 @@
+"""`fedrec bench`: run a benchmark grid (cached, resumable, in parallel) and write its leaderboards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+console = Console()
+
+
+def bench_command(
+    grid_file: Path = typer.Argument(..., help="A bench file (TOML; see `fedrec.bench.grid`)."),
+    out: Path = typer.Option(Path("bench"), "--out", "-o", help="Folder for the cells' results (cells/) and the leaderboards."),
+    workers: int | None = typer.Option(None, help="Parallel worker processes (default: the file's, else the CPUs)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the leaderboards of the cells already run; run nothing."),
+) -> None:
+    """Run GRID_FILE's cells that OUT lacks, then write a leaderboard per data set and protocol
+    (Markdown, CSV, LaTeX, PNG) with paired significance against the best method."""
+    from fedrec.bench import boards, cell_results, load_grid, run_grid, to_markdown, write
+
+    grid = load_grid(grid_file)
+    if workers is not None:
+        grid.workers = workers
+    if not report_only:
+        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+                       disable=not console.is_terminal)
+        task = bar.add_task(f"bench ({grid.workers} workers)", total=len(grid.cells), status="")
+
+        def on_cell(cell, state: str) -> None:  # type: ignore[no-untyped-def]
+            line = f"{cell.algorithm} {cell.dataset} {cell.protocol} {cell.negatives} seed {cell.seed}: {state}"
+            if console.is_terminal:
+                bar.update(task, advance=1, status=line)
+            elif state != "cached":
+                typer.echo(line)
+
+        with bar:
+            counts = run_grid(grid, out, on_cell=on_cell)
+        console.print(f"{len(grid.cells)} cells: {counts['done']} run, {counts['cached']} cached, "
+                      f"{counts['failed']} failed", highlight=False)
+    results = cell_results(grid, out)
+    summary = []
+    for board in boards(results):
+        paths = write(board, out)
+        summary.append(to_markdown(board))
+        console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False)
+    if summary:
+        (out / "leaderboard.md").write_text("\n".join(summary))
+        console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)

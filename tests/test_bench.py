@@ -1,0 +1,123 @@
+"""`fedrec bench`: a grid of cells cached under their full config, resumable after a kill, run in
+parallel workers; leaderboards with mean ± std, rank and paired tests against the best."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedrec.bench import boards, load_grid, to_markdown
+from fedrec.cli import main
+from fedrec.errors import FedrecError
+
+GRID = """
+[grid]
+algorithms = ["fedmf", "pfedrec"]
+datasets = ["synthetic:60x500"]
+protocols = ["loo-sampled"]
+seeds = {seeds}
+rounds = {rounds}
+workers = {workers}
+"""
+
+
+def _bench(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(["bench", *args])
+    return int(done.value.code or 0)
+
+
+def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0, 2], rounds=2, workers=2))
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "4 cells: 4 run, 0 cached, 0 failed" in capsys.readouterr().out
+    cells = sorted((out / "cells").glob("*.json"))
+    assert len(cells) == 4
+    stamps = [p.stat().st_mtime_ns for p in cells]
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "4 cells: 0 run, 4 cached, 0 failed" in capsys.readouterr().out
+    assert [p.stat().st_mtime_ns for p in cells] == stamps
+    stem = out / "leaderboard-synthetic_60x500-loo-sampled"
+    for suffix in (".md", ".csv", ".tex", ".png"):
+        assert stem.with_suffix(suffix).stat().st_size > 0
+    assert "paired t-test and Wilcoxon" in stem.with_suffix(".md").read_text()
+    assert r"\pm" in stem.with_suffix(".tex").read_text()
+    # another option makes new cells, not stale reuse
+    grid.write_text(GRID.format(seeds=[0, 2], rounds=3, workers=2))
+    assert {c.key() for c in load_grid(grid).cells}.isdisjoint({p.stem for p in cells})
+
+
+def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.toml"
+    # cells of a few seconds each, so the kill lands between the first and the last
+    grid.write_text(GRID.format(seeds=[0, 2, 3], rounds=30, workers=1).replace("60x500", "300x800"))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedrec", "bench", str(grid), "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not list((out / "cells").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole grid, workers included
+    proc.wait()
+    first = {p.name: p.read_text() for p in (out / "cells").glob("*.json")}
+    assert 1 <= len(first) < 6
+    for text in first.values():
+        json.loads(text)  # no half-written cell
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"6 cells: {6 - len(first)} run, {len(first)} cached, 0 failed" in done.stdout
+    assert all((out / "cells" / name).read_text() == text for name, text in first.items())
+
+
+def _result(algorithm: str, seed: int, value: float, protocol: str = "loo-sampled", select: str = "ndcg@10",
+            negatives: str = "exclude-candidates") -> dict:
+    return {"algorithm": algorithm, "dataset": "d", "protocol": protocol, "seed": seed, "select": select,
+            "test": {"users": 10, select: value}, "data": {"negatives": negatives}}
+
+
+def test_leaderboard_figures_ranks_and_paired_tests() -> None:
+    a = [0.30, 0.32, 0.31, 0.35, 0.33]
+    b = [0.28, 0.30, 0.31, 0.30, 0.29]
+    results = [_result("b", s, v) for s, v in enumerate(b)] + [_result("a", s, v) for s, v in enumerate(a)]
+    (board,) = boards(results)
+    table = board.table
+    assert table["method"].tolist() == ["a", "b"] and table["rank"].tolist() == [1, 2]
+    assert table["ndcg@10"].iloc[1] == pytest.approx(np.mean(b))
+    assert table["ndcg@10 std"].iloc[1] == pytest.approx(np.std(b, ddof=1))
+    assert table["t-test p"].iloc[1] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert table["Wilcoxon p"].iloc[1] == pytest.approx(stats.wilcoxon(a, b).pvalue)
+    assert np.isnan(table["t-test p"].iloc[0])  # the best is not tested against itself
+    rmse = [_result("x", s, v, "ratio-rating", "rmse") for s, v in enumerate([0.9, 0.95])]
+    rmse += [_result("y", s, v, "ratio-rating", "rmse") for s, v in enumerate([1.0, 1.1])]
+    (board,) = boards(rmse)
+    assert board.table["method"].tolist() == ["x", "y"]  # lower RMSE ranks first
+    (single,) = boards([_result("a", 0, 0.3), _result("b", 0, 0.2)])
+    assert "| 2 | b | 1 | 0.2000 | — | — |" in to_markdown(single)  # one seed: no std, no test
+    mixed = results + [_result("a", 0, 0.2, negatives="legacy-exclude-heldout")]
+    (board,) = boards(mixed)
+    assert "a (legacy-exclude-heldout)" in board.table["method"].tolist()  # policies kept apart
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nepochs = 3\n", "unknown key(s) epochs"),
+    ("[grid]\nalgorithms = ['fedmff']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\n", "fedmff"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = []\n", "grid.seeds must be a non-empty list"),
+    ("grid = 1\n", "no [grid] table"),
+])
+def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    with pytest.raises(FedrecError, match=says.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        load_grid(path)
