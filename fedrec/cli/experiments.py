@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
     app.command("audit-protocol")(audit_command)
     app.command("algorithms")(algorithms_command)
     app.command("protocols")(protocols_command)
-    from fedrec.cli.reproduce import reproduce_command
     from fedrec.cli.bench import bench_command
+    from fedrec.cli.reproduce import reproduce_command
     from fedrec.cli.tune import tune_command
 
     app.command("reproduce")(reproduce_command)

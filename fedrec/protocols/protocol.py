@@ -270,7 +270,6 @@ def make_split(
         label = x.given_split.astype(np.int8)
     else:
         label = ratio_split(x, p.test_ratio, p.valid_ratio, seed)
-    shape = (x.n_users, x.n_items)
     train = _csr(x, label == TRAIN)
     valid_t = _csr(x, label == VALID)
     test_t = _csr(x, label == TEST)
