@@ -121,3 +121,16 @@ def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str,
     path.write_text(text)
     with pytest.raises(FedrecError, match=says.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
         load_grid(path)
+
+
+def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert {c.device for c in load_grid(path).cells} == {expected}
+    path.write_text(GRID.format(seeds=[0], rounds=1, workers=1) + 'device = "cpu"\n')
+    cells = load_grid(path).cells
+    assert {c.device for c in cells} == {"cpu"}
+    assert cells[0].run_config(None).federated.device == "cpu"

@@ -17,6 +17,7 @@ The file::
     seeds = [0, 1, 2, 3, 4]
     rounds = 100            # optional: every cell's rounds (epochs)
     workers = 2             # optional: parallel processes (default: CPUs)
+    device = "auto"         # optional: cpu, cuda, or auto (cuda when PyTorch sees one)
     data_dir = "data"       # optional
 
     [tuned]                 # optional: `fedrec tune` configs, by "ALGO" or "ALGO@DATASET"
@@ -38,7 +39,7 @@ from typing import Any
 
 from fedrec.errors import FedrecError
 
-GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir"}
+GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Cell:
     rounds: int | None
     engine: tuple[tuple[str, Any], ...] = ()  # from a tuned config
     model: tuple[tuple[str, Any], ...] = ()
+    device: str = "cpu"
 
     def run_config(self, data_dir: str | None) -> Any:
         from fedrec.algorithms import get_algorithm
@@ -64,10 +66,11 @@ class Cell:
                         negatives=self.negatives, data_dir=data_dir, model=dict(self.model))
         engine = dict(self.engine)
         if spec.kind == "federated":
-            cfg.federated = federated_config(self.algorithm, self.dataset, rounds=self.rounds, **engine)
+            cfg.federated = federated_config(self.algorithm, self.dataset, rounds=self.rounds,
+                                             device=self.device, **engine)
         else:
             lr = engine.pop("lr", spec.lr or TrainConfig().lr)
-            cfg.train = TrainConfig(epochs=self.rounds or 100, lr=lr, **engine)
+            cfg.train = TrainConfig(epochs=self.rounds or 100, lr=lr, device=self.device, **engine)
         return cfg
 
     def key(self) -> str:
@@ -123,6 +126,11 @@ def load_grid(path: str | Path) -> Grid:
     tuned = {str(k): str(v) for k, v in blob.get("tuned", {}).items()}
     configs = {k: read_config(p.parent / v if not Path(v).is_absolute() else v) for k, v in tuned.items()}
     rounds = grid.get("rounds")
+    device = str(grid.get("device", "auto"))
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     cells = []
     for algorithm in lists["algorithms"]:
         for dataset in lists["datasets"]:
@@ -137,7 +145,7 @@ def load_grid(path: str | Path) -> Grid:
                 for negatives in lists["negatives"]:
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, int(seed), cell_rounds,
-                                          tuple(sorted(engine.items())), model))
+                                          tuple(sorted(engine.items())), model, device))
     workers = int(grid.get("workers", os.cpu_count() or 1))
     if workers < 1:
         raise FedrecError(f"{p}: grid.workers must be >= 1")
