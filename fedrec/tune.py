@@ -55,7 +55,7 @@ def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]
     declared options (`AlgorithmSpec.search`: FedRAP's regularisers)."""
     space: list[Param] = []
     if spec.kind == "federated":
-        engine = {**dataclasses.asdict(federated_config(spec.name, dataset))}
+        engine = dataclasses.asdict(federated_config(spec.name, dataset))
         if "lr" not in spec.ignores:
             space.append(Param("lr", "engine", engine["lr"] / 10, engine["lr"] * 10))
         if "item_lr_scale" not in spec.ignores and "lr_item" not in spec.ignores:
@@ -185,6 +185,9 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     )
     study.optimize(objective, n_trials=trials)
     states = [t.state for t in study.trials]
+    if not any(h["state"] == "complete" for h in history):  # no config from trials that all failed
+        reasons = sorted({h.get("reason", h["state"]) for h in history})
+        raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
     model = {p.name: best.params[p.name] for p in space if p.where == "model"}

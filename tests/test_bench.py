@@ -115,6 +115,10 @@ def test_leaderboard_figures_ranks_and_paired_tests() -> None:
     ("[grid]\nalgorithms = ['fedmff']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\n", "fedmff"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = []\n", "grid.seeds must be a non-empty list"),
     ("grid = 1\n", "no [grid] table"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nworkers = 'two'\n",
+     "grid.workers must hold whole numbers >= 1, not 'two'"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [-1]\n",
+     "grid.seeds must hold whole numbers >= 0, not -1"),
 ])
 def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "grid.toml"
@@ -134,3 +138,10 @@ def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:
     cells = load_grid(path).cells
     assert {c.device for c in cells} == {"cpu"}
     assert cells[0].run_config(None).federated.device == "cpu"
+
+
+def test_bad_workers_on_the_command_line_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    assert _bench([str(grid), "--workers", "0"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err

@@ -85,3 +85,13 @@ def test_a_config_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     other.write_text(json.dumps({"fedrec_config": 1, "algorithm": "mf", "engine": {"lr": 0.01}, "model": {}}))
     assert _cli(["run", "pfedrec", "-d", DATA, "--config", str(other), "-q", "-o", str(tmp_path / "r.json")]) == 2
     assert "tuned for mf, not pfedrec" in capsys.readouterr().err
+
+
+def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PFedRec's scores are not ratings: every trial is refused, and so is the search."""
+    with pytest.raises(FedrecError, match="no trial of pfedrec completed"):
+        tune("pfedrec", DATA, trials=2, rounds=1, protocol="ratio-rating")
+    out = tmp_path / "c.json"
+    assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "1", "--rounds", "1", "-p", "ratio-rating",
+                 "-o", str(out)]) == 2
+    assert "cannot be evaluated under protocol" in capsys.readouterr().err and not out.exists()

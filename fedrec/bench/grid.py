@@ -33,7 +33,7 @@ import os
 import tomllib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +88,6 @@ class Grid:
     cells: list[Cell]
     workers: int
     data_dir: str | None
-    source: Path
-    tuned: dict[str, str] = field(default_factory=dict)
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -123,8 +121,12 @@ def load_grid(path: str | Path) -> Grid:
     for name in lists["negatives"]:
         if name not in NEGATIVE_POLICIES:
             raise FedrecError(f"{p}: unknown negative policy '{name}'; known: {', '.join(NEGATIVE_POLICIES)}")
-    tuned = {str(k): str(v) for k, v in blob.get("tuned", {}).items()}
-    configs = {k: read_config(p.parent / v if not Path(v).is_absolute() else v) for k, v in tuned.items()}
+    whole = [("seeds", s) for s in lists["seeds"]] + [(k, grid[k]) for k in ("rounds", "workers") if k in grid]
+    for key, value in whole:
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "seeds" else 1):
+            raise FedrecError(f"{p}: grid.{key} must hold whole numbers >= {0 if key == 'seeds' else 1}, not {value!r}")
+    # a relative path is relative to the bench file (an absolute one stays as it is)
+    configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")
     device = str(grid.get("device", "auto"))
     if device == "auto":
@@ -144,12 +146,9 @@ def load_grid(path: str | Path) -> Grid:
             for protocol in lists["protocols"]:
                 for negatives in lists["negatives"]:
                     for seed in lists["seeds"]:
-                        cells.append(Cell(algorithm, dataset, protocol, negatives, int(seed), cell_rounds,
+                        cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
                                           tuple(sorted(engine.items())), model, device))
-    workers = int(grid.get("workers", os.cpu_count() or 1))
-    if workers < 1:
-        raise FedrecError(f"{p}: grid.workers must be >= 1")
-    return Grid(cells, workers, grid.get("data_dir"), p, tuned)
+    return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"))
 
 
 def cell_path(out: Path, cell: Cell) -> Path:

@@ -54,8 +54,9 @@ def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
     select = runs[0]["select"]
     metrics = [m for m in runs[0]["test"] if m != "users"]
     by_method: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    one_policy = len({r["data"]["negatives"] for r in runs}) == 1  # else a method is per policy
     for r in runs:
-        method = r["algorithm"] if _single_policy(runs) else f"{r['algorithm']} ({r['data']['negatives']})"
+        method = r["algorithm"] if one_policy else f"{r['algorithm']} ({r['data']['negatives']})"
         by_method[method][int(r["seed"])] = r["test"]
     rows = []
     for method, seeds in by_method.items():
@@ -78,10 +79,6 @@ def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
     table["t-test p"] = t_p
     table["Wilcoxon p"] = w_p
     return Board(dataset, protocol, select, table)
-
-
-def _single_policy(runs: list[dict[str, Any]]) -> bool:
-    return len({r["data"]["negatives"] for r in runs}) == 1
 
 
 def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]],

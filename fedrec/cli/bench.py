@@ -21,8 +21,12 @@ def bench_command(
     (Markdown, CSV, LaTeX, PNG) with paired significance against the best method."""
     from fedrec.bench import boards, cell_results, load_grid, run_grid, to_markdown, write
 
+    from fedrec.errors import FedrecError
+
     grid = load_grid(grid_file)
     if workers is not None:
+        if workers < 1:
+            raise FedrecError("--workers must be >= 1")
         grid.workers = workers
     if not report_only:
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
