@@ -20,7 +20,6 @@ def bench_command(
     """Run GRID_FILE's cells that OUT lacks, then write a leaderboard per data set and protocol
     (Markdown, CSV, LaTeX, PNG) with paired significance against the best method."""
     from fedrec.bench import boards, cell_results, load_grid, run_grid, to_markdown, write
-
     from fedrec.errors import FedrecError
 
     grid = load_grid(grid_file)
