@@ -217,6 +217,8 @@ def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     the data lives (`fedrec.core.checkpoint`)."""
     blob = recorded_config(cfg, options)
     blob.pop("data_dir")
+    if "federated" in blob:
+        blob["federated"] = FederatedConfig.identity(blob["federated"])
     return blob
 
 

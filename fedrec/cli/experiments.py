@@ -121,6 +121,16 @@ def run_command(
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
+    attack: str | None = typer.Option(None, help="Federated: poisoning attack by malicious clients: fedrecattack, a-ra, a-hum, pipattack, boost, random, bandwagon, popular (targeted) or fedattack (see docs/security.md)."),
+    malicious: float = typer.Option(0.05, help="Federated: malicious clients added, as a share of the benign ones (FedRecAttack's rho)."),
+    targets: int = typer.Option(0, help="Federated: target items to promote (default 1 under a targeted --attack); also measures their exposure (ER@K) without an attack."),
+    prior_knowledge: float = typer.Option(0.01, help="Federated: share of the training interactions the attacker sees (FedRecAttack's xi; PipAttack's popularity)."),
+    attack_items: int = typer.Option(60, help="Federated: rows a malicious client uploads (FedRecAttack's kappa)."),
+    boost: float | None = typer.Option(None, help="Federated: factor on the malicious rows' norm (default 10 for --attack boost, else 1: they match the benign median)."),
+    defence: str | None = typer.Option(None, help="Federated: robust aggregation per item row: norm-bound, median, trimmed-mean, krum, multi-krum."),
+    trim: float = typer.Option(0.1, help="Federated: share trimmed from each end by --defence trimmed-mean."),
+    byzantine: float = typer.Option(0.1, help="Federated: share of a row's uploaders Krum assumes malicious."),
+    norm_bound: float | None = typer.Option(None, help="Federated: --defence norm-bound's L2 bound on a client's update (default: the round's median)."),
     checkpoint_every: int = typer.Option(0, help="Write a checkpoint every N rounds (epochs) (0: never)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
@@ -175,6 +185,7 @@ def run_command(
         "--item-std": item_std != 1.0, "--ldp": ldp != 0.0, "--clip": clip is not None,
         "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
+        "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
     lr = lr if lr is not None else float(spec.lr or 1e-3)
@@ -200,6 +211,9 @@ def run_command(
             patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
             dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
+            attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
+            attack_items=attack_items, boost=boost, defence=defence, trim=trim, byzantine=byzantine,
+            norm_bound=norm_bound,
         ),
     )
     out = out or Path("runs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}.json"
@@ -261,6 +275,14 @@ def run_command(
     if federated and result.history:
         up = sum(h.bytes_up for h in result.history) / len(result.history)
         console.print(f"upload per round: {up / 2**20:.2f} MiB (all clients)")
+        last = result.history[-1].extra
+        if "er@10" in last:
+            shown = ", ".join(f"{k.upper()} {last[k]:.4f}" for k in ("er@5", "er@10", "er@20") if k in last)
+            console.print(f"exposure of the target items after round {result.history[-1].round}: {shown} "
+                          f"(round 1: ER@10 {result.history[0].extra['er@10']:.4f})")
+        if "flag_precision" in last:
+            console.print(f"{cfg.federated.defence} flagged {last['flagged']:.0f} uploads in the last round: "
+                          f"precision {last['flag_precision']:.3f}, recall {last['flag_recall']:.3f}")
     console.print(table)
     console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)")
     if save is not None:

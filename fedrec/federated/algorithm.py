@@ -12,9 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
+from fedrec.errors import FedrecError
 from fedrec.federated.cohort import order_by_activity
+from fedrec.federated.family import ITEMS
+from fedrec.federated.state import FamilyState
 from fedrec.protocols.protocol import Split
 
 
@@ -30,6 +34,7 @@ class CohortAlgorithm(FederatedAlgorithm):
         self.path = cfg.upload_path(self.lr_item)
         self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
         self.rounds_done = 0
+        self.security = security_for(spec, self.state, split, cfg, self.lr_item, seed)
 
     def begin_round(self, plan: RoundPlan) -> None:
         self._acc = self.state.begin_round(plan.round)
@@ -38,21 +43,41 @@ class CohortAlgorithm(FederatedAlgorithm):
         from fedrec.federated.engine import train_cohort
 
         cohort = order_by_activity(self.split.train, plan.clients)
-        kept: list[Any] | None = [] if self.keep_uploads else None
+        sec = self.security
+        keep = self.keep_uploads or (sec is not None and sec.keeps_uploads)
+        kept: list[Any] | None = [] if keep else None
         acc = self._acc
         train_cohort(self.state, self.spec, self.cfg, self.split.train, self.split.sampler, cohort,
                      cohort, self.seed, plan.round, self.path, acc, keep=kept)
         per_client = [u for chunk in kept for u in chunk.per_client()] if kept is not None else None
+        if sec is not None and per_client is not None:
+            bad, n_bytes = sec.malicious_uploads(per_client, self.state.items, self.state.shared, plan.round)
+            per_client.extend(bad)
+            acc.bytes_up += n_bytes
+            acc.bytes_down += n_bytes
+            if sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
+                for u in bad:
+                    acc.item_sum.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
+                    for k in acc.shared_sum:
+                        acc.shared_sum[k] += u.tensors[k]
+                acc.n += len(bad)
         return Uploads(payload=acc, per_client=per_client, rejected=acc.rejected,
                        bytes_up=acc.bytes_up, bytes_down=acc.bytes_down, loss_sum=acc.loss_sum,
                        client_batches=acc.client_batches)
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
-        self.state.aggregate(uploads.payload, self.path, plan.server_gen)
+        acc, sec = uploads.payload, self.security
+        if sec is not None and sec.rule is not None and uploads.per_client is not None:
+            acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
+                                                           self.state.shared)
+        self.state.aggregate(acc, self.path, plan.server_gen)
         self.rounds_done = plan.round
 
     def round_extra(self) -> dict[str, float]:
-        return self.state.round_extra()
+        extra = self.state.round_extra()
+        if self.security is not None:
+            extra = {**extra, **self.security.figures(self.scores)}
+        return extra
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)
@@ -81,3 +106,21 @@ class CohortAlgorithm(FederatedAlgorithm):
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.load_client_state_dict(blob)
+
+
+def security_for(spec: Any, state: Any, split: Split, cfg: Any, lr_item: float, seed: int) -> Any:
+    """The run's attack and defence (`fedrec.security.adversary.Security`), or None; refused
+    for states whose server does not average item rows (FedRAP, the graph methods: not yet)."""
+    from fedrec.security.adversary import Security
+
+    sec = Security.build(cfg, split, lr_item, seed)
+    if sec is None:
+        return None
+    own = type(state).aggregate is FamilyState.aggregate and type(state).accumulate is FamilyState.accumulate
+    if sec.keeps_uploads and not own:
+        raise FedrecError("--attack and --defence run on the item-embedding family (FedMF, FedNCF, FedRecon, "
+                          f"PFedRec, MetaMF and their variants), not on {type(state).__name__}'s aggregation yet")
+    if sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
+        raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
+                          "adds the round's noise as one sum, so the two do not combine yet")
+    return sec

@@ -37,6 +37,8 @@ from fedrec.train.selection import TrainOutcome
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
+SECURITY_FIELDS = ("attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
+                   "trim", "byzantine", "norm_bound")
 
 
 @dataclass
@@ -80,6 +82,17 @@ class FederatedConfig:
     memory_budget_mb: float | None = None
     checkpoint_every: int = 0
     device: str = "cpu"
+    # attacks and defences (`fedrec.security`; docs/security.md)
+    attack: str | None = None
+    malicious: float = 0.05
+    targets: int = 0
+    prior_knowledge: float = 0.01
+    attack_items: int = 60
+    boost: float | None = None
+    defence: str | None = None
+    trim: float = 0.1
+    byzantine: float = 0.1
+    norm_bound: float | None = None
 
     def validate(self) -> None:
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
@@ -107,8 +120,44 @@ class FederatedConfig:
             (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
             (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
+            *self._security_checks(),
         )
         check_device(self.device)
+
+    def _security_checks(self) -> list[tuple[bool, str]]:
+        from fedrec.security.attacks import ATTACKS, UNTARGETED
+        from fedrec.security.robust import DEFENCES
+
+        return [
+            (self.attack is not None and self.attack not in ATTACKS,
+             f"unknown --attack '{self.attack}'; known: {', '.join(ATTACKS)}"),
+            (self.defence is not None and self.defence not in DEFENCES,
+             f"unknown --defence '{self.defence}'; known: {', '.join(DEFENCES)}"),
+            (not 0 < self.malicious <= 1, f"--malicious is a share of the clients in (0, 1] (got {self.malicious})"),
+            (self.targets < 0, "--targets must be >= 0"),
+            (not 0 <= self.prior_knowledge <= 1, "--prior-knowledge is a share in [0, 1]"),
+            (self.attack_items < 1, "--attack-items must be >= 1"),
+            (self.boost is not None and not (math.isfinite(self.boost) and self.boost > 0), "--boost must be > 0"),
+            (not 0 <= self.trim < 0.5, "--trim is the share cut from each end, in [0, 0.5)"),
+            (not 0 <= self.byzantine < 0.5, "--byzantine is the share Krum assumes malicious, in [0, 0.5)"),
+            (self.norm_bound is not None and not (math.isfinite(self.norm_bound) and self.norm_bound > 0),
+             "--norm-bound must be > 0"),
+            (self.attack is None and (self.boost is not None or self.malicious != 0.05 or self.attack_items != 60
+                                      or self.prior_knowledge != 0.01),
+             "--malicious, --prior-knowledge, --attack-items and --boost describe an --attack; none is given"),
+            (self.defence is None and (self.trim != 0.1 or self.byzantine != 0.1 or self.norm_bound is not None),
+             "--trim, --byzantine and --norm-bound describe a --defence; none is given"),
+            (self.attack in UNTARGETED and self.targets > 0, f"--attack {self.attack} is untargeted: it has no --targets"),
+        ]
+
+    @staticmethod
+    def identity(blob: dict[str, Any]) -> dict[str, Any]:
+        """``blob`` (this config as a dict) less the security options when no attack, defence or
+        target is asked for: they change nothing then, so a cache key or checkpoint made before
+        they existed still matches."""
+        if blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets"):
+            return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}
+        return blob
 
     def chunk_budget_mb(self) -> float:
         """The working set of one trained chunk: ``memory_budget_mb``, else the device's default."""

@@ -1,0 +1,124 @@
+"""A run's attack, defence and their measurements, plugged into the upload stage of a round.
+
+`Security.build` reads the engine options (``--attack``, ``--malicious``, ``--targets``,
+``--prior-knowledge``, ``--attack-items``, ``--boost``, ``--defence``, ``--trim``,
+``--byzantine``, ``--norm-bound``). In a round of the item-embedding family
+(`fedrec.federated.algorithm.CohortAlgorithm`):
+
+1. the benign clients train as always; their uploads are kept per client;
+2. the sampled malicious clients (ids ``n_users ..``, the same share of them as of the benign
+   clients) upload what the attack makes of the global table (`fedrec.security.attacks`);
+3. the server aggregates every upload, plain FedAvg or the defence's per-row robust rule
+   (`fedrec.security.robust`);
+4. the round's record gets the exposure of the targets (ER@5/10/20 and their NDCG@K over the
+   benign users who never interacted with them, `fedrec.security.exposure`) and, for a
+   defence that flags clients, the precision and recall of its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fedrec.core.contract import ClientUpload
+from fedrec.core.plan import cohort_size
+from fedrec.federated.family import ITEMS
+from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
+from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
+from fedrec.security.exposure import exposure, known_interactions
+from fedrec.security.robust import FLAGGING, RobustRule
+
+DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
+
+
+@dataclass
+class Security:
+    """The run's adversary and defence (see the module docstring)."""
+
+    n_benign: int
+    n_malicious: int
+    targets: np.ndarray
+    known: sp.csr_matrix
+    clients_per_round: float
+    seed: int
+    attack: Attack | None = None
+    rule: RobustRule | None = None
+    last: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def build(cfg: Any, split: Any, lr_item: float, seed: int) -> Security | None:
+        """The security layer ``cfg`` asks for, or None (no attack, defence or targets)."""
+        if cfg.attack is None and cfg.defence is None and not cfg.targets:
+            return None
+        n_targets = cfg.targets or (1 if cfg.attack is not None and cfg.attack not in UNTARGETED else 0)
+        targets = choose_targets(split.train, n_targets, seed) if n_targets else np.zeros(0, np.int64)
+        n_mal = max(1, int(split.n_users * cfg.malicious)) if cfg.attack is not None else 0
+        sec = Security(split.n_users, n_mal, targets, known_interactions(split), cfg.clients_per_round, seed)
+        if cfg.attack is not None:
+            know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item)
+            boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
+            sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
+        if cfg.defence is not None:
+            sec.rule = RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound)
+        return sec
+
+    @property
+    def keeps_uploads(self) -> bool:
+        """Whether the round must keep each client's upload (to attack or defend)."""
+        return self.attack is not None or self.rule is not None
+
+    def malicious_clients(self, r: int) -> np.ndarray:
+        """The malicious clients (0-based among them) sampled in round ``r``: the same share as
+        of the benign clients."""
+        if not self.n_malicious:
+            return np.zeros(0, np.int64)
+        k = cohort_size(self.n_malicious, self.clients_per_round)
+        rng = np.random.default_rng([self.seed, r, 0x3A11])
+        return np.sort(rng.choice(self.n_malicious, k, replace=False))
+
+    def malicious_uploads(self, benign: list[ClientUpload], table: torch.Tensor,
+                          shared: dict[str, torch.Tensor], r: int) -> tuple[list[ClientUpload], int]:
+        """Round ``r``'s uploads of the sampled malicious clients, made from the global
+        ``table`` (and the global ``shared`` weights, which they send back unchanged), and the
+        bytes they send; ``benign`` (the round's benign uploads) sets the row-norm budget."""
+        clients = self.malicious_clients(r)
+        if self.attack is None or not len(clients):
+            return [], 0
+        rows = [u.tensors[ITEMS] for u in benign if len(u.items)]
+        norm = float(torch.cat(rows).norm(dim=1).median()) if rows else 1.0
+        sent = self.attack.uploads(table, clients, r, norm)
+        shared_floats = sum(v.numel() for v in shared.values())
+        out, n_bytes = [], 0
+        for c, (items, delta) in zip(clients, sent, strict=True):
+            out.append(ClientUpload(self.n_benign + int(c), items,
+                                    {ITEMS: delta, **{k: v.clone() for k, v in shared.items()}}))
+            n_bytes += len(items) * (INDEX_BYTES + delta.shape[1] * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
+        return out, n_bytes
+
+    def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
+             shared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        """The round's item-row sums, shared-weight sums and accepted count, by the defence's
+        rule (plain sums without one); records the defence's detection figures."""
+        rule = self.rule or RobustRule("mean")
+        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared)
+        self.last = {}
+        if self.rule is not None and self.rule.name in FLAGGING:
+            bad = np.array([u.client >= self.n_benign for u in per_client])
+            tp = float((flagged & bad).sum())
+            self.last["flagged"] = float(flagged.sum())
+            self.last["flag_precision"] = tp / max(float(flagged.sum()), 1.0)
+            self.last["flag_recall"] = tp / max(float(bad.sum()), 1.0) if bad.any() else float("nan")
+        return item_sum, shared_sum, sum(u.accepted for u in per_client)
+
+    def figures(self, scores: Any) -> dict[str, float]:
+        """The round's security figures: exposure of the targets, the defence's detection."""
+        out = dict(self.last)
+        if len(self.targets):
+            out.update(exposure(scores, self.known, self.targets, users=np.arange(self.n_benign)))
+        if self.attack is not None:
+            out["malicious_clients"] = float(self.n_malicious)
+        return out

@@ -1,0 +1,175 @@
+"""Attacks, per-row robust aggregation and exposure: each does what its paper says on tiny data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from fedrec.core.contract import ClientUpload
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.family import ITEMS
+from fedrec.security.exposure import exposure
+from fedrec.security.robust import RobustRule
+
+
+def _uploads(seed: int = 0, n_clients: int = 12, n_items: int = 9, width: int = 3) -> list[ClientUpload]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in range(n_clients):
+        items = np.sort(rng.choice(n_items, rng.integers(1, n_items), replace=False))
+        out.append(ClientUpload(c, items, {ITEMS: torch.as_tensor(rng.normal(size=(len(items), width)), dtype=torch.float32)}))
+    return out
+
+
+def _per_row(uploads: list[ClientUpload], n_items: int, width: int, fn) -> torch.Tensor:
+    """Reference: ``count x fn(values)`` of each row, by a loop over rows."""
+    out = torch.zeros(n_items, width)
+    for i in range(n_items):
+        vals = [u.tensors[ITEMS][list(u.items).index(i)].numpy() for u in uploads if u.accepted and i in u.items]
+        if vals:
+            out[i] = torch.as_tensor(len(vals) * fn(np.array(vals)), dtype=torch.float32)
+    return out
+
+
+def test_mean_rule_is_fedavg_sums():
+    ups = _uploads()
+    ups[3].accepted = False
+    got, _, flagged = RobustRule("mean").aggregate(ups, 9, 3, {})
+    want = torch.zeros(9, 3)
+    for u in ups:
+        if u.accepted:
+            want.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not flagged.any()
+
+
+@pytest.mark.parametrize("budget", [64.0, 1e-4])  # one block, and one group a block
+def test_median_and_trimmed_mean_per_row(budget):
+    ups = _uploads(1)
+    med, _, _ = RobustRule("median", budget_mb=budget).aggregate(ups, 9, 3, {})
+    assert torch.allclose(med, _per_row(ups, 9, 3, lambda v: np.median(v, 0)), atol=1e-5)
+
+    def trimmed(v, share=0.25):
+        k = min(int(np.floor(share * len(v))), (len(v) - 1) // 2)
+        s = np.sort(v, 0)
+        return s[k : len(v) - k].mean(0)
+
+    tm, _, _ = RobustRule("trimmed-mean", trim=0.25, budget_mb=budget).aggregate(ups, 9, 3, {})
+    assert torch.allclose(tm, _per_row(ups, 9, 3, trimmed), atol=1e-5)
+
+
+def _colluding(n_honest=8, n_bad=2, width=4):
+    """Honest clients near one row, attackers far away on the same item (and a second item
+    only honest clients send)."""
+    rng = np.random.default_rng(3)
+    ups = []
+    for c in range(n_honest):
+        rows = torch.as_tensor(np.ones((2, width)) + 0.01 * rng.normal(size=(2, width)), dtype=torch.float32)
+        ups.append(ClientUpload(c, np.array([0, 1]), {ITEMS: rows}))
+    for c in range(n_bad):
+        ups.append(ClientUpload(n_honest + c, np.array([0]), {ITEMS: torch.full((1, width), 50.0) + c}))
+    return ups
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "multi-krum"])
+def test_robust_rules_resist_outlying_rows(rule):
+    ups = _colluding()
+    got, _, flagged = RobustRule(rule, trim=0.2, byzantine=0.2).aggregate(ups, 2, 4, {})
+    mean_row0 = got[0] / 10  # 10 clients sent row 0
+    assert torch.allclose(mean_row0, torch.ones(4), atol=0.05), mean_row0
+    plain, _, _ = RobustRule("mean").aggregate(ups, 2, 4, {})
+    assert (plain[0] / 10 - 1).abs().min() > 5  # without a defence the attackers move the row
+    if rule == "multi-krum":
+        assert flagged[8:].all() and not flagged[:8].any()  # detection: precision = recall = 1
+
+
+def test_norm_bound_scales_whole_updates():
+    ups = _colluding()
+    got, _, _ = RobustRule("norm-bound", norm_bound=1.0).aggregate(ups, 2, 4, {})
+    for u in ups:
+        assert u.tensors[ITEMS].norm() > 1.0
+    # every client's whole update is scaled to norm 1: honest rows contribute 1/sqrt(2) each
+    honest = sum(u.tensors[ITEMS][0] / u.tensors[ITEMS].norm() for u in ups[:8])
+    bad = sum(u.tensors[ITEMS][0] / u.tensors[ITEMS].norm() for u in ups[8:])
+    assert torch.allclose(got[0], honest + bad, atol=1e-5)
+
+
+def test_exposure_against_a_hand_count():
+    # 3 users x 6 items; target 5. User 0 knows item 5 (not eligible); user 1 ranks it 2nd
+    # among unknown items; user 2 ranks it 4th
+    scores = np.array([[0, 1, 2, 3, 4, 5], [9, 0, 0, 0, 0, 8], [9, 8, 7, 0, 1, 2]], float)
+    known = sp.csr_matrix(np.array([[0, 0, 0, 0, 0, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]], bool))
+    out = exposure(lambda u, _: scores[u], known, np.array([5]), ks=(1, 2, 3, 4))
+    assert out["er@1"] == 0.0 and out["er@2"] == 0.5 and out["er@3"] == 0.5 and out["er@4"] == 1.0
+    assert out["target_ndcg@2"] == pytest.approx(0.5 * (1 / np.log2(3)))
+
+
+def _run(rounds=12, **kw):
+    cfg = RunConfig(algorithm="fedmf", dataset="synthetic:500x400", protocol="loo-sampled",
+                    federated=federated_config("fedmf", rounds=rounds, **kw))
+    return train(cfg).result
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return _run(targets=1)
+
+
+@pytest.fixture(scope="module")
+def attacked():
+    return _run(attack="fedrecattack", prior_knowledge=0.2, boost=10.0)
+
+
+def test_fedrecattack_raises_exposure_and_median_stops_it(clean, attacked):
+    er = lambda res: res.history[-1].extra["er@10"]  # noqa: E731
+    assert er(clean) < 0.05
+    assert er(attacked) > 0.6  # the target reaches most users' top 10
+    assert attacked.history[-1].extra["malicious_clients"] == 25.0
+    defended = _run(attack="fedrecattack", prior_knowledge=0.2, boost=10.0, defence="median")
+    assert er(defended) < er(attacked) / 3
+    # the clean run measured the same target: exposure without an attack is the baseline
+    assert clean.history[0].extra.keys() >= {"er@5", "er@10", "er@20", "target_ndcg@10"}
+
+
+def test_explicit_boosting_fake_users_raise_exposure(clean):
+    res = _run(attack="boost")
+    assert max(h.extra["er@10"] for h in res.history) > clean.history[-1].extra["er@10"] + 0.1
+
+
+def test_fedattack_degrades_the_model(clean):
+    res = _run(attack="fedattack", malicious=0.1, boost=10.0)
+    assert res.test["hr@10"] < clean.test["hr@10"] - 0.05
+
+
+def test_security_options_are_checked_up_front():
+    with pytest.raises(FedrecError, match="unknown --attack"):
+        _run(attack="nope")
+    with pytest.raises(FedrecError, match="describe an --attack"):
+        _run(malicious=0.1)
+    with pytest.raises(FedrecError, match="untargeted"):
+        _run(attack="fedattack", targets=2)
+    cfg = RunConfig(algorithm="fedrap", dataset="synthetic:300x400",
+                    federated=federated_config("fedrap", rounds=1, defence="median"))
+    with pytest.raises(FedrecError, match="item-embedding family"):
+        train(cfg)
+
+
+def test_run_command_reports_the_attack(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedrec.cli import app
+
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["run", "fedmf", "-d", "synthetic:300x400", "--rounds", "2", "-q", "-o", str(out),
+                                   "--attack", "fedrecattack", "--boost", "10", "--defence", "multi-krum"])
+    assert res.exit_code == 0, res.output
+    assert "exposure of the target items after round 2" in res.output and "multi-krum flagged" in res.output
+    import json
+
+    extra = json.loads(out.read_text())["history"][-1]["extra"]
+    assert {"er@10", "flag_precision", "malicious_clients"} <= extra.keys()
+    res = CliRunner().invoke(app, ["run", "mf", "-d", "synthetic:300x400", "--attack", "boost"])
+    assert res.exit_code != 0 and "--attack does not apply" in str(res.exception)
