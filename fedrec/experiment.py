@@ -255,11 +255,14 @@ def train(
     keep_best: bool = False,
     exclusive: bool = False,
     split: Split | None = None,
+    prepare: Callable[[Any, Split], None] | None = None,
 ) -> Trained:
     """`run`, and also hand back the trained model (at its best validation round with
     ``keep_best``, else as the last round left it) and the split it was trained on.
     ``exclusive``: do not replace an ``out`` that another run wrote while this one trained.
-    ``split``: ``cfg``'s split, already prepared (the tuner's, whose test stage is empty)."""
+    ``split``: ``cfg``'s split, already prepared (the tuner's, whose test stage is empty).
+    ``prepare(trainable, split)`` is called once the trainable is built (an audit attaches its
+    observer)."""
     start = time.perf_counter()
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
@@ -279,6 +282,8 @@ def train(
     device = (cfg.federated if spec.kind == "federated" else cfg.train).device
     with on(device):  # every tensor the algorithm creates lives on the run's device
         model, trainable = build_trainable(cfg, split, options)
+        if prepare is not None:
+            prepare(trainable, split)
         config = recorded_config(cfg, asdict(options))
         driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
                                   "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}

@@ -29,10 +29,12 @@ def register(app: typer.Typer) -> None:
     app.command("protocols")(protocols_command)
     from fedrec.cli.bench import bench_command
     from fedrec.cli.reproduce import reproduce_command
+    from fedrec.cli.security import audit_privacy_command
     from fedrec.cli.tune import tune_command
 
     app.command("reproduce")(reproduce_command)
     app.command("tune")(tune_command)
+    app.command("audit-privacy")(audit_privacy_command)
     app.command("bench")(bench_command)
     app.command("recommend")(recommend_command)
     app.command("plot")(plot_command)

@@ -151,6 +151,8 @@ class FederatedAlgorithm(Trainable):
     clients_per_round: float = 1.0
     #: keep each client's upload in `Uploads.per_client` (robust aggregation, audits)
     keep_uploads: bool = False
+    #: called with each round's uploads and plan before aggregation (privacy audits)
+    observers: tuple[Any, ...] = ()
 
     def plan(self, r: int) -> RoundPlan:
         """Round ``r``'s server draws: sampled clients, the server's noise generator."""
@@ -186,6 +188,8 @@ class FederatedAlgorithm(Trainable):
         if not math.isfinite(uploads.loss_sum):
             raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
                               f"{self.divergence_hint}")
+        for watch in self.observers:
+            watch(uploads, plan)
         trained = time.perf_counter()
         self.aggregate(uploads, plan)
         timing = {"train_seconds": trained - start, "aggregate_seconds": time.perf_counter() - trained}

@@ -109,14 +109,18 @@ class CohortAlgorithm(FederatedAlgorithm):
 
 
 def security_for(spec: Any, state: Any, split: Split, cfg: Any, lr_item: float, seed: int) -> Any:
-    """The run's attack and defence (`fedrec.security.adversary.Security`), or None; refused
-    for states whose server does not average item rows (FedRAP, the graph methods: not yet)."""
+    """The run's attack and defence (`fedrec.security.adversary.Security`), or None. They, and
+    pseudo-item padding, are refused for states whose server does not plainly average item
+    rows (FedRAP, the graph methods: not yet)."""
     from fedrec.security.adversary import Security
 
+    own = type(state).aggregate is FamilyState.aggregate and type(state).accumulate is FamilyState.accumulate
+    if cfg.pad_items and not own:
+        raise FedrecError("--pad-items runs on the item-embedding family (FedMF, FedNCF, FedRecon, PFedRec, "
+                          f"MetaMF and their variants), not on {type(state).__name__}'s aggregation yet")
     sec = Security.build(cfg, split, lr_item, seed)
     if sec is None:
         return None
-    own = type(state).aggregate is FamilyState.aggregate and type(state).accumulate is FamilyState.accumulate
     if sec.keeps_uploads and not own:
         raise FedrecError("--attack and --defence run on the item-embedding family (FedMF, FedNCF, FedRecon, "
                           f"PFedRec, MetaMF and their variants), not on {type(state).__name__}'s aggregation yet")

@@ -27,6 +27,7 @@ from fedrec.core.plan import cohort_size
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import FamilySpec, client_params
+from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
@@ -37,7 +38,7 @@ from fedrec.train.selection import TrainOutcome
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
-SECURITY_FIELDS = ("attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
+SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound")
 
 
@@ -76,6 +77,7 @@ class FederatedConfig:
     ldp: float = 0.0
     clip: float | None = None
     encoding: str = "rows"
+    pad_items: int = 0
     dp_clip: float | None = None
     dp_noise: float = 0.0
     dp_delta: float = 1e-5
@@ -120,6 +122,9 @@ class FederatedConfig:
             (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
             (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
+            (self.pad_items < 0, "--pad-items must be >= 0"),
+            (self.pad_items > 0 and (self.encoding == "dense" or self.ldp > 0 or self.dp_noise > 0),
+             "--pad-items hides which rows a client sends; a dense or noised upload already sends every row"),
             *self._security_checks(),
         )
         check_device(self.device)
@@ -155,7 +160,8 @@ class FederatedConfig:
         """``blob`` (this config as a dict) less the security options when no attack, defence or
         target is asked for: they change nothing then, so a cache key or checkpoint made before
         they existed still matches."""
-        if blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets"):
+        if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
+                and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}
         return blob
 
@@ -241,6 +247,11 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys)
         up = state.local_update(batches, path, fresh)
+        if cfg.pad_items:
+            ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,
+                                                 state.items.shape[0], cfg.pad_items, seed, r)
+            up.padding = (ptr, items, pad)
+            up.bytes_up += extra
         state.accumulate(acc, up)
         if keep is not None:
             keep.append(up)

@@ -53,15 +53,27 @@ class CohortUpload:
     bytes_down: int
     loss_sum: float
     client_batches: int
+    #: pseudo rows (`fedrec.federated.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
+    padding: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
 
     def per_client(self) -> list[ClientUpload]:
         """Each client's own upload: the row deltas of the items it sent (``items``, before
-        noise) and its shared weights, and whether it was accepted."""
+        noise; pseudo rows included, in item order) and its shared weights, and whether it was
+        accepted."""
         c = self.cohort
-        return [ClientUpload(int(c.clients[k]), c.row_items[c.rows_of(k)],
-                             {ITEMS: self.delta[c.rows_of(k)], **{n: v[k] for n, v in self.shared.items()}},
-                             bool(self.accepted[k]))
-                for k in range(len(c.clients))]
+        out = []
+        for k in range(len(c.clients)):
+            items, rows = c.row_items[c.rows_of(k)], self.delta[c.rows_of(k)]
+            if self.padding is not None:
+                ptr, p_items, p_rows = self.padding
+                items = np.concatenate([items, p_items[ptr[k]:ptr[k + 1]]])
+                rows = torch.cat([rows, p_rows[ptr[k]:ptr[k + 1]]])
+                order = np.argsort(items, kind="stable")
+                items, rows = items[order], rows[torch.as_tensor(order)]
+            out.append(ClientUpload(int(c.clients[k]), items,
+                                    {ITEMS: rows, **{n: v[k] for n, v in self.shared.items()}},
+                                    bool(self.accepted[k])))
+        return out
 
 
 @dataclass
@@ -250,6 +262,10 @@ class FamilyState:
         else:
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(up.cohort.row_ptr)))
             acc.item_sum.index_add_(0, items[keep], up.delta[keep])
+        if up.padding is not None:
+            ptr, p_items, p_rows = up.padding
+            keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(ptr)))
+            acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
         for k, v in up.shared.items():
             acc.shared_sum[k] += v[up.accepted].sum(0)
         n_ok = int(up.accepted.sum())

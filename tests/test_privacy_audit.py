@@ -1,0 +1,101 @@
+"""The privacy audit: what the server infers from uploads, under each defence; pseudo-item padding."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedrec.core.contract import Uploads
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.family import ITEMS
+from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
+from fedrec.security.inference import audit_privacy
+
+
+def _audit(algorithm="fedmf", secagg=0, rounds=3, **kw):
+    cfg = RunConfig(algorithm=algorithm, dataset="synthetic:300x400",
+                    federated=federated_config(algorithm, rounds=rounds, **kw))
+    return audit_privacy(cfg, secagg=secagg)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _audit()[1].summary()
+
+
+def test_uploads_reveal_the_training_items(plain):
+    # every positive is sent every round (recall 1); about one sent row in five is a positive
+    assert plain["rows_recall"] == 1.0
+    assert plain["rows_precision"] > 3 * plain["random_precision"]
+    # the update directions separate positives from sampled negatives (IMIA-like)
+    assert plain["direction_auc"] > 0.95 and plain["direction_f1"] > 0.9
+    # over rounds the sampled negatives change, positives stay
+    assert plain["rounds_precision"] > plain["rows_precision"]
+
+
+def test_heavy_ldp_noise_leaves_the_server_at_chance(plain):
+    noisy = _audit(ldp=1e5)[1].summary()
+    assert abs(noisy["direction_auc"] - 0.5) < 0.05 and abs(noisy["rows_auc"] - 0.5) < 0.05
+    assert noisy["rows_recall"] < 1.0 or noisy["rows_precision"] < 2 * noisy["random_precision"]
+
+
+def test_secure_aggregation_hides_one_client_in_its_group(plain):
+    assert _audit(secagg=1)[1].summary()["rows_auc"] == pytest.approx(plain["rows_auc"])
+    grouped = _audit(secagg=20)[1].summary()
+    assert grouped["rows_precision"] < plain["rows_precision"] / 2
+    assert grouped["direction_auc"] < plain["direction_auc"]
+
+
+def test_pseudo_items_hide_which_rows_were_touched(plain):
+    padded = _audit(pad_items=200)[1].summary()
+    assert padded["rows_auc"] < plain["rows_auc"] - 0.2
+    assert padded["rows_precision"] < plain["rows_precision"] / 2
+
+
+def test_padding_rows_are_untouched_items_and_are_paid_for():
+    seen: list[Uploads] = []
+
+    def keep(trainable, split):
+        trainable.keep_uploads = True
+        trainable.observers = (lambda up, plan: seen.append(up),)
+
+    base = RunConfig(algorithm="fedmf", dataset="synthetic:300x400", federated=federated_config("fedmf", rounds=1))
+    plain = train(base, prepare=keep).result
+    padded_cfg = RunConfig(algorithm="fedmf", dataset="synthetic:300x400",
+                           federated=federated_config("fedmf", rounds=1, pad_items=7))
+    padded = train(padded_cfg, prepare=keep).result
+    before, after = seen
+    width = before.per_client[0].tensors[ITEMS].shape[1]
+    for a, b in zip(before.per_client, after.per_client, strict=True):
+        extra = np.setdiff1d(b.items, a.items)
+        assert len(extra) == 7 and len(b.items) == len(a.items) + 7  # new items only
+        assert np.all(np.diff(b.items) > 0)
+    assert padded.history[0].bytes_up - plain.history[0].bytes_up == 300 * 7 * (INDEX_BYTES + width * FLOAT_BYTES)
+    # keyed by client: the chunking of the cohort does not change the pseudo rows
+    small = RunConfig(algorithm="fedmf", dataset="synthetic:300x400",
+                      federated=federated_config("fedmf", rounds=1, pad_items=7, memory_budget_mb=0.05))
+    assert train(small).result.test == padded.test
+
+
+def test_padding_is_refused_where_it_means_nothing():
+    with pytest.raises(FedrecError, match="dense or noised"):
+        _audit(pad_items=5, ldp=0.1)
+    with pytest.raises(FedrecError, match="centralised"):
+        _audit(algorithm="mf")
+
+
+def test_audit_privacy_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedrec.cli import app
+
+    out = tmp_path / "a.json"
+    res = CliRunner().invoke(app, ["audit-privacy", "fedmf", "-d", "synthetic:300x400", "--rounds", "2",
+                                   "--secagg", "5", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "direction" in res.output and "random guess" in res.output and "aggregation of 5" in res.output
+    blob = json.loads(out.read_text())
+    assert len(blob["rounds"]) == 2 and 0.0 <= blob["summary"]["direction_auc"] <= 1.0
