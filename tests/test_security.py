@@ -173,3 +173,44 @@ def test_run_command_reports_the_attack(tmp_path):
     assert {"er@10", "flag_precision", "malicious_clients"} <= extra.keys()
     res = CliRunner().invoke(app, ["run", "mf", "-d", "synthetic:300x400", "--attack", "boost"])
     assert res.exit_code != 0 and "--attack does not apply" in str(res.exception)
+
+
+def test_public_share_is_ceil_of_each_users_items():
+    from fedrec.security.attacks import public_share
+
+    train = sp.random(50, 80, density=0.2, format="csr", random_state=0)
+    pub = public_share(train, 0.01, seed=0)
+    per_user = np.diff(train.indptr)
+    assert np.array_equal(np.diff(pub.indptr), np.ceil(per_user * 0.01).astype(int))
+    assert (pub.multiply(train.astype(bool)) != pub).nnz == 0  # a subset of the training items
+
+
+def test_fedrecattack_in_its_own_setting_promotes_the_target():
+    from fedrec.data.synthetic import synthetic
+    from fedrec.protocols import make_split
+    from fedrec.security.legacy import run_legacy
+
+    split = make_split(synthetic(400, 300, seed=1), "loo-sampled", seed=0)
+    train = (split.train + split.valid.targets).tocsr()
+    test = np.full(split.n_users, -1)
+    t = split.test.targets.tocoo()
+    test[t.row] = t.col
+    target = np.array([int(np.argmin(np.asarray(train.sum(0)).ravel()))])  # a cold item
+    clean = run_legacy(train, test, target, 3, seed=0, attack=None)
+    attacked = run_legacy(train, test, target, 3, seed=0, attack="fedrecattack")
+    assert clean[0] == attacked[0]  # the same start
+    assert attacked[-1]["er@10"] > 0.3 > clean[-1]["er@10"] + 0.2
+
+
+def test_attack_tables_render_from_cached_runs(tmp_path):
+    from fedrec.reproduce.attacks import AttackTables, to_markdown
+
+    t = AttackTables(
+        anchor=[{"iteration": 0, "seed": 0, "er@10": 0.01, "er@5": 0.0, "target_ndcg@10": 0.0, "hr@10": 0.1}],
+        poisoning=[{"method": "fedmf", "attack": "boost", "defence": "none", "seed": s, "er@10": 0.1 * s}
+                   for s in (1, 2)],
+        inference=[{"method": "fedmf", "view": "none", "seed": 0, "rows_precision": 0.2, "rows_recall": 1.0,
+                    "rows_auc": 0.9, "random_precision": 0.05, "bytes_up": 2**20}])
+    text = to_markdown(t)
+    assert "| 0 | 0.0100 | 0.0054 |" in text  # ours beside FedRecAttack's README figure
+    assert "0.1500 ± 0.0707" in text and "| fedmf | none | 0.2000 / 1.0000 / 0.9000 |" in text

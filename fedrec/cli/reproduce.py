@@ -13,7 +13,7 @@ from fedrec.errors import FedrecError
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia, personalfr)."),
+    paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia, personalfr), or attacks (FedRecAttack's anchor, poisoning and inference tables on ML-100K)."),
     tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero; personalfr 3,4)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
@@ -53,6 +53,9 @@ def reproduce_command(
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as e:
         raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
+    if paper == "attacks":
+        _attacks(seed_list, rounds, out_dir, markdown, plots, data_dir, reuse_only)
+        return
     chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
@@ -162,3 +165,20 @@ def _convergence_plots(
         except FedrecError as e:  # e.g. runs evaluated on another protocol's metrics
             console.print(f"[yellow]no plot[/] {path.name}: {e}")
     return paths
+
+
+def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path | None, plots: Path | None,
+             data_dir: str | None, reuse_only: bool) -> None:
+    """`fedrec reproduce attacks` (`fedrec.reproduce.attacks`)."""
+    from fedrec.reproduce.attacks import plot, reproduce_attacks, to_markdown
+
+    with console.status("attacks") as status:
+        tables = reproduce_attacks(out_dir, data_dir, seeds=seeds, rounds=rounds or 20, run_missing=not reuse_only,
+                                   on_run=lambda label: status.update(f"attacks: {label}"))
+    text = to_markdown(tables)
+    console.print(text, markup=False, highlight=False)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text)
+    for path in plot(tables, plots or out_dir / "plots"):
+        console.print(f"wrote {path}")

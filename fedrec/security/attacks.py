@@ -79,6 +79,8 @@ class Attack:
     top_k: int = 10
     synthetic_users: int = 256
     fit_steps: int = 5
+    fit_lr: float = 0.05
+    init_std: float = 0.1
     _users: torch.Tensor | None = field(default=None, repr=False)
     _rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _own: torch.Tensor | None = field(default=None, repr=False)
@@ -115,7 +117,8 @@ class Attack:
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient
-        norm (FedRecAttack), as a descent step held to ``norm x boost`` per row."""
+        norm (FedRecAttack), as a descent step clipped to ``norm x boost`` per row (the
+        promotion gradients are far longer, so the rows go at the bound)."""
         if c not in self._rows:
             t = self.know.targets
             p = grad.norm(dim=1).double().numpy()
@@ -125,7 +128,7 @@ class Attack:
                      if n_other else np.zeros(0, np.int64))
             self._rows[c] = np.sort(np.concatenate([t, other])).astype(np.int64)
         items = self._rows[c]
-        return items, _held(-grad[torch.as_tensor(items)], norm * self.boost)
+        return items, _clipped(-grad[torch.as_tensor(items)], norm * self.boost)
 
     def _promotion_grad(self, q: torch.Tensor, r: int) -> torch.Tensor:
         """Gradient w.r.t. the item rows of the promotion loss over the approximated users."""
@@ -154,8 +157,9 @@ class Attack:
         if self.name == "fedrecattack":
             pub = self.know.public
             if self._users is None:
-                self._users = torch.as_tensor(self.rng(2).normal(0, 0.1, (pub.shape[0], d)), dtype=torch.float32)
-            self._users = fit_users(self._users, q, pub, self.fit_steps, self.rng(3, r))
+                self._users = torch.as_tensor(self.rng(2).normal(0, self.init_std, (pub.shape[0], d)),
+                                              dtype=torch.float32)
+            self._users = fit_users(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
             return self._users, pub
         u = torch.as_tensor(self.rng(4, r).normal(0, 1, (self.synthetic_users, d)), dtype=torch.float32)
         u = u / u.norm(dim=1, keepdim=True)
@@ -272,11 +276,19 @@ def fit_users(users: torch.Tensor, q: torch.Tensor, public: sp.csr_matrix, steps
 
 
 def public_share(train: sp.csr_matrix, share: float, seed: int) -> sp.csr_matrix:
-    """The attacker's prior knowledge: each training interaction is public with probability
-    ``share`` (drawn once, seeded), as FedRecAttack's ``train.part-ξ%`` files."""
-    coo = train.tocoo()
-    keep = np.random.default_rng([seed, 0x9B11C]).random(coo.nnz) < share
-    return sp.csr_matrix((np.ones(int(keep.sum()), bool), (coo.row[keep], coo.col[keep])), shape=train.shape)
+    """The attacker's prior knowledge: ceil(``share`` x n_u) of each user's training items,
+    drawn at random (seeded), as FedRecAttack's ``train.part-ξ%`` files are made (so every user
+    with an interaction has at least one public one when ``share`` > 0)."""
+    train = sp.csr_matrix(train)
+    counts = np.diff(train.indptr)
+    take = np.ceil(counts * share).astype(np.int64)
+    rank = np.empty(train.nnz, np.int64)
+    keys = np.random.default_rng([seed, 0x9B11C]).random(train.nnz)
+    owner = np.repeat(np.arange(train.shape[0]), counts)
+    order = np.lexsort((keys, owner))  # each user's entries in a random order
+    rank[order] = np.arange(train.nnz) - np.repeat(train.indptr[:-1], counts)
+    keep = rank < np.repeat(take, counts)
+    return sp.csr_matrix((np.ones(int(keep.sum()), bool), (owner[keep], train.indices[keep])), shape=train.shape)
 
 
 def choose_targets(train: sp.csr_matrix, n: int, seed: int) -> np.ndarray:

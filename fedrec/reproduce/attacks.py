@@ -1,0 +1,229 @@
+"""`fedrec reproduce attacks`: FedRecAttack's anchor in its own setting, then every attack and
+defence under fedrec's methods, and what the server infers from uploads under each defence.
+
+Three tables, each run cached as a JSON file in the output folder (a rerun only does what is
+missing):
+
+1. **Anchor** — FedRecAttack's setting (`fedrec.security.legacy`) on ML-100K with its published
+   options, iteration by iteration, beside the figures its README prints.
+2. **Poisoning** — method × attack × defence under fedrec's engine: ER@5/10/20 and the target's
+   NDCG@10 at the last round, clean test HR@10/NDCG@10 (at the best validation round), the
+   defence's flag precision/recall and its aggregation time.
+3. **Inference** — method × server view (none, dense, LDP at PFedRec's λ, DP shares, pseudo
+   items, secure aggregation of K): precision/recall/F1/AUC of the ``rows``, ``direction`` and
+   ``rounds`` attacks and the run's test HR@10/NDCG@10.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+POISON_METHODS = ("fedmf", "pfedrec")
+ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "random", "bandwagon", "popular",
+               "fedattack")
+DEFENDED_ATTACKS = ("fedrecattack", "boost", "fedattack")
+DEFENCES = ("none", "norm-bound", "median", "trimmed-mean", "krum", "multi-krum")
+INFER_METHODS = ("fedmf", "fedncf", "fedrecon", "pfedrec")
+VIEWS: dict[str, dict[str, Any]] = {
+    "none": {}, "dense": {"encoding": "dense"},
+    **{f"ldp={lam}": {"ldp": lam} for lam in (0.1, 0.2, 0.3, 0.4, 0.5)},
+    "dp z=1": {"dp_clip": 0.1, "dp_noise": 1.0}, "pad 100": {"pad_items": 100},
+    "secagg 10": {"secagg": 10}, "secagg 100": {"secagg": 100},
+}
+
+
+@dataclass
+class AttackTables:
+    """What `reproduce_attacks` measured (each entry one run's figures)."""
+
+    anchor: list[dict[str, float]] = field(default_factory=list)
+    poisoning: list[dict[str, Any]] = field(default_factory=list)
+    inference: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _cached(path: Path, make: Callable[[], Any], run_missing: bool) -> Any:
+    if path.exists():
+        return json.loads(path.read_text())
+    if not run_missing:
+        return None
+    blob = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(blob, indent=1))
+    tmp.replace(path)
+    return blob
+
+
+def anchor_split(data_dir: str | None) -> tuple[Any, Any, int]:
+    """ML-100K as FedRecAttack uses it: each user's latest interaction is its test item, the rest
+    trains; the target is item 895 (index 894 in its files, the target of its README's run)."""
+    import scipy.sparse as sp
+
+    from fedrec.experiment import RunConfig, prepare_split
+
+    split = prepare_split(RunConfig(algorithm="fedmf", dataset="ml-100k", protocol="loo-sampled", data_dir=data_dir))
+    train = sp.csr_matrix(split.train + split.valid.targets)
+    train.data[:] = 1
+    test = np.full(split.n_users, -1, np.int64)
+    t = split.test.targets.tocoo()
+    test[t.row] = t.col
+    target = int(np.flatnonzero(np.asarray(split.data.item_ids).astype(str) == "895")[0])
+    return train, test, target
+
+
+def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], rounds: int = 20,
+                      iterations: int = 5, run_missing: bool = True,
+                      on_run: Callable[[str], None] | None = None) -> AttackTables:
+    """Run (or reuse) every run of the three tables (see the module docstring)."""
+    from fedrec.experiment import RunConfig, federated_config, train
+    from fedrec.security.inference import audit_privacy
+    from fedrec.security.legacy import run_legacy
+
+    tell = on_run or (lambda _: None)
+    out = AttackTables()
+    tr, test, target = anchor_split(data_dir)
+    for seed in seeds:
+        tell(f"anchor s{seed}")
+        figs = _cached(out_dir / f"anchor-s{seed}.json",
+                       lambda seed=seed: run_legacy(tr, test, np.array([target]), iterations, seed=seed), run_missing)
+        if figs:
+            out.anchor.extend({**f, "iteration": i, "seed": seed} for i, f in enumerate(figs))
+
+    def poison(method: str, attack: str, defence: str, seed: int) -> dict[str, Any]:
+        opts: dict[str, Any] = {"targets": 1} if attack == "none" else {"attack": attack}
+        if defence != "none":
+            opts["defence"] = defence
+        cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
+                        federated=federated_config(method, "ml-100k", rounds=rounds, **opts))
+        start = time.perf_counter()
+        res = train(cfg).result
+        last = res.history[-1].extra
+        keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
+        return {"method": method, "attack": attack, "defence": defence, "seed": seed,
+                **{k: last[k] for k in keep if k in last},
+                "er@10_by_round": [h.extra.get("er@10") for h in res.history],
+                "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
+                "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
+                "wall_seconds": time.perf_counter() - start}
+
+    cells = [(m, a, "none") for m in POISON_METHODS for a in ALL_ATTACKS]
+    cells += [(m, a, d) for m in POISON_METHODS for a in DEFENDED_ATTACKS for d in DEFENCES if d != "none"]
+    for seed in seeds:
+        for m, a, d in cells:
+            tell(f"poison {m} {a} {d} s{seed}")
+            blob = _cached(out_dir / f"poison-{m}-{a}-{d}-r{rounds}-s{seed}.json",
+                           lambda m=m, a=a, d=d, seed=seed: poison(m, a, d, seed), run_missing)
+            if blob:
+                out.poisoning.append(blob)
+
+    def infer(method: str, view: str, seed: int) -> dict[str, Any]:
+        opts = dict(VIEWS[view])
+        secagg = opts.pop("secagg", 0)
+        cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
+                        federated=federated_config(method, "ml-100k", rounds=rounds, **opts))
+        res, audit = audit_privacy(cfg, secagg=secagg)
+        return {"method": method, "view": view, "seed": seed, **audit.summary(),
+                "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
+                "epsilon": res.extra.get("privacy", {}).get("epsilon"),
+                "bytes_up": float(np.mean([h.bytes_up for h in res.history]))}
+
+    for seed in seeds:
+        for m in INFER_METHODS:
+            for v in VIEWS:
+                tell(f"infer {m} {v} s{seed}")
+                slug = v.replace(" ", "").replace("=", "")
+                blob = _cached(out_dir / f"infer-{m}-{slug}-r{rounds}-s{seed}.json",
+                               lambda m=m, v=v, seed=seed: infer(m, v, seed), run_missing)
+                if blob:
+                    out.inference.append(blob)
+    return out
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> str:
+    vals = [r[key] for r in rows if r.get(key) is not None and np.isfinite(r[key])]
+    if not vals:
+        return "–"
+    m = float(np.mean(vals))
+    return f"{m:.4f}" if len(vals) == 1 else f"{m:.4f} ± {float(np.std(vals, ddof=1)):.4f}"
+
+
+def to_markdown(t: AttackTables) -> str:
+    """The three tables as Markdown (means ± std over seeds where there are several)."""
+    from fedrec.reproduce.papers import figure
+
+    lines = ["### FedRecAttack's setting (ML-100K, ρ = 5%, κ = 60, ξ = 1%, target item 895)", "",
+             "| iteration | ER@10 ours | ER@10 paper | ER@5 ours | ER@5 paper | NDCG@10 ours | NDCG@10 paper | "
+             "HR@10 ours | HR@10 paper |", "|---|---|---|---|---|---|---|---|---|"]
+    for i in sorted({int(r["iteration"]) for r in t.anchor}):
+        rows = [r for r in t.anchor if r["iteration"] == i]
+        cells = []
+        for ours, theirs in (("er@10", "er@10"), ("er@5", "er@5"), ("target_ndcg@10", "target_ndcg@10"),
+                             ("hr@10", "hr@10")):
+            f = figure("fedrecattack", "readme", "fedrecattack", "ml-100k", theirs, f"iteration={i}")
+            cells += [_mean(rows, ours), f"{f.mean:.4f}" if f else "–"]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+    lines += ["", "### Poisoning under fedrec's methods (ML-100K, 5% malicious, ξ = 1%, one target)", "",
+              "| method | attack | defence | ER@5 | ER@10 | ER@20 | target NDCG@10 | HR@10 | NDCG@10 | "
+              "flag precision | flag recall | aggregation s/round |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in t.poisoning))
+    for m, a, d in keys:
+        rows = [r for r in t.poisoning if (r["method"], r["attack"], r["defence"]) == (m, a, d)]
+        lines.append(f"| {m} | {a} | {d} | " + " | ".join(_mean(rows, k) for k in (
+            "er@5", "er@10", "er@20", "target_ndcg@10", "hr@10", "ndcg@10", "flag_precision", "flag_recall",
+            "aggregate_seconds")) + " |")
+    lines += ["", "### What the server infers from uploads (ML-100K; mean over clients of the last round, "
+              "`rounds` over all rounds)", "",
+              "| method | server view | rows P / R / AUC | direction P / R / AUC | rounds P / R / AUC | random P | "
+              "HR@10 | NDCG@10 | ε | MiB up/round |", "|---|---|---|---|---|---|---|---|---|---|"]
+    keys2 = list(dict.fromkeys((r["method"], r["view"]) for r in t.inference))
+    for m, v in keys2:
+        rows = [r for r in t.inference if (r["method"], r["view"]) == (m, v)]
+        trio = [" / ".join(_mean(rows, f"{a}_{k}").split(" ±")[0] for k in ("precision", "recall", "auc"))
+                for a in ("rows", "direction", "rounds")]
+        eps = _mean(rows, "epsilon")
+        mib = f"{np.mean([r['bytes_up'] for r in rows]) / 2**20:.1f}"
+        lines.append(f"| {m} | {v} | " + " | ".join(trio) + f" | {_mean(rows, 'random_precision').split(' ±')[0]} | "
+                     f"{_mean(rows, 'hr@10')} | {_mean(rows, 'ndcg@10')} | {eps} | {mib} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(t: AttackTables, folder: Path) -> list[Path]:
+    """ER@10 by round per attack (undefended), and each method's privacy-utility trade-off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for m in sorted({r["method"] for r in t.poisoning}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in [r for r in t.poisoning if r["method"] == m and r["defence"] == "none" and r["seed"] == 0]:
+            ax.plot(range(1, len(r["er@10_by_round"]) + 1), r["er@10_by_round"], label=r["attack"])
+        ax.set(xlabel="round", ylabel="ER@10 of the target", title=f"{m}: poisoning, no defence")
+        ax.legend(fontsize=7)
+        path = folder / f"attacks-{m}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    for m in sorted({r["method"] for r in t.inference}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in [r for r in t.inference if r["method"] == m and r["seed"] == 0]:
+            ax.scatter(r["direction_auc"], r["hr@10"])
+            ax.annotate(r["view"], (r["direction_auc"], r["hr@10"]), fontsize=7)
+        ax.set(xlabel="inference AUC (direction attack)", ylabel="test HR@10",
+               title=f"{m}: privacy-utility by server view")
+        path = folder / f"privacy-{m}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
