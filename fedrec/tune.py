@@ -108,6 +108,7 @@ class TuneResult:
             "engine": {"rounds": self.rounds, **self.engine}, "model": self.model,
             "tuning": {"sampler": "optuna TPE", "pruner": "median", "seed": self.seed,
                        "trials": self.trials, "completed": self.completed, "pruned": self.pruned,
+                       "diverged": self.trials - self.completed - self.pruned,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
                        "test_read": False, "history": self.history},
         }
@@ -184,7 +185,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
     )
     study.optimize(objective, n_trials=trials)
-    states = [t.state for t in study.trials]
+    states = [h["state"] for h in history]  # a diverged trial is scored as the worst, "complete" to Optuna
     if not any(h["state"] == "complete" for h in history):  # no config from trials that all failed
         reasons = sorted({h.get("reason", h["state"]) for h in history})
         raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
@@ -192,8 +193,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
     model = {p.name: best.params[p.name] for p in space if p.where == "model"}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
-                      float(best.value), trials, states.count(optuna.trial.TrialState.COMPLETE),
-                      states.count(optuna.trial.TrialState.PRUNED), history)
+                      float(best.value), trials, states.count("complete"), states.count("pruned"), history)
 
 
 def write_config(result: TuneResult, path: str | Path) -> None:

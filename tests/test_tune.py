@@ -28,6 +28,8 @@ def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path) -> Non
     assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "3", "--rounds", "2", "-o", str(config)]) == 0
     blob = read_config(config)
     assert blob["tuning"]["trials"] == 3 and blob["tuning"]["test_read"] is False
+    states = [h["state"] for h in blob["tuning"]["history"]]
+    assert [blob["tuning"][k] for k in ("completed", "pruned")] == [states.count("complete"), states.count("pruned")]
     split = validation_only(prepare_split(RunConfig("pfedrec", dataset=DATA)))
     space = {p.name: p for p in search_space(get_algorithm("pfedrec"), split, DATA)}
     assert set(blob["engine"]) == {"rounds", *space}

@@ -57,7 +57,7 @@ def tune_command(
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in {**result.engine, **result.model}.items())
     console.print(f"best validation {result.metric} {result.best_valid:.4f} ({result.completed} complete, "
-                  f"{result.pruned} pruned of {result.trials}): {shown}", highlight=False)
+                  f"{result.pruned} pruned, {result.trials - result.completed - result.pruned} diverged of {result.trials}): {shown}", highlight=False)
     console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset} -p {result.protocol} "
                   f"--config {out}", highlight=False)
 
