@@ -51,7 +51,8 @@ class CohortAlgorithm(FederatedAlgorithm):
                      cohort, self.seed, plan.round, self.path, acc, keep=kept)
         per_client = [u for chunk in kept for u in chunk.per_client()] if kept is not None else None
         if sec is not None and per_client is not None:
-            bad, n_bytes = sec.malicious_uploads(per_client, self.state.items, self.state.shared, plan.round)
+            bad, n_bytes = sec.malicious_uploads(per_client, self.state.spec, self.state.items,
+                                                  self.state.shared, plan.round)
             per_client.extend(bad)
             acc.bytes_up += n_bytes
             acc.bytes_down += n_bytes

@@ -31,6 +31,7 @@ from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
 from fedrec.security.robust import FLAGGING, RobustRule
+from fedrec.security.surrogate import Surrogate
 
 DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
 
@@ -80,17 +81,18 @@ class Security:
         rng = np.random.default_rng([self.seed, r, 0x3A11])
         return np.sort(rng.choice(self.n_malicious, k, replace=False))
 
-    def malicious_uploads(self, benign: list[ClientUpload], table: torch.Tensor,
+    def malicious_uploads(self, benign: list[ClientUpload], spec: Any, table: torch.Tensor,
                           shared: dict[str, torch.Tensor], r: int) -> tuple[list[ClientUpload], int]:
         """Round ``r``'s uploads of the sampled malicious clients, made from the global
-        ``table`` (and the global ``shared`` weights, which they send back unchanged), and the
-        bytes they send; ``benign`` (the round's benign uploads) sets the row-norm budget."""
+        ``table`` and ``shared`` weights of the run's model ``spec`` (they send the shared
+        weights back unchanged), and the bytes they send; ``benign`` (the round's benign
+        uploads) sets the row-norm budget."""
         clients = self.malicious_clients(r)
         if self.attack is None or not len(clients):
             return [], 0
         rows = [u.tensors[ITEMS] for u in benign if len(u.items)]
         norm = float(torch.cat(rows).norm(dim=1).median()) if rows else 1.0
-        sent = self.attack.uploads(table, clients, r, norm)
+        sent = self.attack.uploads(table, clients, r, norm, Surrogate(spec, shared))
         shared_floats = sum(v.numel() for v in shared.values())
         out, n_bytes = [], 0
         for c, (items, delta) in zip(clients, sent, strict=True):

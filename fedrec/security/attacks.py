@@ -3,10 +3,11 @@
 The attacker controls ``m`` extra clients (ids after the benign ones). Each round every sampled
 malicious client downloads the global item table like any client and uploads row deltas for
 at most ``attack_items`` rows (κ in FedRecAttack), so on the wire it looks like a benign
-upload; unless the attack boosts on purpose, each row's L2 norm is held to ``norm``, the median
-row norm of the round's benign uploads (the attacker matches what normal clients send). The
-attacker's surrogate of a user's score is the dot product of a user vector with the item row,
-as in FedRecAttack (for PFedRec's linear score it is the same ranking).
+upload; each row's L2 norm is held to (at most) ``norm x boost``, ``norm`` the median row norm
+of the round's benign uploads (at ``boost`` 1 the attacker matches what normal clients send).
+The attacker scores items for the users it approximates with the run's own score function and
+the global shared weights (`fedrec.security.surrogate`): MF's dot product, PFedRec's linear
+layer, NeuMF for FedNCF.
 
 Targeted (promote ``targets``):
 
@@ -15,9 +16,12 @@ Targeted (promote ``targets``):
   fixed), then the rows' gradient of Σ_u Σ_t g(s(u, k-th of u's top-K) - s(u, t)),
   g(x) = x for x >= 0 and e^x - 1 below, is uploaded as a descent step; each malicious
   client sends the targets and rows drawn once in proportion to their gradient norm;
-* ``a-ra`` / ``a-hum`` — the attacks without prior knowledge of PSMU (Yin et al., SIGIR 2023):
-  the same promotion loss over synthetic users drawn at random (``a-ra``), or mined as the users
-  the targets rank worst for, by gradient steps from random draws (``a-hum``);
+* ``a-ra`` / ``a-hum`` — the attacks without prior knowledge of Rong, He and Chen (IJCAI 2022,
+  "Poisoning deep learning based recommender model in federated learning scenarios"): the same
+  promotion loss over user vectors drawn at random (``a-ra``), or mined as the users the targets
+  rank worst for, by gradient steps from random draws (``a-hum``). That paper attacks deep
+  models through their shared MLP; under fedrec's surrogate (a dot product) random users
+  average out, and these attacks are measured weak (docs/security.md);
 * ``pipattack`` — popularity in the spirit of PipAttack (Zhang et al., WSDM 2022): the target
   rows are pulled towards the mean row of the items popular in the public interactions (a
   step of at most the row budget, so they settle there), and inherit what makes popular items
@@ -43,6 +47,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
+
+from fedrec.security.surrogate import Surrogate
 
 ATTACKS = ("fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "random", "bandwagon", "popular",
            "fedattack")
@@ -80,10 +86,11 @@ class Attack:
     synthetic_users: int = 256
     fit_steps: int = 5
     fit_lr: float = 0.05
-    init_std: float = 0.1
-    _users: torch.Tensor | None = field(default=None, repr=False)
+    #: std of the approximated users' start (FedRecAttack: N(0, std²)); None = the model's own
+    init_std: float | None = None
+    _users: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
-    _own: torch.Tensor | None = field(default=None, repr=False)
+    _own: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _profiles: list[np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,21 +106,22 @@ class Attack:
 
     # -- the round ------------------------------------------------------------------------
 
-    def uploads(self, table: torch.Tensor, clients: np.ndarray, r: int,
-                norm: float) -> list[tuple[np.ndarray, torch.Tensor]]:
+    def uploads(self, table: torch.Tensor, clients: np.ndarray, r: int, norm: float,
+                model: Surrogate) -> list[tuple[np.ndarray, torch.Tensor]]:
         """Round ``r``'s uploads of the sampled malicious ``clients`` (0-based among the
-        malicious), given the global ``table`` they downloaded and the row-norm budget."""
+        malicious), given the global ``table`` they downloaded, the row-norm budget and the
+        attacker's ``model`` of the score (`fedrec.security.surrogate`)."""
         if len(clients) == 0:
             return []
         q = table.detach().float().cpu()
         if self.name in ("fedrecattack", "a-ra", "a-hum"):
-            grad = self._promotion_grad(q, r)
+            grad = self._promotion_grad(q, r, model)
             return [self._send(grad, int(c), norm) for c in clients]
         if self.name == "pipattack":
             return [self._popularity(q, norm) for _ in clients]
         if self.name == "fedattack":
-            return [self._hardest(q, int(c), r, norm) for c in clients]
-        return [self._fake_user(q, int(c), r, norm) for c in clients]
+            return [self._hardest(q, int(c), r, norm, model) for c in clients]
+        return [self._fake_user(q, int(c), r, norm, model) for c in clients]
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient
@@ -130,50 +138,54 @@ class Attack:
         items = self._rows[c]
         return items, _clipped(-grad[torch.as_tensor(items)], norm * self.boost)
 
-    def _promotion_grad(self, q: torch.Tensor, r: int) -> torch.Tensor:
-        """Gradient w.r.t. the item rows of the promotion loss over the approximated users."""
-        users, known = self._approximate(q, r)
+    def _promotion_grad(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
+        """Gradient w.r.t. the item rows of Σ_u Σ_t g(s(u, k-th of u's top-K) - s(u, t)) over
+        the approximated users (a user who already has a target is not its target)."""
+        users, known = self._approximate(q, r, model)
         t = torch.as_tensor(self.know.targets)
-        scores = users @ q.T
-        masked = scores.clone()
-        if known is not None:
-            rows, cols = known.nonzero()
-            masked[torch.as_tensor(rows), torch.as_tensor(cols)] = -torch.inf
-        masked[:, t] = -torch.inf
-        kth = masked.topk(self.top_k, dim=1).indices[:, -1]  # the item a target must beat
-        x = scores.gather(1, kth[:, None]) - scores[:, t]  # (U, T)
-        slope = torch.where(x >= 0, torch.ones_like(x), x.exp())  # g'(x)
-        if known is not None:  # a user who already has a target is not a target of the attack
-            slope = slope * torch.as_tensor(~np.asarray(known[:, self.know.targets].todense(), bool))
-        grad = torch.zeros_like(q)
-        grad.index_add_(0, t, -(slope.T @ users))
-        grad.index_add_(0, kth, slope.sum(1, keepdim=True) * users)
-        return grad
+        leaf = q.clone().requires_grad_(True)
+        n = next(iter(users.values())).shape[0]
+        block = max(1, (1 << 22) // max(1, q.numel()))
+        for s0 in range(0, n, block):
+            part = {k: v[s0 : s0 + block] for k, v in users.items()}
+            with torch.enable_grad():
+                s = model.logits(part, leaf)  # (b, n_items)
+                masked = s.detach().clone()
+                if known is not None:
+                    rows, cols = known[s0 : s0 + block].nonzero()
+                    masked[torch.as_tensor(rows), torch.as_tensor(cols)] = -torch.inf
+                masked[:, t] = -torch.inf
+                kth = masked.topk(self.top_k, dim=1).indices[:, -1]  # the item a target must beat
+                x = s.gather(1, kth[:, None]) - s[:, t]  # (b, T)
+                loss = torch.where(x >= 0, x, x.exp() - 1)  # g(x)
+                if known is not None:
+                    mine = np.asarray(known[s0 : s0 + block][:, self.know.targets].todense(), bool)
+                    loss = loss * torch.as_tensor(~mine)
+                loss.sum().backward()
+        assert leaf.grad is not None
+        return leaf.grad
 
-    def _approximate(self, q: torch.Tensor, r: int) -> tuple[torch.Tensor, sp.csr_matrix | None]:
+    def _approximate(self, q: torch.Tensor, r: int, model: Surrogate
+                     ) -> tuple[dict[str, torch.Tensor], sp.csr_matrix | None]:
         """The users the promotion loss is over, and what the attacker knows they interacted
-        with (None for synthetic users)."""
-        d = q.shape[1]
+        with (None for users it made up)."""
         if self.name == "fedrecattack":
             pub = self.know.public
             if self._users is None:
-                self._users = torch.as_tensor(self.rng(2).normal(0, self.init_std, (pub.shape[0], d)),
-                                              dtype=torch.float32)
-            self._users = fit_users(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
+                self._users = model.draw(pub.shape[0], self.rng(2), self.init_std)
+            self._users = model.fit(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
             return self._users, pub
-        u = torch.as_tensor(self.rng(4, r).normal(0, 1, (self.synthetic_users, d)), dtype=torch.float32)
-        u = u / u.norm(dim=1, keepdim=True)
+        users = model.draw(self.synthetic_users, self.rng(4, r), self.init_std)
         if self.name == "a-hum":  # mine hard users: lower the targets' scores against the top items
             t = torch.as_tensor(self.know.targets)
             for _ in range(self.fit_steps):
-                u = u.detach().requires_grad_(True)
-                s = u @ q.T
-                gap = s[:, t].mean(1) - s.topk(self.top_k, dim=1).values.mean(1)
-                (g,) = torch.autograd.grad(gap.sum(), u)
-                with torch.no_grad():
-                    u = u - 0.1 * g * u.norm(dim=1, keepdim=True) / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            u = u.detach()
-        return u, None
+                leaves = {k: v.clone().requires_grad_(True) for k, v in users.items()}
+                with torch.enable_grad():
+                    s = model.logits(leaves, q)
+                    gap = s[:, t].mean(1) - s.topk(self.top_k, dim=1).values.mean(1)
+                    grads = torch.autograd.grad(gap.sum(), list(leaves.values()))
+                users = {k: _normalised_step(v, g) for (k, v), g in zip(users.items(), grads, strict=True)}
+        return users, None
 
     def _popularity(self, q: torch.Tensor, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         pop = self.know.popularity.copy()
@@ -183,18 +195,18 @@ class Attack:
         pull = q[torch.as_tensor(top)].mean(0, keepdim=True) - q[torch.as_tensor(t)]
         return t, _clipped(pull, norm * self.boost)
 
-    def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
+    def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float,
+                   model: Surrogate) -> tuple[np.ndarray, torch.Tensor]:
         """One full-batch BCE step of a fake user on its profile (positives) and as many random
         negatives, its item step scaled by ``boost`` (explicit boosting when boost > 1)."""
         if self._profiles is None:
             self._profiles = [self._profile(k) for k in range(self.n_malicious)]
-            self._own = torch.as_tensor(self.rng(5).uniform(-1, 1, (self.n_malicious, q.shape[1])) / q.shape[1] ** 0.5,
-                                        dtype=torch.float32)
+            self._own = model.draw(self.n_malicious, self.rng(5))
         pos = self._profiles[c]
         neg = self.rng(6, r, c).choice(np.setdiff1d(np.arange(self.know.n_items), pos), len(pos), replace=False)
         items = np.concatenate([pos, neg]).astype(np.int64)
         labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
-        return self._bce_step(q, c, items, labels, None if self.name == "boost" else norm)
+        return self._bce_step(q, c, items, labels, None if self.name == "boost" else norm, model, train_own=True)
 
     def _profile(self, c: int) -> np.ndarray:
         rng, t, n = self.rng(7, c), self.know.targets, self.know.n_items
@@ -207,40 +219,58 @@ class Attack:
         pool = popular if self.name == "bandwagon" else np.setdiff1d(np.arange(n), t)
         return np.unique(np.concatenate([t, rng.choice(pool, min(size, len(pool)), replace=False)]))
 
-    def _hardest(self, q: torch.Tensor, c: int, r: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
-        """FedAttack: the client's user vector is inferred from its profile (here the mean row
-        of its profile items, drawn once in proportion to public popularity, as a compromised
-        ordinary user holds), then the items it scores highest are labelled negative and those
+    def _hardest(self, q: torch.Tensor, c: int, r: int, norm: float,
+                 model: Surrogate) -> tuple[np.ndarray, torch.Tensor]:
+        """FedAttack: the client's private parameters are inferred from its profile (20 items
+        drawn once in proportion to public popularity, as a compromised ordinary user holds; BPR
+        with the table fixed), then the items it scores highest are labelled negative and those
         it scores lowest positive."""
         if self._profiles is None:
             pop = self.know.popularity.astype(float) + 1.0
             self._profiles = [self.rng(8, k).choice(self.know.n_items, min(20, self.know.n_items), replace=False,
                                                     p=pop / pop.sum()) for k in range(self.n_malicious)]
-            self._own = torch.zeros(self.n_malicious, q.shape[1])
+            self._own = model.draw(self.n_malicious, self.rng(9))
         assert self._own is not None
-        self._own[c] = q[torch.as_tensor(self._profiles[c])].mean(0)
-        s = q @ self._own[c]
+        profile = sp.csr_matrix((np.ones(len(self._profiles[c])), (np.zeros(len(self._profiles[c]), int),
+                                                                     self._profiles[c])), shape=(1, q.shape[0]))
+        mine = model.fit({k: v[c : c + 1] for k, v in self._own.items()}, q, profile, self.fit_steps,
+                         self.rng(10, r, c), self.fit_lr)
+        for k, v in mine.items():
+            self._own[k][c] = v[0]
+        with torch.no_grad():
+            s = model.logits(mine, q)[0]
         half = max(1, self.attack_items // 2)
         order = torch.argsort(s, descending=True)
-        hard_neg, hard_pos = order[:half], order[-half:]
-        items = torch.cat([hard_pos, hard_neg]).numpy().astype(np.int64)
+        items = torch.cat([order[-half:], order[:half]]).numpy().astype(np.int64)
         labels = torch.cat([torch.ones(half), torch.zeros(half)])
-        return self._bce_step(q, c, items, labels, norm)
+        return self._bce_step(q, c, items, labels, norm, model, train_own=False)
 
-    def _bce_step(self, q: torch.Tensor, c: int, items: np.ndarray, labels: torch.Tensor,
-                  norm: float | None) -> tuple[np.ndarray, torch.Tensor]:
-        """The item step (and the own user vector's step) of the batch-mean BCE, as a
-        benign client of the engine takes it; held to ``norm x boost`` per row when ``norm`` is
-        given, else multiplied by ``boost``."""
+    def _bce_step(self, q: torch.Tensor, c: int, items: np.ndarray, labels: torch.Tensor, norm: float | None,
+                  model: Surrogate, train_own: bool) -> tuple[np.ndarray, torch.Tensor]:
+        """The item step (and, with ``train_own``, the own parameters' step) of the batch-mean
+        BCE, as a benign client of the engine takes it; held to ``norm x boost`` per row when
+        ``norm`` is given, else multiplied by ``boost``."""
         assert self._own is not None
-        v = q[torch.as_tensor(items)]
-        u = self._own[c]
-        g = (torch.sigmoid(v @ u) - labels) / len(items)
-        self._own[c] = u - 0.1 * (g @ v)
-        delta = -self.know.lr_item * g[:, None] * u[None, :]
         order = np.argsort(items)
-        delta = delta[torch.as_tensor(order)]
-        return items[order], (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
+        items = items[order]
+        labels = labels[torch.as_tensor(order)]
+        v = q[torch.as_tensor(items)].clone().requires_grad_(True)
+        own = {k: t[c : c + 1].clone().requires_grad_(True) for k, t in self._own.items()}
+        with torch.enable_grad():
+            loss = F.binary_cross_entropy_with_logits(model.logits(own, v[None])[0], labels)
+            grads = torch.autograd.grad(loss, [v, *own.values()])
+        if train_own:
+            for (k, t), g in zip(own.items(), grads[1:], strict=True):
+                self._own[k][c] = (t - 0.1 * g)[0].detach()
+        delta = -self.know.lr_item * grads[0]
+        return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
+
+
+def _normalised_step(v: torch.Tensor, g: torch.Tensor, lr: float = 0.1) -> torch.Tensor:
+    """A descent step of each user's parameter whose length is ``lr`` times the parameter's."""
+    flat_v, flat_g = v.reshape(len(v), -1), g.reshape(len(g), -1)
+    scale = lr * flat_v.norm(dim=1, keepdim=True) / flat_g.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return (flat_v - scale * flat_g).reshape(v.shape)
 
 
 def _clipped(rows: torch.Tensor, bound: float) -> torch.Tensor:
@@ -251,28 +281,6 @@ def _clipped(rows: torch.Tensor, bound: float) -> torch.Tensor:
 def _held(rows: torch.Tensor, bound: float) -> torch.Tensor:
     """``rows`` each scaled to L2 norm ``bound`` (a direction sent at the budget's length)."""
     return rows * (bound / rows.norm(dim=1, keepdim=True).clamp_min(1e-12))
-
-
-def fit_users(users: torch.Tensor, q: torch.Tensor, public: sp.csr_matrix, steps: int,
-              rng: np.random.Generator, lr: float = 0.05) -> torch.Tensor:
-    """User vectors fitted by BPR to their public interactions with the item rows ``q`` fixed
-    (FedRecAttack's approximation; warm-started from ``users``, ``steps`` Adam steps, one
-    random negative a positive). Users without public interactions keep their vectors."""
-    coo = public.tocoo()
-    if coo.nnz == 0:
-        return users
-    u_idx, pos = torch.as_tensor(coo.row.astype(np.int64)), torch.as_tensor(coo.col.astype(np.int64))
-    users = users.clone().requires_grad_(True)
-    opt = torch.optim.Adam([users], lr=lr)
-    for _ in range(steps):
-        neg = torch.as_tensor(rng.integers(0, q.shape[0], coo.nnz))
-        with torch.enable_grad():
-            uv = users[u_idx]
-            loss = F.softplus(-(uv * (q[pos] - q[neg])).sum(1)).sum()
-            opt.zero_grad()
-            loss.backward()
-        opt.step()
-    return users.detach()
 
 
 def public_share(train: sp.csr_matrix, share: float, seed: int) -> sp.csr_matrix:

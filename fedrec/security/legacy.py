@@ -31,6 +31,7 @@ import torch
 
 from fedrec.security.attacks import Attack, Knowledge, public_share
 from fedrec.security.exposure import exposure
+from fedrec.security.surrogate import Surrogate
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def run_legacy(train: sp.csr_matrix, test_item: np.ndarray, targets: np.ndarray,
     neg = _fixed_negatives(train, rng)
     n_mal = int(n_users * s.malicious) if attack else 0
     adversary = None
+    model = Surrogate.dot(s.dim)
     if attack:
         know = Knowledge(n_items, np.asarray(targets, np.int64), public_share(train, s.prior_knowledge, seed), 1.0)
         adversary = Attack(attack, know, n_mal, seed, attack_items=s.items_limit, fit_steps=1, fit_lr=s.attack_lr,
@@ -86,7 +88,7 @@ def run_legacy(train: sp.csr_matrix, test_item: np.ndarray, targets: np.ndarray,
             grad = _benign_grads(u, q, benign, counts, owner, pos, neg, s)
             if adversary is not None:
                 bad = np.sort(batch[batch >= n_users] - n_users)
-                for items, delta in adversary.uploads(q, bad, step, s.grad_limit):
+                for items, delta in adversary.uploads(q, bad, step, s.grad_limit, model):
                     grad.index_add_(0, torch.as_tensor(items), -delta)  # a delta is minus a gradient
             q -= s.lr * grad
             step += 1
