@@ -151,10 +151,18 @@ def test_security_options_are_checked_up_front():
         _run(malicious=0.1)
     with pytest.raises(FedrecError, match="untargeted"):
         _run(attack="fedattack", targets=2)
-    cfg = RunConfig(algorithm="fedrap", dataset="synthetic:300x400",
-                    federated=federated_config("fedrap", rounds=1, defence="median"))
-    with pytest.raises(FedrecError, match="item-embedding family"):
+    cfg = RunConfig(algorithm="gpfedrec", dataset="synthetic:300x400",
+                    federated=federated_config("gpfedrec", rounds=1, defence="median"))
+    with pytest.raises(FedrecError, match="server averages item rows"):
         train(cfg)
+
+
+def test_fedrap_takes_attacks_and_defences_on_its_shared_c():
+    cfg = RunConfig(algorithm="fedrap", dataset="synthetic:300x400",
+                    federated=federated_config("fedrap", rounds=2, attack="fedrecattack", boost=10.0,
+                                               defence="median"))
+    res = train(cfg).result
+    assert res.history[-1].extra["malicious_clients"] == 15.0 and "er@10" in res.history[-1].extra
 
 
 def test_run_command_reports_the_attack(tmp_path):

@@ -18,7 +18,6 @@ from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.family import ITEMS
-from fedrec.federated.state import FamilyState
 from fedrec.protocols.protocol import Split
 
 
@@ -112,19 +111,20 @@ class CohortAlgorithm(FederatedAlgorithm):
 def security_for(spec: Any, state: Any, split: Split, cfg: Any, lr_item: float, seed: int) -> Any:
     """The run's attack and defence (`fedrec.security.adversary.Security`), or None. They, and
     pseudo-item padding, are refused for states whose server does not plainly average item
-    rows (FedRAP, the graph methods: not yet)."""
+    rows (the graph methods, CentRAP: not yet)."""
     from fedrec.security.adversary import Security
 
-    own = type(state).aggregate is FamilyState.aggregate and type(state).accumulate is FamilyState.accumulate
+    own = bool(getattr(state, "plain_average", False))
+    where = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP and "
+             "their variants)")
     if cfg.pad_items and not own:
-        raise FedrecError("--pad-items runs on the item-embedding family (FedMF, FedNCF, FedRecon, PFedRec, "
-                          f"MetaMF and their variants), not on {type(state).__name__}'s aggregation yet")
+        raise FedrecError(f"--pad-items runs on {where}, not on {type(state).__name__}'s aggregation yet")
     sec = Security.build(cfg, split, lr_item, seed)
     if sec is None:
         return None
     if sec.keeps_uploads and not own:
-        raise FedrecError("--attack and --defence run on the item-embedding family (FedMF, FedNCF, FedRecon, "
-                          f"PFedRec, MetaMF and their variants), not on {type(state).__name__}'s aggregation yet")
+        raise FedrecError(f"--attack and --defence run on {where}, not on {type(state).__name__}'s "
+                          "aggregation yet")
     if sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
         raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
                           "adds the round's noise as one sum, so the two do not combine yet")

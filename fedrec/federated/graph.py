@@ -79,6 +79,7 @@ class GraphUpload(CohortUpload):
 class GraphState(FamilyState):
     """Private models, q_g (``items``), the per-user dense tables, and the round's uploads."""
 
+    plain_average = False  # every client's table feeds the graph step, never their mean
     graph: GraphSpec = field(default_factory=GraphSpec)
     table: torch.Tensor | None = None
     dense_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -177,6 +177,11 @@ class RAPState(FamilyState):
     mu_now: float = 0.0
     round_clients: int = 0
 
+    @property  # type: ignore[override]
+    def plain_average(self) -> bool:
+        """FedRAP's server averages C's row deltas (CentRAP and a D-only FedRAP share nothing)."""
+        return self.rap.use_c and not self.rap.centralised
+
     @staticmethod
     def create_rap(rap: RAPSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                    item_std: float, seed: int, client_ids: Any = None) -> RAPState:

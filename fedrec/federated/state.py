@@ -118,6 +118,9 @@ class FamilyState:
     personal: PersonalRows
     round_start_items: torch.Tensor | None = None
     _server_opt = None  # the spec's server optimiser, made on first use (not a dataclass field)
+    #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
+    #: attacks and pseudo-item padding apply; not a dataclass field)
+    plain_average = True
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
