@@ -139,6 +139,30 @@ def test_explicit_boosting_fake_users_raise_exposure(clean):
     assert max(h.extra["er@10"] for h in res.history) > clean.history[-1].extra["er@10"] + 0.1
 
 
+@pytest.mark.parametrize(("algorithm", "options", "gain"), [
+    ("fedmf", {"attack": "random", "malicious": 0.2, "boost": 10.0}, 0.04),  # FedRecAttack's baselines
+    ("fedmf", {"attack": "bandwagon", "boost": 10.0}, 0.04),
+    ("fedmf", {"attack": "popular", "boost": 10.0}, 0.04),
+    ("fedmf", {"attack": "pipattack", "boost": 20.0, "prior_knowledge": 0.2}, 0.3),
+    ("fedncf", {"attack": "a-ra", "boost": 10.0}, 0.6),  # through the shared MLP
+    ("fedncf", {"attack": "a-hum", "boost": 10.0}, 0.6),
+])
+def test_every_targeted_attack_raises_exposure_above_the_clean_run(algorithm, options, gain):
+    def last_er(res):
+        return res.history[-1].extra["er@10"]
+
+    base = _run(rounds=10, targets=1) if algorithm == "fedmf" else _clean_ncf()
+    attacked = RunConfig(algorithm=algorithm, dataset="synthetic:500x400", protocol="loo-sampled",
+                         federated=federated_config(algorithm, rounds=10, **options))
+    assert last_er(train(attacked).result) > last_er(base) + gain
+
+
+def _clean_ncf():
+    cfg = RunConfig(algorithm="fedncf", dataset="synthetic:500x400", protocol="loo-sampled",
+                    federated=federated_config("fedncf", rounds=10, targets=1))
+    return train(cfg).result
+
+
 def test_fedattack_degrades_the_model(clean):
     res = _run(attack="fedattack", malicious=0.1, boost=10.0)
     assert res.test["hr@10"] < clean.test["hr@10"] - 0.05

@@ -60,7 +60,8 @@ class Security:
         n_mal = max(1, int(split.n_users * cfg.malicious)) if cfg.attack is not None else 0
         sec = Security(split.n_users, n_mal, targets, known_interactions(split), cfg.clients_per_round, seed)
         if cfg.attack is not None:
-            know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item)
+            know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
+                             cfg.lr)
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:
@@ -95,10 +96,10 @@ class Security:
         sent = self.attack.uploads(table, clients, r, norm, Surrogate(spec, shared))
         shared_floats = sum(v.numel() for v in shared.values())
         out, n_bytes = [], 0
-        for c, (items, delta) in zip(clients, sent, strict=True):
-            out.append(ClientUpload(self.n_benign + int(c), items,
-                                    {ITEMS: delta, **{k: v.clone() for k, v in shared.items()}}))
-            n_bytes += len(items) * (INDEX_BYTES + delta.shape[1] * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
+        for c, p in zip(clients, sent, strict=True):
+            weights = {k: v + p.shared[k] if k in p.shared else v.clone() for k, v in shared.items()}
+            out.append(ClientUpload(self.n_benign + int(c), p.items, {ITEMS: p.rows, **weights}))
+            n_bytes += len(p.items) * (INDEX_BYTES + p.rows.shape[1] * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
         return out, n_bytes
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,

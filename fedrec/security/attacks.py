@@ -17,15 +17,15 @@ Targeted (promote ``targets``):
   g(x) = x for x >= 0 and e^x - 1 below, is uploaded as a descent step; each malicious
   client sends the targets and rows drawn once in proportion to their gradient norm;
 * ``a-ra`` / ``a-hum`` — the attacks without prior knowledge of Rong, He and Chen (IJCAI 2022,
-  "Poisoning deep learning based recommender model in federated learning scenarios"): the same
-  promotion loss over user vectors drawn at random (``a-ra``), or mined as the users the targets
-  rank worst for, by gradient steps from random draws (``a-hum``). That paper attacks deep
-  models through their shared MLP; under fedrec's surrogate (a dot product) random users
-  average out, and these attacks are measured weak (docs/security.md);
+  "Poisoning deep learning based recommender model in federated learning scenarios"): the
+  targets are made to score 1 for a few random users (``a-ra``), or for "hard" random users
+  first trained to score them 0 (``a-hum``), by steps on the target rows *and the shared
+  weights* (FedNCF's MLP and head). Under a dot product (FedMF, PFedRec) there are no shared
+  weights and random users average out: these attacks are meant for deep models;
 * ``pipattack`` — popularity in the spirit of PipAttack (Zhang et al., WSDM 2022): the target
-  rows are pulled towards the mean row of the items popular in the public interactions (a
-  step of at most the row budget, so they settle there), and inherit what makes popular items
-  recommended;
+  rows are pulled towards the direction of the items popular in the public interactions, at
+  their typical length (a step of at most the row budget, so they settle there), and inherit
+  what makes popular items recommended;
 * ``boost`` — explicit boosting (Bhagoji et al., ICML 2019) by fake users: each trains an own
   user vector on a profile of the targets plus random filler items and scales its upload by
   ``boost``; ``random`` / ``bandwagon`` / ``popular`` — FedRecAttack's data-poisoning baselines,
@@ -65,11 +65,22 @@ class Knowledge:
     targets: np.ndarray
     public: sp.csr_matrix
     lr_item: float
+    lr: float = 0.0  # the rate of the shared weights (FedNCF's MLP), for attacks that poison them
 
     @property
     def popularity(self) -> np.ndarray:
         """Interaction counts of the items in the public share."""
         return np.asarray(self.public.sum(0)).ravel()
+
+
+@dataclass
+class Poisoned:
+    """One malicious upload: row deltas for ``items``, and deltas of shared weights by name
+    (empty: the client sends the global weights back unchanged)."""
+
+    items: np.ndarray
+    rows: torch.Tensor
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,7 +94,8 @@ class Attack:
     attack_items: int = 60
     boost: float = 1.0
     top_k: int = 10
-    synthetic_users: int = 256
+    synthetic_users: int = 10
+    hum_steps: int = 30
     fit_steps: int = 5
     fit_lr: float = 0.05
     #: std of the approximated users' start (FedRecAttack: N(0, std²)); None = the model's own
@@ -107,21 +119,49 @@ class Attack:
     # -- the round ------------------------------------------------------------------------
 
     def uploads(self, table: torch.Tensor, clients: np.ndarray, r: int, norm: float,
-                model: Surrogate) -> list[tuple[np.ndarray, torch.Tensor]]:
+                model: Surrogate) -> list[Poisoned]:
         """Round ``r``'s uploads of the sampled malicious ``clients`` (0-based among the
         malicious), given the global ``table`` they downloaded, the row-norm budget and the
         attacker's ``model`` of the score (`fedrec.security.surrogate`)."""
         if len(clients) == 0:
             return []
         q = table.detach().float().cpu()
-        if self.name in ("fedrecattack", "a-ra", "a-hum"):
+        if self.name == "fedrecattack":
             grad = self._promotion_grad(q, r, model)
-            return [self._send(grad, int(c), norm) for c in clients]
+            return [Poisoned(*self._send(grad, int(c), norm)) for c in clients]
+        if self.name in ("a-ra", "a-hum"):
+            return [self._synthetic(q, int(c), r, norm, model) for c in clients]
         if self.name == "pipattack":
-            return [self._popularity(q, norm) for _ in clients]
+            return [Poisoned(*self._popularity(q, norm)) for _ in clients]
         if self.name == "fedattack":
-            return [self._hardest(q, int(c), r, norm, model) for c in clients]
-        return [self._fake_user(q, int(c), r, norm, model) for c in clients]
+            return [Poisoned(*self._hardest(q, int(c), r, norm, model)) for c in clients]
+        return [Poisoned(*self._fake_user(q, int(c), r, norm, model)) for c in clients]
+
+    def _synthetic(self, q: torch.Tensor, c: int, r: int, norm: float, model: Surrogate) -> Poisoned:
+        """A-ra / A-hum (Rong, He and Chen, IJCAI 2022): ``synthetic_users`` users drawn
+        N(0, 0.01²) (A-hum: each first trained for ``hum_steps`` steps to score the targets 0,
+        "hard users"), then the gradient of the mean BCE of the targets scored 1 for them, taken
+        w.r.t. the target rows *and the shared weights*: through a shared MLP (FedNCF) the
+        targets are made to score high whoever the user. Rows are sent as a step held to
+        ``norm x boost``; the shared weights as a step of the run's rate x ``boost``."""
+        t = torch.as_tensor(self.know.targets)
+        users = model.draw(self.synthetic_users, self.rng(4, r, c), 0.01 if self.init_std is None else self.init_std)
+        if self.name == "a-hum":
+            for _ in range(self.hum_steps):
+                leaves = {k: v.clone().requires_grad_(True) for k, v in users.items()}
+                with torch.enable_grad():
+                    s = model.logits(leaves, q[t])
+                    loss = F.binary_cross_entropy_with_logits(s, torch.zeros_like(s))
+                    grads = torch.autograd.grad(loss, list(leaves.values()))
+                users = {k: (v - self.fit_lr * g).detach() for (k, v), g in zip(users.items(), grads, strict=True)}
+        rows = q[t].clone().requires_grad_(True)
+        shared = {k: v.detach().clone().requires_grad_(True) for k, v in model.shared.items()}
+        with torch.enable_grad():
+            s = Surrogate(model.spec, shared).logits(users, rows)
+            loss = F.binary_cross_entropy_with_logits(s, torch.ones_like(s))
+            grads = torch.autograd.grad(loss, [rows, *shared.values()])
+        step = {k: -self.know.lr * self.boost * g for k, g in zip(shared, grads[1:], strict=True)}
+        return Poisoned(self.know.targets, _held(-grads[0], norm * self.boost), step)
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient
@@ -167,33 +207,25 @@ class Attack:
 
     def _approximate(self, q: torch.Tensor, r: int, model: Surrogate
                      ) -> tuple[dict[str, torch.Tensor], sp.csr_matrix | None]:
-        """The users the promotion loss is over, and what the attacker knows they interacted
-        with (None for users it made up)."""
-        if self.name == "fedrecattack":
-            pub = self.know.public
-            if self._users is None:
-                self._users = model.draw(pub.shape[0], self.rng(2), self.init_std)
-            self._users = model.fit(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
-            return self._users, pub
-        users = model.draw(self.synthetic_users, self.rng(4, r), self.init_std)
-        if self.name == "a-hum":  # mine hard users: lower the targets' scores against the top items
-            t = torch.as_tensor(self.know.targets)
-            for _ in range(self.fit_steps):
-                leaves = {k: v.clone().requires_grad_(True) for k, v in users.items()}
-                with torch.enable_grad():
-                    s = model.logits(leaves, q)
-                    gap = s[:, t].mean(1) - s.topk(self.top_k, dim=1).values.mean(1)
-                    grads = torch.autograd.grad(gap.sum(), list(leaves.values()))
-                users = {k: _normalised_step(v, g) for (k, v), g in zip(users.items(), grads, strict=True)}
-        return users, None
+        """FedRecAttack's approximated users (warm-started, refitted each round to the public
+        interactions with the table fixed) and the interactions it knows they have."""
+        pub = self.know.public
+        if self._users is None:
+            self._users = model.draw(pub.shape[0], self.rng(2), self.init_std)
+        self._users = model.fit(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
+        return self._users, pub
 
     def _popularity(self, q: torch.Tensor, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         pop = self.know.popularity.copy()
         pop[self.know.targets] = -1
         top = np.argsort(-pop, kind="stable")[: max(1, len(pop) // 10)]
         t = self.know.targets
-        pull = q[torch.as_tensor(top)].mean(0, keepdim=True) - q[torch.as_tensor(t)]
-        return t, _clipped(pull, norm * self.boost)
+        rows = q[torch.as_tensor(top)]
+        centre = rows.mean(0, keepdim=True)  # the popular items' direction, at their typical length
+        centre = centre * rows.norm(dim=1).mean() / centre.norm().clamp_min(1e-12)
+        pull = centre - q[torch.as_tensor(t)]
+        # boosted like any attack: the pull (and its cap) x boost, to outweigh the mean's dilution
+        return t, _clipped(pull * self.boost, norm * self.boost)
 
     def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float,
                    model: Surrogate) -> tuple[np.ndarray, torch.Tensor]:
@@ -264,13 +296,6 @@ class Attack:
                 self._own[k][c] = (t - 0.1 * g)[0].detach()
         delta = -self.know.lr_item * grads[0]
         return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
-
-
-def _normalised_step(v: torch.Tensor, g: torch.Tensor, lr: float = 0.1) -> torch.Tensor:
-    """A descent step of each user's parameter whose length is ``lr`` times the parameter's."""
-    flat_v, flat_g = v.reshape(len(v), -1), g.reshape(len(g), -1)
-    scale = lr * flat_v.norm(dim=1, keepdim=True) / flat_g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    return (flat_v - scale * flat_g).reshape(v.shape)
 
 
 def _clipped(rows: torch.Tensor, bound: float) -> torch.Tensor:
