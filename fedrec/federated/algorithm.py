@@ -49,10 +49,10 @@ class CohortAlgorithm(FederatedAlgorithm):
         train_cohort(self.state, self.spec, self.cfg, self.split.train, self.split.sampler, cohort,
                      cohort, self.seed, plan.round, self.path, acc, keep=kept)
         per_client = [u for chunk in kept for u in chunk.per_client()] if kept is not None else None
-        if sec is not None and per_client is not None:
-            bad, n_bytes = sec.malicious_uploads(per_client, self.state.spec, self.state.items,
-                                                  self.state.shared, plan.round)
-            per_client.extend(bad)
+        if sec is not None and sec.attack is not None:
+            bad, n_bytes = sec.malicious_uploads(self.state.spec, self.state.items, self.state.shared, plan.round)
+            if per_client is not None:
+                per_client.extend(bad)
             acc.bytes_up += n_bytes
             acc.bytes_down += n_bytes
             if sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
@@ -122,7 +122,7 @@ def security_for(spec: Any, state: Any, split: Split, cfg: Any, lr_item: float, 
     sec = Security.build(cfg, split, lr_item, seed)
     if sec is None:
         return None
-    if sec.keeps_uploads and not own:
+    if (sec.keeps_uploads or sec.attack is not None) and not own:
         raise FedrecError(f"--attack and --defence run on {where}, not on {type(state).__name__}'s "
                           "aggregation yet")
     if sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):

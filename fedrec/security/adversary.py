@@ -7,7 +7,8 @@
 
 1. the benign clients train as always; their uploads are kept per client;
 2. the sampled malicious clients (ids ``n_users ..``, the same share of them as of the benign
-   clients) upload what the attack makes of the global table (`fedrec.security.attacks`);
+   clients) upload what the attack makes of the global table (`fedrec.security.attacks`),
+   from nothing but what any client holds;
 3. the server aggregates every upload, plain FedAvg or the defence's per-row robust rule
    (`fedrec.security.robust`);
 4. the round's record gets the exposure of the targets (ER@5/10/20 and their NDCG@K over the
@@ -70,8 +71,8 @@ class Security:
 
     @property
     def keeps_uploads(self) -> bool:
-        """Whether the round must keep each client's upload (to attack or defend)."""
-        return self.attack is not None or self.rule is not None
+        """Whether the round must keep each client's upload (a defence looks at each)."""
+        return self.rule is not None
 
     def malicious_clients(self, r: int) -> np.ndarray:
         """The malicious clients (0-based among them) sampled in round ``r``: the same share as
@@ -82,18 +83,15 @@ class Security:
         rng = np.random.default_rng([self.seed, r, 0x3A11])
         return np.sort(rng.choice(self.n_malicious, k, replace=False))
 
-    def malicious_uploads(self, benign: list[ClientUpload], spec: Any, table: torch.Tensor,
-                          shared: dict[str, torch.Tensor], r: int) -> tuple[list[ClientUpload], int]:
+    def malicious_uploads(self, spec: Any, table: torch.Tensor, shared: dict[str, torch.Tensor],
+                          r: int) -> tuple[list[ClientUpload], int]:
         """Round ``r``'s uploads of the sampled malicious clients, made from the global
-        ``table`` and ``shared`` weights of the run's model ``spec`` (they send the shared
-        weights back unchanged), and the bytes they send; ``benign`` (the round's benign
-        uploads) sets the row-norm budget."""
+        ``table`` and ``shared`` weights of the run's model ``spec`` (shared weights sent back
+        as they came, unless the attack poisons them), and the bytes they send."""
         clients = self.malicious_clients(r)
         if self.attack is None or not len(clients):
             return [], 0
-        rows = [u.tensors[ITEMS] for u in benign if len(u.items)]
-        norm = float(torch.cat(rows).norm(dim=1).median()) if rows else 1.0
-        sent = self.attack.uploads(table, clients, r, norm, Surrogate(spec, shared))
+        sent = self.attack.uploads(table, clients, r, Surrogate(spec, shared))
         shared_floats = sum(v.numel() for v in shared.values())
         out, n_bytes = [], 0
         for c, p in zip(clients, sent, strict=True):

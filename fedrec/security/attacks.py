@@ -4,7 +4,8 @@ The attacker controls ``m`` extra clients (ids after the benign ones). Each roun
 malicious client downloads the global item table like any client and uploads row deltas for
 at most ``attack_items`` rows (κ in FedRecAttack), so on the wire it looks like a benign
 upload; each row's L2 norm is held to (at most) ``norm x boost``, ``norm`` the median row norm
-of the round's benign uploads (at ``boost`` 1 the attacker matches what normal clients send).
+of an honest step of the attacker's own cover client (`Attack.budget`: at ``boost`` 1 the
+attacker sends rows no longer than an honest client would).
 The attacker scores items for the users it approximates with the run's own score function and
 the global shared weights (`fedrec.security.surrogate`): MF's dot product, PFedRec's linear
 layer, NeuMF for FedNCF.
@@ -118,14 +119,17 @@ class Attack:
 
     # -- the round ------------------------------------------------------------------------
 
-    def uploads(self, table: torch.Tensor, clients: np.ndarray, r: int, norm: float,
-                model: Surrogate) -> list[Poisoned]:
+    def uploads(self, table: torch.Tensor, clients: np.ndarray, r: int, model: Surrogate,
+                norm: float | None = None) -> list[Poisoned]:
         """Round ``r``'s uploads of the sampled malicious ``clients`` (0-based among the
-        malicious), given the global ``table`` they downloaded, the row-norm budget and the
-        attacker's ``model`` of the score (`fedrec.security.surrogate`)."""
+        malicious), given the global ``table`` they downloaded and the attacker's ``model`` of
+        the score (`fedrec.security.surrogate`); ``norm``, the row-norm budget, defaults to
+        `budget`."""
         if len(clients) == 0:
             return []
         q = table.detach().float().cpu()
+        if norm is None:
+            norm = self.budget(q, r, model)
         if self.name == "fedrecattack":
             grad = self._promotion_grad(q, r, model)
             return [Poisoned(*self._send(grad, int(c), norm)) for c in clients]
@@ -162,6 +166,25 @@ class Attack:
             grads = torch.autograd.grad(loss, [rows, *shared.values()])
         step = {k: -self.know.lr * self.boost * g for k, g in zip(shared, grads[1:], strict=True)}
         return Poisoned(self.know.targets, _held(-grads[0], norm * self.boost), step)
+
+    def budget(self, q: torch.Tensor, r: int, model: Surrogate) -> float:
+        """The row norm an honest client would send: the median row norm of the honest step of
+        the attacker's *cover* client (a profile of κ/2 random items as positives and as many
+        random negatives, a user drawn as the run draws one, one batch-mean BCE step at the
+        run's item rate). Everything it needs is what any client holds, so a malicious Flower
+        node computes the same budget as the simulator."""
+        n = self.know.n_items
+        pos = self.rng(11).choice(n, min(max(1, self.attack_items // 2), n), replace=False)
+        free = np.setdiff1d(np.arange(n), pos)
+        neg = self.rng(12, r).choice(free, min(len(pos), len(free)), replace=False)
+        items = np.concatenate([pos, neg]).astype(np.int64)
+        labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
+        cover = model.draw(1, self.rng(13))
+        v = q[torch.as_tensor(items)].clone().requires_grad_(True)
+        with torch.enable_grad():
+            loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
+            (g,) = torch.autograd.grad(loss, [v])
+        return float((self.know.lr_item * g).norm(dim=1).median())
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient

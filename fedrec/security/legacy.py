@@ -88,7 +88,7 @@ def run_legacy(train: sp.csr_matrix, test_item: np.ndarray, targets: np.ndarray,
             grad = _benign_grads(u, q, benign, counts, owner, pos, neg, s)
             if adversary is not None:
                 bad = np.sort(batch[batch >= n_users] - n_users)
-                for p in adversary.uploads(q, bad, step, s.grad_limit, model):
+                for p in adversary.uploads(q, bad, step, model, norm=s.grad_limit):
                     grad.index_add_(0, torch.as_tensor(p.items), -p.rows)  # a delta is minus a gradient
             q -= s.lr * grad
             step += 1
