@@ -58,6 +58,7 @@ def _same_outcome(a: Any, b: Any) -> None:
 @pytest.mark.parametrize(("alg", "engine"), [
     ("pfedrec", {}),
     ("fedmf", {"clients_per_round": 0.5}),
+    ("fedmf", {"pad_items": 7}),  # pseudo items: keyed draws, the same on every node
     ("fedncf", {}),
     ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
@@ -77,6 +78,21 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     """Each node trains its own block of users with keyed draws; the server sums node uploads."""
     run = _run(alg, **engine)
     _same_outcome(run_in_process(run, 3).out, _simulate(run))
+
+
+@pytest.mark.parametrize(("alg", "engine"), [
+    ("fedmf", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
+    ("fedncf", {"attack": "a-ra", "clients_per_round": 0.5, "malicious": 0.1}),  # poisons shared weights
+])
+def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
+    """The attacker is one more node holding the clients after the users; fresh nodes each
+    message, so its state travels as its clients' private state."""
+    run = _run(alg, **engine)
+    attacked = _simulate(run)
+    _same_outcome(run_in_process(run, 2).out, attacked)
+    clean = _simulate(_run(alg, **{k: v for k, v in engine.items() if k == "clients_per_round"}))
+    assert attacked.history[-1].bytes_up > clean.history[-1].bytes_up  # the attacker's uploads count
+    assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
 
 def test_a_node_downloads_only_the_rows_its_clients_touch() -> None:

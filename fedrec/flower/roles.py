@@ -68,6 +68,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
+    if run.federated.defence is not None:
+        raise FedrecError("--defence runs in the simulator only: Flower nodes send sums of their clients' "
+                          "uploads, and a per-row robust rule needs each client's")
     refusal = spec.flower_refusal(secure)
     if refusal:
         raise FedrecError(f"'{run.algorithm}': {refusal}")
@@ -172,13 +175,15 @@ class ServerBase:
             raise FedrecError(f"nodes disagree on the data's size (clients, items): {sorted(sizes)}")
         self.n_clients, self.n_items = sizes.pop()
         self.node_ids = list(hellos)  # any ids (Flower's are 64-bit); owner holds positions
-        self.owner = np.full(self.n_clients, -1)
+        # clients beyond the data's users (a malicious node's): sampled in a stratum of their own
+        self.n_extra = sum(int(h.get("extra_clients", 0)) for h in hellos.values())
+        self.owner = np.full(self.n_clients + self.n_extra, -1)
         for k, (node, h) in enumerate(hellos.items()):
             clients = np.asarray(h["clients"], np.int64)
             if (self.owner[clients] >= 0).any():
                 raise FedrecError(f"node {node} claims clients another node holds")
             self.owner[clients] = k
-        missing = int((self.owner < 0).sum())
+        missing = int((self.owner[: self.n_clients] < 0).sum())
         if missing:
             log.warning("%d clients belong to no node that answered; they will not train", missing)
         self.sent: dict[int, np.ndarray] = {}
@@ -187,6 +192,11 @@ class ServerBase:
     def round_clients(self, r: int) -> dict[int, np.ndarray]:
         """Round ``r``'s sampled clients (the simulator's `round_plan`) by the node holding them."""
         sampled, self.gen = round_plan(self.n_clients, self.cfg.clients_per_round, self.run.seed, r)
+        if self.n_extra:
+            from fedrec.security.adversary import extra_sample
+
+            extra = extra_sample(self.n_extra, self.cfg.clients_per_round, self.run.seed, r) + self.n_clients
+            sampled = np.concatenate([sampled, extra])
         sampled = sampled[self.owner[sampled] >= 0]
         self.sent = {self.node_ids[k]: sampled[self.owner[sampled] == k]
                      for k in np.unique(self.owner[sampled]).tolist()}
@@ -279,16 +289,25 @@ def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
                    fresh: bool = True) -> Any:
     """A deployment with ``partitions`` nodes, in one process (no Flower): the server role driven
     by the one round driver over an in-process transport. The reference the Flower app is tested
-    against. ``fresh``: every message is answered by a new node that loads only what the last
+    against. With an ``--attack``, one more node is the attacker's (`fedrec.flower.malicious`).
+    ``fresh``: every message is answered by a new node that loads only what the last
     one declared as its clients' state, as a ClientApp does. Returns the server role, with the
     run's outcome in ``out``."""
     from fedrec.core.driver import run_rounds
     from fedrec.flower.server import FlowerServer, InProcess
 
     split = split if split is not None else prepare_split(run)
-    nodes = {i: node_role(run, i, partitions, split) for i in range(partitions)}
+
+    def make(i: int) -> Any:
+        if i == partitions:  # the attacker's node, after the honest ones
+            from fedrec.flower.malicious import MaliciousNode
+
+            return MaliciousNode(run, split)
+        return node_role(run, i, partitions, split)
+
+    nodes = {i: make(i) for i in range(partitions + (run.federated.attack is not None))}
     role = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
-    rebuild = (lambda i: node_role(run, i, partitions, split)) if fresh else None
+    rebuild = make if fresh else None
     server = FlowerServer(role, InProcess(nodes, rebuild), role.protocol, partitions)
     cfg = run.federated
     role.out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,

@@ -34,7 +34,18 @@ from fedrec.security.exposure import exposure, known_interactions
 from fedrec.security.robust import FLAGGING, RobustRule
 from fedrec.security.surrogate import Surrogate
 
-DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
+DEFAULT_BOOST = {"boost": 10.0}
+
+
+def extra_sample(n_extra: int, clients_per_round: float, seed: int, r: int) -> np.ndarray:
+    """Round ``r``'s sample of the clients beyond the data's users (0-based among them): the
+    same share as of the users, drawn from a stream of its own so the users' sample does not
+    change. The simulator samples its malicious clients so, and a Flower server the clients a
+    malicious node declares (it sees clients, not intentions)."""
+    if not n_extra:
+        return np.zeros(0, np.int64)
+    k = cohort_size(n_extra, clients_per_round)
+    return np.sort(np.random.default_rng([seed, r, 0x3A11]).choice(n_extra, k, replace=False))  # explicit boosting; every other attack sends at the benign norm
 
 
 @dataclass
@@ -75,20 +86,16 @@ class Security:
         return self.rule is not None
 
     def malicious_clients(self, r: int) -> np.ndarray:
-        """The malicious clients (0-based among them) sampled in round ``r``: the same share as
-        of the benign clients."""
-        if not self.n_malicious:
-            return np.zeros(0, np.int64)
-        k = cohort_size(self.n_malicious, self.clients_per_round)
-        rng = np.random.default_rng([self.seed, r, 0x3A11])
-        return np.sort(rng.choice(self.n_malicious, k, replace=False))
+        """The malicious clients (0-based among them) sampled in round ``r`` (`extra_sample`)."""
+        return extra_sample(self.n_malicious, self.clients_per_round, self.seed, r)
 
     def malicious_uploads(self, spec: Any, table: torch.Tensor, shared: dict[str, torch.Tensor],
-                          r: int) -> tuple[list[ClientUpload], int]:
-        """Round ``r``'s uploads of the sampled malicious clients, made from the global
-        ``table`` and ``shared`` weights of the run's model ``spec`` (shared weights sent back
-        as they came, unless the attack poisons them), and the bytes they send."""
-        clients = self.malicious_clients(r)
+                          r: int, clients: np.ndarray | None = None) -> tuple[list[ClientUpload], int]:
+        """Round ``r``'s uploads of the sampled malicious clients (``clients``, 0-based among
+        them; default `malicious_clients`), made from the global ``table`` and ``shared``
+        weights of the run's model ``spec`` (shared weights sent back as they came, unless the
+        attack poisons them), and the bytes they send."""
+        clients = self.malicious_clients(r) if clients is None else clients
         if self.attack is None or not len(clients):
             return [], 0
         sent = self.attack.uploads(table, clients, r, Surrogate(spec, shared))

@@ -43,6 +43,7 @@ Untargeted:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -116,6 +117,14 @@ class Attack:
 
     def rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, 0xA77AC, *key])
+
+    def state(self) -> dict[str, Any]:
+        """What the attacker carries from round to round (a malicious Flower node keeps it)."""
+        return {"users": self._users, "rows": self._rows, "own": self._own, "profiles": self._profiles}
+
+    def load_state(self, blob: dict[str, Any]) -> None:
+        self._users, self._rows, self._own, self._profiles = (blob["users"], blob["rows"], blob["own"],
+                                                              blob["profiles"])
 
     # -- the round ------------------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""A malicious Flower node: the run's attacker, holding the clients beyond the data's users.
+
+A malicious client is an ordinary client of the engine (`fedrec.security`): it downloads the
+global table and shared weights, and uploads row deltas. On Flower the attacker is one more
+node: it declares its clients (ids after the users) in its first answer, asks for the whole
+table every round, and replies, like any node, with the sums of its clients' uploads made by
+the same `fedrec.security.attacks.Attack` the simulator runs. It keeps the attack's state (the
+approximated users, the rows each client sends) as its clients' private state. Its clients hold
+no user, so it reports no evaluation figures. The server samples the declared clients beyond
+the users as the simulator samples its malicious clients (`fedrec.security.adversary.extra_sample`),
+so an attacked deployment ends with the simulator's figures (tested).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig
+from fedrec.flower.roles import Payload, check_deployable, wire_ids
+from fedrec.protocols.protocol import Split
+from fedrec.security.adversary import Security
+
+
+class MaliciousNode:
+    """The attacker's node (see the module docstring)."""
+
+    def __init__(self, run: RunConfig, split: Split) -> None:
+        self.run, self.cfg = run, run.federated
+        spec = check_deployable(run, split=split)
+        self.model_spec = getattr(spec, "family", spec)  # FedRAP's head is a family member
+        lr_item = self.cfg.item_lr(split.n_items)
+        server = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,
+                                   seed=run.seed, client_ids=np.zeros(0, np.int64))
+        if not getattr(server, "plain_average", False):
+            raise FedrecError(f"'{run.algorithm}': --attack runs where the server averages item rows")
+        security = Security.build(self.cfg, split, lr_item, run.seed)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security = security
+        self.n_users, self.n_items = split.n_users, split.n_items
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        sec = self.security
+        return {"clients": np.arange(sec.n_benign, sec.n_benign + sec.n_malicious), "n_clients": self.n_users,
+                "n_items": self.n_items, "extra_clients": sec.n_malicious, **self._want()}
+
+    @staticmethod
+    def _want() -> Payload:
+        return {"want_round": 0, "want_items": np.zeros(0, np.int32)}  # 0: the whole table, every round
+
+    def train(self, msg: Payload) -> Payload:
+        r = int(msg["round"])
+        items = np.asarray(msg["items"])
+        if len(items) != self.n_items:
+            raise FedrecError("a malicious node needs the whole table")
+        table = torch.empty(self.n_items, np.asarray(msg["rows"]).shape[1])
+        table[torch.as_tensor(items)] = torch.as_tensor(msg["rows"])
+        shared = {k[len("shared."):]: torch.as_tensor(v) for k, v in msg.items() if k.startswith("shared.")}
+        clients = np.asarray(msg["clients"], np.int64) - self.n_users
+        sent, n_bytes = self.security.malicious_uploads(self.model_spec, table, shared, r, clients)
+        total = torch.zeros_like(table)
+        shared_sum = {k: torch.zeros_like(v) for k, v in shared.items()}
+        for up in sent:
+            total.index_add_(0, torch.as_tensor(up.items), up.tensors["items"])
+            for k in shared_sum:
+                shared_sum[k] += up.tensors[k]
+        touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
+        return {"items": wire_ids(touched.numpy()), "rows": total[touched].numpy(),
+                **{f"shared.{k}": v.numpy() for k, v in shared_sum.items()},
+                "n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
+                "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
+
+    def private_state(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save(self.security.attack.state() if self.security.attack else {}, buf)
+        return buf.getvalue()
+
+    def load_private_state(self, raw: bytes) -> None:
+        assert self.security.attack is not None
+        self.security.attack.load_state(torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu"))
+
+    def train_secure(self, msg: Payload) -> Any:
+        raise FedrecError("secure aggregation with a malicious node is not wired")
