@@ -70,8 +70,8 @@ class MaliciousNode:
             for k in shared_sum:
                 shared_sum[k] += up.tensors[k]
         touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
-        return {"items": wire_ids(touched.numpy()), "rows": total[touched].numpy(),
-                **{f"shared.{k}": v.numpy() for k, v in shared_sum.items()},
+        return {"items": wire_ids(touched.cpu().numpy()), "rows": total[touched].cpu().numpy(),
+                **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()},
                 "n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
                 "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
 

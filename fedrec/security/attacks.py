@@ -201,7 +201,7 @@ class Attack:
         promotion gradients are far longer, so the rows go at the bound)."""
         if c not in self._rows:
             t = self.know.targets
-            p = grad.norm(dim=1).double().numpy()
+            p = grad.norm(dim=1).double().cpu().numpy()
             p[t] = 0.0
             n_other = min(max(self.attack_items - len(t), 0), int((p > 0).sum()))
             other = (self.rng(1, c).choice(len(p), n_other, replace=False, p=p / p.sum())
@@ -229,7 +229,8 @@ class Attack:
                 masked[:, t] = -torch.inf
                 kth = masked.topk(self.top_k, dim=1).indices[:, -1]  # the item a target must beat
                 x = s.gather(1, kth[:, None]) - s[:, t]  # (b, T)
-                loss = torch.where(x >= 0, x, x.exp() - 1)  # g(x)
+                # g(x); exp of the clamped x: an overflowing exp in the unused branch would make the gradient NaN
+                loss = torch.where(x >= 0, x, x.clamp(max=0).exp() - 1)
                 if known is not None:
                     mine = np.asarray(known[s0 : s0 + block][:, self.know.targets].todense(), bool)
                     loss = loss * torch.as_tensor(~mine)
@@ -305,7 +306,7 @@ class Attack:
             s = model.logits(mine, q)[0]
         half = max(1, self.attack_items // 2)
         order = torch.argsort(s, descending=True)
-        items = torch.cat([order[-half:], order[:half]]).numpy().astype(np.int64)
+        items = torch.cat([order[-half:], order[:half]]).cpu().numpy().astype(np.int64)
         labels = torch.cat([torch.ones(half), torch.zeros(half)])
         return self._bce_step(q, c, items, labels, norm, model, train_own=False)
 

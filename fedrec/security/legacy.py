@@ -59,8 +59,8 @@ def run_legacy(train: sp.csr_matrix, test_item: np.ndarray, targets: np.ndarray,
     n_users, n_items = train.shape
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(n_items, s.dim, generator=gen) * s.init_std
-    u = torch.randn(n_users, s.dim, generator=gen) * s.init_std
+    q = torch.randn(n_items, s.dim, generator=gen, device="cpu") * s.init_std
+    u = torch.randn(n_users, s.dim, generator=gen, device="cpu") * s.init_std
     train = sp.csr_matrix(train)
     counts = np.diff(train.indptr)
     owner = np.repeat(np.arange(n_users), counts)
@@ -134,7 +134,7 @@ def _benign_grads(u: torch.Tensor, q: torch.Tensor, clients: np.ndarray, counts:
 
 def _evaluate(u: torch.Tensor, q: torch.Tensor, train: sp.csr_matrix, known: sp.csr_matrix, test_item: np.ndarray,
               targets: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
-    scores = (u @ q.T).numpy()
+    scores = (u @ q.T).cpu().numpy()
     users = np.flatnonzero(test_item >= 0)
     hits = 0
     for user in users:

@@ -125,7 +125,7 @@ class RobustRule:
             loc, keep = self._locate(padded, torch.as_tensor(counts[block]))
             out[torch.as_tensor(block)] = loc
             if keep is not None:
-                dropped[src] = ~keep[torch.as_tensor(valid)].numpy()
+                dropped[src] = ~keep[torch.as_tensor(valid)].cpu().numpy()
             g += take
         return out, dropped
 
