@@ -246,3 +246,18 @@ def test_attack_tables_render_from_cached_runs(tmp_path):
     text = to_markdown(t)
     assert "| 0 | 0.0100 | 0.0054 |" in text  # ours beside FedRecAttack's README figure
     assert "0.1500 ± 0.0707" in text and "| fedmf | none | 0.2000 / 1.0000 / 0.9000 |" in text
+
+
+def test_fedrecattack_gradient_stays_finite_when_scores_overflow_exp():
+    # a table whose scores reach the hundreds: g(x) = e^x - 1 must not be evaluated past x = 0,
+    # or its unused branch overflows and the gradient turns NaN (seen on ML-100K under a defence)
+    from fedrec.security.attacks import Attack, Knowledge
+    from fedrec.security.surrogate import Surrogate
+
+    rng = np.random.default_rng(0)
+    public = sp.csr_matrix((rng.random((20, 50)) < 0.2).astype(float))
+    know = Knowledge(n_items=50, targets=np.array([3]), public=public, lr_item=0.1)
+    attack = Attack("fedrecattack", know, n_malicious=2, seed=0, attack_items=10, init_std=10.0)
+    table = torch.as_tensor(rng.normal(size=(50, 8)) * 30.0, dtype=torch.float32)
+    sent = attack.uploads(table, np.array([0, 1]), 0, Surrogate.dot(8))
+    assert all(torch.isfinite(p.rows).all() and 3 in p.items for p in sent)
