@@ -108,7 +108,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         res = train(cfg).result
         last = res.history[-1].extra
         keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
-        return {"method": method, "attack": attack if boost in (None, 1.0) else f"{attack} x{boost:g}",
+        return {"method": method, "attack": _label(attack, boost),
                 "defence": defence, "seed": seed,
                 **{k: last[k] for k in keep if k in last},
                 "er@10_by_round": [h.extra.get("er@10") for h in res.history],
@@ -127,7 +127,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
             blob = _cached(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
                            lambda m=m, a=a, b=b, d=d, seed=seed: poison(m, a, b, d, seed), run_missing)
             if blob:
-                out.poisoning.append(blob)
+                out.poisoning.append({**blob, "attack": _label(a, b)})
 
     def infer(method: str, view: str, seed: int) -> dict[str, Any]:
         opts = dict(VIEWS[view])
@@ -150,6 +150,12 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                 if blob:
                     out.inference.append(blob)
     return out
+
+
+def _label(attack: str, boost: float | None) -> str:
+    """An attack's name in the tables, with its factor on the rows when boosted (``boost`` is
+    explicit boosting, x10 by definition: its name alone)."""
+    return attack if boost in (None, 1.0) or attack == "boost" else f"{attack} x{boost:g}"
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> str:
@@ -200,6 +206,11 @@ def to_markdown(t: AttackTables) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seeds_first(t: AttackTables) -> int:
+    """The first seed run (the plots show one seed's curves)."""
+    return min((r["seed"] for r in t.poisoning), default=0)
+
+
 def plot(t: AttackTables, folder: Path) -> list[Path]:
     """ER@10 by round per attack (undefended), and each method's privacy-utility trade-off."""
     import matplotlib
@@ -209,11 +220,34 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
+    colour = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ALL_ATTACKS)}
     for m in sorted({r["method"] for r in t.poisoning}):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in [r for r in t.poisoning if r["method"] == m and r["defence"] == "none" and r["seed"] == 0]:
-            ax.plot(range(1, len(r["er@10_by_round"]) + 1), r["er@10_by_round"], label=r["attack"])
-        ax.set(xlabel="round", ylabel="ER@10 of the target", title=f"{m}: poisoning, no defence")
+        mine = [r for r in t.poisoning if r["method"] == m and r["seed"] == seeds_first(t)]
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for ax, boosted in zip(axes[:2], (False, True), strict=True):
+            for r in mine:
+                name, _, factor = r["attack"].partition(" x")
+                curve = r["er@10_by_round"]
+                if r["defence"] != "none" or bool(factor) != boosted or all(v is None for v in curve):
+                    continue
+                ax.plot(range(1, len(curve) + 1), curve, label=name, color=colour.get(name))
+            ax.set(xlabel="round", ylabel="ER@10 of the target", ylim=(-0.02, 1.02),
+                   title=f"{m}: no defence, {'rows x10' if boosted else 'rows at the honest norm'}")
+            ax.legend(fontsize=7, ncol=2)
+        ax = axes[2]
+        defended = [r for r in mine if r["defence"] != "none" or r["attack"] in
+                    {f"{a} x{b:g}" if a != "boost" else a for a, b in DEFENDED_ATTACKS}]
+        attacks = sorted({r["attack"] for r in defended if r.get("er@10") is not None})
+        width = 0.8 / max(len(attacks), 1)
+        for i, a in enumerate(attacks):
+            er = [next((r["er@10"] for r in defended if r["attack"] == a and r["defence"] == d), np.nan)
+                  for d in DEFENCES]
+            ax.bar(np.arange(len(DEFENCES)) + i * width, er, width, label=a,
+                   color=colour.get(a.partition(" x")[0]))
+        hr = [np.nanmean([r["hr@10"] for r in defended if r["defence"] == d] or [np.nan]) for d in DEFENCES]
+        ax.plot(np.arange(len(DEFENCES)) + 0.4 - width / 2, hr, "k^", label="HR@10 (mean over attacks)")
+        ax.set_xticks(np.arange(len(DEFENCES)) + 0.4 - width / 2, DEFENCES, rotation=20, fontsize=8)
+        ax.set(ylabel="ER@10 after the last round", ylim=(0, 1.05), title=f"{m}: defences")
         ax.legend(fontsize=7)
         path = folder / f"attacks-{m}.png"
         fig.tight_layout()
