@@ -99,3 +99,29 @@ def test_audit_privacy_command(tmp_path):
     assert "direction" in res.output and "random guess" in res.output and "aggregation of 5" in res.output
     blob = json.loads(out.read_text())
     assert len(blob["rounds"]) == 2 and 0.0 <= blob["summary"]["direction_auc"] <= 1.0
+
+
+def test_secure_aggregation_never_leaves_a_client_alone():
+    import scipy.sparse as sp
+    import torch
+
+    from fedrec.core.contract import ClientUpload
+    from fedrec.security.inference import PrivacyAudit, ServerView
+
+    ups = [ClientUpload(c, np.array([c]), {ITEMS: torch.full((1, 2), 2.0**c)}) for c in range(7)]
+    audit = PrivacyAudit(sp.csr_matrix((7, 7)), 4, ServerView(secagg=3), seed=0)
+    seen = audit._received(ups, 7, np.random.default_rng(0))
+    # each client is seen as a sum of at least 3 uploads (7 = 3 + 4: the remainder joins a group)
+    members = [int((t[:, 0] > 0).sum()) for t in seen]
+    assert sorted(members) == [3, 3, 3, 4, 4, 4, 4]
+
+
+def test_a_shared_weight_is_never_read_as_item_rows():
+    import torch
+
+    from fedrec.core.contract import ClientUpload
+    from fedrec.security.inference import _row_tensor
+
+    # 4 items and a shared (4, 8) MLP weight: only the item rows are the client's rows
+    up = ClientUpload(0, np.arange(4), {ITEMS: torch.ones(4, 3), "W0": torch.zeros(4, 8)})
+    assert _row_tensor(up).shape == (4, 3)

@@ -261,3 +261,30 @@ def test_fedrecattack_gradient_stays_finite_when_scores_overflow_exp():
     table = torch.as_tensor(rng.normal(size=(50, 8)) * 30.0, dtype=torch.float32)
     sent = attack.uploads(table, np.array([0, 1]), 0, Surrogate.dot(8))
     assert all(torch.isfinite(p.rows).all() and 3 in p.items for p in sent)
+
+
+@pytest.mark.parametrize("rule", ["mean", "median", "krum", "norm-bound"])
+def test_uploads_without_rows_aggregate_to_zero(rule):
+    ups = [ClientUpload(c, np.zeros(0, np.int64), {ITEMS: torch.zeros(0, 3), "w": torch.ones(2, 2) * c})
+           for c in range(4)]
+    items, shared, flagged = RobustRule(rule).aggregate(ups, 5, 3, {"w": torch.zeros(2, 2)})
+    assert not items.any() and not flagged.any()
+    assert shared["w"].shape == (2, 2)
+
+
+def test_blocks_of_mixed_group_sizes_stay_within_the_budget_and_agree():
+    # many rows with one uploader and one row with many: a block is sized by its largest group
+    rng = np.random.default_rng(0)
+    ups = [ClientUpload(c, np.array([0, 1 + c]), {ITEMS: torch.as_tensor(rng.normal(size=(2, 4)), dtype=torch.float32)})
+           for c in range(300)]
+    small, _, _ = RobustRule("median", budget_mb=0.01).aggregate(ups, 301, 4, {})
+    large, _, _ = RobustRule("median", budget_mb=64).aggregate(ups, 301, 4, {})
+    assert torch.allclose(small, large)
+    assert torch.allclose(large, _per_row(ups, 301, 4, lambda v: np.median(v, 0)), atol=1e-5)
+
+
+def test_exposure_never_counts_a_nan_score_as_recommended():
+    scores = np.array([[np.nan, 1.0, 2.0, 0.0]])
+    known = sp.csr_matrix((1, 4), dtype=bool)
+    out = exposure(lambda u, _: scores[u], known, np.array([0]), ks=(1, 3))
+    assert out["er@1"] == 0.0 and out["er@3"] == 0.0

@@ -211,7 +211,7 @@ class Attack:
         return items, _clipped(-grad[torch.as_tensor(items)], norm * self.boost)
 
     def _promotion_grad(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
-        """Gradient w.r.t. the item rows of Σ_u Σ_t g(s(u, k-th of u's top-K) - s(u, t)) over
+        """Gradient w.r.t. the item rows of Σ_u Σ_t g(s(u, (K-t+1)-th of u's top K) - s(u, t)) over
         the approximated users (a user who already has a target is not its target)."""
         users, known = self._approximate(q, r, model)
         t = torch.as_tensor(self.know.targets)
@@ -227,8 +227,11 @@ class Attack:
                     rows, cols = known[s0 : s0 + block].nonzero()
                     masked[torch.as_tensor(rows), torch.as_tensor(cols)] = -torch.inf
                 masked[:, t] = -torch.inf
-                kth = masked.topk(self.top_k, dim=1).indices[:, -1]  # the item a target must beat
-                x = s.gather(1, kth[:, None]) - s[:, t]  # (b, T)
+                # the items the targets must beat: the K-th for the first target, the (K-1)-th for
+                # the second, ... (FedRecAttack pops one of the user's top K per target)
+                top = masked.topk(self.top_k, dim=1).indices
+                beat = top[:, (self.top_k - 1 - torch.arange(len(t))).clamp(min=0)]  # (b, T)
+                x = s.gather(1, beat) - s[:, t]  # (b, T)
                 # g(x); exp of the clamped x: an overflowing exp in the unused branch would make the gradient NaN
                 loss = torch.where(x >= 0, x, x.clamp(max=0).exp() - 1)
                 if known is not None:

@@ -51,7 +51,7 @@ def exposure(scores: Callable[[np.ndarray, np.ndarray | None], np.ndarray], know
         if not keep.any():
             continue
         u, rows, eligible = u[keep], rows[keep], eligible[keep]
-        sc = np.asarray(scores(u, None), np.float64)
+        sc = np.nan_to_num(np.asarray(scores(u, None), np.float64), nan=-np.inf)  # a NaN is not a recommendation
         sc[rows.nonzero()] = -np.inf  # items the user knows are never recommended
         t_scores = sc[:, targets]  # (B, T)
         rank = (sc[:, None, :] > t_scores[:, :, None]).sum(-1)  # (B, T): items strictly above

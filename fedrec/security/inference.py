@@ -33,6 +33,7 @@ import torch
 from scipy.stats import rankdata
 
 from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
+from fedrec.federated.family import ITEMS
 
 INFERENCE_ATTACKS = ("rows", "direction", "rounds")
 
@@ -101,7 +102,7 @@ class PrivacyAudit:
                 for k, v in _scores(score, guess, truth).items():
                     figures.setdefault(f"{name}_{k}", []).append(v)
             figures.setdefault("random_precision", []).append(truth.mean())
-        self.rounds.append({k: float(np.mean(v)) for k, v in figures.items()} | {"round": float(plan.round)})
+        self.rounds.append({k: float(np.nanmean(v)) for k, v in figures.items()} | {"round": float(plan.round)})
 
     def _received(self, ups: list[ClientUpload], n_items: int, rng: np.random.Generator) -> list[np.ndarray]:
         """Each client's upload as the server receives it: a dense ``(n_items, width)`` table."""
@@ -119,8 +120,10 @@ class PrivacyAudit:
             return tables
         order = rng.permutation(len(tables))
         out: list[np.ndarray] = [np.empty(0)] * len(tables)
-        for s in range(0, len(order), self.view.secagg):
-            group = order[s : s + self.view.secagg]
+        # groups of K; a remainder joins the last full group (no client is ever summed alone)
+        bounds = list(range(0, len(order), self.view.secagg))[: max(1, len(order) // self.view.secagg)]
+        for s, e in zip(bounds, [*bounds[1:], len(order)], strict=True):
+            group = order[s:e]
             total = np.sum([tables[g] for g in group], axis=0)
             for g in group:
                 out[g] = total
@@ -150,14 +153,15 @@ class PrivacyAudit:
             guess = self._always[c] & (score > 0) if self.view.exact else _two_means(score)
             for k, v in _scores(score, guess, truth).items():
                 figures.setdefault(f"rounds_{k}", []).append(v)
-        out = {k: float(np.mean(v)) for k, v in figures.items()}
+        out = {k: float(np.nanmean(v)) for k, v in figures.items()}
         last = self.rounds[-1] if self.rounds else {}
         return {**{k: v for k, v in last.items() if k != "round"}, **out, "rounds_seen": float(len(self.rounds))}
 
 
 def _row_tensor(u: ClientUpload) -> np.ndarray:
     """The upload's item rows (every row table side by side)."""
-    tables = [t for t in u.tensors.values() if t.dim() == 2 and t.shape[0] == len(u.items)]
+    tables = [u.tensors[k] for k in (ITEMS,) if k in u.tensors]  # by name: a shared (width, out) MLP weight
+    # has as many rows as a client with width items, and must not be read as rows
     if not tables:
         raise ValueError("this algorithm's uploads hold no item rows to audit")
     return torch.cat(tables, 1).detach().float().cpu().numpy()

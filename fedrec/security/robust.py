@@ -66,7 +66,9 @@ class RobustRule:
         items = np.concatenate([u.items for u in ok]).astype(np.int64)
         rows = torch.cat([u.tensors[ITEMS] for u in ok]).float()
         owner = np.repeat(np.arange(len(ok)), [len(u.items) for u in ok])
-        if self.name == "norm-bound":
+        if not len(items):  # accepted uploads without a single row (only shared weights)
+            dropped = np.zeros(0, bool)
+        elif self.name == "norm-bound":
             rows = self._bound(rows, owner, len(ok))
             item_sum.index_add_(0, torch.as_tensor(items), rows)
             dropped = np.zeros(len(rows), bool)
@@ -104,12 +106,12 @@ class RobustRule:
         """The rule's location estimate of each group of consecutive ``rows`` (group g:
         ``counts[g]`` rows from ``starts[g]``), and which rows it dropped (Krum rules).
 
-        Groups are taken in blocks of similar size, padded to the block's largest group (NaN
-        padding) so a block is one tensor operation; blocks stay within ``budget_mb``."""
+        Groups are taken in blocks of similar size, largest first, padded to the block's first
+        (largest) group (NaN padding) so a block is one tensor operation within ``budget_mb``."""
         width = rows.shape[1]
         out = torch.empty(len(counts), width)
         dropped = np.zeros(len(rows), bool)
-        by_size = np.argsort(counts, kind="stable")
+        by_size = np.argsort(-counts, kind="stable")  # largest first: a block's first group sizes it
         g = 0
         while g < len(by_size):
             c_max = int(counts[by_size[min(len(by_size) - 1, g)]])
@@ -140,7 +142,7 @@ class RobustRule:
                 lo, hi = (c - 1) // 2, c // 2
                 pick = lambda i: s.gather(1, i[:, None, None].expand(-1, 1, s.shape[2]))[:, 0]  # noqa: E731
                 return (pick(lo) + pick(hi)) / 2, None
-            k = torch.floor(self.trim * c).long()
+            k = torch.floor(self.trim * c.double()).long()  # float64: 0.45 x 20 is 9
             k = torch.minimum(k, (c - 1) // 2)  # always keep at least one value
             inside = (pos >= k[:, None]) & (pos < (c - k)[:, None])
             vals = torch.where(inside[:, :, None], s, torch.zeros(()))
@@ -152,7 +154,7 @@ class RobustRule:
         real = pos[None, :] < c[:, None]
         d = d.masked_fill(~(real[:, :, None] & real[:, None, :]), float("inf"))
         d = d.masked_fill(torch.eye(x.shape[1], dtype=torch.bool)[None], float("inf"))
-        f = torch.floor(self.byzantine * c).long()
+        f = torch.floor(self.byzantine * c.double()).long()
         m = (c - f - 2).clamp(min=1)
         near = d.sort(dim=2).values.nan_to_num(posinf=0.0)
         within = pos[None, None, :] < m[:, None, None]
