@@ -240,12 +240,32 @@ def test_attack_tables_render_from_cached_runs(tmp_path):
     t = AttackTables(
         anchor=[{"iteration": 0, "seed": 0, "er@10": 0.01, "er@5": 0.0, "target_ndcg@10": 0.0, "hr@10": 0.1}],
         poisoning=[{"method": "fedmf", "attack": "boost", "defence": "none", "seed": s, "er@10": 0.1 * s}
-                   for s in (1, 2)],
+                   for s in (1, 2)]
+        + [{"method": "fedmf", "attack": "boost", "defence": "none", "seed": 1, "malicious": 0.01, "er@10": 0.02,
+            "hr@10": 0.5}],
         inference=[{"method": "fedmf", "view": "none", "seed": 0, "rows_precision": 0.2, "rows_recall": 1.0,
-                    "rows_auc": 0.9, "random_precision": 0.05, "bytes_up": 2**20}])
+                    "rows_f1": 0.3333, "rows_auc": 0.9, "random_precision": 0.05, "bytes_up": 2**20}])
     text = to_markdown(t)
     assert "| 0 | 0.0100 | 0.0054 |" in text  # ours beside FedRecAttack's README figure
-    assert "0.1500 ± 0.0707" in text and "| fedmf | none | 0.2000 / 1.0000 / 0.9000 |" in text
+    assert "0.1500 ± 0.0707" in text and "| fedmf | none | 0.2000 / 1.0000 / 0.3333 / 0.9000 |" in text
+    # the share sweep: its own table, one column per share; the 5% runs stay in the main table only
+    assert "| fedmf | boost | none | 0.0200 (0.5000) | 0.1500 (–) |" in text
+    assert text.count("| fedmf | boost | none |") == 2
+
+
+def test_attack_plots_draw_each_method_and_the_share_sweep(tmp_path):
+    from fedrec.reproduce.attacks import AttackTables, plot
+
+    curve = {"er@10_by_round": [0.0, 0.5], "hr@10": 0.5}
+    t = AttackTables(
+        poisoning=[{"method": "fedmf", "attack": "fedrecattack x10", "defence": d, "seed": 0, "malicious": p,
+                    "er@10": e, **curve} for d, p, e in (("none", 0.05, 0.9), ("median", 0.05, 0.0),
+                                                        ("none", 0.01, 0.5), ("median", 0.01, 0.0))],
+        inference=[{"method": "fedmf", "view": v, "seed": 0, "rows_auc": 0.9, "direction_auc": a,
+                    "rounds_auc": 0.6, "hr@10": h} for v, a, h in (("none", 0.99, 0.5), ("dp z=1", 0.5, 0.2))])
+    written = plot(t, tmp_path)
+    assert sorted(p.name for p in written) == ["attacks-fedmf.png", "privacy-fedmf.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
 
 
 def test_fedrecattack_gradient_stays_finite_when_scores_overflow_exp():

@@ -8,7 +8,8 @@ missing):
    options, iteration by iteration, beside the figures its README prints.
 2. **Poisoning** — method × attack × defence under fedrec's engine: ER@5/10/20 and the target's
    NDCG@10 at the last round, clean test HR@10/NDCG@10 (at the best validation round), the
-   defence's flag precision/recall and its aggregation time.
+   defence's flag precision/recall and its aggregation time; then ER@10 of the boosted attacks
+   as the attacker's share of the clients goes from 0.1% to 10%, undefended and under the median.
 3. **Inference** — method × server view (none, dense, LDP at PFedRec's λ, DP shares, pseudo
    items, secure aggregation of K): precision/recall/F1/AUC of the ``rows``, ``direction`` and
    ``rounds`` attacks and the run's test HR@10/NDCG@10.
@@ -32,6 +33,9 @@ ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "r
 #: median norm, x1, none of the targeted attacks moves fedrec's FedAvg; see docs/security.md)
 DEFENDED_ATTACKS = (("fedrecattack", 10.0), ("boost", 10.0), ("fedattack", 10.0))
 DEFENCES = ("none", "norm-bound", "median", "trimmed-mean", "krum", "multi-krum")
+#: the attacker's share of the clients swept for the boosted attacks (5% is the main table's)
+SHARES = (0.001, 0.01, 0.05, 0.1)
+SHARE_DEFENCES = ("none", "median")
 INFER_METHODS = ("fedmf", "fedncf", "fedrecon", "pfedrec")
 VIEWS: dict[str, dict[str, Any]] = {
     "none": {}, "dense": {"encoding": "dense"},
@@ -98,8 +102,11 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         if figs:
             out.anchor.extend({**f, "iteration": i, "seed": seed} for i, f in enumerate(figs))
 
-    def poison(method: str, attack: str, boost: float | None, defence: str, seed: int) -> dict[str, Any]:
+    def poison(method: str, attack: str, boost: float | None, defence: str, seed: int,
+               share: float = 0.05) -> dict[str, Any]:
         opts: dict[str, Any] = {"targets": 1} if attack == "none" else {"attack": attack, "boost": boost}
+        if share != 0.05:
+            opts["malicious"] = share
         if defence != "none":
             opts["defence"] = defence
         cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
@@ -109,7 +116,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         last = res.history[-1].extra
         keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
         return {"method": method, "attack": _label(attack, boost),
-                "defence": defence, "seed": seed,
+                "defence": defence, "seed": seed, "malicious": share,
                 **{k: last[k] for k in keep if k in last},
                 "er@10_by_round": [h.extra.get("er@10") for h in res.history],
                 "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
@@ -120,14 +127,16 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         (m, a, None, "none") for m in POISON_METHODS for a in ALL_ATTACKS]
     cells += [(m, a, 10.0, "none") for m in POISON_METHODS for a in ALL_ATTACKS[1:] if a != "boost"]  # boost: x10 already
     cells += [(m, a, b, d) for m in POISON_METHODS for a, b in DEFENDED_ATTACKS for d in DEFENCES if d != "none"]
+    swept = [(m, a, b, d, p) for m in POISON_METHODS for a, b in DEFENDED_ATTACKS[:2] for d in SHARE_DEFENCES
+             for p in SHARES if p != 0.05]
     for seed in seeds:
-        for m, a, b, d in cells:
-            tell(f"poison {m} {a} x{b or 1:g} {d} s{seed}")
-            tag = "" if b is None else f"-b{b:g}"
+        for m, a, b, d, p in [(*c, 0.05) for c in cells] + swept:
+            tell(f"poison {m} {a} x{b or 1:g} {d} p={p:g} s{seed}")
+            tag = ("" if b is None else f"-b{b:g}") + ("" if p == 0.05 else f"-p{p:g}")
             blob = _cached(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
-                           lambda m=m, a=a, b=b, d=d, seed=seed: poison(m, a, b, d, seed), run_missing)
+                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing)
             if blob:
-                out.poisoning.append({**blob, "attack": _label(a, b)})
+                out.poisoning.append({"malicious": 0.05, **blob, "attack": _label(a, b)})
 
     def infer(method: str, view: str, seed: int) -> dict[str, Any]:
         opts = dict(VIEWS[view])
@@ -184,20 +193,37 @@ def to_markdown(t: AttackTables) -> str:
     lines += ["", "### Poisoning under fedrec's methods (ML-100K, 5% malicious, ξ = 1%, one target)", "",
               "| method | attack | defence | ER@5 | ER@10 | ER@20 | target NDCG@10 | HR@10 | NDCG@10 | "
               "flag precision | flag recall | aggregation s/round |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    keys = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in t.poisoning))
+    main = [r for r in t.poisoning if r.get("malicious", 0.05) == 0.05]
+    keys = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in main))
     for m, a, d in keys:
-        rows = [r for r in t.poisoning if (r["method"], r["attack"], r["defence"]) == (m, a, d)]
+        rows = [r for r in main if (r["method"], r["attack"], r["defence"]) == (m, a, d)]
         lines.append(f"| {m} | {a} | {d} | " + " | ".join(_mean(rows, k) for k in (
             "er@5", "er@10", "er@20", "target_ndcg@10", "hr@10", "ndcg@10", "flag_precision", "flag_recall",
             "aggregate_seconds")) + " |")
+    shares = sorted({r.get("malicious", 0.05) for r in t.poisoning})
+    swept = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in t.poisoning
+                               if r.get("malicious", 0.05) != 0.05))
+    if swept:
+        lines += ["", "### ER@10 (HR@10) by the attacker's share of the clients (ML-100K, ξ = 1%, one target)", "",
+                  "| method | attack | defence | " + " | ".join(f"{p:.1%}" for p in shares) + " |",
+                  "|---|---|---|" + "---|" * len(shares)]
+        for m, a, d in swept:
+            cells = []
+            for p in shares:
+                rows = [r for r in t.poisoning if (r["method"], r["attack"], r["defence"], r.get("malicious", 0.05)) ==
+                        (m, a, d, p)]
+                cells.append(f"{_mean(rows, 'er@10').split(' ±')[0]} ({_mean(rows, 'hr@10').split(' ±')[0]})"
+                             if rows else "–")
+            lines.append(f"| {m} | {a} | {d} | " + " | ".join(cells) + " |")
     lines += ["", "### What the server infers from uploads (ML-100K; mean over clients of the last round, "
               "`rounds` over all rounds)", "",
-              "| method | server view | rows P / R / AUC | direction P / R / AUC | rounds P / R / AUC | random P | "
+              "| method | server view | rows P / R / F1 / AUC | direction P / R / F1 / AUC | rounds P / R / F1 / AUC | "
+              "random P | "
               "HR@10 | NDCG@10 | ε | MiB up/round |", "|---|---|---|---|---|---|---|---|---|---|"]
     keys2 = list(dict.fromkeys((r["method"], r["view"]) for r in t.inference))
     for m, v in keys2:
         rows = [r for r in t.inference if (r["method"], r["view"]) == (m, v)]
-        trio = [" / ".join(_mean(rows, f"{a}_{k}").split(" ±")[0] for k in ("precision", "recall", "auc"))
+        trio = [" / ".join(_mean(rows, f"{a}_{k}").split(" ±")[0] for k in ("precision", "recall", "f1", "auc"))
                 for a in ("rows", "direction", "rounds")]
         eps = _mean(rows, "epsilon")
         mib = f"{np.mean([r['bytes_up'] for r in rows]) / 2**20:.1f}"
@@ -222,8 +248,9 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
     written = []
     colour = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ALL_ATTACKS)}
     for m in sorted({r["method"] for r in t.poisoning}):
-        mine = [r for r in t.poisoning if r["method"] == m and r["seed"] == seeds_first(t)]
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        ours = [r for r in t.poisoning if r["method"] == m and r["seed"] == seeds_first(t)]
+        mine = [r for r in ours if r.get("malicious", 0.05) == 0.05]
+        fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
         for ax, boosted in zip(axes[:2], (False, True), strict=True):
             for r in mine:
                 name, _, factor = r["attack"].partition(" x")
@@ -249,18 +276,38 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
         ax.set_xticks(np.arange(len(DEFENCES)) + 0.4 - width / 2, DEFENCES, rotation=20, fontsize=8)
         ax.set(ylabel="ER@10 after the last round", ylim=(0, 1.05), title=f"{m}: defences")
         ax.legend(fontsize=7)
+        ax = axes[3]
+        share = {id(r): r.get("malicious", 0.05) for r in ours}
+        swept = sorted({r["attack"] for r in ours if share[id(r)] != 0.05})
+        styles = iter(("-o", "--o", "-s", "--s", "-^", "--^"))
+        for a in swept:
+            for d in SHARE_DEFENCES:
+                pts = sorted((share[id(r)], r["er@10"]) for r in ours
+                             if (r["attack"], r["defence"]) == (a, d) and r.get("er@10") is not None)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), next(styles, "-"), label=f"{a}, {d}",
+                            color=colour.get(a.partition(" x")[0]))
+        ax.set(xscale="log", xlabel="malicious share of the clients", ylabel="ER@10 after the last round",
+               ylim=(-0.02, 1.02), title=f"{m}: the attacker's share")
+        ax.legend(fontsize=7)
         path = folder / f"attacks-{m}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
+    markers = "osD^v<>phX*P"
     for m in sorted({r["method"] for r in t.inference}):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in [r for r in t.inference if r["method"] == m and r["seed"] == 0]:
-            ax.scatter(r["direction_auc"], r["hr@10"])
-            ax.annotate(r["view"], (r["direction_auc"], r["hr@10"]), fontsize=7)
-        ax.set(xlabel="inference AUC (direction attack)", ylabel="test HR@10",
-               title=f"{m}: privacy-utility by server view")
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        first = min(r["seed"] for r in t.inference)
+        for i, r in enumerate(r for r in t.inference if r["method"] == m and r["seed"] == first):
+            # the server uses its best attack: the view's privacy is the highest AUC of the three
+            auc = max(r.get(f"{a}_auc", np.nan) for a in ("rows", "direction", "rounds"))
+            ax.scatter(auc, r["hr@10"], marker=markers[i % len(markers)], s=50, label=r["view"],
+                       color=plt.get_cmap("tab20")(i % 20))
+        ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set(xlabel="inference AUC (the best of rows / direction / rounds; 0.5 = a random guess)",
+               ylabel="test HR@10", title=f"{m}: privacy-utility by server view")
+        ax.legend(fontsize=7, ncol=2)
         path = folder / f"privacy-{m}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
