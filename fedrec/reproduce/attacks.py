@@ -232,6 +232,12 @@ def to_markdown(t: AttackTables) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _legend(ax: Any, **kw: Any) -> None:
+    """A legend only where something was drawn (a panel may be empty when cells are missing)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def seeds_first(t: AttackTables) -> int:
     """The first seed run (the plots show one seed's curves)."""
     return min((r["seed"] for r in t.poisoning), default=0)
@@ -260,7 +266,7 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
                 ax.plot(range(1, len(curve) + 1), curve, label=name, color=colour.get(name))
             ax.set(xlabel="round", ylabel="ER@10 of the target", ylim=(-0.02, 1.02),
                    title=f"{m}: no defence, {'rows x10' if boosted else 'rows at the honest norm'}")
-            ax.legend(fontsize=7, ncol=2)
+            _legend(ax, fontsize=7, ncol=2)
         ax = axes[2]
         defended = [r for r in mine if r["defence"] != "none" or r["attack"] in
                     {f"{a} x{b:g}" if a != "boost" else a for a, b in DEFENDED_ATTACKS}]
@@ -271,11 +277,12 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
                   for d in DEFENCES]
             ax.bar(np.arange(len(DEFENCES)) + i * width, er, width, label=a,
                    color=colour.get(a.partition(" x")[0]))
-        hr = [np.nanmean([r["hr@10"] for r in defended if r["defence"] == d] or [np.nan]) for d in DEFENCES]
+        hr = [[r["hr@10"] for r in defended if r["defence"] == d and r.get("hr@10") is not None] for d in DEFENCES]
+        hr = [float(np.mean(v)) if v else np.nan for v in hr]
         ax.plot(np.arange(len(DEFENCES)) + 0.4 - width / 2, hr, "k^", label="HR@10 (mean over attacks)")
         ax.set_xticks(np.arange(len(DEFENCES)) + 0.4 - width / 2, DEFENCES, rotation=20, fontsize=8)
         ax.set(ylabel="ER@10 after the last round", ylim=(0, 1.05), title=f"{m}: defences")
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         ax = axes[3]
         share = {id(r): r.get("malicious", 0.05) for r in ours}
         swept = sorted({r["attack"] for r in ours if share[id(r)] != 0.05})
@@ -289,7 +296,7 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
                             color=colour.get(a.partition(" x")[0]))
         ax.set(xscale="log", xlabel="malicious share of the clients", ylabel="ER@10 after the last round",
                ylim=(-0.02, 1.02), title=f"{m}: the attacker's share")
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         path = folder / f"attacks-{m}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
@@ -307,7 +314,7 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
         ax.axvline(0.5, color="grey", lw=0.8, ls=":")
         ax.set(xlabel="inference AUC (the best of rows / direction / rounds; 0.5 = a random guess)",
                ylabel="test HR@10", title=f"{m}: privacy-utility by server view")
-        ax.legend(fontsize=7, ncol=2)
+        _legend(ax, fontsize=7, ncol=2)
         path = folder / f"privacy-{m}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
