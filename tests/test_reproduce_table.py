@@ -157,6 +157,12 @@ def test_to_markdown_rows():
     assert "population std (ddof=0)" in md
 
 
+def test_a_table_whose_runs_all_failed_says_so():
+    # every run diverged (FedRAP on Lastfm-2K at its ML-100K rates): no figure, and no "over 0 seeds"
+    md = to_markdown({}, "fedrap", 1)
+    assert "no run completed" in md and "over 0 seed" not in md
+
+
 def test_settings_get_their_own_column_and_paper_cells():
     s = summarise([_result(seed=k, hr=0.7 + k / 100, setting="ldp=0.3") for k in range(2)])
     md = to_markdown(s, "pfedrec", 7, metrics=["hr@10"])

@@ -148,6 +148,8 @@ def _caption(summary: Summary, paper: str, table: str | int) -> str:
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}" if counts else "0"
     published = next((f.source for f in load_figures(paper) if f.table == str(table)), None)
     theirs = f"as published in {published}" if published else "no published figures (plots only)"
+    if not counts:  # every run failed (diverged, say): an empty table must not read as a result
+        return f"ours: no run completed (their failures are printed above); paper: {theirs}"
     return f"ours: mean ± population std (ddof=0) over {seeds} seed(s); paper: {theirs}"
 
 
