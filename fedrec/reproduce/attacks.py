@@ -33,8 +33,10 @@ ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "r
 #: median norm, x1, none of the targeted attacks moves fedrec's FedAvg; see docs/security.md)
 DEFENDED_ATTACKS = (("fedrecattack", 10.0), ("boost", 10.0), ("fedattack", 10.0))
 DEFENCES = ("none", "norm-bound", "median", "trimmed-mean", "krum", "multi-krum")
-#: the attacker's share of the clients swept for the boosted attacks (5% is the main table's)
-SHARES = (0.001, 0.01, 0.05, 0.1)
+#: the attacker's share of the clients in the main table (the engine's ``--malicious`` default),
+#: and the shares swept for the boosted attacks
+MAIN_SHARE = 0.05
+SHARES = (0.001, 0.01, MAIN_SHARE, 0.1)
 SHARE_DEFENCES = ("none", "median")
 INFER_METHODS = ("fedmf", "fedncf", "fedrecon", "pfedrec")
 VIEWS: dict[str, dict[str, Any]] = {
@@ -103,10 +105,9 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
             out.anchor.extend({**f, "iteration": i, "seed": seed} for i, f in enumerate(figs))
 
     def poison(method: str, attack: str, boost: float | None, defence: str, seed: int,
-               share: float = 0.05) -> dict[str, Any]:
-        opts: dict[str, Any] = {"targets": 1} if attack == "none" else {"attack": attack, "boost": boost}
-        if share != 0.05:
-            opts["malicious"] = share
+               share: float) -> dict[str, Any]:
+        opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
+                                {"attack": attack, "boost": boost, "malicious": share})
         if defence != "none":
             opts["defence"] = defence
         cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
@@ -128,15 +129,15 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
     cells += [(m, a, 10.0, "none") for m in POISON_METHODS for a in ALL_ATTACKS[1:] if a != "boost"]  # boost: x10 already
     cells += [(m, a, b, d) for m in POISON_METHODS for a, b in DEFENDED_ATTACKS for d in DEFENCES if d != "none"]
     swept = [(m, a, b, d, p) for m in POISON_METHODS for a, b in DEFENDED_ATTACKS[:2] for d in SHARE_DEFENCES
-             for p in SHARES if p != 0.05]
+             for p in SHARES if p != MAIN_SHARE]
     for seed in seeds:
-        for m, a, b, d, p in [(*c, 0.05) for c in cells] + swept:
+        for m, a, b, d, p in [(*c, MAIN_SHARE) for c in cells] + swept:
             tell(f"poison {m} {a} x{b or 1:g} {d} p={p:g} s{seed}")
-            tag = ("" if b is None else f"-b{b:g}") + ("" if p == 0.05 else f"-p{p:g}")
+            tag = ("" if b is None else f"-b{b:g}") + ("" if p == MAIN_SHARE else f"-p{p:g}")
             blob = _cached(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
                            lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing)
             if blob:
-                out.poisoning.append({"malicious": 0.05, **blob, "attack": _label(a, b)})
+                out.poisoning.append({**blob, "malicious": p, "attack": _label(a, b)})
 
     def infer(method: str, view: str, seed: int) -> dict[str, Any]:
         opts = dict(VIEWS[view])
@@ -193,16 +194,16 @@ def to_markdown(t: AttackTables) -> str:
     lines += ["", "### Poisoning under fedrec's methods (ML-100K, 5% malicious, ξ = 1%, one target)", "",
               "| method | attack | defence | ER@5 | ER@10 | ER@20 | target NDCG@10 | HR@10 | NDCG@10 | "
               "flag precision | flag recall | aggregation s/round |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    main = [r for r in t.poisoning if r.get("malicious", 0.05) == 0.05]
+    main = [r for r in t.poisoning if _share(r) == MAIN_SHARE]
     keys = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in main))
     for m, a, d in keys:
         rows = [r for r in main if (r["method"], r["attack"], r["defence"]) == (m, a, d)]
         lines.append(f"| {m} | {a} | {d} | " + " | ".join(_mean(rows, k) for k in (
             "er@5", "er@10", "er@20", "target_ndcg@10", "hr@10", "ndcg@10", "flag_precision", "flag_recall",
             "aggregate_seconds")) + " |")
-    shares = sorted({r.get("malicious", 0.05) for r in t.poisoning})
+    shares = sorted({_share(r) for r in t.poisoning})
     swept = list(dict.fromkeys((r["method"], r["attack"], r["defence"]) for r in t.poisoning
-                               if r.get("malicious", 0.05) != 0.05))
+                               if _share(r) != MAIN_SHARE))
     if swept:
         lines += ["", "### ER@10 (HR@10) by the attacker's share of the clients (ML-100K, ξ = 1%, one target)", "",
                   "| method | attack | defence | " + " | ".join(f"{p:.1%}" for p in shares) + " |",
@@ -210,7 +211,7 @@ def to_markdown(t: AttackTables) -> str:
         for m, a, d in swept:
             cells = []
             for p in shares:
-                rows = [r for r in t.poisoning if (r["method"], r["attack"], r["defence"], r.get("malicious", 0.05)) ==
+                rows = [r for r in t.poisoning if (r["method"], r["attack"], r["defence"], _share(r)) ==
                         (m, a, d, p)]
                 cells.append(f"{_mean(rows, 'er@10').split(' ±')[0]} ({_mean(rows, 'hr@10').split(' ±')[0]})"
                              if rows else "–")
@@ -230,6 +231,12 @@ def to_markdown(t: AttackTables) -> str:
         lines.append(f"| {m} | {v} | " + " | ".join(trio) + f" | {_mean(rows, 'random_precision').split(' ±')[0]} | "
                      f"{_mean(rows, 'hr@10')} | {_mean(rows, 'ndcg@10')} | {eps} | {mib} |")
     return "\n".join(lines) + "\n"
+
+
+def _share(run: dict[str, Any]) -> float:
+    """The attacker's share of the clients in a poisoning run (runs cached before the sweep
+    carry none: they ran at the main table's)."""
+    return run.get("malicious", MAIN_SHARE)
 
 
 def _legend(ax: Any, **kw: Any) -> None:
@@ -255,7 +262,7 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
     colour = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ALL_ATTACKS)}
     for m in sorted({r["method"] for r in t.poisoning}):
         ours = [r for r in t.poisoning if r["method"] == m and r["seed"] == seeds_first(t)]
-        mine = [r for r in ours if r.get("malicious", 0.05) == 0.05]
+        mine = [r for r in ours if _share(r) == MAIN_SHARE]
         fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
         for ax, boosted in zip(axes[:2], (False, True), strict=True):
             for r in mine:
@@ -284,12 +291,11 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
         ax.set(ylabel="ER@10 after the last round", ylim=(0, 1.05), title=f"{m}: defences")
         _legend(ax, fontsize=7)
         ax = axes[3]
-        share = {id(r): r.get("malicious", 0.05) for r in ours}
-        swept = sorted({r["attack"] for r in ours if share[id(r)] != 0.05})
+        swept = sorted({r["attack"] for r in ours if _share(r) != MAIN_SHARE})
         styles = iter(("-o", "--o", "-s", "--s", "-^", "--^"))
         for a in swept:
             for d in SHARE_DEFENCES:
-                pts = sorted((share[id(r)], r["er@10"]) for r in ours
+                pts = sorted((_share(r), r["er@10"]) for r in ours
                              if (r["attack"], r["defence"]) == (a, d) and r.get("er@10") is not None)
                 if pts:
                     ax.plot(*zip(*pts, strict=True), next(styles, "-"), label=f"{a}, {d}",

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 from scipy.stats import rankdata
 
 from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
@@ -159,12 +158,12 @@ class PrivacyAudit:
 
 
 def _row_tensor(u: ClientUpload) -> np.ndarray:
-    """The upload's item rows (every row table side by side)."""
-    tables = [u.tensors[k] for k in (ITEMS,) if k in u.tensors]  # by name: a shared (width, out) MLP weight
-    # has as many rows as a client with width items, and must not be read as rows
-    if not tables:
+    """The upload's item rows, read by name: a shared (width, out) MLP weight has as many rows
+    as a client with ``width`` items, and must not be read as rows."""
+    rows = u.tensors.get(ITEMS)
+    if rows is None:
         raise ValueError("this algorithm's uploads hold no item rows to audit")
-    return torch.cat(tables, 1).detach().float().cpu().numpy()
+    return rows.detach().float().cpu().numpy()
 
 
 def _two_means(score: np.ndarray, iters: int = 20) -> np.ndarray:
