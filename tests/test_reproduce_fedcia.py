@@ -90,3 +90,41 @@ def test_reuse_only_runs_nothing_and_plot_only_tables_show_protocol_metrics(monk
     assert "F1@10" in text and "MRR@10" in text and "PRECISION" not in text
     row = next(line for line in text.splitlines() if line.startswith("| mixed-cia "))
     assert "0.1887" in row and "0.2881" in row
+
+
+def test_on_fedcias_own_ml1m_split_runs_keep_the_published_split_and_betas() -> None:
+    """On ``ml-1m-fedcia`` the runs take ``given-full`` (the split FedCIA published, not a
+    re-split) and GF-CF runs the official ML-1M beta; other data sets are untouched."""
+    from fedrec.reproduce.runner import GIVEN_SPLITS
+
+    on_ml1m = plan("fedcia", ["1"], "ml-1m-fedcia")["1"]
+    assert [r.method for r in on_ml1m] == [r.method for r in plan("fedcia", ["1"])["1"]]
+    assert {r.protocol for r in on_ml1m} == {"given-full"}
+    betas = {r.method: dict(r.model).get("beta") for r in on_ml1m}
+    assert betas["fedcia-gfcf"] == betas["gfcf-im"] == GIVEN_SPLITS[("fedcia", "ml-1m-fedcia")][1]["gfcf"]["beta"]
+    assert betas["fedcia-mf"] is None and betas["pfedrec"] is None
+    assert plan("fedcia", ["1"], "ml-100k") == plan("fedcia", ["1"])
+
+
+def test_methods_cuts_the_tables_to_the_named_rows(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--methods runs and shows only the rows named; a name no table has is one clear error."""
+    import pytest
+
+    from fedrec.cli import main
+    from fedrec.errors import FedrecError
+    from fedrec.reproduce.runner import only_methods
+
+    ran: list[tuple[str, str]] = []
+
+    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        ran.append((dict(cfg.model).get("aggregation", cfg.algorithm), cfg.protocol))
+        raise FedrecError("not run in this test")
+
+    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "fedcia", "--tables", "1,3", "--methods", "fedcia-gfcf,pfedrec",
+              "--negatives", "leak-free", "--out-dir", str(tmp_path / "runs")])
+    assert done.value.code == 0, capsys.readouterr().out
+    assert sorted(ran) == [("cia", "ratio-full"), ("pfedrec", "ratio-full")]  # table 3 has neither
+    with pytest.raises(FedrecError, match="no row named gfcf-cia"):
+        only_methods(plan("fedcia", ["1"]), ["gfcf-cia"])

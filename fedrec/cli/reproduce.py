@@ -16,6 +16,7 @@ def reproduce_command(
     paper: str = typer.Argument(..., help="Paper whose tables to reproduce (pfedrec, fedrap, gfedpp, fedcia, personalfr), or attacks (FedRecAttack's anchor, poisoning and inference tables on ML-100K)."),
     tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero; personalfr 3,4)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
+    methods: str | None = typer.Option(None, help="Comma-separated rows (methods) to run and show, e.g. gfcf-im,fedcia-gfcf (default: every row of the tables)."),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
     rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
@@ -41,6 +42,7 @@ def reproduce_command(
         POLICY_CHOICES,
         ROUNDS,
         execute,
+        only_methods,
         plan,
         privacy_notes,
         sparsity_notes,
@@ -56,7 +58,10 @@ def reproduce_command(
     if paper == "attacks":
         _attacks(seed_list, rounds, out_dir, markdown, plots, data_dir, reuse_only)
         return
-    chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()])
+    chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()],
+                  dataset)
+    if methods is not None:
+        chosen = only_methods(chosen, [m.strip() for m in methods.split(",") if m.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
