@@ -52,21 +52,26 @@ class Param:
 def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]:
     """What is tuned: the learning rate (a decade either side of the default), the item rows'
     rate scale and the local epochs where the algorithm reads them, and the algorithm's own
-    declared options (`AlgorithmSpec.search`: FedRAP's regularisers)."""
+    declared ranges (`AlgorithmSpec.search`: FedRAP's regularisers, and its rates, whose range
+    it declares where a decade around the default would miss the rates that train)."""
+    declared = dict(spec.search)
     space: list[Param] = []
+
+    def rate(name: str, default: float) -> None:
+        low, high = declared.pop(name, (default / 10, default * 10))
+        space.append(Param(name, "engine", low, high))
+
     if spec.kind == "federated":
         engine = dataclasses.asdict(federated_config(spec.name, dataset))
         if "lr" not in spec.ignores:
-            space.append(Param("lr", "engine", engine["lr"] / 10, engine["lr"] * 10))
+            rate("lr", engine["lr"])
         if "item_lr_scale" not in spec.ignores and "lr_item" not in spec.ignores:
-            scale = engine["item_lr_scale"] or split.n_items * 80.0  # the engine's default rule
-            space.append(Param("item_lr_scale", "engine", scale / 10, scale * 10))
+            rate("item_lr_scale", engine["item_lr_scale"] or split.n_items * 80.0)  # the engine's default rule
         if "local_epochs" not in spec.ignores:
             space.append(Param("local_epochs", "engine", 1, max(5, engine["local_epochs"]), log=False, integer=True))
     else:
-        lr = spec.lr or TrainConfig().lr
-        space.append(Param("lr", "engine", lr / 10, lr * 10))
-    space.extend(Param(name, "model", low, high) for name, (low, high) in spec.search.items())
+        rate("lr", spec.lr or TrainConfig().lr)
+    space.extend(Param(name, "model", low, high) for name, (low, high) in declared.items())
     return space
 
 

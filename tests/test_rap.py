@@ -97,7 +97,7 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
             zero = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)]
             head = head - LR * zero[0]
             bias = bias - LR * zero[1]
-            dd = dd - LR_ITEM * zero[2] if spec.use_d else dd
+            dd = dd - LR_ITEM * spec.d_rate * zero[2] if spec.use_d else dd
             if spec.use_c:
                 cc = cc - LR_ITEM * zero[3]
                 if spec.reg == "l1" and mu > 0:
@@ -111,6 +111,7 @@ CASES = [
     ("fedrap", {}),
     ("fedrap", {"dc_sign": "push", "push_cap": 0.05}),
     ("fedrap", {"score": "dot"}),
+    ("fedrap", {"d_rate": 0.1}),
     ("fedrap-no", {}),
     ("fedrap-l2", {}),
     ("fedrap-c", {}),

@@ -48,8 +48,9 @@ class AlgorithmSpec:
     #: engine options a paper gives for a data set (registry name), over ``engine``: PFedRec's
     #: Table 4 learning rates; on any other data set ``engine`` holds, set on ML-100K
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: model options `fedrec tune` searches besides the engine's rates and epochs, each
-    #: log-uniform in (low, high) (FedRAP's regularisers)
+    #: options `fedrec tune` searches, each log-uniform in (low, high): model options besides
+    #: the engine's rates and epochs (FedRAP's regularisers), or an engine rate (``lr``,
+    #: ``item_lr_scale``) whose range replaces the decade around its default
     search: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def engine_for(self, dataset: str | None) -> dict[str, Any]:

@@ -40,8 +40,17 @@ def _build(split: Split, o: RAPOptions) -> RAPSpec:
 ENGINE: dict[str, object] = {"lr": 3.0, "local_epochs": 10, "batch_size": 2048,
                              "encoding": "sparse", "item_lr_scale": 1000.0}
 
-# `fedrec tune` also searches the regularisers' weights (v1 = lam, v2 = mu)
-_SEARCH = {"lam": (1e-3, 1.0), "mu": (1e-5, 1e-1)}
+# `fedrec tune` also searches the regularisers' weights (v1 = lam, v2 = mu), and declares its
+# rates' range. A decade around the ML-100K rates (head 0.3-30, rows scale 100-10,000) misses
+# Lastfm-2K both ways: every trial with a head rate above 1 diverged, and the one below it had
+# rows at 49, where the server's mean over clients leaves C (all an unseen item is scored by)
+# untrained (docs/leaderboard.md; FedMF's tuned rows rate there is 43,000). So the head runs two
+# decades below its default, the rows' scale up to 1e6, as the engine's item-rate rule reaches on
+# large catalogues, and D_i's rate may fall three decades below C's (`d_rate`: C's step is
+# divided by the round's clients, D_i's is not; see fedrec.federated.rap); mu stops at 1e-2,
+# above which the L1 step wipes C out (RAPOptions)
+_SEARCH = {"lr": (0.03, 3.0), "item_lr_scale": (100.0, 1e6), "d_rate": (1e-3, 1.0),
+           "lam": (1e-3, 1.0), "mu": (1e-5, 1e-2)}
 
 VARIANTS = {
     "fedrap": ("FedRAP: private head and D_i, global sparse C (L1 prox), tanh curriculum", {}),
@@ -50,9 +59,22 @@ VARIANTS = {
     "fedrap-no": ("FedRAP-No ablation: no sparsity term on C", {"reg": "none"}),
     "fedrap-l2": ("FedRAP-L2 ablation: mu ||C||^2 instead of the L1 term", {"reg": "l2"}),
 }
+
+
+def _search(fixed: dict[str, object]) -> dict[str, tuple[float, float]]:
+    """The searched options a variant reads: no mu without a term on C (or without C), no
+    lam (the D-C term) without both views, no d_rate without D_i."""
+    unread: set[str] = set()
+    if fixed.get("reg") == "none" or fixed.get("use_c") is False:
+        unread |= {"mu", "lam"}
+    if fixed.get("use_d") is False:
+        unread |= {"lam", "d_rate"}
+    return {k: v for k, v in _SEARCH.items() if k not in unread}
+
+
 for name, (text, fixed) in VARIANTS.items():
     register(AlgorithmSpec(name, "federated", text, _build, RAPOptions, dict(ENGINE), fixed, flower=True,
-                           search=_SEARCH if fixed.get("reg") != "none" else {"lam": _SEARCH["lam"]}))
+                           search=_search(fixed)))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",

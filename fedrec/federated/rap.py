@@ -26,6 +26,11 @@ touches exactly the rows of its batch, and the plain update needs no dense pass 
   over the step's users of their gradients (one minibatch step on the mean of the users'
   losses), and the whole population trains as one block, so a step always spans every user
   that still has a batch.
+* ``d_rate`` scales D_i's rate against C's (the paper has one rate for both; the official code
+  two parameter groups). C's step reaches the global table divided by the round's clients in
+  the server's mean, D_i's is kept whole, so on data with many small clients (Lastfm-2K: half
+  the users have fewer than 10 training items, each a batch of a few slots) the rate C needs
+  blows D_i up, and the rate D_i stands leaves C, all an unseen item is scored by, untrained.
 * D_i starts at zero, so an item a client never trained is scored by the global view alone.
   (The official code draws D_i ~ N(0, 1): unseen items then get random personal offsets, which
   only its leaky negatives hide, by training every evaluation negative.)
@@ -111,6 +116,8 @@ class RAPSpec:
     curriculum: str = "tanh"
     dc_sign: str = "pull"
     push_cap: float = 1.0
+    #: D_i's rate as a multiple of the item rows' rate (1: the paper's one rate for D and C)
+    d_rate: float = 1.0
     centralised: bool = False
 
     def __post_init__(self) -> None:
@@ -121,6 +128,7 @@ class RAPSpec:
             (self.curriculum not in CURRICULA, f"unknown curriculum '{self.curriculum}'; known: {', '.join(CURRICULA)}"),
             (self.dc_sign not in DC_SIGNS, f"dc_sign must be pull or push, not '{self.dc_sign}'"),
             (not (self.lam >= 0 and self.mu >= 0 and self.push_cap > 0), "lam, mu >= 0 and push_cap > 0"),
+            (not self.d_rate > 0, f"d_rate must be > 0 (got {self.d_rate})"),
         )
 
     @property
@@ -278,7 +286,7 @@ class RAPState(FamilyState):
             params["b"][:n] -= self.lr * bias_step
         # (index_add_ with alpha takes a slow path in torch 2.13's CPU kernel: steps are scaled)
         if rows_d is not None:
-            rows_d.index_add_(0, idx, step_d)
+            rows_d.index_add_(0, idx, step_d if rap.d_rate == 1.0 else step_d * rap.d_rate)
         if v_c is not None:
             rows_c.index_add_(0, c_idx, step_c if c_scale == 1.0 else step_c * c_scale)
             if rap.reg == "l1" and self.mu_now > 0:
