@@ -145,3 +145,21 @@ def test_bad_workers_on_the_command_line_are_one_line(tmp_path: Path, capsys: py
     grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
     assert _bench([str(grid), "--workers", "0"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_a_leaderboard_names_the_cells_it_lacks_and_why(tmp_path: Path) -> None:
+    """A failed cell keeps its reason and a cell not yet run says so: a row with fewer seeds
+    than the grid is explained under its board, not silently short."""
+    grid = tmp_path / "grid.toml"
+    text = GRID.format(seeds=[0], rounds=2, workers=1).replace('["fedmf", "pfedrec"]', '["mf", "fedmf"]')
+    grid.write_text(text.replace('"loo-sampled"', '"ratio-rating"'))
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    board = (out / "leaderboard.md").read_text()
+    assert "| 1 | mf | 1 |" in board
+    assert "- fedmf (leak-free) seed 0: failed: 'fedmf' cannot be evaluated under protocol 'ratio-rating'" in board
+    assert len(list((out / "cells").glob("*.failed"))) == 1
+    grid.write_text(grid.read_text().replace("seeds = [0]", "seeds = [0, 1]"))
+    assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
+    board = (out / "leaderboard.md").read_text()
+    assert "- mf (leak-free) seed 1: not run" in board and "(3 cells of the grid without a result)" in board

@@ -159,6 +159,12 @@ def cell_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / f"{cell.key()}.json"
 
 
+def failure_path(out: Path, cell: Cell) -> Path:
+    """Where a cell that failed keeps its reason (a resume tries it again; the leaderboard
+    names it, so a row with fewer seeds says why)."""
+    return out / "cells" / f"{cell.key()}.failed"
+
+
 def _run_cell(cell: Cell, data_dir: str | None, path: str) -> str:
     """Worker: one cell, one thread; its results JSON written atomically at the end."""
     from fedrec import threads
@@ -195,12 +201,25 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
             try:
                 future.result()
                 state = "done"
+                failure_path(out, cell).unlink(missing_ok=True)
             except Exception as e:  # one failed cell must not end the grid
                 state = f"failed: {e}".splitlines()[0]
+                failure_path(out, cell).write_text(state + "\n")
             counts["done" if state == "done" else "failed"] += 1
             if on_cell is not None:
                 on_cell(cell, state)
     return counts
+
+
+def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
+    """The cells of ``grid`` without a result in ``out``, each with why: the reason it failed
+    (``failed: ...``) or ``not run``."""
+    missing = []
+    for cell in grid.cells:
+        if not cell_path(Path(out), cell).exists():
+            failed = failure_path(Path(out), cell)
+            missing.append((cell, failed.read_text().strip() if failed.exists() else "not run"))
+    return missing
 
 
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ class Board:
     protocol: str
     metric: str
     table: pd.DataFrame
+    #: cells of the grid this board has no result for, each "method seed S: why"
+    missing: list[str] = field(default_factory=list)
 
     @property
     def stem(self) -> str:
@@ -42,12 +45,21 @@ def _lower_is_better(metric: str) -> bool:
     return metric.startswith("rmse")
 
 
-def boards(results: list[dict[str, Any]]) -> list[Board]:
-    """A leaderboard per (data set, protocol) of the cells' results JSON."""
+def boards(results: list[dict[str, Any]], missing: Iterable[tuple[Any, str]] = ()) -> list[Board]:
+    """A leaderboard per (data set, protocol) of the cells' results JSON; ``missing`` are the
+    grid's cells without a result, as (`fedrec.bench.grid.Cell`, why), listed under their board."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         groups[(r["dataset"], r["protocol"])].append(r)
-    return [_board(dataset, protocol, runs) for (dataset, protocol), runs in sorted(groups.items())]
+    absent: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for cell, why in missing:
+        absent[(cell.dataset, cell.protocol)].append(f"{cell.algorithm} ({cell.negatives}) seed {cell.seed}: {why}")
+    made = []
+    for (dataset, protocol), runs in sorted(groups.items()):
+        board = _board(dataset, protocol, runs)
+        board.missing = absent[(dataset, protocol)]
+        made.append(board)
+    return made
 
 
 def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
@@ -120,6 +132,9 @@ def to_markdown(board: Board) -> str:
              f"{board.metric} against the best method)", "",
              "| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    if board.missing:
+        lines += ["", f"Not in the table ({len(board.missing)} cell{'s' if len(board.missing) > 1 else ''} "
+                  "of the grid without a result):", ""] + [f"- {line}" for line in board.missing]
     return "\n".join(lines) + "\n"
 
 

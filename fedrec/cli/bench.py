@@ -19,7 +19,15 @@ def bench_command(
 ) -> None:
     """Run GRID_FILE's cells that OUT lacks, then write a leaderboard per data set and protocol
     (Markdown, CSV, LaTeX, PNG) with paired significance against the best method."""
-    from fedrec.bench import boards, cell_results, load_grid, run_grid, to_markdown, write
+    from fedrec.bench import (
+        boards,
+        cell_results,
+        load_grid,
+        missing_cells,
+        run_grid,
+        to_markdown,
+        write,
+    )
     from fedrec.errors import FedrecError
 
     grid = load_grid(grid_file)
@@ -46,7 +54,7 @@ def bench_command(
                       f"{counts['failed']} failed", highlight=False)
     results = cell_results(grid, out)
     summary = []
-    for board in boards(results):
+    for board in boards(results, missing_cells(grid, out)):
         paths = write(board, out)
         summary.append(to_markdown(board))
         console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False)
