@@ -114,6 +114,29 @@ def test_stack_equals_clients_trained_alone(split: Split, backbone: str) -> None
     assert not torch.equal(stack.params["item"][0], stack.params["item"][1])  # clients differ
 
 
+
+@pytest.mark.parametrize("backbone", ["mf", "mlp", "lightgcn"])
+def test_stack_scores_each_user_with_its_own_clients_model(split: Split, backbone: str) -> None:
+    users = [np.arange(0, 4), np.arange(4, 13), np.arange(13, 15), np.arange(15, 30)]
+    stack = ClientStack(backbone, DIM, np.arange(4), users, split.n_items, split.train,
+                        tower=(6, 3), layers=2, init_std=0.3, key=(1,))
+    stack.train_round(split.sampler, 2, 1, BATCH, LR, seed=9, r=1)
+    user_emb, item_emb = stack._embeddings()
+    expected = np.empty((30, split.n_items), np.float32)
+    for u in range(30):  # one user at a time, the whole tower on [u, q_i] for every item
+        k = int(stack.user_client[u])
+        h = torch.cat([user_emb[u].expand(split.n_items, -1), item_emb[k]], -1)
+        if backbone != "mlp":
+            expected[u] = (item_emb[k] @ user_emb[u]).detach().numpy()
+            continue
+        for j in range(stack.n_layers):
+            h = h @ stack.params[f"w{j}"][k] + stack.params[f"b{j}"][k]
+            h = torch.relu(h) if j < stack.n_layers - 1 else h
+        expected[u] = h[:, 0].detach().numpy()
+    asked = np.random.default_rng(0).permutation(30)[:25]  # clients interleaved, one left out
+    got = stack.scores(asked, chunk=3)  # chunks cut through the larger clients' users
+    np.testing.assert_allclose(got, expected[asked], rtol=1e-5, atol=1e-6)
+
 @pytest.mark.parametrize("loss", ["norm", "mse"])
 def test_eigenbasis_finetune_equals_autograd(loss: str) -> None:
     g = torch.Generator().manual_seed(0)

@@ -176,23 +176,34 @@ class ClientStack:
 
     @torch.no_grad()
     def scores(self, local_users: np.ndarray, chunk: int = 256) -> np.ndarray:
-        """Scores of every item for the given local users (rows of this stack)."""
+        """Scores of every item for the given local users (rows of this stack).
+
+        Client by client: a client's item table (and its tower's item half, ``E_k W0_i``) is
+        read once for all of its users in the call, in blocks of ``chunk`` users, rather than
+        copied once per user."""
         user_emb, item_emb = self._embeddings()
+        local_users = np.asarray(local_users, dtype=np.int64)
         out = np.empty((len(local_users), self.n_items), dtype=np.float32)
-        for s in range(0, len(local_users), chunk):
-            lu = torch.as_tensor(local_users[s : s + chunk])
-            k = torch.as_tensor(self.user_client[local_users[s : s + chunk]])
-            uv = user_emb[lu]
-            if self.backbone != "mlp":
-                out[s : s + chunk] = torch.bmm(item_emb[k], uv[:, :, None])[..., 0].cpu().numpy()
-                continue
-            # first layer split into its user and item halves: W0 = [W_u; W_i]
-            w0, b0 = self.params["w0"][k], self.params["b0"][k]
-            h = (torch.bmm(uv[:, None, :], w0[:, : self.dim]) + b0[:, None, :]) \
-                + torch.bmm(item_emb[k], w0[:, self.dim :])
-            for j in range(1, self.n_layers):
-                h = torch.baddbmm(self.params[f"b{j}"][k][:, None, :], torch.relu(h), self.params[f"w{j}"][k])
-            out[s : s + chunk] = h[..., 0].cpu().numpy()
+        client = self.user_client[local_users]
+        order = np.argsort(client, kind="stable")
+        starts = np.r_[0, np.flatnonzero(np.diff(client[order])) + 1]
+        for a, b in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+            k = int(client[order[a]])
+            items = item_emb[k]
+            item_half = None
+            if self.backbone == "mlp":  # first layer split into its user and item halves
+                w0 = self.params["w0"][k]
+                item_half = items @ w0[self.dim :]
+            for s in range(a, b, chunk):
+                rows = order[s : min(s + chunk, b)]
+                uv = user_emb[torch.as_tensor(local_users[rows])]
+                if item_half is None:
+                    out[rows] = (uv @ items.T).cpu().numpy()
+                    continue
+                h = (uv @ self.params["w0"][k][: self.dim] + self.params["b0"][k])[:, None, :] + item_half
+                for j in range(1, self.n_layers):
+                    h = torch.relu(h) @ self.params[f"w{j}"][k] + self.params[f"b{j}"][k]
+                out[rows] = h[..., 0].cpu().numpy()
         return out
 
     # ---- what aggregation touches ----------------------------------------------------------
