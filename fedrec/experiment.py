@@ -44,6 +44,8 @@ class RunConfig:
     seed: int = 0
     negatives: str = "leak-free"
     tie_break: str = "later-row-later"
+    #: legacy: split repeated events as they are (`fedrec.protocols.protocol.make_split`)
+    repeats: bool = False
     threshold: float | None = None
     min_user: int = 0
     min_item: int = 0
@@ -69,6 +71,12 @@ class RunConfig:
             return RunConfig(**blob)
         except TypeError as e:
             raise FedrecError(f"not a fedrec run configuration: {e}") from e
+
+    @staticmethod
+    def identity(blob: dict[str, Any]) -> dict[str, Any]:
+        """``blob`` (this config as a dict) less ``repeats`` when it is off: the default changes
+        nothing, so a cache key or checkpoint made before the option existed still matches."""
+        return {k: v for k, v in blob.items() if not (k == "repeats" and not v)}
 
     def validate(self) -> None:
         """Reject impossible options before any data is read: the data options, and the
@@ -184,12 +192,13 @@ def prepare_split(cfg: RunConfig) -> Split:
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,
-        max_users=cfg.max_users,
+        max_users=cfg.max_users, dedup="keep" if cfg.repeats else "last",
     )
     data = preprocess(raw, pre)
     if len(data) == 0:
         raise FedrecError(f"no interactions left in '{cfg.dataset}' after preprocessing ({pre.describe()})")
-    return make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break)
+    return make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
+                      repeats=cfg.repeats)
 
 
 def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None) -> tuple[Any, Any]:
@@ -215,7 +224,7 @@ def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
 def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint of this run must match to be resumed: its recorded options, less where
     the data lives (`fedrec.core.checkpoint`)."""
-    blob = recorded_config(cfg, options)
+    blob = RunConfig.identity(recorded_config(cfg, options))
     blob.pop("data_dir")
     if "federated" in blob:
         blob["federated"] = FederatedConfig.identity(blob["federated"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -139,6 +141,35 @@ def test_duplicates_are_refused(small_data):
     dup = small_data.subset(np.r_[np.arange(len(small_data)), 0])
     with pytest.raises(FedrecError, match="duplicate"):
         make_split(dup, "loo-sampled")
+
+
+def test_legacy_repeats_split_the_rows_as_they_are(small_data):
+    """The official code's Lastfm-2K split: a repeated event can be a user's test item while an
+    earlier event of the same pair trains; evaluation negatives still avoid all of its items."""
+    x = small_data
+    users = np.arange(0, x.n_users, 5)
+    label = leave_one_out(x)
+    trained = np.array([np.flatnonzero((x.users == u) & (label == TRAIN))[0] for u in users])
+    rep = x.subset(np.r_[np.arange(len(x)), trained])  # each chosen pair once more, latest of all
+    ts = rep.timestamps.copy()
+    ts[len(x):] = x.timestamps.max() + 1
+    rep = dataclasses.replace(rep, timestamps=ts)
+    s = make_split(rep, "loo-sampled", negatives="legacy-exclude-heldout", repeats=True)
+    items_of = _all_items(rep)
+    for u, i in zip(users, x.items[trained], strict=True):
+        row = s.test.candidates[np.searchsorted(s.test.users, u)]
+        assert row[0] == i and i in _rows(s.train, u)  # the test item is a training positive
+        assert not set(row[1:].tolist()) & items_of[u]
+    assert set(np.unique(s.train.data).tolist()) == {1.0}
+    plain = make_split(x, "loo-sampled")
+    for u in np.setdiff1d(np.arange(x.n_users), users)[:20]:  # no repeat: split as without it
+        assert _rows(plain.train, u) == _rows(s.train, u)
+        assert plain.test.candidates[np.searchsorted(plain.test.users, u), 0] == \
+            s.test.candidates[np.searchsorted(s.test.users, u), 0]
+    with pytest.raises(FedrecError, match="duplicate"):
+        make_split(rep, "loo-sampled")
+    with pytest.raises(FedrecError, match="loo-sampled"):
+        make_split(rep, "loo-full", repeats=True)
 
 
 def test_complement_sampler_is_uniform_and_exact():

@@ -100,3 +100,24 @@ def test_cli_audit_protocol(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "legacy-exclude-heldout" in out and "exclude-candidates" in out
+
+
+def test_legacy_repeats_keep_a_repeated_event_as_the_test_item(tmp_path):
+    """``--legacy-repeats`` splits the file's rows as they are: user 0's last event repeats an
+    earlier one, so its test item also trains; by default the pair is one row and never both."""
+    from fedrec.experiment import prepare_split
+
+    rows = [(u, u * 10 + k, 1, k + 1) for u in range(12) for k in range(10)]
+    rows.append((0, 3, 1, 11))  # user 0 tags item 3 again, last of all
+    path = tmp_path / "events.csv"
+    path.write_text("user,item,rating,ts\n" + "".join(f"{u},{i},{r},{t}\n" for u, i, r, t in rows))
+    for repeats in (True, False):
+        split = prepare_split(RunConfig(algorithm="fedmf", dataset=str(path), columns="user,item,rating,ts",
+                                        repeats=repeats))
+        target = int(split.test.candidates[np.searchsorted(split.test.users, 0), 0])
+        assert split.data.item_ids[target] == 3
+        trains = target in split.train.indices[split.train.indptr[0]: split.train.indptr[1]]
+        assert trains == repeats
+    with pytest.raises(FedrecError, match="loo-sampled"):
+        prepare_split(RunConfig(algorithm="fedmf", dataset=str(path), columns="user,item,rating,ts",
+                                protocol="loo-full", repeats=True))

@@ -76,9 +76,10 @@ class Cell:
     def key(self) -> str:
         """A hash of the run's whole config, less where the data live (and less the options that
         change nothing, `FederatedConfig.identity`)."""
+        from fedrec.experiment import RunConfig
         from fedrec.federated.engine import FederatedConfig
 
-        blob = dataclasses.asdict(self.run_config(None))
+        blob = RunConfig.identity(dataclasses.asdict(self.run_config(None)))
         blob.pop("data_dir")
         blob["federated"] = FederatedConfig.identity(blob["federated"])
         text = json.dumps(blob, sort_keys=True, default=str)

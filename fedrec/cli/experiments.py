@@ -141,6 +141,7 @@ def run_command(
     one_pass_core: bool = typer.Option(False, "--one-pass-core", help="Apply --min-user/--min-item once, counting on the input (PersonalFR's Anime), instead of until every count holds."),
     max_users: int | None = typer.Option(None, help="Keep the first N users (lowest ids) left after filtering."),
     tie_break: str = typer.Option("later-row-later", help="Equal timestamps: which row counts as later (earlier-row-later = official PFedRec code)."),
+    legacy_repeats: bool = typer.Option(False, "--legacy-repeats", help="Legacy: split repeated (user, item) events as they are, as the official PFedRec/FedRAP/GFed-PP code does on Lastfm-2K (a test item can be a training positive; loo-sampled only)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
@@ -193,7 +194,7 @@ def run_command(
     lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
-        tie_break=tie_break, threshold=threshold, min_user=min_user, min_item=min_item,
+        tie_break=tie_break, repeats=legacy_repeats, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
         data_dir=data_dir, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),

@@ -253,13 +253,24 @@ def make_split(
     seed: int = 0,
     negatives: str = "leak-free",
     tie_break: str = "later-row-later",
+    repeats: bool = False,
 ) -> Split:
-    """Apply ``protocol`` to preprocessed interactions (contiguous ids, one row per pair)."""
+    """Apply ``protocol`` to preprocessed interactions (contiguous ids, one row per pair).
+
+    ``repeats`` (legacy) splits the rows as they are, repeated (user, item) events included, as
+    the official PFedRec, FedRAP and GFed-PP code splits Lastfm-2K's tag assignments: a user's
+    held-out item may then also be one of its training positives, which a model that ranks its
+    training items first hits without learning anything. Only for sampled leave-one-out (under
+    full ranking such a target would be excluded from its own candidates); never the default.
+    """
     p = get_protocol(protocol) if isinstance(protocol, str) else protocol
     if negatives not in NEGATIVE_POLICIES:
         raise UnknownNameError("negative policy", negatives, list(NEGATIVE_POLICIES))
+    if repeats and (p.split, p.ranking) != ("loo", "sampled"):
+        raise FedrecError(f"splitting repeated events (legacy) needs a sampled leave-one-out "
+                          f"protocol (loo-sampled), not {p.name}")
     pairs = x.users * x.n_items + x.items
-    if len(np.unique(pairs)) != len(pairs):
+    if not repeats and len(np.unique(pairs)) != len(pairs):
         raise FedrecError(
             "the data holds duplicate (user, item) pairs; deduplicate before splitting "
             "(a duplicate could put the same item in training and test)"
@@ -274,6 +285,8 @@ def make_split(
     else:
         label = ratio_split(x, p.test_ratio, p.valid_ratio, seed)
     train = _csr(x, label == TRAIN)
+    if repeats:  # a pair's repeated training events are one positive (their sum is not a rating)
+        train = _binary(train)
     valid_t = _csr(x, label == VALID)
     test_t = _csr(x, label == TEST)
     valid_users = np.flatnonzero(np.diff(valid_t.indptr))
