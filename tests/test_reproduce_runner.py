@@ -52,3 +52,19 @@ def test_cli_reproduce_prints_ours_beside_the_paper(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         main(["reproduce", "pfedrec", "--seeds", "a,b", "--out-dir", str(tmp_path)])
     assert bad.value.code == 2 and "--seeds" in capsys.readouterr().err
+
+
+def test_legacy_split_runs_the_official_setting_whole_and_shows_apart(tmp_path):
+    """``--negatives legacy-split``: leaky negatives on the split of repeated events with pandas'
+    tie-break, stored and shown apart from the ``legacy`` column (negatives alone)."""
+    from fedrec.reproduce.table import summarise
+
+    kw = dict(dataset="synthetic:120x400", seeds=[0], rounds=1, out_dir=tmp_path)
+    split, legacy = (execute([PlannedRun("fedmf", "fedmf")], policies=[p], **kw)
+                     for p in ("legacy-split", "legacy-exclude-heldout"))
+    config = split[0]["config"]
+    assert (config["negatives"], config["repeats"], config["tie_break"]) == \
+        ("legacy-exclude-heldout", True, "earlier-row-later")
+    assert not legacy[0]["config"].get("repeats")
+    assert (tmp_path / "synthetic:120x400" / "fedmf-loo-sampled-legacy-split-s0.json").exists()
+    assert {k[3] for k in summarise(split + legacy)} == {"legacy-split", "legacy-exclude-heldout"}

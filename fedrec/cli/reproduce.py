@@ -18,7 +18,7 @@ def reproduce_command(
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     methods: str | None = typer.Option(None, help="Comma-separated rows (methods) to run and show, e.g. gfcf-im,fedcia-gfcf (default: every row of the tables)."),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
-    negatives: str = typer.Option("both", help="both, leak-free or legacy (the official code's leaky policy)."),
+    negatives: str = typer.Option("both", help="both, leak-free, legacy (the official code's leaky negatives), legacy-split (those negatives on the official code's split of repeated events: Lastfm-2K) or all."),
     rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),

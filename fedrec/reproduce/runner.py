@@ -25,7 +25,16 @@ from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 
 LEGACY = "legacy-exclude-heldout"
-POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "legacy": (LEGACY,)}
+#: the official code whole: its leaky negatives on its split of the raw rows, repeated events
+#: included and ties as pandas' rank(method='first') (`fedrec.protocols.protocol.make_split`);
+#: on Lastfm-2K a test artist is then a training positive for half of the users
+LEGACY_SPLIT = "legacy-split"
+POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "legacy": (LEGACY,),
+                  "legacy-split": (LEGACY_SPLIT,), "all": ("leak-free", LEGACY, LEGACY_SPLIT)}
+#: the `RunConfig` fields each policy choice sets
+POLICY_OPTIONS: dict[str, dict[str, Any]] = {
+    LEGACY_SPLIT: {"negatives": LEGACY, "repeats": True, "tie_break": "earlier-row-later"},
+}
 
 
 @dataclass(frozen=True)
@@ -258,9 +267,10 @@ def execute(
                 if on_run is not None:
                     on_run(planned, negatives, seed, reused)
                 if not reused:
+                    options = POLICY_OPTIONS.get(negatives, {"negatives": negatives})
                     cfg = RunConfig(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
-                        seed=seed, negatives=negatives, data_dir=data_dir, **(data_options or {}),
+                        seed=seed, data_dir=data_dir, **options, **(data_options or {}),
                         model=_model_options(planned),
                         federated=federated_config(planned.algorithm, dataset, rounds=rounds,
                                                    ldp=planned.ldp, **dict(planned.engine)),
