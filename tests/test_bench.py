@@ -163,3 +163,13 @@ def test_a_leaderboard_names_the_cells_it_lacks_and_why(tmp_path: Path) -> None:
     assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
     board = (out / "leaderboard.md").read_text()
     assert "- mf (leak-free) seed 1: not run" in board and "(3 cells of the grid without a result)" in board
+
+
+def test_a_protocol_without_any_result_is_named_not_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.toml"
+    text = GRID.format(seeds=[0], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["fedmf"]')
+    grid.write_text(text.replace('"loo-sampled"', '"ratio-rating"'))
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "no leaderboard for" in printed and "none of its 1 cells has a result" in printed
+

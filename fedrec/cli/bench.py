@@ -53,11 +53,19 @@ def bench_command(
         console.print(f"{len(grid.cells)} cells: {counts['done']} run, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
     results = cell_results(grid, out)
+    missing = missing_cells(grid, out)
     summary = []
-    for board in boards(results, missing_cells(grid, out)):
+    made = boards(results, missing)
+    for board in made:
         paths = write(board, out)
         summary.append(to_markdown(board))
         console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False)
+    shown = {(b.dataset, b.protocol) for b in made}
+    for dataset, protocol in dict.fromkeys((c.dataset, c.protocol) for c, _ in missing):
+        if (dataset, protocol) not in shown:  # no cell of it has a result: no board to list them
+            lacking = [why for c, why in missing if (c.dataset, c.protocol) == (dataset, protocol)]
+            console.print(f"no leaderboard for {dataset} · {protocol}: none of its {len(lacking)} "
+                          f"cells has a result (first: {lacking[0]})", highlight=False)
     if summary:
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)
