@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fedrec.algorithms import get_algorithm
+from fedrec.algorithms import AlgorithmSpec, get_algorithm
 from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
@@ -255,6 +255,21 @@ def run(
     return train(cfg, out, on_round, checkpoint, resume).result
 
 
+def ratings_without_negatives(cfg: RunConfig, spec: AlgorithmSpec) -> RunConfig:
+    """``cfg`` as it runs: under a rating protocol a federated model fits the observed ratings
+    alone, so it draws no training negatives (the algorithm's default count is dropped, and
+    recorded as 0; another count is an error). Ranking protocols, centralised trainers and
+    algorithms that never draw negatives are left as they are."""
+    if (get_protocol(cfg.protocol).ranking != "rating" or spec.kind != "federated"
+            or "negatives" in spec.ignores or not cfg.federated.negatives):
+        return cfg
+    default = spec.engine_for(cfg.dataset).get("negatives", FederatedConfig().negatives)
+    if cfg.federated.negatives != default:
+        raise FedrecError(f"protocol '{cfg.protocol}' fits the observed ratings: '{cfg.algorithm}' "
+                          f"draws no training negatives there (--num-negatives {cfg.federated.negatives})")
+    return replace(cfg, federated=replace(cfg.federated, negatives=0))
+
+
 def train(
     cfg: RunConfig,
     out: str | Path | None = None,
@@ -284,6 +299,7 @@ def train(
         raise FedrecError(f"'{cfg.algorithm}' cannot be evaluated under protocol '{cfg.protocol}' "
                           f"({ranking}{why}); it runs under {', '.join(spec.rankings)} protocols, "
                           "see `fedrec protocols`")
+    cfg = ratings_without_negatives(cfg, spec)
     split = split if split is not None else prepare_split(cfg)
     k = cfg.federated.negatives if spec.kind == "federated" else cfg.train.negatives
     if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k

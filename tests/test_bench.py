@@ -151,13 +151,13 @@ def test_a_leaderboard_names_the_cells_it_lacks_and_why(tmp_path: Path) -> None:
     """A failed cell keeps its reason and a cell not yet run says so: a row with fewer seeds
     than the grid is explained under its board, not silently short."""
     grid = tmp_path / "grid.toml"
-    text = GRID.format(seeds=[0], rounds=2, workers=1).replace('["fedmf", "pfedrec"]', '["mf", "fedmf"]')
+    text = GRID.format(seeds=[0], rounds=2, workers=1).replace('["fedmf", "pfedrec"]', '["mf", "pfedrec"]')
     grid.write_text(text.replace('"loo-sampled"', '"ratio-rating"'))
     out = tmp_path / "out"
     assert _bench([str(grid), "-o", str(out)]) == 0
     board = (out / "leaderboard.md").read_text()
     assert "| 1 | mf | 1 |" in board
-    assert "- fedmf (leak-free) seed 0: failed: 'fedmf' cannot be evaluated under protocol 'ratio-rating'" in board
+    assert "- pfedrec (leak-free) seed 0: failed: 'pfedrec' cannot be evaluated under protocol 'ratio-rating'" in board
     assert len(list((out / "cells").glob("*.failed"))) == 1
     grid.write_text(grid.read_text().replace("seeds = [0]", "seeds = [0, 1]"))
     assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
@@ -167,7 +167,7 @@ def test_a_leaderboard_names_the_cells_it_lacks_and_why(tmp_path: Path) -> None:
 
 def test_a_protocol_without_any_result_is_named_not_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid = tmp_path / "grid.toml"
-    text = GRID.format(seeds=[0], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["fedmf"]')
+    text = GRID.format(seeds=[0], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["pfedrec"]')
     grid.write_text(text.replace('"loo-sampled"', '"ratio-rating"'))
     assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
     printed = " ".join(capsys.readouterr().out.split())

@@ -164,6 +164,23 @@ def test_engine_matches_reference(split: Split, monkeypatch: pytest.MonkeyPatch,
     assert out.history[-1].valid == pytest.approx(metrics, abs=1e-9)
 
 
+@pytest.mark.parametrize(("name", "opts"), [("fedmf", {}), ("fedmf", {"dual": True}), ("fedncf", {}),
+                                            ("pfedrec", {})])
+def test_engine_matches_reference_on_ratings(monkeypatch: pytest.MonkeyPatch, name: str,
+                                             opts: dict[str, Any]) -> None:
+    """The squared error on observed ratings (``loss="mse"``, no negatives): the engine's
+    closed-form and autograd paths = the reference's ``nn.MSELoss`` step by step."""
+    ratings = make_split(synthetic(60, 80, mean_interactions=8, min_interactions=3, seed=3), "ratio-rating", seed=0)
+    spec = replace(_spec(ratings, name, opts), loss="mse")
+    cfg = replace(CFG, negatives=0, lr=0.02, lr_item=0.3)
+    got, _ = _run_engine(spec, ratings, cfg, monkeypatch)
+    want = _run_reference(spec, ratings, cfg)
+    assert (want.items - _initial(spec, ratings, cfg).items).abs().max() > 1e-3
+    _assert_same_state(got, want, **TOL)
+    users = np.arange(ratings.n_users)
+    np.testing.assert_allclose(got.scores(users, None), reference_scores(want, users, None), **SCORE_TOL)
+
+
 @pytest.mark.parametrize("name", ["fedncf", "fedrecon", "pfedrec"])
 def test_uploads_match_reference(split: Split, name: str) -> None:
     """`local_update`'s row deltas, shared weights and acceptance = each client's own upload."""

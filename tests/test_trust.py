@@ -271,10 +271,13 @@ def test_plot_draws_runs_and_refuses_what_it_cannot(tmp_path: Path, capsys: pyte
 def test_scores_that_are_not_ratings_are_not_scored_as_ratings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """PFedRec's scores are logits: under a rating protocol its RMSE was 6.8-9.6 on 1-5 stars."""
     out = tmp_path / "r.json"
-    for algorithm in ("pfedrec", "fedrap", "gpfedrec", "metamf"):
+    for algorithm in ("pfedrec", "fedrap", "gpfedrec"):
         code, text = _cli(["run", algorithm, "-d", SYN, "-p", "ratio-rating", "--out", str(out), "-q"], capsys)
         assert code == 2 and "its scores are not ratings" in text
     assert _cli(["run", "mf", "-d", SYN, "-p", "ratio-rating", "--epochs", "1", "--out", str(out), "-q"], capsys)[0] == 0
+    # FedMF and MetaMF fit the ratings themselves there (squared error; tests/test_ratings_family.py)
+    assert _cli(["run", "metamf", "-d", SYN, "-p", "ratio-rating", "--rounds", "1", "--lr", "0.01", "--lr-item", "0.5",
+                 "--out", str(out), "-q", "--overwrite"], capsys)[0] == 0
 
 
 def test_a_run_never_overwrites_results_another_run_wrote_meanwhile(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
 personalisation (private score function, post-tuned item table kept by the client) to any of
-them, as in PFedRec's Table 2. Default learning rates are PFedRec's Table 4 (ML-100K column).
+them, as in PFedRec's Table 2. FedMF also fits explicit ratings (squared error, no negatives)
+under rating protocols, as in its paper (Chai et al., 2020). Default learning rates are PFedRec's Table 4 (ML-100K column).
 Item rows use the official ``lr x n_items x 80`` rule, except FedNCF (``item_lr_scale``
 20,000); FedRecon re-trains the user vector for 20 epochs a round. The measurements behind both
 are in docs/learning-rates.md.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.family import FamilySpec
+from fedrec.federated.family import FamilySpec, loss_for
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 
@@ -48,6 +49,7 @@ def _family(score: str, *, private_score: bool = False, reconstruct: bool = Fals
             dual=o.dual,
             reconstruct=o.reconstruct_epochs if isinstance(o, ReconOptions) else 0,
             dim=o.dim,
+            loss=loss_for(split),
         )
 
     return build
@@ -64,6 +66,7 @@ register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
     _family("dot"), FamilyOptions, {"lr": 0.1}, flower=True, per_dataset=_table4(0.1, 0.1, 0.05, 0.05),
+    rankings=("sampled", "full", "rating"),
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",

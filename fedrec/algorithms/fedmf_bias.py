@@ -1,7 +1,7 @@
 """FedMF with a private per-user bias: logit = <u, q> + b_u, both u and b_u kept on the client.
 
 A user's bias absorbs how much of the catalogue the user likes at all, so the dot product is
-left to rank items. It shows how a score function is added: one `ScoreFunction` (with its
+left to rank items (under a rating protocol, to fit each user's own level of ratings). It shows how a score function is added: one `ScoreFunction` (with its
 closed-form gradients, so no autograd graph is built) registered under a name, and an
 algorithm that uses it; the engine does not change.
 """
@@ -14,7 +14,7 @@ import torch
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import FamilyOptions
-from fedrec.federated.family import FamilySpec
+from fedrec.federated.family import FamilySpec, loss_for
 from fedrec.federated.scores import Dot, register_score
 from fedrec.protocols.protocol import Split
 
@@ -39,11 +39,11 @@ register_score(DotBias())
 
 
 def build(split: Split, o: FamilyOptions) -> FamilySpec:
-    return FamilySpec(score="dot-bias", private_score=o.dual, dual=o.dual, dim=o.dim)
+    return FamilySpec(score="dot-bias", private_score=o.dual, dual=o.dual, dim=o.dim, loss=loss_for(split))
 
 
 register(AlgorithmSpec(
     "fedmf-bias", "federated",
     "FedMF with a private per-user bias (<u, q> + b_u, both on the client)",
-    build, FamilyOptions, {"lr": 0.1}, flower=True,
+    build, FamilyOptions, {"lr": 0.1}, flower=True, rankings=("sampled", "full", "rating"),
 ))

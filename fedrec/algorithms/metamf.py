@@ -1,4 +1,8 @@
-"""MetaMF (Lin et al., SIGIR 2020) on implicit feedback; see `fedrec.federated.metamf`.
+"""MetaMF (Lin et al., SIGIR 2020); see `fedrec.federated.metamf`.
+
+On ranking protocols it trains on implicit feedback (BCE, sampled negatives); on rating
+protocols (``given-rating``: MetaMF's own Ciao split) it fits the observed ratings by squared
+error, as its paper does.
 
 Model options (``--set KEY=VALUE``): ``factors`` (width of the shared item table V, 8),
 ``memory`` (128) and ``hidden`` (512), the official code's sizes; ``--dim`` is the user
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.federated.family import loss_for
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
@@ -44,13 +49,15 @@ def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
     if split is not None:
         positives = np.diff(split.train.indptr)
         smallest = int(positives[positives > 0].min()) if (positives > 0).any() else 1
+    loss = loss_for(split)
+    per_positive = 1 if loss == "mse" else 5  # a rating alone, or a positive and 4 negatives
     return MetaMFSpec(dim=o.dim, factors=o.factors, memory=o.memory, hidden=o.hidden,
-                      min_client_samples=5 * smallest)
+                      min_client_samples=per_positive * smallest, loss=loss)
 
 
 register(AlgorithmSpec(
     "metamf", "federated",
     "MetaMF: private user embedding; memory and hypernetwork generating each user's item "
     "table and score MLP averaged; item table V (n_items x 8) averaged",
-    build, MetaMFOptions, ENGINE, flower=True,
+    build, MetaMFOptions, ENGINE, flower=True, rankings=("sampled", "full", "rating"),
 ))

@@ -103,6 +103,7 @@ def build_cohort(
     negatives: np.ndarray | None,
     batch_size: int,
     shuffle_keys: np.ndarray,
+    ratings: bool = False,
 ) -> CohortBatches:
     """Lay out ``clients`` (already in `order_by_activity` order) for lockstep training.
 
@@ -111,13 +112,16 @@ def build_cohort(
     ``(epochs, n_samples)``: one random key per sample and local epoch, in canonical order
     (client by client; a client's positives, then its negatives). Drawing randomness outside
     keeps a round's result independent of how its cohort is cut into memory-sized chunks.
+    ``ratings``: a positive's label is its value in ``train`` (the observed rating, for a loss
+    on ratings) instead of 1.
     """
     n_items = train.shape[1]
     counts = np.diff(train.indptr)[clients].astype(np.int64)
     starts = train.indptr[clients].astype(np.int64)
     pos_client = np.repeat(np.arange(len(clients)), counts)
     offset = np.arange(len(pos_client)) - np.repeat(np.cumsum(counts) - counts, counts)
-    pos_items = train.indices[np.repeat(starts, counts) + offset].astype(np.int64)
+    pos_at_train = np.repeat(starts, counts) + offset
+    pos_items = train.indices[pos_at_train].astype(np.int64)
     k = negatives.shape[1] if negatives is not None else 0
     per_client = counts * (1 + k)
     first = np.cumsum(per_client) - per_client
@@ -128,7 +132,7 @@ def build_cohort(
     labels = np.zeros(n, np.float32)
     pos_at = first[pos_client] + offset
     items[pos_at] = pos_items
-    labels[pos_at] = 1.0
+    labels[pos_at] = train.data[pos_at_train] if ratings else 1.0
     if k:
         neg_at = (first[pos_client] + counts[pos_client])[:, None] + offset[:, None] * k + np.arange(k)
         items[neg_at.ravel()] = negatives.ravel()

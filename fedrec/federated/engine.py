@@ -24,6 +24,7 @@ from fedrec.core.contract import FederatedAlgorithm
 from fedrec.core.device import check as check_device
 from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size
+from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import FamilySpec, client_params
@@ -240,12 +241,15 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     cohort, a Flower node with its own clients. A chunk's draws are made with the chunk (they
     are keyed by client, so chunking does not change them): the round never holds the whole
     cohort's negatives and shuffle keys at once."""
+    ratings = getattr(state.spec, "loss", "bce") == "mse"
+    if ratings and cfg.negatives:  # `fedrec.experiment.ratings_without_negatives` sets 0
+        raise FedrecError("a model fitted to ratings draws no training negatives: --num-negatives 0")
     samples = np.diff(train.indptr)[rows] * (1 + cfg.negatives)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
     for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb()):
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
-        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys)
+        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
         up = state.local_update(batches, path, fresh)
         if cfg.pad_items:
             ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,

@@ -17,6 +17,9 @@ they are updated:
   client keeps its post-tuned rows and is evaluated with them.
 * ``reconstruct``: FedRecon. The user vector is re-initialised every round and trained alone
   for that many local epochs before the item update, which then leaves it fixed.
+* ``loss``: ``bce`` on 1/0 labels (training positives and sampled negatives: ranking
+  protocols) or ``mse``, the squared error of the score against the observed rating (rating
+  protocols: no negatives; the score is the predicted rating, as in FedMF's and MetaMF's papers).
 
 Every parameter is held with a leading client axis (``(C, ...)``), so one autograd pass over the
 sum of per-client losses gives each client exactly its own gradient.
@@ -51,6 +54,7 @@ class FamilySpec:
     reconstruct: int = 0
     dim: int = 32
     layers: tuple[int, ...] = (32, 16, 8)
+    loss: str = "bce"
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
         """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
@@ -130,6 +134,11 @@ class FamilySpec:
         return [score + [ITEMS]]
 
 
+def loss_for(split: Any) -> str:
+    """The family's loss under ``split``'s protocol: squared error where it scores ratings."""
+    return "mse" if split is not None and split.protocol.ranking == "rating" else "bce"
+
+
 def init_params(spec: FamilySpec, names: list[str], n: int,
                 gen: torch.Generator) -> dict[str, torch.Tensor]:
     """``n`` independent draws of the named parameters (leading axis n), from ``gen``.
@@ -182,15 +191,18 @@ def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torc
 
 def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
                labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over the step's clients of each client's mean BCE over its own batch.
+    """Sum over the step's clients of each client's mean loss (``spec.loss``) over its own batch.
 
     ``v`` holds the batch's item vectors ``(n_active, B, width)``; parameters are sliced to the
     ``n_active`` clients still training (clients are ordered by batch count).
     """
     n = v.shape[0]
     logits = score(spec, {k: t[:n] for k, t in p.items()}, v)
-    bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * mask
-    return (bce.sum(1) / mask.sum(1)).sum()
+    if spec.loss == "mse":
+        per_slot = (logits - labels) ** 2 * mask
+    else:
+        per_slot = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * mask
+    return (per_slot.sum(1) / mask.sum(1)).sum()
 
 
 def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
@@ -198,16 +210,22 @@ def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
                  ) -> tuple[float, dict[str, torch.Tensor]]:
     """Closed-form gradients of `batch_loss` for score functions that have them (dot, linear).
 
-    With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots, so each gradient is
-    one contraction (`ScoreFunction.grad`): no autograd graph, about half the memory traffic.
+    With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots (d(mean squared
+    error)/dx = 2 (x - y) / n_c), so each gradient is one contraction (`ScoreFunction.grad`): no
+    autograd graph, about half the memory traffic.
     """
     n = v.shape[0]
     scorer = spec.scorer
     pn = {k: t[:n] for k, t in p.items()}
     logits = scorer.logits(spec, pn, v)
     count = mask.sum(1, keepdim=True)
-    g = (torch.sigmoid(logits) - labels) * mask / count
-    loss = ((F.softplus(logits) - labels * logits) * mask / count).sum()
+    if spec.loss == "mse":
+        err = logits - labels
+        g = 2 * err * mask / count
+        loss = (err**2 * mask / count).sum()
+    else:
+        g = (torch.sigmoid(logits) - labels) * mask / count
+        loss = ((F.softplus(logits) - labels * logits) * mask / count).sum()
     grads: dict[str, torch.Tensor] = {}
     for name in names:
         full = torch.zeros_like(p[name])

@@ -22,9 +22,11 @@ V ``(n_items, factors)`` is the family's item table: downloaded row by row, trai
 clients that touch a row, averaged as row deltas. **Deviation from the official code:** there
 the left factor is generated too, V_u[j] = A_j h_3 + a_j with an item-specific ``(factors,
 hidden)`` matrix A_j; here V is the shared table of the a_j alone (A_j would make every item row
-4,104 floats wide, against 64 for FedNCF, in every download and upload). Training is implicit feedback: BCE on 1/0 labels
-with sampled negatives (the official code fits ratings by MSE), plain SGD like every federated
-algorithm here (the official code: Adam, lr 1e-4, weight decay 1e-3, gradient clipping at 5).
+4,104 floats wide, against 64 for FedNCF, in every download and upload). Under ranking
+protocols training is on implicit feedback: BCE on 1/0 labels with sampled negatives; under
+rating protocols it fits the observed ratings by squared error, as the official code does
+(``FamilySpec.loss``). Plain SGD like every federated algorithm here (the official code: Adam,
+lr 1e-4, weight decay 1e-3, gradient clipping at 5).
 
 **Initialisation.** The official code draws Xavier-normal weights, zero biases and N(0, 1) user
 embeddings. Trained by BCE on implicit feedback, neither end of that works:

@@ -145,13 +145,13 @@ def train_client(spec: FamilySpec, model: ClientModel, batches: Batches, lr: flo
     (``batches`` holds ``epochs`` epochs back to back, equally long). Phases: the score function (and the user vector unless reconstructed) then
     the item rows for dual personalisation; all of them in one step otherwise.
     """
-    bce = nn.BCEWithLogitsLoss()
+    loss_fn = nn.MSELoss() if spec.loss == "mse" else nn.BCEWithLogitsLoss()
     user = [model.scorer.user] if hasattr(model.scorer, "user") else []
     dense = [p for name, p in model.scorer.named_parameters() if name != "user"]
 
     def step(opt: torch.optim.Optimizer, idx: torch.Tensor, y: torch.Tensor) -> None:
         model.zero_grad(set_to_none=True)
-        bce(model(idx), y).backward()
+        loss_fn(model(idx), y).backward()
         opt.step()
 
     if spec.reconstruct:
@@ -265,7 +265,7 @@ def reference_round(state: ReferenceState, split: Split, cfg: FederatedConfig, s
     sampled = sample_clients(split.n_users, cfg.clients_per_round, rng)
     cohort = order_by_activity(split.train, sampled)
     negs, keys, fresh = client_draws(spec, cfg, split.train, split.sampler, cohort, cohort, seed, r)
-    batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys)
+    batches = build_cohort(split.train, cohort, negs, cfg.batch_size, keys, ratings=spec.loss == "mse")
 
     def noise(n: int) -> torch.Tensor:
         return cfg.upload_path().noise_sum(n, tuple(state.items.shape), gen)

@@ -1,0 +1,99 @@
+"""The item family on explicit ratings: squared error on the observed ratings, no negatives.
+
+FedMF (Chai et al., 2020) and MetaMF (Lin et al., SIGIR 2020) are rating predictors in their
+papers; under a rating protocol (`given-rating`: MetaMF's Ciao split, `ratio-rating`) the family
+fits each positive's rating and scores are predicted ratings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.cohort import build_cohort, order_by_activity
+from fedrec.federated.engine import FederatedConfig, run_federated
+from fedrec.federated.family import FamilySpec, batch_loss, linear_grads
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    return make_split(synthetic(60, 40, mean_interactions=10, min_interactions=4, seed=2), "ratio-rating", seed=0)
+
+
+@pytest.mark.parametrize("score", ["dot", "dot-bias", "linear"])
+def test_closed_form_squared_error_equals_autograd(score: str) -> None:
+    """`linear_grads` under ``loss="mse"``: the loss and every gradient equal autograd's of
+    `batch_loss` (per client, the mean squared error over its real slots)."""
+    spec = FamilySpec(score=score, private_score=score == "linear", dual=False, dim=4, loss="mse")
+    gen = torch.Generator().manual_seed(0)
+    names = list(spec.user_shapes()) + (list(spec.score_shapes()) if spec.private_score else [])
+    shapes = {**spec.user_shapes(), **spec.score_shapes()}
+    p = {k: torch.randn(3, *shapes[k], generator=gen) for k in names}
+    v = torch.randn(3, 5, 4, generator=gen)
+    y = torch.randint(1, 6, (3, 5), generator=gen).float()
+    m = torch.ones(3, 5)
+    m[2, 3:] = 0  # a short last batch
+    loss, grads = linear_grads(spec, p, v, y, m, names, items=True)
+    leaves = {k: t.clone().requires_grad_(True) for k, t in p.items()}
+    vv = v.clone().requires_grad_(True)
+    ref = batch_loss(spec, leaves, vv, y, m)
+    ref.backward()
+    logits = spec.scorer.logits(spec, p, v)
+    by_hand = sum(float(((logits[c] - y[c]) ** 2 * m[c]).sum() / m[c].sum()) for c in range(3))
+    assert loss == pytest.approx(ref.item(), rel=1e-5) and loss == pytest.approx(by_hand, rel=1e-5)
+    for k in p:
+        torch.testing.assert_close(grads[k], leaves[k].grad)
+    torch.testing.assert_close(grads["items"], vv.grad)
+
+
+def test_cohort_labels_are_the_observed_ratings(split: Split) -> None:
+    """With ``ratings=True`` every sample is a training rating, labelled with its value."""
+    clients = order_by_activity(split.train, np.arange(split.n_users))
+    counts = np.diff(split.train.indptr)[clients]
+    keys = np.random.default_rng(0).random((1, int(counts.sum())))
+    cohort = build_cohort(split.train, clients, None, 8, keys, ratings=True)
+    items = cohort.row_items[cohort.sample_row]
+    users = clients[cohort.sample_client]
+    want = np.asarray(split.train[users, items]).ravel()
+    assert len(cohort.sample_label) == split.train.nnz
+    assert len(np.unique(want)) > 1 and (want > 0).all()
+    np.testing.assert_array_equal(cohort.sample_label, want)
+
+
+@pytest.mark.parametrize("name", ["fedmf", "fedmf-bias", "metamf"])
+def test_fits_ratings_without_negatives(name: str) -> None:
+    """Under a rating protocol the run draws no negatives (recorded as 0) and its held-out RMSE
+    falls well below the first round's."""
+    engine = {"lr": 0.05, "lr_item": 0.5} if name != "metamf" else {"lr": 0.01, "lr_item": 0.5}
+    cfg = RunConfig(name, dataset="synthetic:150x60", protocol="ratio-rating", seed=0, model={"dim": 8},
+                    federated=federated_config(name, rounds=12, local_epochs=5, **engine))
+    trained = train(cfg)
+    result = trained.result
+    assert trained.model.state.spec.loss == "mse" and result.config["federated"]["negatives"] == 0
+    first = result.history[0].valid["rmse"]
+    assert np.isfinite(result.test["rmse"]) and result.valid_at_best["rmse"] < first - 0.3
+
+
+def test_other_negative_counts_are_refused(split: Split) -> None:
+    cfg = RunConfig("fedmf", dataset="synthetic:40x30", protocol="ratio-rating",
+                    federated=federated_config("fedmf", rounds=1, negatives=2))
+    with pytest.raises(FedrecError, match="draws no training negatives"):
+        train(cfg)
+    spec = get_algorithm("fedmf").build(split)  # the engine refuses them too (a Flower node's path)
+    with pytest.raises(FedrecError, match="--num-negatives 0"):
+        run_federated(spec, split, FederatedConfig(rounds=1, negatives=4), seed=0)
+
+
+def test_ranking_protocols_keep_bce_and_negatives() -> None:
+    ranking = make_split(to_implicit(synthetic(20, 300, seed=0)), "loo-sampled", seed=0)
+    assert get_algorithm("fedmf").build(ranking).loss == "bce"
+    assert get_algorithm("metamf").build(ranking).min_client_samples == 5 * int(
+        np.diff(ranking.train.indptr).min())
