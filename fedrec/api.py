@@ -201,7 +201,7 @@ def run(
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                     negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
     if spec.kind == "federated":
-        cfg.federated = federated_config(algorithm, dataset, rounds=rounds,
+        cfg.federated = federated_config(algorithm, dataset, protocol, rounds=rounds,
                                          **typed(FederatedConfig, engine, "engine option"))
     else:
         train_opts = typed(TrainConfig, engine, "training option")

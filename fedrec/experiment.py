@@ -125,10 +125,12 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
     return load(dataset, data_dir=data_dir)
 
 
-def federated_config(algorithm: str, dataset: str | None = None, **options: Any) -> FederatedConfig:
+def federated_config(algorithm: str, dataset: str | None = None, protocol: str | None = None,
+                     **options: Any) -> FederatedConfig:
     """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's (its learning
     rate and `AlgorithmSpec.engine`, with a paper's settings for ``dataset`` where one gives
-    them), then ``options`` (None means "not given")."""
+    them, or its settings for ratings under a rating ``protocol``), then ``options`` (None means
+    "not given")."""
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)
@@ -142,7 +144,8 @@ def federated_config(algorithm: str, dataset: str | None = None, **options: Any)
         names = ", ".join("--" + flag.get(k, k).replace("_", "-") for k in ignored)
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
-    merged: dict[str, Any] = spec.engine_for(dataset)
+    ranking = get_protocol(protocol).ranking if protocol else None
+    merged: dict[str, Any] = spec.engine_for(dataset, ranking)
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
 

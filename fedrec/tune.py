@@ -62,7 +62,7 @@ def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]
         space.append(Param(name, "engine", low, high))
 
     if spec.kind == "federated":
-        engine = dataclasses.asdict(federated_config(spec.name, dataset))
+        engine = dataclasses.asdict(federated_config(spec.name, dataset, split.protocol.name))
         if "lr" not in spec.ignores:
             rate("lr", engine["lr"])
         if "item_lr_scale" not in spec.ignores and "lr_item" not in spec.ignores:
@@ -133,7 +133,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                      negatives=negatives, data_dir=data_dir)
     if spec.kind == "federated":
-        base.federated = federated_config(algorithm, dataset, rounds=rounds)
+        base.federated = federated_config(algorithm, dataset, protocol, rounds=rounds)
         rounds = base.federated.rounds
     else:
         base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr)

@@ -97,3 +97,16 @@ def test_ranking_protocols_keep_bce_and_negatives() -> None:
     assert get_algorithm("fedmf").build(ranking).loss == "bce"
     assert get_algorithm("metamf").build(ranking).min_client_samples == 5 * int(
         np.diff(ranking.train.indptr).min())
+
+
+def test_rating_protocols_take_the_rating_defaults() -> None:
+    """Under a rating protocol the engine defaults are the algorithm's rating settings, not a
+    paper's ranking rates for the data set; what the user gives still wins."""
+    rating = federated_config("fedmf", "lastfm-2k", "ratio-rating")
+    assert (rating.lr, rating.item_lr_scale, rating.item_std, rating.negatives) == (0.03, 1000.0, 0.1, 0)
+    ranking = federated_config("fedmf", "lastfm-2k", "loo-sampled")
+    assert (ranking.lr, ranking.item_lr_scale, ranking.negatives) == (0.05, None, 4)  # PFedRec's Table 4
+    assert federated_config("fedmf", "lastfm-2k", "ratio-rating", lr=0.2).lr == 0.2
+    fedmf = get_algorithm("fedmf")
+    assert "for ratings were chosen on ml-100k" in (fedmf.untuned_note("ciao", "rating") or "")
+    assert fedmf.untuned_note("lastfm-2k", "sampled") is None and fedmf.untuned_note("ml-100k", "rating") is None

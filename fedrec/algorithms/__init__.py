@@ -48,19 +48,31 @@ class AlgorithmSpec:
     #: engine options a paper gives for a data set (registry name), over ``engine``: PFedRec's
     #: Table 4 learning rates; on any other data set ``engine`` holds, set on ML-100K
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: engine options under rating protocols, over ``engine`` and instead of ``per_dataset``
+    #: (the papers' rates are for ranking): a squared error on 1-5 stars diverges at rates set
+    #: for BCE; set on ML-100K's ``ratio-rating`` (docs/learning-rates.md)
+    rating_engine: dict[str, Any] = field(default_factory=dict)
     #: options `fedrec tune` searches, each log-uniform in (low, high): model options besides
     #: the engine's rates and epochs (FedRAP's regularisers), or an engine rate (``lr``,
     #: ``item_lr_scale``) whose range replaces the decade around its default
     search: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def engine_for(self, dataset: str | None) -> dict[str, Any]:
-        """The engine options it runs with on ``dataset`` unless the user says otherwise."""
+    def engine_for(self, dataset: str | None, ranking: str | None = None) -> dict[str, Any]:
+        """The engine options it runs with on ``dataset`` under a protocol that ranks by
+        ``ranking`` (None: a ranking protocol) unless the user says otherwise."""
+        if ranking == "rating":
+            return {**self.engine, **self.rating_engine}
         return {**self.engine, **self.per_dataset.get(dataset or "", {})}
 
-    def untuned_note(self, dataset: str) -> str | None:
+    def untuned_note(self, dataset: str, ranking: str | None = None) -> str | None:
         """A note where its defaults were not set for ``dataset`` (no paper gives them, and
         fedrec's were chosen on ML-100K); None where they were, and for synthetic data."""
-        if dataset in self.per_dataset or dataset == "ml-100k" or dataset.startswith("synthetic"):
+        if dataset == "ml-100k" or dataset.startswith("synthetic"):
+            return None
+        if ranking == "rating" and self.rating_engine:
+            return (f"{self.name}'s settings for ratings were chosen on ml-100k: they are untuned "
+                    f"on {dataset} (tune the learning rates on its validation split)")
+        if dataset in self.per_dataset:
             return None
         return (f"{self.name}'s settings were chosen on ml-100k and no paper gives them for "
                 f"{dataset}: they are untuned there (tune the learning rates on its validation split)")

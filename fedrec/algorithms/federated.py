@@ -55,6 +55,11 @@ def _family(score: str, *, private_score: bool = False, reconstruct: bool = Fals
     return build
 
 
+#: under rating protocols (squared error on the observed ratings, no negatives), chosen on
+#: ML-100K's ratio-rating validation RMSE (docs/learning-rates.md, "Ratings")
+RATING_ENGINE = {"lr": 0.03, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0}
+
+
 def _table4(ml100k: float, ml1m: float, lastfm: float, amazon: float) -> dict[str, dict[str, float]]:
     """A row of PFedRec's Table 4 (learning rate per data set, as its official code uses it:
     the item rows' rate follows, lr x item_lr_scale)."""
@@ -66,7 +71,7 @@ register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
     _family("dot"), FamilyOptions, {"lr": 0.1}, flower=True, per_dataset=_table4(0.1, 0.1, 0.05, 0.05),
-    rankings=("sampled", "full", "rating"),
+    rankings=("sampled", "full", "rating"), rating_engine=RATING_ENGINE,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",

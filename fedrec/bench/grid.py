@@ -66,7 +66,7 @@ class Cell:
                         negatives=self.negatives, data_dir=data_dir, model=dict(self.model))
         engine = dict(self.engine)
         if spec.kind == "federated":
-            cfg.federated = federated_config(self.algorithm, self.dataset, rounds=self.rounds,
+            cfg.federated = federated_config(self.algorithm, self.dataset, self.protocol, rounds=self.rounds,
                                              device=self.device, **engine)
         else:
             lr = engine.pop("lr", spec.lr or TrainConfig().lr)

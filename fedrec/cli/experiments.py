@@ -207,7 +207,7 @@ def run_command(
             eval_every=eval_every, device=device, checkpoint_every=checkpoint_every,
         ),
         federated=federated_config(
-            algorithm, dataset,
+            algorithm, dataset, protocol,
             rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
             batch_size=batch_size, lr=given_lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
@@ -222,7 +222,7 @@ def run_command(
     out = out or Path("runs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}.json"
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
-    note = get_algorithm(algorithm).untuned_note(dataset)
+    note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
     if note and not quiet:
         console.print(f"note: {note}", highlight=False)
     bar = Progress(
@@ -399,6 +399,10 @@ def algorithms_command(
         for dataset, opts in spec.per_dataset.items():
             papers.add_row(dataset, ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
         console.print(papers)
+    if spec.rating_engine:
+        flags = ", ".join(("--num-negatives" if k == "negatives" else "--" + k.replace("_", "-")) + f" {v}"
+                          for k, v in spec.rating_engine.items())
+        console.print(f"under rating protocols (squared error on the ratings): {flags}", highlight=False)
 
 
 def _shown(value: object) -> str:

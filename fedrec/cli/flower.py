@@ -76,7 +76,7 @@ def flower_command(
     run = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
         model={**({"dim": dim} if dim is not None else {}), **_parse_settings(set_options)},
-        federated=federated_config(algorithm, dataset, rounds=rounds, clients_per_round=clients_per_round,
+        federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                    local_epochs=local_epochs, lr=lr, lr_item=lr_item,
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
                                    dp_noise=dp_noise, dp_delta=dp_delta, device=device),

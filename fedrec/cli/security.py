@@ -42,7 +42,7 @@ def audit_privacy_command(
     if get_algorithm(algorithm).kind != "federated":
         raise FedrecError(f"'{algorithm}' is centralised: there are no uploads to audit")
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
-                    federated=federated_config(algorithm, dataset, rounds=rounds, clients_per_round=clients_per_round,
+                    federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                                ldp=ldp, dp_clip=dp_clip, dp_noise=dp_noise, encoding=encoding,
                                                pad_items=pad_items))
     with console.status(f"auditing {algorithm} on {dataset} for {rounds} rounds"):

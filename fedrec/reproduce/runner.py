@@ -272,7 +272,7 @@ def execute(
                         algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
                         seed=seed, data_dir=data_dir, **options, **(data_options or {}),
                         model=_model_options(planned),
-                        federated=federated_config(planned.algorithm, dataset, rounds=rounds,
+                        federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
                                                    ldp=planned.ldp, **dict(planned.engine)),
                     )
                     try:
