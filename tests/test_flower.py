@@ -64,6 +64,10 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
     ("metamf", {"clients_per_round": 0.5, "item_lr_scale": 3000.0,
                 "model": {"hidden": 16, "memory": 12}}),
+    # a squared error on the ratings (no negatives)
+    ("fedmf", {"clients_per_round": 0.5, "protocol": "ratio-rating", "negatives": 0, "lr_item": 0.5}),
+    ("metamf", {"protocol": "ratio-rating", "negatives": 0, "lr": 0.01, "lr_item": 0.5,
+                "model": {"hidden": 16, "memory": 12}}),
     ("personalfr", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
     ("personalfr", {"model": AE, "protocol": "ratio-rating-implicit"}),
     ("fedavg-ae", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating-implicit"}),

@@ -3,6 +3,7 @@ best trial."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -102,3 +103,20 @@ def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: p
     assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "1", "--rounds", "1", "-p", "ratio-rating",
                  "-o", str(out)]) == 2
     assert "cannot be evaluated under protocol" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_rating_search_centres_on_the_rating_settings_and_never_scores_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedMF on ratings: the space is a decade around its rating settings, the trials minimise
+    validation RMSE, and the empty test stage is not scored (an RMSE of nothing was an error)."""
+    import fedrec.tune as tuning
+
+    split = validation_only(prepare_split(RunConfig("fedmf", dataset=DATA, protocol="ratio-rating")))
+    space = {p.name: p for p in search_space(get_algorithm("fedmf"), split, DATA)}
+    assert space["lr"].low == pytest.approx(0.003) and space["item_lr_scale"].high == pytest.approx(10000.0)
+    # on 300 synthetic items with 3-rating users, item rows above ~10 overshoot: search below
+    narrow = [dataclasses.replace(p, low=3.0, high=30.0) if p.name == "item_lr_scale" else p for p in space.values()]
+    monkeypatch.setattr(tuning, "search_space", lambda *a: narrow)
+    result = tune("fedmf", DATA, trials=2, rounds=2, protocol="ratio-rating")
+    assert result.metric == "rmse" and result.completed == 2 and 0 < result.best_valid < 5
+    assert result.best_valid == min(h["best_valid"] for h in result.history)
+    assert result.config()["negatives"] == "leak-free" and result.config()["engine"]["rounds"] == 2

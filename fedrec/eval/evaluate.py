@@ -29,6 +29,8 @@ def evaluate(
     users = stage.users
     if protocol.ranking == "rating":
         t = stage.targets[users].tocoo()
+        if not t.nnz:  # nothing held out (a tuning trial's empty test stage): no RMSE to give
+            return {"users": float(len(users))}
         u = users[t.row]
         pred = scorer(u, t.col[:, None].astype(np.int64))[:, 0]
         return {"rmse": rmse(pred, t.data), "users": float(len(users))}
