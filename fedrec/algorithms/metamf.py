@@ -42,6 +42,9 @@ class MetaMFOptions(Options):
 
 
 ENGINE: dict[str, Any] = {"lr": 0.3, "item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
+#: under rating protocols (squared error on the ratings, no negatives): chosen on ML-100K's
+#: ratio-rating validation RMSE (docs/learning-rates.md, "Ratings")
+RATING_ENGINE: dict[str, Any] = {"lr": 0.01, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0}
 
 
 def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
@@ -60,4 +63,5 @@ register(AlgorithmSpec(
     "MetaMF: private user embedding; memory and hypernetwork generating each user's item "
     "table and score MLP averaged; item table V (n_items x 8) averaged",
     build, MetaMFOptions, ENGINE, flower=True, rankings=("sampled", "full", "rating"),
+    rating_engine=RATING_ENGINE,
 ))

@@ -44,7 +44,9 @@ def tune_command(
                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
     task = bar.add_task(f"tuning {algorithm} on {dataset}", total=trials, status="")
     def on_trial(entry: dict[str, Any]) -> None:
-        status = f"trial {entry['trial']}: {entry['state']}"
+        tried = ", ".join(f"{k} {v:.4g}" for k, v in {**entry["engine"], **entry["model"]}.items())
+        why = f" ({entry['reason']})" if "reason" in entry else ""
+        status = f"trial {entry['trial']}: {entry['state']}{why} [{tried}]"
         if console.is_terminal:
             bar.update(task, advance=1, status=status)
         else:
