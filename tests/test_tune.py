@@ -102,7 +102,9 @@ def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: p
     out = tmp_path / "c.json"
     assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "1", "--rounds", "1", "-p", "ratio-rating",
                  "-o", str(out)]) == 2
-    assert "cannot be evaluated under protocol" in capsys.readouterr().err and not out.exists()
+    printed = capsys.readouterr()
+    assert "cannot be evaluated under protocol" in printed.err and not out.exists()
+    assert "trial 0: failed ('pfedrec' cannot be evaluated" in printed.out and "[lr " in printed.out
 
 
 def test_a_rating_search_centres_on_the_rating_settings_and_never_scores_test(monkeypatch: pytest.MonkeyPatch) -> None:
