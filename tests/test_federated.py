@@ -176,5 +176,7 @@ def test_a_papers_settings_follow_the_data_set_and_elsewhere_a_note_says_untuned
     assert "untuned" in pfedrec.untuned_note("ciao") and "untuned" in get_algorithm("fedrap").untuned_note("ml-1m")
     with pytest.raises(SystemExit):
         main(["algorithms", "fedmf"])
-    shown = capsys.readouterr().out
+    shown = " ".join(capsys.readouterr().out.split())
     assert "lastfm-2k" in shown and "--lr 0.05" in shown
+    assert "evaluated under sampled, full, rating protocols" in shown
+    assert "under rating protocols (squared error on the ratings): --lr 0.03, --item-lr-scale 1000.0" in shown

@@ -378,6 +378,7 @@ def algorithms_command(
     spec = get_algorithm(name)
     console.print(f"[bold]{spec.name}[/] ({spec.kind}{', runs on Flower' if spec.flower else ''}): "
                   f"{spec.description}", highlight=False)
+    console.print(f"evaluated under {', '.join(spec.rankings)} protocols (`fedrec protocols`)", highlight=False)
     table = Table(title="options (--set KEY=VALUE)")
     for c in ("option", "default", "type", ""):
         table.add_column(c)
