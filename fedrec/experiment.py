@@ -18,7 +18,7 @@ from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError
-from fedrec.federated.engine import FederatedConfig, train_federated
+from fedrec.federated.engine import FederatedConfig, engine_flag, train_federated
 from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
@@ -140,8 +140,7 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     ignored = [k for k, v in options.items()
                if k in spec.ignores and v is not None and v != getattr(default, k)]
     if ignored:
-        flag = {"negatives": "num-negatives"}  # the engine field behind --num-negatives
-        names = ", ".join("--" + flag.get(k, k).replace("_", "-") for k in ignored)
+        names = ", ".join(engine_flag(k) for k in ignored)
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
     ranking = get_protocol(protocol).ranking if protocol else None

@@ -366,6 +366,7 @@ def algorithms_command(
 ) -> None:
     """List the registered algorithms, or show one algorithm's options."""
     from fedrec.algorithms import ALGORITHMS, get_algorithm
+    from fedrec.federated.engine import engine_flag
 
     if name is None:
         table = Table(title="algorithms (fedrec algorithms NAME: its options)")
@@ -390,19 +391,17 @@ def algorithms_command(
     engine.add_column("option")
     engine.add_column("default")
     for key, value in spec.engine.items():
-        flag = "--num-negatives" if key == "negatives" else "--" + key.replace("_", "-")
-        engine.add_row(flag, str(value))
+        engine.add_row(engine_flag(key), str(value))
     console.print(engine)
     if spec.per_dataset:
         papers = Table(title="a paper's settings per data set (elsewhere: the defaults above)")
         papers.add_column("data set")
         papers.add_column("engine options")
         for dataset, opts in spec.per_dataset.items():
-            papers.add_row(dataset, ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
+            papers.add_row(dataset, ", ".join(f"{engine_flag(k)} {v}" for k, v in opts.items()))
         console.print(papers)
     if spec.rating_engine:
-        flags = ", ".join(("--num-negatives" if k == "negatives" else "--" + k.replace("_", "-")) + f" {v}"
-                          for k, v in spec.rating_engine.items())
+        flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in spec.rating_engine.items())
         console.print(f"under rating protocols (squared error on the ratings): {flags}", highlight=False)
 
 

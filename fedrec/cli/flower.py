@@ -61,8 +61,7 @@ def flower_command(
         from fedrec.flower import launch
     except ImportError as e:
         raise FedrecError(f"Flower is not installed ({e}); pip install 'fedrec[flower]'") from e
-    from fedrec.algorithms import get_algorithm
-    from fedrec.experiment import RunConfig, federated_config, ratings_without_negatives
+    from fedrec.experiment import RunConfig, federated_config
     from fedrec.flower.roles import check_deployable
 
     if mode not in MODES:
@@ -83,7 +82,6 @@ def flower_command(
     )
     run.validate()
     run.federated.validate()
-    run = ratings_without_negatives(run, get_algorithm(algorithm))
     check_deployable(run, secure=secagg)
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}

@@ -188,6 +188,11 @@ class FederatedConfig:
         return self.lr * scale
 
 
+def engine_flag(field: str) -> str:
+    """The command-line flag of a `FederatedConfig` field (``negatives`` is ``--num-negatives``)."""
+    return "--num-negatives" if field == "negatives" else "--" + field.replace("_", "-")
+
+
 def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float) -> list[tuple[int, int]]:
     """Cut clients (in training order) into consecutive chunks estimated to fit the budget."""
     budget = budget_mb * 2**20
