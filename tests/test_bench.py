@@ -119,12 +119,29 @@ def test_leaderboard_figures_ranks_and_paired_tests() -> None:
      "grid.workers must hold whole numbers >= 1, not 'two'"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [-1]\n",
      "grid.seeds must hold whole numbers >= 0, not -1"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\ncheckpoint_every = -2\n",
+     "grid.checkpoint_every must hold whole numbers >= 0, not -2"),
 ])
 def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "grid.toml"
     path.write_text(text)
     with pytest.raises(FedrecError, match=says.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
         load_grid(path)
+
+
+def test_checkpointed_cells_keep_their_keys_and_leave_no_checkpoint(tmp_path: Path) -> None:
+    """How often a cell saves itself changes none of its figures, so not its cache key; a cell
+    that finishes removes its checkpoint (a killed one's is resumed: test_federated)."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=2, workers=1))
+    plain = load_grid(grid)
+    grid.write_text(grid.read_text() + "checkpoint_every = 1\n")
+    saving = load_grid(grid)
+    assert (plain.checkpoint_every, saving.checkpoint_every) == (0, 1)
+    assert [c.key() for c in saving.cells] == [c.key() for c in plain.cells]
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert len(list((out / "cells").glob("*.json"))) == 2 and not list((out / "cells").glob("*.ckpt"))
 
 
 def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fedrec.cli import main
 from fedrec.core.plan import sample_clients
 from fedrec.errors import FedrecError
-from fedrec.experiment import RunConfig, federated_config, run
+from fedrec.experiment import RunConfig, federated_config, run, run_resumable
 from fedrec.federated.engine import FederatedConfig, chunk_bounds
 
 SYN = "synthetic:150x400"
@@ -43,6 +43,40 @@ def test_resume_after_a_crash_gives_the_uninterrupted_result(algo, tmp_path):
     assert resumed.test == whole.test
     assert resumed.best_round == whole.best_round
     assert [h.loss for h in resumed.history] == pytest.approx([h.loss for h in whole.history])
+
+
+@pytest.mark.parametrize("algo", ["fedmf", "mf"])
+def test_a_file_kept_run_goes_on_from_the_checkpoint_a_kill_left(algo, tmp_path):
+    """`run_resumable` (bench cells, reproduce runs): a killed attempt's checkpoint is picked up
+    by the next attempt, which ends as an uninterrupted run and removes the checkpoint."""
+    def cfg():  # type: ignore[no-untyped-def]
+        if algo == "mf":  # centralised: epochs, not rounds
+            from fedrec.train.centralised import TrainConfig
+            return RunConfig(algorithm="mf", dataset=SYN, protocol="loo-sampled", seed=0, model={"dim": 8},
+                             train=TrainConfig(epochs=5, batch_size=64))
+        return _cfg(algo, rounds=5)
+
+    whole = run(cfg())
+    out = tmp_path / "cell.json"
+
+    def crash_after_3(record, best_round, best_valid):  # type: ignore[no-untyped-def]
+        if record.round == 3:
+            raise Crash
+
+    import fedrec.experiment as experiment
+    real = experiment.run
+    with pytest.MonkeyPatch.context() as mp:  # the first attempt is killed after round 3
+        mp.setattr(experiment, "run", lambda *a, **k: real(*a, **k, on_round=crash_after_3))
+        with pytest.raises(Crash):
+            run_resumable(cfg(), out, 2)
+    assert out.with_suffix(".ckpt").exists() and not out.exists()
+    resumed = run_resumable(cfg(), out, 2)
+    assert resumed.resumed_at == [2]
+    assert [h.round for h in resumed.history] == [h.round for h in whole.history]
+    assert resumed.test == whole.test
+    assert not out.with_suffix(".ckpt").exists() and json.loads(out.read_text())["test"] == whole.test
+    assert run_resumable(cfg(), tmp_path / "plain.json", 0).test == whole.test  # 0: no checkpoint
+    assert not (tmp_path / "plain.ckpt").exists()
 
 
 def test_pfedrec_learns_and_counts_bytes():

@@ -50,7 +50,7 @@ def test_cli_prints_the_papers_metrics_for_our_runs(monkeypatch, tmp_path, capsy
             "seed": cfg.seed, "config": asdict(cfg), "data": {"negatives": cfg.negatives},
             "history": [], "valid_at_best": {"f1@10": 0.1}, "test": test, "extra": {}}))
 
-    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
     md = tmp_path / "fedcia.md"
     with pytest.raises(SystemExit) as done:
         main(["reproduce", "fedcia", "--tables", "1", "--rounds", "1", "--negatives", "leak-free",
@@ -73,7 +73,7 @@ def test_reuse_only_runs_nothing_and_plot_only_tables_show_protocol_metrics(monk
     def no_run(cfg, out, **_):  # type: ignore[no-untyped-def]
         raise AssertionError(f"ran {cfg.algorithm} under --reuse-only")
 
-    monkeypatch.setattr("fedrec.reproduce.runner.run", no_run)
+    monkeypatch.setattr("fedrec.experiment.run", no_run)
     mixed = next(r for r in plan("fedcia", ["hetero"])["hetero"] if r.method == "mixed-cia")
     done = tmp_path / "runs" / "ml-100k" / mixed.file_name("leak-free", 0)
     done.parent.mkdir(parents=True)
@@ -116,14 +116,16 @@ def test_methods_cuts_the_tables_to_the_named_rows(monkeypatch, tmp_path, capsys
 
     ran: list[tuple[str, str]] = []
 
-    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+    def fake_run(cfg, out, checkpoint=None, resume=False, **_):  # type: ignore[no-untyped-def]
         ran.append((dict(cfg.model).get("aggregation", cfg.algorithm), cfg.protocol))
+        # --checkpoint-every: each run saves itself beside its result file
+        assert cfg.federated.checkpoint_every == 3 and checkpoint == out.with_suffix(".ckpt") and not resume
         raise FedrecError("not run in this test")
 
-    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
     with pytest.raises(SystemExit) as done:
         main(["reproduce", "fedcia", "--tables", "1,3", "--methods", "fedcia-gfcf,pfedrec",
-              "--negatives", "leak-free", "--out-dir", str(tmp_path / "runs")])
+              "--negatives", "leak-free", "--out-dir", str(tmp_path / "runs"), "--checkpoint-every", "3"])
     assert done.value.code == 0, capsys.readouterr().out
     assert sorted(ran) == [("cia", "ratio-full"), ("pfedrec", "ratio-full")]  # table 3 has neither
     with pytest.raises(FedrecError, match="no row named gfcf-cia"):

@@ -45,7 +45,7 @@ def _fake_run(calls: list[RunConfig]):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
     seen: list[RunConfig] = []
-    monkeypatch.setattr("fedrec.reproduce.runner.run", _fake_run(seen))
+    monkeypatch.setattr("fedrec.experiment.run", _fake_run(seen))
     return seen
 
 

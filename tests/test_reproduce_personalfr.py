@@ -49,7 +49,7 @@ def test_cli_joins_rmse_and_ndcg_and_shows_ml1m_figures(monkeypatch, tmp_path, c
             "seed": cfg.seed, "config": asdict(cfg), "data": {"negatives": "train-only"},
             "history": history, "valid_at_best": {}, "test": test, "extra": {}}))
 
-    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
     md = tmp_path / "pfr.md"
     with pytest.raises(SystemExit) as done:
         main(["reproduce", "personalfr", "--tables", "3", "--negatives", "leak-free",
@@ -82,7 +82,7 @@ def test_anime_runs_take_the_papers_preprocessing(monkeypatch, tmp_path) -> None
         seen.append((cfg.min_user, cfg.min_item, cfg.one_pass_core, cfg.max_users))
         raise FedrecError("stop here")
 
-    monkeypatch.setattr("fedrec.reproduce.runner.run", fake_run)
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
     joint = plan("personalfr", ["3"])["3"][0]
     execute([joint], dataset="anime", seeds=[0], policies=["leak-free"], rounds=1, out_dir=tmp_path,
             data_options=DATA_OPTIONS[("personalfr", "anime")])

@@ -4,8 +4,8 @@ seeds, from one TOML file, each cell one run cached under its full config.
 A cell's results JSON is stored as ``OUT/cells/<key>.json``, ``key`` a hash of everything that
 shapes its figures (the `RunConfig`, with the data folder left out), written atomically when
 the run ends. So a rerun does only the missing cells, a killed grid resumes where it stopped
-(the cells that were running start again), and changing any option makes new cells rather
-than reusing stale ones. Cells run in worker processes, one PyTorch thread each.
+(the cells that were running start again, or go on from their last checkpoint with
+``checkpoint_every``), and changing any option makes new cells rather than reusing stale ones. Cells run in worker processes, one PyTorch thread each.
 
 The file::
 
@@ -19,6 +19,8 @@ The file::
     workers = 2             # optional: parallel processes (default: CPUs)
     device = "auto"         # optional: cpu, cuda, or auto (cuda when PyTorch sees one)
     data_dir = "data"       # optional
+    checkpoint_every = 10   # optional: a cell saves itself every N rounds (epochs) to
+                            # OUT/cells/<key>.ckpt, so a killed grid loses at most N of each
 
     [tuned]                 # optional: `fedrec tune` configs, by "ALGO" or "ALGO@DATASET"
     "pfedrec@lastfm-2k" = "configs/pfedrec-lastfm-2k.json"
@@ -39,7 +41,8 @@ from typing import Any
 
 from fedrec.errors import FedrecError
 
-GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device"}
+GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
+             "checkpoint_every"}
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Grid:
     cells: list[Cell]
     workers: int
     data_dir: str | None
+    checkpoint_every: int = 0  # how often a cell saves itself (not part of its key)
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -126,10 +130,12 @@ def load_grid(path: str | Path) -> Grid:
     for name in lists["negatives"]:
         if name not in NEGATIVE_POLICIES:
             raise FedrecError(f"{p}: unknown negative policy '{name}'; known: {', '.join(NEGATIVE_POLICIES)}")
-    whole = [("seeds", s) for s in lists["seeds"]] + [(k, grid[k]) for k in ("rounds", "workers") if k in grid]
+    whole = [("seeds", s) for s in lists["seeds"]]
+    whole += [(k, grid[k]) for k in ("rounds", "workers", "checkpoint_every") if k in grid]
     for key, value in whole:
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "seeds" else 1):
-            raise FedrecError(f"{p}: grid.{key} must hold whole numbers >= {0 if key == 'seeds' else 1}, not {value!r}")
+        least = 0 if key in ("seeds", "checkpoint_every") else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise FedrecError(f"{p}: grid.{key} must hold whole numbers >= {least}, not {value!r}")
     # a relative path is relative to the bench file (an absolute one stays as it is)
     configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")
@@ -153,7 +159,8 @@ def load_grid(path: str | Path) -> Grid:
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
                                           tuple(sorted(engine.items())), model, device))
-    return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"))
+    return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"),
+                grid.get("checkpoint_every", 0))
 
 
 def cell_path(out: Path, cell: Cell) -> Path:
@@ -166,13 +173,14 @@ def failure_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / f"{cell.key()}.failed"
 
 
-def _run_cell(cell: Cell, data_dir: str | None, path: str) -> str:
-    """Worker: one cell, one thread; its results JSON written atomically at the end."""
+def _run_cell(cell: Cell, data_dir: str | None, path: str, checkpoint_every: int) -> str:
+    """Worker: one cell, one thread; its results JSON written atomically at the end (and its
+    checkpoint, if any, removed then)."""
     from fedrec import threads
-    from fedrec.experiment import run
+    from fedrec.experiment import run_resumable
 
     threads.apply(1)
-    run(cell.run_config(data_dir), out=path)
+    run_resumable(cell.run_config(data_dir), path, checkpoint_every)
     return path
 
 
@@ -196,7 +204,8 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
         return counts
     context = multiprocessing.get_context("spawn")  # no forked torch state in the workers
     with ProcessPoolExecutor(max_workers=min(grid.workers, len(todo)), mp_context=context) as pool:
-        futures = {pool.submit(_run_cell, cell, grid.data_dir, str(cell_path(out, cell))): cell for cell in todo}
+        futures = {pool.submit(_run_cell, cell, grid.data_dir, str(cell_path(out, cell)), grid.checkpoint_every): cell
+                   for cell in todo}
         for future in as_completed(futures):
             cell = futures[future]
             try:

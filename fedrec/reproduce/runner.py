@@ -20,7 +20,7 @@ from typing import Any
 from fedrec.algorithms import get_algorithm
 from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
-from fedrec.experiment import RunConfig, federated_config, run
+from fedrec.experiment import RunConfig, federated_config, run_resumable
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 
@@ -245,7 +245,7 @@ def execute(
     rounds: int, out_dir: Path, data_dir: str | None = None,
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
-    run_missing: bool = True, data_options: dict[str, Any] | None = None,
+    run_missing: bool = True, data_options: dict[str, Any] | None = None, checkpoint_every: int = 0,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -253,6 +253,9 @@ def execute(
     paper's method name and ``config["setting"]`` the setting (e.g. ``ldp=0.1``). With
     ``run_missing`` False, runs without a result file are left out instead of run.
     ``data_options`` are preprocessing fields of `RunConfig` (see `DATA_OPTIONS`).
+    ``checkpoint_every``: each run saves itself every N rounds (epochs) beside its result file
+    (``.ckpt``) and a run killed part-way goes on from there the next time; the checkpoint is
+    removed once the result is written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -276,7 +279,7 @@ def execute(
                                                    ldp=planned.ldp, **dict(planned.engine)),
                     )
                     try:
-                        run(cfg, out=path)
+                        run_resumable(cfg, path, checkpoint_every)
                     except FedrecError as e:  # one failed run must not end the reproduction
                         if on_fail is not None:
                             on_fail(planned, negatives, seed, str(e))
