@@ -95,6 +95,8 @@ def test_other_negative_counts_are_refused(split: Split) -> None:
 def test_ranking_protocols_keep_bce_and_negatives() -> None:
     ranking = make_split(to_implicit(synthetic(20, 300, seed=0)), "loo-sampled", seed=0)
     assert get_algorithm("fedmf").build(ranking).loss == "bce"
+    with pytest.raises(ValueError, match="loss must be one of bce, mse, not 'mae'"):
+        FamilySpec("dot", private_score=False, dual=False, loss="mae")
     assert get_algorithm("metamf").build(ranking).min_client_samples == 5 * int(
         np.diff(ranking.train.indptr).min())
 

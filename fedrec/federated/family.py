@@ -42,6 +42,8 @@ from fedrec.federated import draws
 from fedrec.federated.scores import ScoreFunction, get_score
 
 ITEMS = "items"
+#: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
+LOSSES = ("bce", "mse")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class FamilySpec:
     dim: int = 32
     layers: tuple[int, ...] = (32, 16, 8)
     loss: str = "bce"
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
+            raise ValueError(f"FamilySpec.loss must be one of {', '.join(LOSSES)}, not {self.loss!r}")
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
         """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
