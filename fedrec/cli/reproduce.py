@@ -66,12 +66,16 @@ def reproduce_command(
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:
+                  TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:
         task = bar.add_task("runs", total=n_total)
+        started = [0]
 
         def on_run(planned, policy, seed, reused) -> None:  # type: ignore[no-untyped-def]
             label = f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}"
             bar.update(task, advance=1, description=("reused " if reused else "") + label)
+            started[0] += 1
+            if not console.is_terminal and not reused:  # a log file (nohup, CI) says what runs
+                typer.echo(f"run {started[0]}/{n_total}: {' '.join(label.split())}")
 
         def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
             console.print(f"[red]failed[/] {planned.method} {planned.setting} {planned.protocol} "
