@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,14 @@ def test_a_protocol_without_any_result_is_named_not_dropped(tmp_path: Path, caps
     printed = " ".join(capsys.readouterr().out.split())
     assert "no leaderboard for" in printed and "none of its 1 cells has a result" in printed
 
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "benchmarks").glob("*.toml")), ids=lambda p: p.name)
+def test_the_shipped_grids_load(path: Path) -> None:
+    """Every grid docs/leaderboard.md runs parses, names known algorithms and protocols, and
+    finds the tuned configs it names (a config left uncommitted would fail here, not hours in)."""
+    grid = load_grid(path)
+    blob = tomllib.loads(path.read_text())
+    assert {c.algorithm for c in grid.cells} == set(blob["grid"]["algorithms"])
+    for key in blob.get("tuned", {}):  # each tuned config reaches its cells
+        assert all(c.engine or c.model for c in grid.cells if c.algorithm == key.split("@")[0])
