@@ -19,6 +19,12 @@ class DataFormatError(FedrecError):
         super().__init__(f"{where}: {message}")
 
 
+class UnstableSetting(FedrecError):
+    """A setting the algorithm can tell would diverge before it trains a round (a step that
+    overshoots by construction); `fedrec tune` redraws such a trial instead of spending its
+    budget on it."""
+
+
 class UnknownNameError(FedrecError):
     """An unknown data set, algorithm or protocol name; lists the known ones."""
 

@@ -3,7 +3,10 @@
 Every algorithm is tuned the same way: Optuna's TPE sampler (seeded) proposes the options of
 the algorithm's search space (`search_space`), a trial trains the run's rounds and reports its
 validation figure after every round, and the median pruner stops trials that fall behind
-(after a quarter of the rounds). A trial's value is its best validation figure, the one that
+(after a quarter of the rounds). The budget counts trials that train: a setting the algorithm
+refuses before its first round (`UnstableSetting`: a step that overshoots by construction) is
+scored as the worst, so TPE learns to avoid it, and redrawn (at most `REFUSALS_PER_TRIAL` times
+the budget), so an algorithm with such a check gets as many trained trials as one without. A trial's value is its best validation figure, the one that
 selects a run's reported round. The test split is never scored: trials train on the split with
 its test stage emptied (`validation_only`), so no test figure exists to be read.
 
@@ -26,13 +29,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
-from fedrec.errors import FedrecError
+from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import RunConfig, federated_config, prepare_split, train
 from fedrec.files import atomic_write
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol
 from fedrec.train.centralised import TrainConfig
 
 CONFIG_VERSION = 1
+#: how many refused settings a search may redraw, per trial of its budget
+REFUSALS_PER_TRIAL = 10
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class TuneResult:
     completed: int
     pruned: int
     history: list[dict[str, Any]]
+    refused: int = 0  # settings refused before training and redrawn (not in ``trials``)
 
     def config(self) -> dict[str, Any]:
         """The run config `fedrec run --config` reads."""
@@ -113,7 +119,7 @@ class TuneResult:
             "engine": {"rounds": self.rounds, **self.engine}, "model": self.model,
             "tuning": {"sampler": "optuna TPE", "pruner": "median", "seed": self.seed,
                        "trials": self.trials, "completed": self.completed, "pruned": self.pruned,
-                       "diverged": self.trials - self.completed - self.pruned,
+                       "diverged": self.trials - self.completed - self.pruned, "refused": self.refused,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
                        "test_read": False, "history": self.history},
         }
@@ -171,6 +177,10 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
             entry["state"] = "pruned"
             _tell(entry)
             raise
+        except UnstableSetting as e:  # refused before training: redrawn, not counted
+            entry.update(state="refused", reason=str(e))
+            _tell(entry)
+            return -math.inf if maximise else math.inf
         except FedrecError as e:  # diverged: a bad region of the space, not a failed search
             entry.update(state="failed", reason=str(e))
             _tell(entry)
@@ -189,16 +199,21 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         sampler=optuna.samplers.TPESampler(seed=seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
     )
-    study.optimize(objective, n_trials=trials)
-    states = [h["state"] for h in history]  # a diverged trial is scored as the worst, "complete" to Optuna
-    if not any(h["state"] == "complete" for h in history):  # no config from trials that all failed
+    refused = 0
+    while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
+        study.optimize(objective, n_trials=1)
+        refused += history[-1]["state"] == "refused"
+    # a diverged or refused trial is scored as the worst, "complete" to Optuna
+    states = [h["state"] for h in history if h["state"] != "refused"]
+    if "complete" not in states:  # no config from trials that all failed
         reasons = sorted({h.get("reason", h["state"]) for h in history})
         raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
     model = {p.name: best.params[p.name] for p in space if p.where == "model"}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
-                      float(best.value), trials, states.count("complete"), states.count("pruned"), history)
+                      float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
+                      refused)
 
 
 def write_config(result: TuneResult, path: str | Path) -> None:

@@ -122,3 +122,31 @@ def test_a_rating_search_centres_on_the_rating_settings_and_never_scores_test(mo
     assert result.metric == "rmse" and result.completed == 2 and 0 < result.best_valid < 5
     assert result.best_valid == min(h["best_valid"] for h in result.history)
     assert result.config()["negatives"] == "leak-free" and result.config()["engine"]["rounds"] == 2
+
+
+def test_settings_refused_before_training_are_redrawn_not_counted() -> None:
+    """GPFedRec refuses an item rate whose pull overshoots before it trains a round: such a
+    setting is scored as the worst and redrawn, so the budget is trials that train."""
+    result = tune("gpfedrec", DATA, trials=3, rounds=1)
+    refused = [h for h in result.history if h["state"] == "refused"]
+    assert result.trials == 3 and result.refused == len(refused) > 0
+    assert len(result.history) == 3 + len(refused)
+    n_items, dim = 300, 32
+
+    def kappa(h: dict) -> float:  # the pull's step as a share of its distance (reg 1)
+        return h["engine"]["lr"] * h["engine"]["item_lr_scale"] * 2.0 / (n_items * dim)
+
+    assert all(kappa(h) >= 1 for h in refused) and all(kappa(h) < 1 for h in result.history if h not in refused)
+    assert result.config()["tuning"]["refused"] == len(refused)
+
+
+def test_a_search_that_only_draws_refused_settings_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedrec.tune as tuning
+    from fedrec.errors import UnstableSetting
+
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise UnstableSetting("overshoots")
+
+    monkeypatch.setattr(tuning, "train", refuse)
+    with pytest.raises(FedrecError, match=r"no trial of fedmf completed on .* \(overshoots\)"):
+        tune("fedmf", DATA, trials=2, rounds=1)

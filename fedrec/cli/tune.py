@@ -48,7 +48,7 @@ def tune_command(
         why = f" ({entry['reason']})" if "reason" in entry else ""
         status = f"trial {entry['trial']}: {entry['state']}{why} [{tried}]"
         if console.is_terminal:
-            bar.update(task, advance=1, status=status)
+            bar.update(task, advance=entry["state"] != "refused", status=status)  # refused: redrawn
         else:
             typer.echo(f"{status}  {entry.get('best_valid', '')}")
 
@@ -58,8 +58,10 @@ def tune_command(
     write_config(result, out)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in {**result.engine, **result.model}.items())
+    redrawn = f"; {result.refused} refused settings redrawn" if result.refused else ""
     console.print(f"best validation {result.metric} {result.best_valid:.4f} ({result.completed} complete, "
-                  f"{result.pruned} pruned, {result.trials - result.completed - result.pruned} diverged of {result.trials}): {shown}", highlight=False)
+                  f"{result.pruned} pruned, {result.trials - result.completed - result.pruned} diverged of "
+                  f"{result.trials}{redrawn}): {shown}", highlight=False)
     console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset} -p {result.protocol} "
                   f"--config {out}", highlight=False)
 

@@ -55,7 +55,7 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.core.device import here
-from fedrec.errors import FedrecError
+from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import client_params, score
@@ -102,7 +102,7 @@ class GraphState(FamilyState):
                      client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
         kappa = lr_item * graph.reg * 2.0 / (n_items * graph.dim)
         if graph.gpfedrec and kappa >= 1.0:
-            raise FedrecError(f"GPFedRec's MSE pull moves each row by {kappa:.3g} of its distance to "
+            raise UnstableSetting(f"GPFedRec's MSE pull moves each row by {kappa:.3g} of its distance to "
                               "p_i a step (item lr x reg x 2 / (items x dim)), which overshoots: "
                               "lower --lr, --item-lr-scale or reg, or raise dim")
         base = FamilyState.create(graph.family, n_clients, n_items, lr=lr, lr_item=lr_item,
