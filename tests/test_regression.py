@@ -31,6 +31,16 @@ DATASET = "synthetic:120x240"
 ROUNDS = 3
 # round-off allowed between the recording and a run (float32 sums in another order)
 TOLERANCE = 1e-5
+#: FedCIA's trained cases: its similarity fine-tune amplifies float32 round-off by three or four
+#: orders of magnitude in three rounds, so a CPU whose kernels round differently moves them more
+#: than `TOLERANCE` (session 30, on an AVX-512 machine, with the code that last matched the
+#: recording: losses up to 4.4e-4 and validation figures up to 0.010 apart, measured under ATen's
+#: default, AVX2 and AVX-512 kernels alike; GF-CF's cases draw nothing and stay exact). They are
+#: held to (loss, figures) tolerances ten and three times that spread; the best round exactly.
+#: Still caught at these (checked): the server's target scaled by 1.2, the fine-tune skipped or
+#: at half its steps.
+CHAOTIC = {"fedcia", "fedcia-mf", "fedcia-lightgcn", "fedcia+ldp"}
+CHAOTIC_TOLERANCE = (5e-3, 0.03)
 
 
 def protocol_of(name: str) -> str:
@@ -112,7 +122,10 @@ def _close(a: Any, b: Any, path: str, out: list[str]) -> float:
                    default=0.0)
     if isinstance(a, float) or isinstance(b, float):
         diff = abs(float(a) - float(b)) / max(1.0, abs(float(a)))
-        if diff > TOLERANCE:
+        tolerance = TOLERANCE
+        if path.split(".")[0] in CHAOTIC:
+            tolerance = CHAOTIC_TOLERANCE[0] if path.endswith(".loss") else CHAOTIC_TOLERANCE[1]
+        if diff > tolerance:
             out.append(f"{path}: recorded {a!r}, got {b!r}")
         return diff
     if a != b:
