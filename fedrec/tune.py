@@ -52,6 +52,7 @@ class Param:
     high: float
     log: bool = True
     integer: bool = False
+    default: float | None = None  # the algorithm's own setting (``--from-defaults``' first trial)
 
 
 def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]:
@@ -64,7 +65,7 @@ def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]
 
     def rate(name: str, default: float) -> None:
         low, high = declared.pop(name, (default / 10, default * 10))
-        space.append(Param(name, "engine", low, high))
+        space.append(Param(name, "engine", low, high, default=default))
 
     if spec.kind == "federated":
         engine = dataclasses.asdict(federated_config(spec.name, dataset, split.protocol.name))
@@ -73,11 +74,21 @@ def search_space(spec: AlgorithmSpec, split: Split, dataset: str) -> list[Param]
         if "item_lr_scale" not in spec.ignores and "lr_item" not in spec.ignores:
             rate("item_lr_scale", engine["item_lr_scale"] or split.n_items * 80.0)  # the engine's default rule
         if "local_epochs" not in spec.ignores:
-            space.append(Param("local_epochs", "engine", 1, max(5, engine["local_epochs"]), log=False, integer=True))
+            space.append(Param("local_epochs", "engine", 1, max(5, engine["local_epochs"]), log=False, integer=True,
+                               default=engine["local_epochs"]))
     else:
         rate("lr", spec.lr or TrainConfig().lr)
-    space.extend(Param(name, "model", low, high) for name, (low, high) in declared.items())
+    for name, (low, high) in declared.items():
+        default = spec.defaults.get(name)
+        space.append(Param(name, "model", low, high, default=default if isinstance(default, int | float) else None))
     return space
+
+
+def defaults_trial(space: list[Param]) -> dict[str, float]:
+    """The algorithm's own settings as a trial of ``space`` (each clipped into its range; an
+    option without a numeric default is left to the sampler)."""
+    return {p.name: (int if p.integer else float)(min(max(p.default, p.low), p.high))
+            for p in space if p.default is not None}
 
 
 def validation_only(split: Split) -> Split:
@@ -109,6 +120,7 @@ class TuneResult:
     pruned: int
     history: list[dict[str, Any]]
     refused: int = 0  # settings refused before training and redrawn (not in ``trials``)
+    from_defaults: bool = False  # the first trial was the algorithm's own settings
 
     def config(self) -> dict[str, Any]:
         """The run config `fedrec run --config` reads."""
@@ -120,6 +132,7 @@ class TuneResult:
             "tuning": {"sampler": "optuna TPE", "pruner": "median", "seed": self.seed,
                        "trials": self.trials, "completed": self.completed, "pruned": self.pruned,
                        "diverged": self.trials - self.completed - self.pruned, "refused": self.refused,
+                       "from_defaults": self.from_defaults,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
                        "test_read": False, "history": self.history},
         }
@@ -127,8 +140,11 @@ class TuneResult:
 
 def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None,
          protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
-         data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
-    """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials."""
+         data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
+         from_defaults: bool = False) -> TuneResult:
+    """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
+    ``from_defaults``: the first trial is the algorithm's own settings (`defaults_trial`), so the
+    search cannot end below them; it is one of the ``trials``."""
     import optuna
 
     spec = get_algorithm(algorithm)
@@ -199,6 +215,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         sampler=optuna.samplers.TPESampler(seed=seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
     )
+    if from_defaults:
+        study.enqueue_trial(defaults_trial(space))
     refused = 0
     while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
         study.optimize(objective, n_trials=1)
@@ -213,7 +231,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     model = {p.name: best.params[p.name] for p in space if p.where == "model"}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
-                      refused)
+                      refused, from_defaults)
 
 
 def write_config(result: TuneResult, path: str | Path) -> None:

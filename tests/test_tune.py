@@ -150,3 +150,19 @@ def test_a_search_that_only_draws_refused_settings_stops(monkeypatch: pytest.Mon
     monkeypatch.setattr(tuning, "train", refuse)
     with pytest.raises(FedrecError, match=r"no trial of fedmf completed on .* \(overshoots\)"):
         tune("fedmf", DATA, trials=2, rounds=1)
+
+
+def test_from_defaults_makes_the_first_trial_the_algorithms_own_settings() -> None:
+    """`--from-defaults`: trial 0 is the algorithm's settings (one of the budget's trials), so
+    the best trial is never below them on validation."""
+    split = validation_only(prepare_split(RunConfig("fedmf", dataset=DATA)))
+    space = search_space(get_algorithm("fedmf"), split, DATA)
+    engine = dataclasses.asdict(federated_config("fedmf", DATA, "loo-sampled"))
+    result = tune("fedmf", DATA, trials=2, rounds=2, from_defaults=True)
+    first = result.history[0]["engine"]
+    assert first == pytest.approx({"lr": engine["lr"], "local_epochs": engine["local_epochs"],
+                                   "item_lr_scale": engine["item_lr_scale"] or split.n_items * 80.0})
+    assert {p.name for p in space} == set(first) and len(result.history) == 2
+    assert result.best_valid >= result.history[0]["best_valid"]
+    assert result.config()["tuning"]["from_defaults"] is True
+    assert tune("fedmf", DATA, trials=1, rounds=1).config()["tuning"]["from_defaults"] is False

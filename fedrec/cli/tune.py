@@ -26,6 +26,7 @@ def tune_command(
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="The run config to write (default configs/ALGO-DATASET.json), for `fedrec run --config`."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
+    from_defaults: bool = typer.Option(False, "--from-defaults", help="Make the first trial the algorithm's own settings (one of the trials), so the search cannot end below them."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
     never scored. Writes the best options as a run config."""
@@ -54,7 +55,7 @@ def tune_command(
 
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
-                      negatives=negatives, data_dir=data_dir, on_trial=on_trial)
+                      negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults)
     write_config(result, out)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in {**result.engine, **result.model}.items())
