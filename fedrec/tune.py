@@ -6,9 +6,11 @@ validation figure after every round, and the median pruner stops trials that fal
 (after a quarter of the rounds). The budget counts trials that train: a setting the algorithm
 refuses before its first round (`UnstableSetting`: a step that overshoots by construction) is
 scored as the worst, so TPE learns to avoid it, and redrawn (at most `REFUSALS_PER_TRIAL` times
-the budget), so an algorithm with such a check gets as many trained trials as one without. A trial's value is its best validation figure, the one that
-selects a run's reported round. The test split is never scored: trials train on the split with
-its test stage emptied (`validation_only`), so no test figure exists to be read.
+the budget), so an algorithm with such a check gets as many trained trials as one without.
+A trial's value is its best validation figure, the one that selects a run's reported round.
+The test split is never scored: trials train on the split with its test stage emptied
+(`validation_only`), so no test figure exists to be read. ``--from-defaults`` makes the first
+trial the algorithm's own settings (`defaults_trial`).
 
 The best options are written as a run config (`write_config`) that ``fedrec run --config``
 reads (`read_config`): the engine options and model options a run takes, and how they were

@@ -5,7 +5,8 @@ A cell's results JSON is stored as ``OUT/cells/<key>.json``, ``key`` a hash of e
 shapes its figures (the `RunConfig`, with the data folder left out), written atomically when
 the run ends. So a rerun does only the missing cells, a killed grid resumes where it stopped
 (the cells that were running start again, or go on from their last checkpoint with
-``checkpoint_every``), and changing any option makes new cells rather than reusing stale ones. Cells run in worker processes, one PyTorch thread each.
+``checkpoint_every``), and changing any option makes new cells rather than reusing stale
+ones. Cells run in worker processes, one PyTorch thread each.
 
 The file::
 
