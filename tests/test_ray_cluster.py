@@ -51,10 +51,16 @@ class LocalRayCluster:
                                            env={**os.environ, **QUIET}))
 
     def nodes_alive(self) -> int:
-        done = subprocess.run([sys.executable, "-c", (
-            "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False);"
-            "print(sum(n['Alive'] for n in ray.nodes()))"), self.address],
-            capture_output=True, text=True, timeout=60, env={**os.environ, **QUIET})
+        """Nodes up, asked from a driver on 127.0.0.1 (left to itself, Ray may take the host's
+        outward address and look for the head there); a probe that hangs counts as none."""
+        try:
+            done = subprocess.run([sys.executable, "-c", (
+                "import ray, sys; ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', "
+                "logging_level='ERROR', log_to_driver=False);"
+                "print(sum(n['Alive'] for n in ray.nodes()))"), self.address],
+                capture_output=True, text=True, timeout=60, env={**os.environ, **QUIET})
+        except subprocess.TimeoutExpired:
+            return 0
         return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
 
     def __enter__(self) -> LocalRayCluster:
