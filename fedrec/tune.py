@@ -12,6 +12,12 @@ The test split is never scored: trials train on the split with its test stage em
 (`validation_only`), so no test figure exists to be read. ``--from-defaults`` makes the first
 trial the algorithm's own settings (`defaults_trial`).
 
+A search can outlive its process: with a ``journal`` (Optuna's journal file storage; the CLI
+keeps one beside the config it will write) every finished trial is stored, and running the same
+search again goes on from them (`_resume`): a trial cut off by the kill is run again with the
+same settings, and the sampler is reseeded from the trials already done, so the new draws do not
+repeat the old ones. A longer ``trials`` extends a finished search.
+
 The best options are written as a run config (`write_config`) that ``fedrec run --config``
 reads (`read_config`): the engine options and model options a run takes, and how they were
 found.
@@ -143,10 +149,11 @@ class TuneResult:
 def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None,
          protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
-         from_defaults: bool = False) -> TuneResult:
+         from_defaults: bool = False, journal: str | Path | None = None) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``from_defaults``: the first trial is the algorithm's own settings (`defaults_trial`), so the
-    search cannot end below them; it is one of the ``trials``."""
+    search cannot end below them; it is one of the ``trials``. ``journal``: a file that stores
+    each finished trial, from which the same search goes on after a kill (`_resume`)."""
     import optuna
 
     spec = get_algorithm(algorithm)
@@ -168,6 +175,9 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     select = get_protocol(protocol).select
     maximise = select != "rmse"
     history: list[dict[str, Any]] = []
+    search = {"algorithm": algorithm, "dataset": dataset, "protocol": protocol, "negatives": negatives,
+              "seed": seed, "rounds": rounds, "from_defaults": from_defaults,
+              "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
 
     def objective(trial: optuna.Trial) -> float:
         engine, model = {}, {}
@@ -193,21 +203,22 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
             done = train(cfg, on_round=report, split=split).result
         except optuna.TrialPruned:
             entry["state"] = "pruned"
-            _tell(entry)
+            _tell(trial, entry)
             raise
         except UnstableSetting as e:  # refused before training: redrawn, not counted
             entry.update(state="refused", reason=str(e))
-            _tell(entry)
+            _tell(trial, entry)
             return -math.inf if maximise else math.inf
         except FedrecError as e:  # diverged: a bad region of the space, not a failed search
             entry.update(state="failed", reason=str(e))
-            _tell(entry)
+            _tell(trial, entry)
             return -math.inf if maximise else math.inf
         entry.update(state="complete", best_valid=done.valid_at_best.get(select), best_round=done.best_round)
-        _tell(entry)
+        _tell(trial, entry)
         return float(done.valid_at_best[select])
 
-    def _tell(entry: dict[str, Any]) -> None:
+    def _tell(trial: optuna.Trial, entry: dict[str, Any]) -> None:
+        trial.set_user_attr("entry", entry)  # what a resumed search rebuilds its history from
         if on_trial is not None:
             on_trial(entry)
 
@@ -216,10 +227,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         direction="maximize" if maximise else "minimize",
         sampler=optuna.samplers.TPESampler(seed=seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
+        storage=None if journal is None else _journal_storage(journal),
+        study_name="fedrec-tune", load_if_exists=True,
     )
-    if from_defaults:
-        study.enqueue_trial(defaults_trial(space))
-    refused = 0
+    if study.trials:
+        history.extend(_resume(study, search, journal, seed))
+    else:
+        study.set_user_attr("search", search)
+        if from_defaults:
+            study.enqueue_trial(defaults_trial(space))
+    refused = sum(h["state"] == "refused" for h in history)
     while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
         study.optimize(objective, n_trials=1)
         refused += history[-1]["state"] == "refused"
@@ -234,6 +251,35 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
                       refused, from_defaults)
+
+
+def _journal_storage(path: str | Path) -> Any:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed: int) -> list[dict[str, Any]]:
+    """Go on from the trials a journal stored: refuse a journal of another search, run the trial
+    the kill cut off again (failed, its settings queued), reseed the sampler from the number of trials
+    done (a fresh sampler seeded as before would draw the first trials' settings again), and
+    return the finished trials' history entries."""
+    from optuna.samplers import TPESampler
+    from optuna.trial import TrialState
+
+    stored = study.user_attrs.get("search")
+    if stored != json.loads(json.dumps(search)):
+        raise FedrecError(f"tune journal {journal} holds another search ({stored}); remove it or pass another path")
+    last = study.trials[-1]  # one trial runs at a time: only the last can have been cut off
+    if last.state == TrialState.RUNNING:  # killed
+        study.tell(last.number, state=TrialState.FAIL)
+    if last.state in (TrialState.RUNNING, TrialState.FAIL) and "entry" not in last.user_attrs:
+        study.enqueue_trial(last.params)  # interrupted (Ctrl-C fails it), not finished: again
+    study.sampler = TPESampler(seed=int(np.random.SeedSequence([seed, len(study.trials)]).generate_state(1)[0]))
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return [t.user_attrs["entry"] for t in done if "entry" in t.user_attrs]
 
 
 def write_config(result: TuneResult, path: str | Path) -> None:

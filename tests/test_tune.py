@@ -166,3 +166,55 @@ def test_from_defaults_makes_the_first_trial_the_algorithms_own_settings() -> No
     assert result.best_valid >= result.history[0]["best_valid"]
     assert result.config()["tuning"]["from_defaults"] is True
     assert tune("fedmf", DATA, trials=1, rounds=1).config()["tuning"]["from_defaults"] is False
+
+
+def test_a_killed_search_goes_on_from_its_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search killed in its third trial, run again with the same journal, keeps its two
+    finished trials (not trained again), runs the cut-off trial again with the same settings,
+    and draws new settings for the rest (a reseeded sampler, not the first draws again)."""
+    import fedrec.tune as tuning
+
+    journal = tmp_path / "fedmf.journal"
+    real_train, calls = tuning.train, []
+
+    def killed_in_third(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0].federated)
+        if len(calls) == 3:
+            raise SystemExit(9)  # leaves the trial running, as a SIGKILL would
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "train", killed_in_third)
+    with pytest.raises(SystemExit):
+        tune("fedmf", DATA, trials=5, rounds=2, journal=journal)
+    cut_off = calls[2]
+    calls.clear()
+    monkeypatch.setattr(tuning, "train", lambda *a, **k: (calls.append(a[0].federated), real_train(*a, **k))[1])
+    result = tune("fedmf", DATA, trials=5, rounds=2, journal=journal)
+    assert len(calls) == 3 and calls[0] == cut_off  # trials 0 and 1 not trained again
+    assert result.trials == 5 and [h["trial"] for h in result.history] == [0, 1, 3, 4, 5]
+    settings = [tuple(sorted(h["engine"].items())) for h in result.history]
+    assert len(set(settings)) == 5
+    uninterrupted = tune("fedmf", DATA, trials=2, rounds=2)
+    assert [h["engine"] for h in uninterrupted.history] == [h["engine"] for h in result.history[:2]]
+    with pytest.raises(FedrecError, match="holds another search"):
+        tune("fedmf", DATA, trials=5, rounds=3, journal=journal)
+
+
+def test_the_cli_keeps_a_journal_until_the_config_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedrec.tune as tuning
+
+    config = tmp_path / "fedmf.json"
+    real_train, calls = tuning.train, []
+
+    def interrupted_in_second(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C: Optuna fails the trial
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "train", interrupted_in_second)
+    assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config)]) == 130  # Ctrl-C
+    assert (tmp_path / "fedmf.journal").exists() and not config.exists()
+    assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config)]) == 0
+    assert len(calls) == 3 and read_config(config)["tuning"]["trials"] == 2
+    assert not (tmp_path / "fedmf.journal").exists()

@@ -27,6 +27,7 @@ def tune_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="The run config to write (default configs/ALGO-DATASET.json), for `fedrec run --config`."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
     from_defaults: bool = typer.Option(False, "--from-defaults", help="Make the first trial the algorithm's own settings (one of the trials), so the search cannot end below them."),
+    journal: Path | None = typer.Option(None, "--journal", help="Where finished trials are kept while the search runs (default: OUT with suffix .journal, removed once OUT is written); the same command run again after a kill goes on from it."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
     never scored. Writes the best options as a run config."""
@@ -41,6 +42,9 @@ def tune_command(
 
     out = out or Path("configs") / f"{algorithm}-{dataset.replace(':', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    journal = journal or out.with_suffix(".journal")
+    if journal.exists():
+        console.print(f"going on from the trials kept in {journal}", highlight=False)
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
     task = bar.add_task(f"tuning {algorithm} on {dataset}", total=trials, status="")
@@ -55,8 +59,10 @@ def tune_command(
 
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
-                      negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults)
+                      negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
+                      journal=journal)
     write_config(result, out)
+    journal.unlink(missing_ok=True)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in {**result.engine, **result.model}.items())
     redrawn = f"; {result.refused} refused settings redrawn" if result.refused else ""
