@@ -57,6 +57,8 @@ def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pyte
     # another option makes new cells, not stale reuse
     grid.write_text(GRID.format(seeds=[0, 2], rounds=3, workers=2))
     assert {c.key() for c in load_grid(grid).cells}.isdisjoint({p.stem for p in cells})
+    assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0  # and says the old ones are not in its tables
+    assert "4 result files in" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:

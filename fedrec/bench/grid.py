@@ -233,6 +233,14 @@ def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
     return missing
 
 
+def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
+    """Result files in ``out`` that belong to no cell of ``grid``: cells of an earlier version of
+    it (a re-tuned config, a changed option). The tables leave them out; listing them says why a
+    folder holds more results than its tables show."""
+    keys = {cell_path(Path(out), cell).name for cell in grid.cells}
+    return sorted(p for p in (Path(out) / "cells").glob("*.json") if p.name not in keys)
+
+
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
     """The results JSON of every finished cell of ``grid``."""
     found = []

@@ -25,6 +25,7 @@ def bench_command(
         load_grid,
         missing_cells,
         run_grid,
+        stale_cells,
         to_markdown,
         write,
     )
@@ -66,6 +67,10 @@ def bench_command(
             lacking = [why for c, why in missing if (c.dataset, c.protocol) == (dataset, protocol)]
             console.print(f"no leaderboard for {dataset} · {protocol}: none of its {len(lacking)} "
                           f"cells has a result (first: {lacking[0]})", highlight=False)
+    stale = stale_cells(grid, out)
+    if stale:
+        console.print(f"{len(stale)} result files in {out / 'cells'} belong to no cell of this grid (an earlier "
+                      f"config of it) and are not in the tables", highlight=False)
     if summary:
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)
