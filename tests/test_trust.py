@@ -41,6 +41,9 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("pfedrec", ["--weight-decay", "0.1"], "'pfedrec' is federated: --weight-decay"),
     ("pfedrec", ["--device", "tpu"], "--device tpu"),
     ("personalfr", ["--num-negatives", "8"], "'personalfr' does not use --num-negatives"),
+    # under a rating protocol no trainer draws negatives: even the default count, given, is refused
+    ("mf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
+    ("fedmf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedcia", ["--item-lr-scale", "3", "--encoding", "dense"], "does not use --item-lr-scale, --encoding"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,

@@ -190,6 +190,9 @@ def run_command(
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
+    if num_negatives is not None and get_protocol(protocol).ranking == "rating":
+        raise FedrecError(f"protocol '{protocol}' fits the observed ratings: '{algorithm}' draws no "
+                          f"training negatives there (--num-negatives {num_negatives})")
     given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
     lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(
