@@ -133,6 +133,9 @@ def test_a_two_node_ray_cluster_runs_the_simulators_federation(tmp_path: Path) -
     (["--mode", "loopback", "--ray-address", "127.0.0.1:6379"], "--ray-address only apply to --mode simulation"),
     (["--mode", "app", "--node-gpus", "0.5"], "--node-gpus only apply to --mode simulation"),
     (["--mode", "simulation", "--node-cpus", "0"], "--node-cpus must be >= 1"),
+    (["--mode", "simulation", "--ray-address", "10.0.0.5"], "give the Ray head's HOST:PORT"),
+    (["--mode", "simulation", "--ray-address", "head:99999"], "give the Ray head's HOST:PORT"),
+    (["--mode", "simulation", "--ray-address", f"127.0.0.1:{free_port()}"], "no Ray head answers there"),
 ])
 def test_ray_options_outside_a_ray_run_are_refused(args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     from fedrec.cli import main

@@ -72,6 +72,8 @@ def flower_command(
         raise FedrecError(f"{', '.join(ray_set)} only apply to --mode simulation (Ray)")
     if node_cpus < 1 or node_gpus < 0:
         raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
+    if ray_address is not None:
+        launch.check_ray_address(ray_address)
     run = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
         model={**({"dim": dim} if dim is not None else {}), **_parse_settings(set_options)},

@@ -46,6 +46,28 @@ def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Pa
     return opts
 
 
+def check_ray_address(address: str, timeout: float = 3.0) -> None:
+    """Refuse a ``--ray-address`` that names no reachable Ray head, in one line and before Ray
+    starts: otherwise `ray.init` waits on the address and ends in a long traceback.
+
+    ``auto`` (Ray finds a cluster started on this machine) and Ray Client's ``ray://HOST:PORT``
+    are passed through; ``HOST:PORT`` must have a port in 1..65535 that accepts a TCP
+    connection (the head's GCS port, 6379 by default)."""
+    if address == "auto" or address.startswith("ray://"):
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise FedrecError(f"--ray-address {address!r}: give the Ray head's HOST:PORT (e.g. 10.0.0.5:6379) or auto")
+    import socket
+
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise FedrecError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); "
+                          f"start one with `ray start --head --port={port}` (docs/scale.md)") from None
+
+
 def simulate(run: RunConfig, nodes: int, *, ray_address: str | None = None, node_cpus: int = 1,
              node_gpus: float = 0.0, **kw: Any) -> None:
     """Run on Flower's simulation engine (Ray), one virtual SuperNode per partition.
