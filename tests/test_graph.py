@@ -9,10 +9,12 @@ closed form, the row bookkeeping, the graphs and the block-wise aggregation.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +28,13 @@ from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.graph import GraphState
 from fedrec.federated.graph_spec import GraphSpec
 from fedrec.federated.upload import UploadPath
-from fedrec.federated.user_graph import neighbour_graph, public_graph, public_users
+from fedrec.federated.user_graph import (
+    FactoredGraph,
+    graph_nnz,
+    neighbour_graph,
+    public_graph,
+    public_users,
+)
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 
@@ -244,8 +252,8 @@ def test_legacy_distance_picks_the_least_similar_users() -> None:
 def test_public_graph_normalises_and_stays_sparse_when_sparse(split: Split) -> None:
     public = public_users(split.n_users, 0.75, 0)
     assert public.sum() == 30
-    dense = public_graph(split.train, public, sparse_below=0.0)
-    sparse = public_graph(split.train, public, sparse_below=1.1)
+    dense = public_graph(split.train, public, sparse_below=0.0, factor_above=math.inf)
+    sparse = public_graph(split.train, public, sparse_below=1.1, factor_above=math.inf)
     assert sparse.layout == torch.sparse_csr and dense.layout == torch.strided
     torch.testing.assert_close(sparse.to_dense(), dense)
     r = torch.as_tensor(split.train[np.flatnonzero(public)].toarray() > 0, dtype=torch.float32)
@@ -255,6 +263,21 @@ def test_public_graph_normalises_and_stays_sparse_when_sparse(split: Split) -> N
     d = a.sum(1).rsqrt()
     torch.testing.assert_close(dense, d[:, None] * a * d[None, :])
     torch.testing.assert_close(dense, dense.T)
+
+
+def test_the_factored_graph_multiplies_as_the_formed_one() -> None:
+    # user 3 shares no item (a lonely self-loop), user 4 has none at all, user 0 shares with two
+    train = sp.csr_matrix(np.array([[1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [0, 1, 1, 1, 0, 0],
+                                    [0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], np.float32))
+    public = np.array([True, True, True, True, True, False])
+    formed = public_graph(train, public, sparse_below=0.0, factor_above=math.inf)
+    factored = public_graph(train, public, factor_above=0.0)
+    assert isinstance(factored, FactoredGraph) and formed.layout == torch.strided
+    assert graph_nnz(factored) == graph_nnz(formed) == 8  # 0-1, 0-2, 1-2 both ways, 3-3, 4-4
+    torch.testing.assert_close(factored.to_dense(), formed)
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(0))  # > one block of columns
+    torch.testing.assert_close(factored @ x, formed @ x)
+    assert formed[3, 3] == formed[4, 4] == 1.0  # alone, a user keeps its own table
 
 
 def test_ldp_noises_every_upload_and_counts_whole_tables(split: Split) -> None:

@@ -34,7 +34,8 @@ c_i q_g + (1 - c_i) p_i with c_i = (1 - κ)^steps, κ = lr_item x reg x 2 / (n_i
 client sends its step count, 4 bytes. The server holds one dense table per user that has one
 (GPFedRec: p_i for all; GFed-PP: α s_i + (1-α) q_g for public users only — private users are
 q_g plus their rows), processes the round column block by column block (Q of one block of items,
-~32 MB, at a time), and keeps Ã sparse where it is sparse. The server step runs at the start of
+~32 MB, at a time), and keeps Ã sparse where it is sparse, or factored through R where
+that is cheaper (`FactoredGraph`). The server step runs at the start of
 the next round (Algorithm 1's order), so between rounds every client is evaluated with the very
 table it trained. Both methods need every client every round (the graph is over all users), as
 the official GPFedRec.
@@ -63,7 +64,14 @@ from fedrec.federated.graph_spec import GraphSpec
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
-from fedrec.federated.user_graph import add_gram, neighbour_graph, public_graph, public_users
+from fedrec.federated.user_graph import (
+    Graph,
+    add_gram,
+    graph_nnz,
+    neighbour_graph,
+    public_graph,
+    public_users,
+)
 
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
 
@@ -84,7 +92,7 @@ class GraphState(FamilyState):
     table: torch.Tensor | None = None
     dense_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     public: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    adjacency: torch.Tensor | None = None
+    adjacency: Graph | None = None
     decay: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     shared_interactions: int = 0
     pending: bool = False
@@ -345,9 +353,7 @@ class GraphState(FamilyState):
             out.update(public_users=int(self.public.sum()), private_users=int((~self.public).sum()),
                        shared_interactions=self.shared_interactions)
             if self.adjacency is not None:
-                nnz = (self.adjacency._nnz() if self.adjacency.layout == torch.sparse_csr
-                       else int((self.adjacency != 0).sum()))
-                out["graph_density"] = nnz / max(int(self.public.sum()) ** 2, 1)
+                out["graph_density"] = graph_nnz(self.adjacency) / max(int(self.public.sum()) ** 2, 1)
         return out
 
     def user_groups(self) -> dict[str, np.ndarray]:
