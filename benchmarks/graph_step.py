@@ -1,11 +1,11 @@
 """Time GFed-PP's server step on a data set: the product Ã X of the public users' graph with one
-column block of every user's item table, as `fedrec.federated.graph` computes it (dense Ã, or
-sparse when under 10 % full), against the factored form Ã X = D^-1/2 (R (Rᵀ D^-1/2 X) - diag)
-that never forms Ã (R: the public users' interactions, binary), and Ã kept sparse.
-
-The factored form does fewer multiplications (2 nnz(R) against n² per column) but through sparse
-kernels that are bound by memory; this script measures whether that wins, one thread, median of
-five, and checks both give the same product.
+column block of every user's item table (`fedrec.federated.graph`), with Ã formed (dense, as
+the server keeps it above 10 % non-zero), Ã as a sparse CSR tensor, and Ã factored through the
+public users' interactions R (`FactoredGraph`: D^-1/2 (R (Rᵀ D^-1/2 X) - diag), never formed)
+at several column widths. The factored form does fewer multiplications (2 nnz(R) against n² a
+column) through sparse kernels bound by memory, so whether it wins is measured: one thread,
+median of five, after checking that it gives the same product. It also prints which form the
+server step chooses for the data set.
 
     python benchmarks/graph_step.py -d lastfm-2k --data-dir ../shared/data/lastfm-2k-hetrec
 """
@@ -13,6 +13,7 @@ five, and checks both give the same product.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ import torch
 
 from fedrec.experiment import RunConfig, prepare_split
 from fedrec.federated.graph import BLOCK_BYTES
-from fedrec.federated.user_graph import public_graph
+from fedrec.federated.user_graph import FactoredGraph, graph_nnz, public_graph
 
 
 def median_ms(f: Callable[[], object], repeats: int = 5) -> float:
@@ -44,43 +45,30 @@ def main() -> None:
     split = prepare_split(RunConfig("gfedpp", dataset=args.dataset, protocol="loo-sampled", data_dir=args.data_dir))
     train = split.train.tocsr()
     n, m = train.shape
-    adj = public_graph(train, np.ones(n, bool))  # every user public: the largest graph
+    public = np.ones(n, bool)  # every user public: the largest graph
+    adj = public_graph(train, public, factor_above=math.inf)  # Ã formed (dense, or sparse if < 10 %)
+    factored = public_graph(train, public, factor_above=0.0)
+    assert isinstance(factored, FactoredGraph)
     full = adj.layout == torch.strided
-    nnz_adj = int((adj != 0).sum()) if full else int(adj.values().numel())
     width = max(1, BLOCK_BYTES // (n * args.dim * 4))  # items per block, as the server step
     x = torch.randn(n, width * args.dim, generator=torch.Generator().manual_seed(0))
-
-    r = (train > 0).astype(np.float32).tocsr()
-    rt = r.T.tocsr()
-    items_of = np.asarray(r.sum(1)).ravel()
-    deg = np.asarray((r @ rt).sum(1)).ravel() - items_of  # A = R Rᵀ without its diagonal
-    lonely = deg == 0  # these keep a self-loop of weight 1
-    inv = (1.0 / np.sqrt(np.where(lonely, 1.0, deg))).astype(np.float32)[:, None]
-    diag = (items_of - lonely).astype(np.float32)[:, None]
-    xn = x.numpy()
-
-    def factored(columns: int) -> np.ndarray:
-        y = xn * inv
-        out = np.empty_like(y)
-        for s in range(0, y.shape[1], columns):
-            part = y[:, s : s + columns]
-            out[:, s : s + columns] = r @ (rt @ part) - diag * part
-        return out * inv
-
-    reference = (adj @ x).numpy()
-    gap = float(np.abs(factored(64) - reference).max())
+    reference = adj @ x
+    gap = float((factored @ x - reference).abs().max())
+    chosen = "factored" if isinstance(public_graph(train, public), FactoredGraph) else "formed"
     print(f"{args.dataset}: {n} users, {m} items, nnz(R) {train.nnz}; Ã {'dense' if full else 'sparse'} "
-          f"({nnz_adj / n / n:.1%} non-zero); blocks of {width} items, {-(-m // width)} a round; "
-          f"max |difference| {gap:.2g} (largest entry {np.abs(reference).max():.3g})")
+          f"({graph_nnz(adj) / n / n:.1%} non-zero; the server step uses it {chosen}); blocks of {width} "
+          f"items, {-(-m // width)} a round; max |difference| {gap:.2g} (largest entry "
+          f"{float(reference.abs().max()):.3g})")
     base = median_ms(lambda: adj @ x)
-    print(f"  Ã X as the server step: {base:8.1f} ms a block")
+    print(f"  Ã X, Ã formed:            {base:8.1f} ms a block")
     if full:  # the same Ã kept sparse (the server step keeps it dense above 10 % non-zero)
         sparse_adj = adj.to_sparse_csr()
         t = median_ms(lambda: sparse_adj @ x)
-        print(f"  Ã X with Ã sparse (CSR): {t:8.1f} ms a block ({base / t:.2f}x)")
-    for columns in (64, 256, 1024):
-        t = median_ms(lambda c=columns: factored(c))
-        print(f"  factored, {columns:4d} columns at a time: {t:8.1f} ms a block ({base / t:.2f}x)")
+        print(f"  Ã X, Ã sparse (CSR):      {t:8.1f} ms a block ({base / t:.2f}x)")
+    for columns in (16, 32, 64, 128, 512):
+        factored.columns = columns
+        t = median_ms(lambda: factored @ x)
+        print(f"  factored, {columns:3d} columns at a time: {t:8.1f} ms a block ({base / t:.2f}x)")
 
 
 if __name__ == "__main__":
