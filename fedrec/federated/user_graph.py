@@ -25,13 +25,11 @@ class FactoredGraph:
     A = R Rᵀ less its diagonal (user i's own n_i items), plus the lonely users' self-loops. Two
     sparse products over R's non-zeros replace the dense n x n one: fewer multiplications when
     2 nnz(R) is well under n², and memory-bound ones, so it pays only on large, sparse data
-    (benchmarks/graph_step.py, one thread: Lastfm-2K, 1,600 users, 1.9x faster than the dense
-    Ã; ML-100K, 943 users, 0.8x). scipy's CSR product, in blocks of ``columns`` columns that stay
+    (benchmarks/graph_step.py, one thread: Lastfm-2K, 1,600 users, 1.5-1.9x faster than the
+    dense Ã; ML-100K, 943 users, 0.6-0.8x). scipy's CSR product, in blocks of ``columns`` columns that stay
     in cache: PyTorch's sparse CSR product measured 2x slower here. On another device than the
     CPU (a GPU) the dense Ã is formed there once and used instead.
     """
-
-    layout = "factored"
 
     def __init__(self, r: sp.csr_matrix, lonely: np.ndarray, deg: np.ndarray, nnz: int, columns: int = 64) -> None:
         self.r, self.rt = r, r.T.tocsr()
