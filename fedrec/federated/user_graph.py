@@ -44,12 +44,12 @@ class FactoredGraph:
             if self._dense is None or self._dense.device != x.device:
                 self._dense = self.to_dense().to(x.device)
             return self._dense @ x
-        y = x.numpy() * self.inv
+        y = x.cpu().numpy() * self.inv
         out = np.empty_like(y)
         for s in range(0, y.shape[1], self.columns):
             part = y[:, s : s + self.columns]
             out[:, s : s + self.columns] = self.r @ (self.rt @ part) - self.diag * part
-        return torch.from_numpy(out * self.inv)
+        return torch.as_tensor(out * self.inv)
 
     def to_dense(self) -> torch.Tensor:
         a = (self.r @ self.rt).toarray() - np.diagflat(self.diag)
