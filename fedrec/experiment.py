@@ -274,6 +274,13 @@ def run_resumable(cfg: RunConfig, out: str | Path, every: int) -> RunResult:
     return result
 
 
+def no_negatives_under_ratings(protocol: str, algorithm: str, count: int) -> FedrecError:
+    """The error for a negative count asked of a rating protocol (the CLI refuses any count
+    given; `ratings_without_negatives` any but the algorithm's default, which it drops)."""
+    return FedrecError(f"protocol '{protocol}' fits the observed ratings: '{algorithm}' draws no "
+                       f"training negatives there (--num-negatives {count})")
+
+
 def ratings_without_negatives(cfg: RunConfig, spec: AlgorithmSpec) -> RunConfig:
     """``cfg`` as it runs: under a rating protocol a federated model fits the observed ratings
     alone, so it draws no training negatives (the algorithm's default count is dropped, and
@@ -284,8 +291,7 @@ def ratings_without_negatives(cfg: RunConfig, spec: AlgorithmSpec) -> RunConfig:
         return cfg
     default = spec.engine_for(cfg.dataset).get("negatives", FederatedConfig().negatives)
     if cfg.federated.negatives != default:
-        raise FedrecError(f"protocol '{cfg.protocol}' fits the observed ratings: '{cfg.algorithm}' "
-                          f"draws no training negatives there (--num-negatives {cfg.federated.negatives})")
+        raise no_negatives_under_ratings(cfg.protocol, cfg.algorithm, cfg.federated.negatives)
     return replace(cfg, federated=replace(cfg.federated, negatives=0))
 
 

@@ -175,7 +175,7 @@ def run_command(
         if tuned.get("dataset") not in (None, dataset) and not quiet:
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
-    from fedrec.experiment import RunConfig, federated_config, train
+    from fedrec.experiment import RunConfig, federated_config, no_negatives_under_ratings, train
     from fedrec.protocols.protocol import PROTOCOLS, get_protocol
     from fedrec.train.centralised import TrainConfig
 
@@ -191,8 +191,7 @@ def run_command(
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
-        raise FedrecError(f"protocol '{protocol}' fits the observed ratings: '{algorithm}' draws no "
-                          f"training negatives there (--num-negatives {num_negatives})")
+        raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
     given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
     lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(

@@ -24,11 +24,11 @@ class FactoredGraph:
 
     A = R Rᵀ less its diagonal (user i's own n_i items), plus the lonely users' self-loops. Two
     sparse products over R's non-zeros replace the dense n x n one: fewer multiplications when
-    2 nnz(R) is well under n², and memory-bound ones, so it pays only on large, sparse data
+    2 nnz(R) is well under n², but memory-bound ones, so it pays only on large, sparse data
     (benchmarks/graph_step.py, one thread: Lastfm-2K, 1,600 users, 1.5-1.9x faster than the
-    dense Ã; ML-100K, 943 users, 0.6-0.8x). scipy's CSR product, in blocks of ``columns`` columns that stay
-    in cache: PyTorch's sparse CSR product measured 2x slower here. On another device than the
-    CPU (a GPU) the dense Ã is formed there once and used instead.
+    dense Ã; ML-100K, 943 users, 0.6-0.8x). scipy's CSR product, in blocks of ``columns``
+    columns that stay in cache: PyTorch's sparse CSR product measured 2x slower here. On
+    another device than the CPU (a GPU) the dense Ã is formed there once and used instead.
     """
 
     def __init__(self, r: sp.csr_matrix, lonely: np.ndarray, deg: np.ndarray, nnz: int, columns: int = 64) -> None:
@@ -36,7 +36,6 @@ class FactoredGraph:
         self.inv = (1.0 / np.sqrt(deg)).astype(np.float32)[:, None]
         self.diag = (np.asarray(r.sum(1)).ravel() - lonely).astype(np.float32)[:, None]
         self.nnz, self.columns = nnz, columns
-        self.shape = (r.shape[0], r.shape[0])
         self._dense: torch.Tensor | None = None
 
     def __matmul__(self, x: torch.Tensor) -> torch.Tensor:
