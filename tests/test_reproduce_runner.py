@@ -40,6 +40,26 @@ def test_execute_runs_once_and_reuses(tmp_path):
     assert [r["test"] for r in again] == [r["test"] for r in first]
 
 
+def test_execute_with_workers_gives_the_figures_of_one_process(tmp_path):
+    """``workers`` > 1 runs the missing runs in spawned one-thread processes: the same files and
+    figures as in turn, each run reported once as it ends, a failed one reported and skipped."""
+    runs = [PlannedRun("pfedrec", "pfedrec"), PlannedRun("fedmf", "fedmf")]
+    kw = dict(dataset="synthetic:120x400", seeds=[0, 1], policies=["leak-free"], rounds=1)
+    alone = execute(runs, out_dir=tmp_path / "alone", **kw)
+    seen: list[tuple[str, int, bool]] = []
+    failed: list[str] = []
+    pooled = execute([*runs, PlannedRun("bad", "fedmf", engine=(("lr", -1.0),))], out_dir=tmp_path / "pooled",
+                     workers=2, on_run=lambda p, n, s, reused: seen.append((p.method, s, reused)),
+                     on_fail=lambda p, n, s, why: failed.append(f"{p.method} s{s}: {why}"), **kw)
+    assert sorted(seen) == sorted((m, s, False) for m in ("pfedrec", "fedmf") for s in (0, 1))
+    assert len(failed) == 2 and all(f.startswith("bad s") for f in failed)
+    assert [(r["algorithm"], r["seed"], r["test"]) for r in pooled] == \
+        [(r["algorithm"], r["seed"], r["test"]) for r in alone]
+    again: list[bool] = []
+    execute(runs, out_dir=tmp_path / "pooled", workers=2, on_run=lambda p, n, s, reused: again.append(reused), **kw)
+    assert again == [True] * 4
+
+
 def test_cli_reproduce_prints_ours_beside_the_paper(tmp_path, capsys):
     md = tmp_path / "t.md"
     with pytest.raises(SystemExit) as done:

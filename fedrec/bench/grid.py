@@ -35,7 +35,6 @@ import json
 import os
 import tomllib
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,21 +173,10 @@ def failure_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / f"{cell.key()}.failed"
 
 
-def _run_cell(cell: Cell, data_dir: str | None, path: str, checkpoint_every: int) -> str:
-    """Worker: one cell, one thread; its results JSON written atomically at the end (and its
-    checkpoint, if any, removed then)."""
-    from fedrec import threads
-    from fedrec.experiment import run_resumable
-
-    threads.apply(1)
-    run_resumable(cell.run_config(data_dir), path, checkpoint_every)
-    return path
-
-
 def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None] | None = None) -> dict[str, int]:
     """Run the cells of ``grid`` that ``out`` lacks; ``on_cell(cell, state)`` reports each one
     (``cached``, ``done`` or ``failed: reason``). Returns the counts of each state."""
-    import multiprocessing
+    from fedrec.pool import run_files
 
     out = Path(out)
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -203,22 +191,18 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
             todo.append(cell)
     if not todo:
         return counts
-    context = multiprocessing.get_context("spawn")  # no forked torch state in the workers
-    with ProcessPoolExecutor(max_workers=min(grid.workers, len(todo)), mp_context=context) as pool:
-        futures = {pool.submit(_run_cell, cell, grid.data_dir, str(cell_path(out, cell)), grid.checkpoint_every): cell
-                   for cell in todo}
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                future.result()
-                state = "done"
-                failure_path(out, cell).unlink(missing_ok=True)
-            except Exception as e:  # one failed cell must not end the grid
-                state = f"failed: {e}".splitlines()[0]
-                failure_path(out, cell).write_text(state + "\n")
-            counts["done" if state == "done" else "failed"] += 1
-            if on_cell is not None:
-                on_cell(cell, state)
+    jobs = [(cell.run_config(grid.data_dir), cell_path(out, cell)) for cell in todo]
+    for i, reason in run_files(jobs, grid.workers, grid.checkpoint_every):
+        cell = todo[i]
+        if reason is None:
+            state = "done"
+            failure_path(out, cell).unlink(missing_ok=True)
+        else:
+            state = f"failed: {reason}"
+            failure_path(out, cell).write_text(state + "\n")
+        counts["done" if state == "done" else "failed"] += 1
+        if on_cell is not None:
+            on_cell(cell, state)
     return counts
 
 

@@ -246,6 +246,7 @@ def execute(
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
     run_missing: bool = True, data_options: dict[str, Any] | None = None, checkpoint_every: int = 0,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -255,39 +256,75 @@ def execute(
     ``data_options`` are preprocessing fields of `RunConfig` (see `DATA_OPTIONS`).
     ``checkpoint_every``: each run saves itself every N rounds (epochs) beside its result file
     (``.ckpt``) and a run killed part-way goes on from there the next time; the checkpoint is
-    removed once the result is written.
+    removed once the result is written. ``workers`` > 1 runs the missing runs side by side in
+    that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
+    when it ends rather than when it starts. One failed run never ends the reproduction.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
+            for negatives in policies for seed in seeds]
+
+    def path_of(key: tuple[PlannedRun, str, int]) -> Path:
+        planned, negatives, seed = key
+        return out_dir / dataset / planned.file_name(negatives, seed)
+
+    def config_of(key: tuple[PlannedRun, str, int]) -> RunConfig:
+        planned, negatives, seed = key
+        options = POLICY_OPTIONS.get(negatives, {"negatives": negatives})
+        return RunConfig(
+            algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
+            seed=seed, data_dir=data_dir, **options, **(data_options or {}),
+            model=_model_options(planned),
+            federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
+                                       ldp=planned.ldp, **dict(planned.engine)),
+        )
+
+    missing = [k for k in keys if not path_of(k).exists()] if run_missing else []
+    pooled = workers > 1 and len(missing) > 1
+    if pooled:
+        from fedrec.pool import run_files
+
+        if on_run is not None:
+            for key in keys:
+                if path_of(key).exists():
+                    on_run(*key, True)
+        (out_dir / dataset).mkdir(parents=True, exist_ok=True)
+        first: dict[Path, tuple[PlannedRun, str, int]] = {}
+        for key in missing:  # one job a file: a later run of the same name reuses it, as in turn
+            first.setdefault(path_of(key), key)
+        todo, jobs = [], []
+        for key in first.values():
+            try:
+                jobs.append((config_of(key), path_of(key)))
+                todo.append(key)
+            except FedrecError as e:
+                if on_fail is not None:
+                    on_fail(*key, str(e))
+        for i, reason in run_files(jobs, workers, checkpoint_every):
+            if reason is None and on_run is not None:
+                on_run(*todo[i], False)
+            elif reason is not None and on_fail is not None:
+                on_fail(*todo[i], reason)
     results = []
-    unique = list(dict.fromkeys(runs))
-    for planned in unique:
-        for negatives in policies:
-            for seed in seeds:
-                path = out_dir / dataset / planned.file_name(negatives, seed)
-                reused = path.exists()
-                if not reused and not run_missing:
-                    continue
-                if on_run is not None:
-                    on_run(planned, negatives, seed, reused)
-                if not reused:
-                    options = POLICY_OPTIONS.get(negatives, {"negatives": negatives})
-                    cfg = RunConfig(
-                        algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
-                        seed=seed, data_dir=data_dir, **options, **(data_options or {}),
-                        model=_model_options(planned),
-                        federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
-                                                   ldp=planned.ldp, **dict(planned.engine)),
-                    )
-                    try:
-                        run_resumable(cfg, path, checkpoint_every)
-                    except FedrecError as e:  # one failed run must not end the reproduction
-                        if on_fail is not None:
-                            on_fail(planned, negatives, seed, str(e))
-                        continue
-                result = json.loads(path.read_text())
-                result["algorithm"] = planned.method
-                result["config"]["setting"] = planned.setting
-                results.append(result)
+    for key in keys:
+        path = path_of(key)
+        if not pooled and run_missing and not path.exists():
+            if on_run is not None:
+                on_run(*key, False)
+            try:
+                run_resumable(config_of(key), path, checkpoint_every)
+            except FedrecError as e:  # one failed run must not end the reproduction
+                if on_fail is not None:
+                    on_fail(*key, str(e))
+                continue
+        elif not pooled and path.exists() and on_run is not None:
+            on_run(*key, True)
+        if not path.exists():  # not run (--reuse-only) or failed
+            continue
+        result = json.loads(path.read_text())
+        result["algorithm"] = key[0].method
+        result["config"]["setting"] = key[0].setting
+        results.append(result)
     return results
 
 
