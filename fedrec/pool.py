@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _run_job(cfg: Any, path: str, checkpoint_every: int) -> str:
+def _run_job(cfg: Any, path: str, checkpoint_every: int) -> None:
     """Worker: one run, one thread; its checkpoint (if any) removed once the result is written."""
     from fedrec import threads
     from fedrec.experiment import run_resumable
 
     threads.apply(1)
     run_resumable(cfg, path, checkpoint_every)
-    return path
 
 
 def run_files(jobs: Sequence[tuple[Any, str | Path]], workers: int,

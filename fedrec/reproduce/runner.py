@@ -258,7 +258,8 @@ def execute(
     (``.ckpt``) and a run killed part-way goes on from there the next time; the checkpoint is
     removed once the result is written. ``workers`` > 1 runs the missing runs side by side in
     that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
-    when it ends rather than when it starts. One failed run never ends the reproduction.
+    when it ends rather than when it starts. Reused runs are reported after the runs. One
+    failed run never ends the reproduction.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -279,48 +280,44 @@ def execute(
                                        ldp=planned.ldp, **dict(planned.engine)),
         )
 
-    missing = [k for k in keys if not path_of(k).exists()] if run_missing else []
-    pooled = workers > 1 and len(missing) > 1
-    if pooled:
+    # one run a file: a later planned run of the same file name reuses its result
+    first: dict[Path, tuple[PlannedRun, str, int]] = {}
+    for key in keys if run_missing else []:
+        if not path_of(key).exists():
+            first.setdefault(path_of(key), key)
+    todo, jobs = [], []
+    for key in first.values():
+        try:
+            jobs.append((config_of(key), path_of(key)))
+            todo.append(key)
+        except FedrecError as e:
+            if on_fail is not None:
+                on_fail(*key, str(e))
+    if workers > 1 and len(jobs) > 1:
         from fedrec.pool import run_files
 
-        if on_run is not None:
-            for key in keys:
-                if path_of(key).exists():
-                    on_run(*key, True)
-        (out_dir / dataset).mkdir(parents=True, exist_ok=True)
-        first: dict[Path, tuple[PlannedRun, str, int]] = {}
-        for key in missing:  # one job a file: a later run of the same name reuses it, as in turn
-            first.setdefault(path_of(key), key)
-        todo, jobs = [], []
-        for key in first.values():
-            try:
-                jobs.append((config_of(key), path_of(key)))
-                todo.append(key)
-            except FedrecError as e:
-                if on_fail is not None:
-                    on_fail(*key, str(e))
         for i, reason in run_files(jobs, workers, checkpoint_every):
             if reason is None and on_run is not None:
                 on_run(*todo[i], False)
             elif reason is not None and on_fail is not None:
                 on_fail(*todo[i], reason)
-    results = []
-    for key in keys:
-        path = path_of(key)
-        if not pooled and run_missing and not path.exists():
+    else:
+        for key, (cfg, path) in zip(todo, jobs, strict=True):
             if on_run is not None:
                 on_run(*key, False)
             try:
-                run_resumable(config_of(key), path, checkpoint_every)
+                run_resumable(cfg, path, checkpoint_every)
             except FedrecError as e:  # one failed run must not end the reproduction
                 if on_fail is not None:
                     on_fail(*key, str(e))
-                continue
-        elif not pooled and path.exists() and on_run is not None:
-            on_run(*key, True)
+    ran = set(first.values())
+    results = []
+    for key in keys:
+        path = path_of(key)
         if not path.exists():  # not run (--reuse-only) or failed
             continue
+        if key not in ran and on_run is not None:
+            on_run(*key, True)
         result = json.loads(path.read_text())
         result["algorithm"] = key[0].method
         result["config"]["setting"] = key[0].setting
