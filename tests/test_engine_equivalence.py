@@ -137,6 +137,49 @@ def test_small_case_has_uneven_and_short_batches(split: Split) -> None:
     ]
 
 
+@pytest.mark.parametrize("batch", [8, 40, 4096])
+def test_each_step_holds_the_batches_the_shuffle_keys_make(split: Split, batch: int) -> None:
+    """Step t of an epoch holds, for each client, its samples ranked t*B..(t+1)*B-1 by that
+    epoch's shuffle keys, slots ordered by row; a client whose samples fit one batch trains on
+    all of them every epoch, whatever its keys, and when every client does, each epoch's step
+    is the same object (laid out once)."""
+    clients = order_by_activity(split.train, np.arange(split.n_users))
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, np.random.default_rng(0))
+    samples = counts * 5
+    keys = np.random.default_rng(1).random((2, samples.sum()))
+    cohort = build_cohort(split.train, clients, negs, batch, keys)
+    per_epoch = cohort.steps_per_epoch
+    first = np.cumsum(samples) - samples
+    rows = [_sample_rows(cohort, split, negs, clients, k) for k in range(len(clients))]
+    for e in range(2):
+        for k in range(len(clients)):
+            ranked = np.argsort(keys[e, first[k]:first[k] + samples[k]], kind="stable")
+            got_all = []
+            for t, step in enumerate(cohort.steps[e * per_epoch:(e + 1) * per_epoch]):
+                mine = step.flat_owner == k
+                assert np.all(np.diff(step.flat_rows[mine]) >= 0)  # slots ordered by row
+                got_all.append(step.flat_rows[mine])
+                if samples[k] > batch:  # the keys decide which samples go in batch t
+                    batch_rows = rows[k][ranked[t * batch:(t + 1) * batch]]
+                    np.testing.assert_array_equal(step.flat_rows[mine], np.sort(batch_rows))
+            np.testing.assert_array_equal(np.sort(np.concatenate(got_all)), np.sort(rows[k]))
+    one_batch = samples <= batch
+    assert one_batch.any()
+    if one_batch.all():
+        assert per_epoch == 1 and cohort.steps[0] is cohort.steps[1]
+
+
+def _sample_rows(cohort: Any, split: Split, negs: np.ndarray, clients: np.ndarray, k: int) -> np.ndarray:
+    """Client ``k``'s samples (its positives, then its negatives) as local rows, in canonical order."""
+    counts = np.diff(split.train.indptr)[clients]
+    pos = split.train.indices[split.train.indptr[clients[k]]:split.train.indptr[clients[k] + 1]]
+    at = int(counts[:k].sum())
+    items = np.concatenate([pos, negs[at:at + counts[k]].ravel()])
+    mine = cohort.row_items[cohort.rows_of(k)]
+    return cohort.row_ptr[k] + np.searchsorted(mine, items)
+
+
 @pytest.mark.parametrize(("name", "opts", "overrides"), CASES,
                          ids=[f"{n}{'-dual' if o.get('dual') else ''}{'-' if c else ''}"
                               f"{'-'.join(c)}" for n, o, c in CASES])

@@ -71,7 +71,8 @@ class CohortBatches:
 
     ``clients`` are client ids (here: users) in training order. Local rows of client k are
     ``row_ptr[k]:row_ptr[k+1]`` and hold items ``row_items`` (sorted within a client).
-    ``samples_*`` keep each client's sample sequence in order, for the reference engine.
+    ``samples_*`` keep each client's sample sequence in order, for the reference engine (a
+    client whose samples fit one batch keeps them unshuffled: its batch holds them all anyway).
     """
 
     clients: np.ndarray
@@ -141,17 +142,26 @@ def build_cohort(
     row_items = uniq % n_items
     row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
 
+    # Clients whose samples fit one batch train on the same batch every epoch: a shuffle only
+    # permutes its slots, which `_lockstep` orders by row. In `order_by_activity` order they
+    # are the last clients; their samples are laid out once (`tail`) and their shuffle keys
+    # are not read. Clients before the last larger one are shuffled as usual.
+    many = np.flatnonzero(per_client > batch_size)
+    head = int(many[-1]) + 1 if len(many) else 0
+    split = int(first[head]) if head < len(clients) else n
+    tail = _one_batch_step(client[split:], sample_row[split:], labels[split:], batch_size)
     seq_client, seq_row, seq_label, steps = [], [], [], []
     bits = 62 - len(clients).bit_length()  # a client id above the key's bits, in an int64
     for epoch_keys in shuffle_keys:
         # shuffle within clients: sort by (client, key); keys are continuous, so ties (at 2^-bits)
         # are as unlikely as equal floats
-        order = argsort_ints((client.astype(np.int64) << bits) | (epoch_keys * 2.0**bits).astype(np.int64))
+        order = argsort_ints((client[:split].astype(np.int64) << bits)
+                             | (epoch_keys[:split] * 2.0**bits).astype(np.int64))
         c, r, y = client[order], sample_row[order], labels[order]
-        seq_client.append(c)
-        seq_row.append(r)
-        seq_label.append(y)
-        steps.extend(_lockstep(c, r, y, per_client, first, batch_size))
+        seq_client += [c, client[split:]]
+        seq_row += [r, sample_row[split:]]
+        seq_label += [y, labels[split:]]
+        steps.extend(_lockstep(c, r, y, per_client[:head], first[:head], batch_size, tail))
     return CohortBatches(
         clients=clients, row_items=row_items, row_ptr=row_ptr, steps=steps,
         steps_per_epoch=len(steps) // max(len(shuffle_keys), 1),
@@ -163,8 +173,13 @@ def build_cohort(
 def argsort_ints(keys: np.ndarray) -> np.ndarray:
     """``np.argsort`` of non-negative int64 ``keys`` (stable), by PyTorch's CPU radix sort: 4x
     numpy's (measured: 2.6 against 11.2 ms for 2x10^5 keys, one thread, numpy 2.4 / torch
-    2.13); building a cohort sorts every sample twice an epoch."""
-    return torch.sort(torch.as_tensor(keys, device="cpu"), stable=True).indices.cpu().numpy()
+    2.13); building a cohort sorts its samples a few times. Keys that fit 31 bits are sorted
+    as int32: a radix sort's passes go by byte, and four take half the time of eight
+    (measured: 1.5 against 2.7 ms for 2x10^5 keys below 2^20)."""
+    t = torch.as_tensor(keys, device="cpu")
+    if len(t) and int(t.max()) < 2**31:
+        t = t.int()
+    return torch.sort(t, stable=True).indices.cpu().numpy()
 
 
 def _unique_inverse(keys: np.ndarray, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
@@ -181,17 +196,31 @@ def _unique_inverse(keys: np.ndarray, n_cells: int) -> tuple[np.ndarray, np.ndar
     return np.flatnonzero(mark), rank[keys]
 
 
+def _one_batch_step(client: np.ndarray, row: np.ndarray, label: np.ndarray, batch_size: int) -> Step | None:
+    """The batch of the last clients, whose samples each fit one batch: their slots ordered by
+    local row (`_lockstep`'s order), as step 0 of every epoch holds them."""
+    if not len(client):
+        return None
+    order = argsort_ints(row)  # rows are numbered client by client: this groups clients too
+    c, r = client[order], row[order]
+    new_client = np.r_[True, c[1:] != c[:-1]]
+    slot = np.arange(len(c)) - np.flatnonzero(new_client)[np.cumsum(new_client) - 1]
+    return Step(int(c[-1]) + 1, batch_size, r, c, label[order], slot)
+
+
 def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client: np.ndarray,
-              first: np.ndarray, batch_size: int) -> list[Step]:
+              first: np.ndarray, batch_size: int, tail: Step | None = None) -> list[Step]:
     """Cut client-grouped samples into steps of ``(n_active, batch_size)`` blocks.
 
     Batch t of a client holds its samples ``t*B .. (t+1)*B - 1`` in shuffled order. Within a
     batch the slots are ordered by local row: a batch's loss is a mean, so slot order is free,
     and sorted indices make gathering and scatter-adding rows several times faster. Each step
-    is a slice of the sorted samples.
+    is a slice of the sorted samples. ``tail``: the later clients' one batch each
+    (`_one_batch_step`), joined to step 0 (the same object every epoch when there is nothing
+    else to train).
     """
     if not len(client):
-        return []
+        return [] if tail is None else [tail]
     pos = np.arange(len(client)) - first[client]
     t = pos // batch_size
     n_batches = -(-per_client // batch_size)
@@ -206,5 +235,11 @@ def _lockstep(client: np.ndarray, row: np.ndarray, label: np.ndarray, per_client
     j = np.arange(len(c)) - group_first[np.cumsum(new_group) - 1]
     y = label[order]
     at = np.searchsorted(ts, np.arange(len(n_active) + 1))
-    return [Step(int(n), batch_size, r[a:b], c[a:b], y[a:b], j[a:b])
-            for n, a, b in zip(n_active, at[:-1], at[1:], strict=True)]
+    steps = [Step(int(n), batch_size, r[a:b], c[a:b], y[a:b], j[a:b])
+             for n, a, b in zip(n_active, at[:-1], at[1:], strict=True)]
+    if tail is not None:
+        s0 = steps[0]
+        steps[0] = Step(tail.n_active, batch_size, *(np.concatenate([mine, later]) for mine, later in (
+            (s0.flat_rows, tail.flat_rows), (s0.flat_owner, tail.flat_owner),
+            (s0.flat_labels, tail.flat_labels), (s0.flat_slot, tail.flat_slot))))
+    return steps
