@@ -143,27 +143,27 @@ def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if width >= WHOLE_ROW:
         raise ValueError("the sparse row encoding stores columns in one byte (width < 255)")
     dense = rows.cpu().numpy()
-    nz = dense != 0
-    per_row = nz.sum(1)
+    per_row = np.count_nonzero(dense, axis=1)
     whole = per_row * (1 + FLOAT_BYTES) >= width * FLOAT_BYTES
-    keep = nz | whole[:, None]
     counts = np.where(whole, WHOLE_ROW, per_row).astype(np.uint8)
-    cols = np.nonzero(nz & ~whole[:, None])[1].astype(np.uint8)
-    return counts, cols, dense[keep].astype(np.float32), width
+    if whole.all():  # a dense table (FedRAP's C at most settings): no mask to build
+        return counts, np.zeros(0, np.uint8), dense.astype(np.float32).reshape(-1), width
+    nz = dense != 0
+    cols = np.nonzero(nz[~whole])[1].astype(np.uint8)
+    return counts, cols, dense[nz | whole[:, None]].astype(np.float32), width
 
 
 def decode_sparse(counts: np.ndarray, cols: np.ndarray, values: np.ndarray,
                   width: int) -> tuple[torch.Tensor, int]:
     """Rows back from `encode_sparse`, and the bytes the encoding took."""
     whole = counts == WHOLE_ROW
-    entries = np.where(whole, width, counts).astype(np.int64)
-    which = np.repeat(np.arange(len(counts)), entries)
-    col = np.empty(len(values), np.int64)
-    is_whole = np.repeat(whole, entries)
-    col[~is_whole] = cols
-    start = np.repeat(np.cumsum(entries) - entries, entries)
-    col[is_whole] = (np.arange(len(values)) - start)[is_whole]
     rows = np.zeros((len(counts), width), np.float32)
-    rows[which, col] = values
+    if whole.all():
+        rows[:] = values.reshape(-1, width)
+    else:  # whole rows are blocks of ``width`` values; the others' values go to their columns
+        in_whole = np.repeat(whole, np.where(whole, width, counts).astype(np.int64))
+        rows[whole] = values[in_whole].reshape(-1, width)
+        sparse = np.flatnonzero(~whole)
+        rows[np.repeat(sparse, counts[sparse].astype(np.int64)), cols] = values[~in_whole]
     n_bytes = len(counts) * INDEX_BYTES + counts.nbytes + cols.nbytes + values.nbytes
     return torch.as_tensor(rows), int(n_bytes)
