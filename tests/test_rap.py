@@ -24,7 +24,7 @@ from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, privacy_spent, run_federated
-from fedrec.federated.rap import RAPSpec, RAPState, curriculum
+from fedrec.federated.rap import RAPSpec, RAPState, curriculum, step_runs
 from fedrec.federated.upload import UploadPath, clip_clients, decode_sparse, encode_sparse
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -54,16 +54,16 @@ def _state(spec: RAPSpec, split: Split, seed: int = 2) -> RAPState:
     return state
 
 
-def _cohort(split: Split, every: int = 2, seed: int = 5) -> CohortBatches:
+def _cohort(split: Split, every: int = 2, seed: int = 5, batch: int = BATCH) -> CohortBatches:
     rng = np.random.default_rng(seed)
     clients = order_by_activity(split.train, np.arange(0, split.n_users, every))
     counts = np.diff(split.train.indptr)[clients]
     negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
-    return build_cohort(split.train, clients, negs, BATCH, rng.random((EPOCHS, int(counts.sum()) * 5)))
+    return build_cohort(split.train, clients, negs, batch, rng.random((EPOCHS, int(counts.sum()) * 5)))
 
 
 def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: int, lam: float,
-                      mu: float) -> dict[str, torch.Tensor]:
+                      mu: float, batch: int = BATCH) -> dict[str, torch.Tensor]:
     """Client ``k`` of ``cohort`` trained alone: autograd on its batch objective, SGD, prox."""
     client, n_items, d = int(cohort.clients[k]), state.n_items, spec.dim
     items = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
@@ -78,8 +78,8 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
     per_epoch = len(order_rows) // EPOCHS
     sign = 1.0 if spec.dc_sign == "pull" else -1.0
     for e in range(EPOCHS):
-        for s in range(0, per_epoch, BATCH):
-            sl = slice(e * per_epoch + s, e * per_epoch + min(s + BATCH, per_epoch))
+        for s in range(0, per_epoch, batch):
+            sl = slice(e * per_epoch + s, e * per_epoch + min(s + batch, per_epoch))
             rows = torch.as_tensor(order_rows[sl])
             y = torch.as_tensor(labels[sl])
             leaves = [t.detach().requires_grad_(True) for t in (head, bias, dd, cc)]
@@ -120,13 +120,24 @@ CASES = [
 ]
 
 
+#: batch sizes: every client several batches an epoch (its rows gathered a step at a time);
+#: some one batch, some several (a step cut in a gathered head and a tail trained in place);
+#: every client one batch (each step a block of rows trained in place)
+BATCHES = {"several": BATCH, "mixed": 40, "one": 4096}
+
+
+@pytest.mark.parametrize("batches", list(BATCHES))
 @pytest.mark.parametrize(("name", "opts"), CASES)
-def test_lockstep_round_matches_per_client_reference(split: Split, name: str, opts: dict[str, Any]) -> None:
+def test_lockstep_round_matches_per_client_reference(split: Split, name: str, opts: dict[str, Any],
+                                                     batches: str) -> None:
     spec = _spec(name, curriculum="fixed", lam=0.3, mu=0.05, **opts)
     state = _state(spec, split)
     before_items = state.items.clone()
     before = _state(spec, split)
-    cohort = _cohort(split)
+    batch = BATCHES[batches]
+    cohort = _cohort(split, batch=batch)
+    blocks = [runs.block is not None for step in cohort.steps for runs in step_runs(step)]
+    assert all(blocks) == (batches == "one") and (batches == "several" or any(blocks))
     acc = state.begin_round(7)
     path = UploadPath()
     up = state.local_update(cohort, path)
@@ -135,7 +146,7 @@ def test_lockstep_round_matches_per_client_reference(split: Split, name: str, op
 
     total = torch.zeros_like(before_items)
     for k, client in enumerate(cohort.clients):
-        ref = _reference_client(spec, before, cohort, k, 0.3, 0.05)
+        ref = _reference_client(spec, before, cohort, k, 0.3, 0.05, batch)
         c = int(client)
         head = state.private["w" if spec.score == "linear" else "user"][c]
         torch.testing.assert_close(head, ref["head"], **TOL)
@@ -211,6 +222,10 @@ def test_sparse_encoding_is_lossless_and_counts_what_travels() -> None:
     sparse = UploadPath(encoding="sparse").transmit(rows, torch.zeros_like(rows), torch.tensor([2, 3]), 10)
     assert sparse[1] == n_bytes < dense[1] == 2 * 10 * 32 * 4
     torch.testing.assert_close(sparse[0], dense[0])
+    full = torch.randn(3, 32)  # every row whole (its own path: no masks)
+    back, n_bytes = decode_sparse(*encode_sparse(full))
+    torch.testing.assert_close(back, full, rtol=0, atol=0)
+    assert n_bytes == 3 * 4 + 3 + 3 * 32 * 4
 
 
 def test_dp_clips_each_client_and_noises_the_mean() -> None:

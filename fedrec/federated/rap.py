@@ -60,27 +60,69 @@ from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gathe
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 from fedrec.options import check
 
-FlatStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]
 CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
 REGULARISERS = ("l1", "l2", "none")
 DC_SIGNS = ("pull", "push")
 
 
-def _flat(step: Step) -> FlatStep:
-    """A step's real slots (rows, owners, labels), each slot's weight 1/n_owner, n_active, and
-    how many slots share each slot's row (its multiplicity in the batch).
+@dataclass(frozen=True)
+class Runs:
+    """The slots of one lockstep step that share a row, as one entry each.
 
-    Slots are sorted by local row (`cohort._lockstep`), so equal rows are adjacent and the
-    multiplicity is a run length: no scatter over the chunk's rows is needed.
+    A FedRAP slot's logit depends only on its row and owner (a local row belongs to one
+    client), so every slot of a row has the same logit, and the row's step is its slots' summed
+    gradient: ``m`` slots with label sum ``labels`` contribute ``w (m sigma - labels)``. The
+    step is therefore computed once a distinct row (the run of equal rows in the sorted
+    step), not once a slot. ``rows`` are local rows (sorted, distinct); ``owner`` the active
+    client of each; ``weight`` its batch weight 1/(its slots in the step); ``block``, when set,
+    says the rows are exactly ``block[0]:block[1]``, so the step can read and write the row
+    tables in place instead of gathering and scattering them.
+    """
+
+    rows: torch.Tensor
+    owner: torch.Tensor
+    mult: torch.Tensor
+    labels: torch.Tensor
+    weight: torch.Tensor
+    n_active: int
+    block: tuple[int, int] | None
+
+
+def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
+    """``step``'s slots as runs of equal rows (`Runs`), cut in at most two parts by client.
+
+    Slots are sorted by local row (`cohort._lockstep`) and local rows are numbered client by
+    client, so runs come grouped by owner. Clients are independent within a step, so the step
+    may be cut at a client boundary: the tail in which every row is present (the clients whose
+    samples all fit one batch: most clients at a batch of 2048) becomes a block trained in
+    place; the head is gathered. ``whole_clients=False`` (CentRAP, whose clients share C) keeps
+    one part.
     """
     rows = step.flat_rows
-    owner = torch.as_tensor(step.flat_owner)
-    counts = torch.bincount(owner, minlength=step.n_active).float()
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else np.zeros(0, np.int64)
-    runs = np.diff(np.r_[starts, len(rows)])
-    mult = torch.as_tensor(np.repeat(runs, runs).astype(np.float32))
-    return (torch.as_tensor(rows), owner, torch.as_tensor(step.flat_labels),
-            1.0 / counts[owner], step.n_active, mult)
+    if not len(rows):
+        return []
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    run_rows = rows[starts]
+    mult = np.diff(np.r_[starts, len(rows)]).astype(np.float32)
+    owner = step.flat_owner[starts]
+    labels = np.add.reduceat(step.flat_labels, starts).astype(np.float32)
+    weight = (1.0 / np.bincount(step.flat_owner, minlength=step.n_active))[owner].astype(np.float32)
+    cut = 0
+    if whole_clients:
+        # the first run after the last gap in the rows, moved on to the next client's first run
+        gaps = np.flatnonzero(run_rows[1:] != run_rows[:-1] + 1)
+        cut = int(gaps[-1]) + 1 if len(gaps) else 0
+        if cut and owner[cut] == owner[cut - 1]:
+            later = np.flatnonzero(owner[cut:] != owner[cut])
+            cut = cut + int(later[0]) if len(later) else len(run_rows)
+    parts = []
+    for a, b in ((0, cut), (cut, len(run_rows))):
+        if a == b:
+            continue
+        block = (int(run_rows[a]), int(run_rows[b - 1]) + 1) if b - a == run_rows[b - 1] - run_rows[a] + 1 else None
+        parts.append(Runs(torch.as_tensor(run_rows[a:b]), torch.as_tensor(owner[a:b]), torch.as_tensor(mult[a:b]),
+                          torch.as_tensor(labels[a:b]), torch.as_tensor(weight[a:b]), step.n_active, block))
+    return parts
 
 
 def curriculum(name: str, a: int) -> float:
@@ -216,8 +258,12 @@ class RAPState(FamilyState):
         rows_d = views.rows.index_select(0, slots) if views is not None else None
         item_of = torch.as_tensor(cohort.row_items) if self.rap.centralised else None
         loss_sum = 0.0
+        laid_out: dict[int, list[Runs]] = {}  # a step repeated every epoch is laid out once
         for step in cohort.steps:
-            loss_sum += self._rap_step(params, rows_c, rows_d, _flat(step), item_of)
+            if id(step) not in laid_out:
+                laid_out[id(step)] = step_runs(step, whole_clients=item_of is None)
+            for runs in laid_out[id(step)]:
+                loss_sum += self._rap_step(params, rows_c, rows_d, runs, item_of)
         if views is not None:
             views.rows.index_copy_(0, slots, rows_d)
         if item_of is not None:
@@ -232,75 +278,103 @@ class RAPState(FamilyState):
         return owner * self.n_items + cohort.row_items
 
     def _rap_step(self, params: dict[str, torch.Tensor], rows_c: torch.Tensor,
-                  rows_d: torch.Tensor | None, step: FlatStep, item_of: torch.Tensor | None = None) -> float:
-        """One plain SGD step of every active client on its batch objective, then the L1 prox.
+                  rows_d: torch.Tensor | None, runs: Runs, item_of: torch.Tensor | None = None) -> float:
+        """One plain SGD step of the active clients of ``runs`` on their batch objective, then
+        the L1 prox; returns the batch loss.
 
-        Slots are flat (no padding); ``owner`` says whose each is. With ``item_of`` (CentRAP)
-        C's rows are the global table's, indexed by item, and its step is the mean over the
-        active users.
+        Works a distinct row at a time (`Runs`): the rows of a block are updated in place, other
+        rows are gathered, updated and written back. With ``item_of`` (CentRAP) C's rows are the
+        global table's, indexed by item (one item's rows come from many users), and its step is
+        the mean over the active users.
         """
         rap = self.rap
-        idx, owner, y, weight, n, mult = step
-        k = rap.dim
-        c_idx, c_scale = idx, 1.0
-        if item_of is not None:
-            rows_c, c_idx, c_scale = self.items, item_of[idx], 1.0 / n
+        block = slice(*runs.block) if runs.block is not None and item_of is None else None
+        c = d = None
+        if rap.use_c:
+            c = rows_c[block] if block is not None else (
+                self.items.index_select(0, item_of[runs.rows]) if item_of is not None
+                else rows_c.index_select(0, runs.rows))
+        if rows_d is not None:
+            d = rows_d[block] if block is not None else rows_d.index_select(0, runs.rows)
+        if item_of is None:
+            loss = self._row_update(params, c, d, runs)
+            if c is not None and block is None:
+                rows_c.index_copy_(0, runs.rows, c)
+        else:  # CentRAP: the users' steps meet in C's rows
+            before = c.clone() if c is not None else None
+            loss = self._row_update(params, c, d, runs, c_scale=1.0 / runs.n_active, prox=False)
+            if c is not None:
+                self._centralised_c_step(item_of[runs.rows], c.sub_(before), runs)
+        if d is not None and block is None:
+            rows_d.index_copy_(0, runs.rows, d)
+        return loss
+
+    def _row_update(self, params: dict[str, torch.Tensor], c: torch.Tensor | None, d: torch.Tensor | None,
+                    runs: Runs, c_scale: float = 1.0, prox: bool = True) -> float:
+        """The step of `_rap_step` on rows ``c`` and ``d`` of ``runs`` (updated in place, as are
+        the heads in ``params``); C's step is scaled by ``c_scale``. Returns the batch loss."""
+        rap = self.rap
+        k, lr = rap.dim, self.lr_item
+        owner, mult, w, n = runs.owner, runs.mult, runs.weight, runs.n_active
         head = params["w" if rap.score == "linear" else "user"]
         a = head.index_select(0, owner)
-        v_c = rows_c.index_select(0, c_idx) if rap.use_c else None
-        v_d = rows_d.index_select(0, idx) if rows_d is not None else None
-        v = v_c if v_d is None else (v_d if v_c is None else v_c + v_d)
+        v = c + d if c is not None and d is not None else (c if c is not None else d).clone()
         logits = torch.linalg.vecdot(a, v)
         if rap.score == "linear":
             logits += params["b"].index_select(0, owner)
-        g = (torch.sigmoid(logits) - y) * weight
-        loss = ((F.softplus(logits) - y * logits) * weight).sum()
-        fresh = v_c is not None and v_d is not None  # v is a sum of its own, free to overwrite
-        head_step = torch.zeros((n, k)).index_add_(0, owner, v.mul_(g[:, None]) if fresh else v * g[:, None])
+        mw = mult * w  # each row's share of its client's batch
+        g = w * (mult * torch.sigmoid(logits) - runs.labels)  # the row's slots' summed dBCE/dlogit
+        loss = (w * (mult * F.softplus(logits) - runs.labels * logits)).sum()
+        head_step = torch.zeros((n, k)).index_add_(0, owner, v.mul_(g[:, None]))
         bias_step = torch.zeros(n).index_add_(0, owner, g) if rap.score == "linear" else None
-        # every row step is -lr_item x its gradient; folding the rate into the coefficients
-        # first keeps the passes over (slots x k) arrays few (this loop is the engine's hot path)
-        step_v = a.mul_(g.mul_(-self.lr_item)[:, None])  # a is spent: -lr x dBCE/dv
-        step_d = step_c = step_v
-        if v_c is not None and v_d is not None and self.lam_now > 0:
-            diff = v_d.sub_(v_c)  # v_d is spent
+        # from here every row step is -lr x its gradient, the rate folded into per-row factors
+        # so that each (rows x k) pass is one fused multiply-add in place
+        a_coef = g.mul_(-lr)[:, None]
+        diff = coef = None
+        if c is not None and d is not None and self.lam_now > 0:
+            diff = d - c
             sq = torch.linalg.vecdot(diff, diff)
             if rap.dc_sign == "pull":
-                loss = loss + (self.lam_now / k) * (weight * sq).sum()
-                coef = weight * (-2 * self.lam_now * self.lr_item / k)
+                loss = loss + (self.lam_now / k) * (mw * sq).sum()
+                coef = mw * (-2 * self.lam_now * lr / k)
             else:
-                inside = sq / k < rap.push_cap
-                loss = loss - self.lam_now * (weight * (sq / k).clamp(max=rap.push_cap)).sum()
-                coef = weight * inside * (2 * self.lam_now * self.lr_item / k)
-            pull = diff.mul_(coef[:, None])
-            step_d, step_c = step_v + pull, step_v.sub_(pull)
-        if v_c is not None and self.mu_now > 0:
-            if rap.reg == "l2":
-                loss = loss + (self.mu_now / k) * (weight * torch.linalg.vecdot(v_c, v_c)).sum()
-                step_c = step_c - v_c * (weight * (2 * self.mu_now * self.lr_item / k))[:, None]
-            elif rap.reg == "l1":
-                loss = loss + (self.mu_now / k) * (weight * v_c.abs().sum(1)).sum()
-
+                loss = loss - self.lam_now * (mw * (sq / k).clamp(max=rap.push_cap)).sum()
+                coef = mw * (sq / k < rap.push_cap) * (2 * self.lam_now * lr / k)
+            coef = coef[:, None]
+        if d is not None:
+            rate = rap.d_rate
+            d.addcmul_(a, a_coef if rate == 1.0 else a_coef * rate)
+            if diff is not None:
+                d.addcmul_(diff, coef if rate == 1.0 else coef * rate)
+        if c is not None:
+            if self.mu_now > 0 and rap.reg == "l2":
+                loss = loss + (self.mu_now / k) * (mw * torch.linalg.vecdot(c, c)).sum()
+                c.mul_(1 - (c_scale * 2 * self.mu_now * lr / k) * mw[:, None])
+            elif self.mu_now > 0 and rap.reg == "l1":
+                loss = loss + (self.mu_now / k) * (mw @ c.abs()).sum()  # (vector_norm: 10x slower)
+            c.addcmul_(a, a_coef if c_scale == 1.0 else a_coef * c_scale)
+            if diff is not None:
+                c.addcmul_(diff, coef.neg_() if c_scale == 1.0 else coef * -c_scale)
+            if prox and rap.reg == "l1" and self.mu_now > 0:  # soft-thresholding (Eq. 13)
+                t = ((lr * self.mu_now / k) * mw)[:, None]
+                inside = torch.minimum(c, t)
+                c.sub_(torch.maximum(inside, -t, out=inside))  # (clamp with tensor bounds: 3x slower)
         head[:n] -= self.lr * head_step
         if bias_step is not None:
             params["b"][:n] -= self.lr * bias_step
-        # (index_add_ with alpha takes a slow path in torch 2.13's CPU kernel: steps are scaled)
-        if rows_d is not None:
-            rows_d.index_add_(0, idx, step_d if rap.d_rate == 1.0 else step_d * rap.d_rate)
-        if v_c is not None:
-            rows_c.index_add_(0, c_idx, step_c if c_scale == 1.0 else step_c * c_scale)
-            if rap.reg == "l1" and self.mu_now > 0:
-                lr_c = self.lr_item * c_scale
-                if item_of is None:  # a row's slots are adjacent and share one owner
-                    t = ((lr_c * self.mu_now / k) * weight * mult)[:, None]
-                else:  # CentRAP: one item's slots come from many users
-                    threshold = torch.zeros(rows_c.shape[0]).index_add_(
-                        0, c_idx, (lr_c * self.mu_now / k) * weight)
-                    t = threshold.index_select(0, c_idx)[:, None]
-                shrink = rows_c.index_select(0, c_idx)
-                shrink -= shrink.clamp(min=-t, max=t)  # soft-thresholding
-                rows_c.index_copy_(0, c_idx, shrink)  # duplicates carry equal values
         return float(loss)
+
+    def _centralised_c_step(self, items: torch.Tensor, step: torch.Tensor, runs: Runs) -> None:
+        """CentRAP: add the users' steps of C's rows (``items``, repeated across users) to the
+        global table, then soft-threshold each item by the sum of its rows' thresholds."""
+        self.items.index_add_(0, items, step)
+        if self.rap.reg != "l1" or self.mu_now <= 0:
+            return
+        share = (self.lr_item * self.mu_now / (self.rap.dim * runs.n_active)) * runs.mult * runs.weight
+        t = torch.zeros(self.items.shape[0]).index_add_(0, items, share)[items, None]
+        rows = self.items.index_select(0, items)
+        rows -= rows.clamp(min=-t, max=t)
+        self.items.index_copy_(0, items, rows)  # an item's rows carry equal values
 
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
         self.round_clients = acc.n + acc.rejected
