@@ -77,6 +77,7 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
     labels = cohort.sample_label[mine]
     per_epoch = len(order_rows) // EPOCHS
     sign = 1.0 if spec.dc_sign == "pull" else -1.0
+    total = 0.0  # the batch losses, each with the L1 term's value (its step is the prox)
     for e in range(EPOCHS):
         for s in range(0, per_epoch, batch):
             sl = slice(e * per_epoch + s, e * per_epoch + min(s + batch, per_epoch))
@@ -94,6 +95,7 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
             if spec.use_c and spec.reg == "l2":
                 loss = loss + mu * vc.square().mean(1).mean()
             grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            total += float(loss) + (mu * float(vc.abs().mean(1).mean()) if spec.use_c and spec.reg == "l1" else 0.0)
             zero = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)]
             head = head - LR * zero[0]
             bias = bias - LR * zero[1]
@@ -104,12 +106,12 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
                     mult = torch.bincount(rows, minlength=len(items)).float()
                     theta = (LR_ITEM * mu / d) * mult / len(rows)
                     cc = cc.sign() * (cc.abs() - theta[:, None]).clamp_min(0)
-    return {"head": head, "bias": bias, "D": dd, "C": cc, "items": items}
+    return {"head": head, "bias": bias, "D": dd, "C": cc, "items": items, "loss": total}
 
 
 CASES = [
     ("fedrap", {}),
-    ("fedrap", {"dc_sign": "push", "push_cap": 0.05}),
+    ("fedrap", {"dc_sign": "push", "push_cap": 0.4}),  # rows on both sides of the cap
     ("fedrap", {"score": "dot"}),
     ("fedrap", {"d_rate": 0.1}),
     ("fedrap-no", {}),
@@ -145,8 +147,10 @@ def test_lockstep_round_matches_per_client_reference(split: Split, name: str, op
     state.aggregate(acc, path, torch.Generator())
 
     total = torch.zeros_like(before_items)
+    ref_loss = 0.0
     for k, client in enumerate(cohort.clients):
         ref = _reference_client(spec, before, cohort, k, 0.3, 0.05, batch)
+        ref_loss += ref["loss"]
         c = int(client)
         head = state.private["w" if spec.score == "linear" else "user"][c]
         torch.testing.assert_close(head, ref["head"], **TOL)
@@ -158,6 +162,7 @@ def test_lockstep_round_matches_per_client_reference(split: Split, name: str, op
         total[ref["items"]] += ref["C"] - before_items[ref["items"]]
     expected = before_items + total / len(cohort.clients) if spec.use_c else before_items
     torch.testing.assert_close(state.items, expected, **TOL)
+    assert up.loss_sum == pytest.approx(ref_loss, rel=1e-4)
     if not spec.use_c:
         assert up.bytes_up == 0
 
@@ -192,6 +197,83 @@ def test_centrap_with_one_user_equals_fedrap(split: Split) -> None:
     every = np.arange(split.n_users * split.n_items)
     torch.testing.assert_close(cent.personal_views.get(every), fed.personal_views.get(every), **TOL)
     assert fed_up.bytes_up > 0 and cent_up.bytes_up == 0
+
+
+def _reference_centrap(spec: RAPSpec, state: RAPState, cohort: CohortBatches, lam: float, mu: float,
+                       batch: int) -> dict[str, Any]:
+    """CentRAP by autograd: at each lockstep step every user with a batch takes its own SGD step
+    on its head and D rows, and the global C takes the mean over those users of their C
+    gradients; then each item of C is soft-thresholded by the mean over the users of their
+    thresholds (their share of the item's slots)."""
+    n_items, d = state.n_items, spec.dim
+    head_name = "w" if spec.score == "linear" else "user"
+    C = state.items.clone()
+    users = []
+    for k, client in enumerate(cohort.clients):
+        items = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
+        mine = cohort.sample_client == k
+        users.append({
+            "items": items, "head": state.private[head_name][int(client)].clone(),
+            "bias": state.private["b"][int(client)].clone() if spec.score == "linear" else torch.zeros(()),
+            "D": state.personal_views.get(int(client) * n_items + items.numpy()),
+            "rows": cohort.sample_row[mine] - cohort.row_ptr[k], "labels": cohort.sample_label[mine]})
+    sign = 1.0 if spec.dc_sign == "pull" else -1.0
+    for e in range(EPOCHS):
+        for t in range(cohort.steps_per_epoch):
+            batches = []
+            for u in users:
+                per_epoch = len(u["rows"]) // EPOCHS
+                lo, hi = e * per_epoch + t * batch, e * per_epoch + min((t + 1) * batch, per_epoch)
+                if lo < hi:
+                    batches.append((u, torch.as_tensor(u["rows"][lo:hi]), torch.as_tensor(u["labels"][lo:hi])))
+            c_leaf = C.detach().requires_grad_(True)
+            total, leaves = 0.0, []
+            for u, rows, y in batches:
+                h, b, D = (u[name].detach().requires_grad_(True) for name in ("head", "bias", "D"))
+                leaves.append((u, h, b, D))
+                vd, vc = D[rows], c_leaf[u["items"][rows]]
+                logits = (vd + vc) @ h + (b if spec.score == "linear" else 0)
+                loss = F.binary_cross_entropy_with_logits(logits, y)
+                if lam > 0:
+                    ms = (vd - vc).square().mean(1)
+                    loss = loss + sign * lam * (ms if sign > 0 else ms.clamp(max=spec.push_cap)).mean()
+                if spec.reg == "l2":
+                    loss = loss + mu * vc.square().mean(1).mean()
+                total = total + loss
+            grads = torch.autograd.grad(total, [c_leaf] + [x for _, *xs in leaves for x in xs], allow_unused=True)
+            g_c, rest = grads[0], grads[1:]
+            for i, (u, h, b, D) in enumerate(leaves):
+                gh, gb, gd = (torch.zeros_like(x) if g is None else g for x, g in zip((h, b, D), rest[3 * i:3 * i + 3], strict=True))
+                u["head"], u["bias"], u["D"] = h.detach() - LR * gh, b.detach() - LR * gb, D.detach() - LR_ITEM * spec.d_rate * gd
+            C = C - LR_ITEM * g_c / len(batches)
+            if spec.reg == "l1":
+                theta = torch.zeros(n_items)
+                for u, rows, _ in batches:
+                    theta.index_add_(0, u["items"][rows], torch.full((len(rows),), LR_ITEM * mu / d / len(rows)))
+                theta /= len(batches)
+                C = C.sign() * (C.abs() - theta[:, None]).clamp_min(0)
+    return {"C": C, "users": users}
+
+
+@pytest.mark.parametrize("batches", ["several", "one"])
+@pytest.mark.parametrize("opts", [{}, {"reg": "l2"}, {"dc_sign": "push", "push_cap": 0.4}])
+def test_centrap_matches_an_autograd_reference_over_many_users(split: Split, opts: dict[str, Any],
+                                                               batches: str) -> None:
+    """CentRAP's C is one table all users step at once (the mean of their gradients), with one
+    soft-threshold an item summed over the users that trained it."""
+    spec = _spec("centrap", curriculum="fixed", lam=0.3, mu=0.05, **opts)
+    state = _state(spec, split)
+    before = _state(spec, split)
+    cohort = _cohort(split, batch=BATCHES[batches])
+    assert len(cohort.clients) > 10
+    state.begin_round(7)
+    state.local_update(cohort, UploadPath())
+    ref = _reference_centrap(spec, before, cohort, 0.3, 0.05, BATCHES[batches])
+    torch.testing.assert_close(state.items, ref["C"], **TOL)
+    for u, client in zip(ref["users"], cohort.clients, strict=True):
+        c = int(client)
+        torch.testing.assert_close(state.private["w" if spec.score == "linear" else "user"][c], u["head"], **TOL)
+        torch.testing.assert_close(state.personal_views.get(c * state.n_items + u["items"].numpy()), u["D"], **TOL)
 
 
 def test_untrained_items_keep_a_zero_personal_view(split: Split) -> None:

@@ -106,7 +106,7 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     mult = np.diff(np.r_[starts, len(rows)]).astype(np.float32)
     owner = step.flat_owner[starts]
     labels = np.add.reduceat(step.flat_labels, starts).astype(np.float32)
-    weight = (1.0 / np.bincount(step.flat_owner, minlength=step.n_active))[owner].astype(np.float32)
+    weight = (1.0 / np.bincount(step.flat_owner, minlength=step.n_active)[owner]).astype(np.float32)
     cut = 0
     if whole_clients:
         # the first run after the last gap in the rows, moved on to the next client's first run
@@ -257,7 +257,7 @@ class RAPState(FamilyState):
         slots = views.slots(self._keys(cohort)) if views is not None else None
         rows_d = views.rows.index_select(0, slots) if views is not None else None
         item_of = torch.as_tensor(cohort.row_items) if self.rap.centralised else None
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
         laid_out: dict[int, list[Runs]] = {}  # a step repeated every epoch is laid out once
         for step in cohort.steps:
             if id(step) not in laid_out:
@@ -268,7 +268,7 @@ class RAPState(FamilyState):
             views.rows.index_copy_(0, slots, rows_d)
         if item_of is not None:
             rows_c = start  # C was trained in place: clients upload nothing
-        up = self._finish(cohort, params, start, rows_c, path, loss_sum)
+        up = self._finish(cohort, params, start, rows_c, path, float(loss_sum))
         if not self.rap.use_c or self.rap.centralised:  # nothing shared travels
             up.bytes_up = up.bytes_down = 0
         return up
@@ -278,7 +278,7 @@ class RAPState(FamilyState):
         return owner * self.n_items + cohort.row_items
 
     def _rap_step(self, params: dict[str, torch.Tensor], rows_c: torch.Tensor,
-                  rows_d: torch.Tensor | None, runs: Runs, item_of: torch.Tensor | None = None) -> float:
+                  rows_d: torch.Tensor | None, runs: Runs, item_of: torch.Tensor | None = None) -> torch.Tensor:
         """One plain SGD step of the active clients of ``runs`` on their batch objective, then
         the L1 prox; returns the batch loss.
 
@@ -310,7 +310,7 @@ class RAPState(FamilyState):
         return loss
 
     def _row_update(self, params: dict[str, torch.Tensor], c: torch.Tensor | None, d: torch.Tensor | None,
-                    runs: Runs, c_scale: float = 1.0, prox: bool = True) -> float:
+                    runs: Runs, c_scale: float = 1.0, prox: bool = True) -> torch.Tensor:
         """The step of `_rap_step` on rows ``c`` and ``d`` of ``runs`` (updated in place, as are
         the heads in ``params``); C's step is scaled by ``c_scale``. Returns the batch loss."""
         rap = self.rap
@@ -362,7 +362,7 @@ class RAPState(FamilyState):
         head[:n] -= self.lr * head_step
         if bias_step is not None:
             params["b"][:n] -= self.lr * bias_step
-        return float(loss)
+        return loss
 
     def _centralised_c_step(self, items: torch.Tensor, step: torch.Tensor, runs: Runs) -> None:
         """CentRAP: add the users' steps of C's rows (``items``, repeated across users) to the
