@@ -95,7 +95,8 @@ def _reference_client(spec: RAPSpec, state: RAPState, cohort: CohortBatches, k: 
             if spec.use_c and spec.reg == "l2":
                 loss = loss + mu * vc.square().mean(1).mean()
             grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-            total += float(loss) + (mu * float(vc.abs().mean(1).mean()) if spec.use_c and spec.reg == "l1" else 0.0)
+            l1 = mu * float(vc.abs().mean(1).mean()) if spec.use_c and spec.reg == "l1" else 0.0
+            total += float(loss) + l1
             zero = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)]
             head = head - LR * zero[0]
             bias = bias - LR * zero[1]
@@ -225,7 +226,8 @@ def _reference_centrap(spec: RAPSpec, state: RAPState, cohort: CohortBatches, la
                 per_epoch = len(u["rows"]) // EPOCHS
                 lo, hi = e * per_epoch + t * batch, e * per_epoch + min((t + 1) * batch, per_epoch)
                 if lo < hi:
-                    batches.append((u, torch.as_tensor(u["rows"][lo:hi]), torch.as_tensor(u["labels"][lo:hi])))
+                    rows, y = torch.as_tensor(u["rows"][lo:hi]), torch.as_tensor(u["labels"][lo:hi])
+                    batches.append((u, rows, y))
             c_leaf = C.detach().requires_grad_(True)
             total, leaves = 0.0, []
             for u, rows, y in batches:
@@ -240,16 +242,19 @@ def _reference_centrap(spec: RAPSpec, state: RAPState, cohort: CohortBatches, la
                 if spec.reg == "l2":
                     loss = loss + mu * vc.square().mean(1).mean()
                 total = total + loss
-            grads = torch.autograd.grad(total, [c_leaf] + [x for _, *xs in leaves for x in xs], allow_unused=True)
-            g_c, rest = grads[0], grads[1:]
+            wrt = [c_leaf, *(x for _, *xs in leaves for x in xs)]
+            grads = torch.autograd.grad(total, wrt, allow_unused=True)
+            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(wrt, grads, strict=True)]
             for i, (u, h, b, D) in enumerate(leaves):
-                gh, gb, gd = (torch.zeros_like(x) if g is None else g for x, g in zip((h, b, D), rest[3 * i:3 * i + 3], strict=True))
-                u["head"], u["bias"], u["D"] = h.detach() - LR * gh, b.detach() - LR * gb, D.detach() - LR_ITEM * spec.d_rate * gd
-            C = C - LR_ITEM * g_c / len(batches)
+                gh, gb, gd = grads[1 + 3 * i:4 + 3 * i]
+                u["head"], u["bias"] = h.detach() - LR * gh, b.detach() - LR * gb
+                u["D"] = D.detach() - LR_ITEM * spec.d_rate * gd
+            C = C - LR_ITEM * grads[0] / len(batches)
             if spec.reg == "l1":
                 theta = torch.zeros(n_items)
                 for u, rows, _ in batches:
-                    theta.index_add_(0, u["items"][rows], torch.full((len(rows),), LR_ITEM * mu / d / len(rows)))
+                    share = torch.full((len(rows),), LR_ITEM * mu / d / len(rows))
+                    theta.index_add_(0, u["items"][rows], share)
                 theta /= len(batches)
                 C = C.sign() * (C.abs() - theta[:, None]).clamp_min(0)
     return {"C": C, "users": users}
@@ -272,8 +277,10 @@ def test_centrap_matches_an_autograd_reference_over_many_users(split: Split, opt
     torch.testing.assert_close(state.items, ref["C"], **TOL)
     for u, client in zip(ref["users"], cohort.clients, strict=True):
         c = int(client)
-        torch.testing.assert_close(state.private["w" if spec.score == "linear" else "user"][c], u["head"], **TOL)
-        torch.testing.assert_close(state.personal_views.get(c * state.n_items + u["items"].numpy()), u["D"], **TOL)
+        head = state.private["w" if spec.score == "linear" else "user"][c]
+        torch.testing.assert_close(head, u["head"], **TOL)
+        got_d = state.personal_views.get(c * state.n_items + u["items"].numpy())
+        torch.testing.assert_close(got_d, u["D"], **TOL)
 
 
 def test_untrained_items_keep_a_zero_personal_view(split: Split) -> None:

@@ -119,9 +119,9 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     for a, b in ((0, cut), (cut, len(run_rows))):
         if a == b:
             continue
-        block = (int(run_rows[a]), int(run_rows[b - 1]) + 1) if b - a == run_rows[b - 1] - run_rows[a] + 1 else None
-        parts.append(Runs(torch.as_tensor(run_rows[a:b]), torch.as_tensor(owner[a:b]), torch.as_tensor(mult[a:b]),
-                          torch.as_tensor(labels[a:b]), torch.as_tensor(weight[a:b]), step.n_active, block))
+        lo, hi = int(run_rows[a]), int(run_rows[b - 1]) + 1
+        as_t = [torch.as_tensor(x[a:b]) for x in (run_rows, owner, mult, labels, weight)]
+        parts.append(Runs(*as_t, step.n_active, (lo, hi) if hi - lo == b - a else None))
     return parts
 
 
@@ -278,7 +278,8 @@ class RAPState(FamilyState):
         return owner * self.n_items + cohort.row_items
 
     def _rap_step(self, params: dict[str, torch.Tensor], rows_c: torch.Tensor,
-                  rows_d: torch.Tensor | None, runs: Runs, item_of: torch.Tensor | None = None) -> torch.Tensor:
+                  rows_d: torch.Tensor | None, runs: Runs,
+                  item_of: torch.Tensor | None = None) -> torch.Tensor:
         """One plain SGD step of the active clients of ``runs`` on their batch objective, then
         the L1 prox; returns the batch loss.
 
