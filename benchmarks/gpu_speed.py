@@ -10,19 +10,23 @@ spends on the clients' side (broadcast, local training, uploads), in aggregation
 evaluation, the total for the workload's rounds (measured, or the median round times the
 rounds when ``--rounds`` asks for fewer: marked ``~``), and the peak memories. The CPU column
 of the big workloads is skipped unless ``--cpu-all`` (a PFedRec round over 10^6 users takes
-minutes on two cores). Targets are issue 18's (one H100-class GPU).
+minutes on two cores). ``--budget-s`` stops a row after that many seconds and extrapolates
+from the rounds it finished, so one call fits a GPU lease. Targets are issue 18's (one
+H100-class GPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import resource
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -54,6 +58,9 @@ WORKLOADS = [
 ]
 
 
+MOST_ACTIVE_SHARE = 2314 / 3706
+
+
 def protocol_of(algorithm: str) -> str:
     from fedrec.algorithms import get_algorithm
 
@@ -63,7 +70,10 @@ def protocol_of(algorithm: str) -> str:
     return "ratio-rating" if "sampled" not in spec.rankings else "loo-sampled"
 
 
-def split_of(w: Workload, seed: int) -> Any:
+def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
+    """The workload's split. Synthetic splits are kept as pickles in ``cache`` when given: a
+    10^6-user split takes minutes to draw (its evaluation negatives most), so a GPU lease
+    prepares it beside the tests (``--prepare``) and the timed rows load it in seconds."""
     from fedrec.data.preprocess import PreprocessConfig, preprocess
     from fedrec.data.synthetic import synthetic
     from fedrec.experiment import RunConfig, prepare_split
@@ -72,13 +82,36 @@ def split_of(w: Workload, seed: int) -> Any:
     protocol = protocol_of(w.algorithm)
     if w.data == "ml-100k":
         return prepare_split(RunConfig(algorithm=w.algorithm, dataset="ml-100k", seed=seed, protocol=protocol))
+    kept = Path(cache) / f"{w.data}-{protocol}-s{seed}.pkl" if cache else None
+    if kept is not None and kept.is_file():
+        with kept.open("rb") as f:
+            return pickle.load(f)
     users, items, events = (int(x) for x in w.data.split("x"))
-    x = synthetic(users, items, mean_interactions=events / users, seed=seed)
-    return make_split(preprocess(x, PreprocessConfig(implicit=True)), protocol, seed=seed)
+    # ML-1M's most active user rated 62% of its items; the cap leaves every user the items
+    # the sampled protocol draws evaluation negatives from (an uncapped heavy tail fills some)
+    x = synthetic(users, items, mean_interactions=events / users, seed=seed,
+                  max_interactions=int(MOST_ACTIVE_SHARE * items))
+    split = make_split(preprocess(x, PreprocessConfig(implicit=True)), protocol, seed=seed)
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_suffix(".part")
+        with part.open("wb") as f:
+            pickle.dump(split, f, protocol=pickle.HIGHEST_PROTOCOL)
+        part.rename(kept)  # whole or absent: a row that starts meanwhile draws its own
+    return split
 
 
-def measure(w: Workload, device: str, rounds: int, seed: int) -> dict[str, Any]:
-    """Run ``w`` on ``device`` in this process; its figures."""
+def _peaks(device: str) -> tuple[float, float | None]:
+    import torch
+
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return host, (torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None)
+
+
+def measure(w: Workload, device: str, rounds: int, seed: int, cache: str | None = None) -> dict[str, Any]:
+    """Run ``w`` on ``device`` in this process; its figures. Each round is also printed as a
+    ``ROUND`` line as it ends, so a parent that stops the run at its budget keeps the rounds
+    done."""
     import torch
 
     from fedrec.algorithms import get_algorithm
@@ -87,30 +120,71 @@ def measure(w: Workload, device: str, rounds: int, seed: int) -> dict[str, Any]:
     from fedrec.federated.engine import run_federated
 
     torch.set_num_threads(1)
-    split = split_of(w, seed)
+    loaded = time.perf_counter()
+    split = split_of(w, seed, cache)
     alg = get_algorithm(w.algorithm)
     spec = alg.build(split, {**alg.defaults, **dict(w.model)})
     cfg = federated_config(w.algorithm, rounds=min(rounds, w.rounds), patience=0, device=device,
                            **dict(w.engine))
+    print("LOADED " + json.dumps({"load_s": time.perf_counter() - loaded, "users": split.n_users,
+                                  "items": split.n_items, "train": int(split.train.nnz)}), flush=True)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+
+    def on_round(record: Any, *_: Any) -> None:
+        host, dev = _peaks(device)
+        print("ROUND " + json.dumps({"round": record.round, "round_s": record.seconds,
+                                     "train_s": record.extra.get("train_seconds", 0.0),
+                                     "aggregate_s": record.extra.get("aggregate_seconds", 0.0),
+                                     "eval_s": record.extra.get("eval_seconds", 0.0),
+                                     "host_peak_gb": host, "device_peak_gb": dev}), flush=True)
+
     start = time.perf_counter()
     with on(device):
-        out = run_federated(spec, split, cfg, seed=seed)
+        out = run_federated(spec, split, cfg, seed=seed, on_round=on_round)
     wall = time.perf_counter() - start
-    median = lambda key: statistics.median(h.extra.get(key, 0.0) for h in out.history)  # noqa: E731
-    per_round = statistics.median(h.seconds for h in out.history)
-    done = len(out.history)
+    host, dev = _peaks(device)
+    return {"wall_s": wall, "rounds": len(out.history), "host_peak_gb": host, "device_peak_gb": dev,
+            "test": out.test}
+
+
+def summarise(w: Workload, device: str, lines: list[str], finished: bool) -> dict[str, Any] | None:
+    """A row from a child's output: medians of its rounds; the measured total when all of the
+    workload's rounds ran, else the median round times the workload's rounds (extrapolated)."""
+    tagged = lambda tag: [json.loads(x[len(tag):]) for x in lines if x.startswith(tag)]  # noqa: E731
+    rounds, loaded = tagged("ROUND "), tagged("LOADED ")
+    if not rounds:
+        return None
+    median = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
+    end = json.loads(lines[-1]) if finished else None
+    complete = end is not None and end["rounds"] == w.rounds
     return {
-        "workload": w.name, "device": device, "rounds": done, "of": w.rounds,
-        "train_s": median("train_seconds"), "aggregate_s": median("aggregate_seconds"),
-        "eval_s": median("eval_seconds"), "round_s": per_round,
-        "total_s": wall if done == w.rounds else per_round * w.rounds, "extrapolated": done != w.rounds,
-        "host_peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "device_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None,
-        "users": split.n_users, "items": split.n_items, "train": int(split.train.nnz),
-        "test": out.test, "target": w.target,
+        "workload": w.name, "device": device, "rounds": len(rounds), "of": w.rounds,
+        "train_s": median("train_s"), "aggregate_s": median("aggregate_s"), "eval_s": median("eval_s"),
+        "round_s": median("round_s"), "load_s": loaded[0]["load_s"] if loaded else None,
+        "total_s": end["wall_s"] if complete else median("round_s") * w.rounds, "extrapolated": not complete,
+        "host_peak_gb": (end or rounds[-1])["host_peak_gb"],
+        "device_peak_gb": (end or rounds[-1])["device_peak_gb"],
+        "test": end["test"] if end else None, "target": w.target, **(loaded[0] if loaded else {}),
     }
+
+
+def run_child(w: Workload, device: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
+    """Measure ``w`` on ``device`` in a fresh process, stopped after ``args.budget_s``."""
+    cmd = [sys.executable, __file__, "--one", w.name, device, "--rounds", str(args.rounds),
+           "--seed", str(args.seed)] + (["--split-cache", args.split_cache] if args.split_cache else [])
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            out, err = child.communicate(timeout=args.budget_s)
+            finished = child.returncode == 0
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            finished, err = False, f"stopped at the {args.budget_s:.0f} s budget"
+    lines = [x for x in out.splitlines() if x.strip()]
+    if not finished and child.returncode not in (0, None) and "budget" not in err:
+        err = (err.strip().splitlines() or ["?"])[-1]
+    return summarise(w, device, lines, finished), ("" if finished else err)
 
 
 def main() -> None:
@@ -118,8 +192,14 @@ def main() -> None:
     ap.add_argument("--workload", action="append", help="name (repeatable; default: all)")
     ap.add_argument("--devices", default=None, help="comma-separated (default: cuda,cpu or cpu)")
     ap.add_argument("--rounds", type=int, default=100, help="at most this many rounds a workload")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop a (workload, device) after this many seconds and extrapolate its rounds")
+    ap.add_argument("--json", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--cpu-all", action="store_true", help="also the big workloads on the CPU")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split-cache", default=None, help="keep synthetic splits as pickles in this folder")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only draw the chosen workloads' synthetic splits into --split-cache")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--one", nargs=2, metavar=("WORKLOAD", "DEVICE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,7 +209,16 @@ def main() -> None:
             print(f"{w.name:22s} {w.algorithm:12s} {w.data:26s} {w.rounds:4d} rounds  target {w.target}")
         return
     if args.one:
-        print(json.dumps(measure(by_name[args.one[0]], args.one[1], args.rounds, args.seed)))
+        print(json.dumps(measure(by_name[args.one[0]], args.one[1], args.rounds, args.seed, args.split_cache)))
+        return
+    if args.prepare:
+        if not args.split_cache:
+            sys.exit("--prepare needs --split-cache")
+        for name in args.workload or [w.name for w in WORKLOADS]:
+            if by_name[name].data != "ml-100k":
+                start = time.perf_counter()
+                split_of(by_name[name], args.seed, args.split_cache)
+                print(f"{name}: split ready in {time.perf_counter() - start:.1f} s", flush=True)
         return
     import torch
 
@@ -139,25 +228,29 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown workload(s) {', '.join(unknown)}; see --list")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    print(f"GPU: {gpu}; CPU threads: 1; rounds: at most {args.rounds} (~: median round x the workload's rounds)")
-    print(f"{'workload':22s} {'device':6s} {'train':>8s} {'aggr':>8s} {'eval':>8s} {'total':>10s} "
-          f"{'host GB':>8s} {'dev GB':>7s}  target")
+    print(f"GPU: {gpu}; torch {torch.__version__}; CPU threads: 1; rounds: at most {args.rounds}; "
+          f"budget: {args.budget_s or 'none'} s a row (~: median round x the workload's rounds)", flush=True)
+    print(f"{'workload':22s} {'device':6s} {'load':>6s} {'train':>8s} {'aggr':>8s} {'eval':>8s} {'rounds':>8s} "
+          f"{'total':>10s} {'host GB':>8s} {'dev GB':>7s}  target", flush=True)
     for name in names:
         w = by_name[name]
         for device in devices:
             if device == "cpu" and not (w.cpu or args.cpu_all):
-                print(f"{name:22s} {device:6s} {'(skipped on the CPU; --cpu-all)':>46s}")
+                print(f"{name:22s} {device:6s} {'(skipped on the CPU; --cpu-all)':>46s}", flush=True)
                 continue
-            done = subprocess.run([sys.executable, __file__, "--one", name, device, "--rounds", str(args.rounds),
-                                   "--seed", str(args.seed)], capture_output=True, text=True)
-            if done.returncode:
-                print(f"{name:22s} {device:6s} failed: {done.stderr.strip().splitlines()[-1:]}")
+            r, why = run_child(w, device, args)
+            if r is None:
+                print(f"{name:22s} {device:6s} failed: {why}", flush=True)
                 continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({**r, "gpu": gpu, "torch": torch.__version__, "note": why}) + "\n")
             total = ("~" if r["extrapolated"] else "") + f"{r['total_s']:.1f}"
             dev = f"{r['device_peak_gb']:.2f}" if r["device_peak_gb"] is not None else "-"
-            print(f"{name:22s} {device:6s} {r['train_s']:8.3f} {r['aggregate_s']:8.3f} {r['eval_s']:8.3f} "
-                  f"{total:>10s} {r['host_peak_gb']:8.2f} {dev:>7s}  {r['target']}")
+            load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
+            print(f"{name:22s} {device:6s} {load:>6s} {r['train_s']:8.3f} {r['aggregate_s']:8.3f} {r['eval_s']:8.3f} "
+                  f"{r['rounds']:>4d}/{w.rounds:<4d}{total:>9s} {r['host_peak_gb']:8.2f} {dev:>7s}  {r['target']}"
+                  + (f"  ({why})" if why else ""), flush=True)
 
 
 if __name__ == "__main__":

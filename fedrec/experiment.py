@@ -6,6 +6,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,10 @@ def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None
     given) and the `fedrec.core.Trainable` the driver trains."""
     spec = get_algorithm(cfg.algorithm)
     torch.manual_seed(cfg.seed)
-    model = spec.build(split, options if options is not None else cfg.model)
+    # a centralised module is built on the CPU: its initial draws come from the seeded CPU
+    # generator on every device (CUDA's gives other numbers); CentralisedModel moves it
+    with torch.device("cpu") if spec.kind != "federated" else nullcontext():
+        model = spec.build(split, options if options is not None else cfg.model)
     if spec.kind == "federated":
         return model, model.algorithm(split, cfg.federated, cfg.seed)
     return model, CentralisedModel(model, split, cfg.train, cfg.seed)

@@ -104,6 +104,14 @@ def test_dense_users_fall_back_to_exact_sampling() -> None:
     assert (np.diff(x.timestamps)[np.diff(x.users) == 0] > 0).all()
 
 
+def test_activity_stops_at_max_interactions() -> None:
+    # a heavy tail that would fill some users' whole catalogue without the cap
+    x = synthetic(400, 60, mean_interactions=40, max_interactions=45, seed=1)
+    counts = per_user(x)
+    assert counts.max() == 45
+    assert per_user(synthetic(400, 60, mean_interactions=40, seed=1)).max() == 60
+
+
 def test_exact_path_alone_keeps_the_structure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(synthetic_module, "POOL_ROUNDS", 0)
     d = synthetic_data(1000, 300, mean_interactions=15, seed=2)
@@ -123,6 +131,8 @@ def test_exact_path_alone_keeps_the_structure(monkeypatch: pytest.MonkeyPatch) -
         dict(n_users=10, n_items=50, dim=0),
         dict(n_users=10, n_items=50, popularity_exponent=-1.0),
         dict(n_users=10, n_items=50, temperature=0.0),
+        dict(n_users=10, n_items=50, max_interactions=2),
+        dict(n_users=10, n_items=50, max_interactions=51),
     ],
 )
 def test_impossible_options_raise(kwargs: dict) -> None:

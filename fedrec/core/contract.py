@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec.core.device import settle
 from fedrec.errors import FedrecError
 from fedrec.results import RoundRecord
 
@@ -190,8 +191,10 @@ class FederatedAlgorithm(Trainable):
                               f"{self.divergence_hint}")
         for watch in self.observers:
             watch(uploads, plan)
+        settle()
         trained = time.perf_counter()
         self.aggregate(uploads, plan)
+        settle()
         timing = {"train_seconds": trained - start, "aggregate_seconds": time.perf_counter() - trained}
         return RoundRecord(round=r, loss=uploads.loss, seconds=0.0, bytes_up=uploads.bytes_up,
                            bytes_down=uploads.bytes_down, rejected_uploads=uploads.rejected,

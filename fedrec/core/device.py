@@ -49,3 +49,11 @@ def on(device: str) -> Iterator[None]:
 def here(t: torch.Tensor) -> torch.Tensor:
     """A CPU draw moved to the run's device (the default device: see `on`)."""
     return t.to(torch.get_default_device())
+
+
+def settle() -> None:
+    """Wait for the work queued on the run's device, so a host clock read next measures it
+    (CUDA kernels run asynchronously); nothing to wait for on the CPU."""
+    dev = torch.get_default_device()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

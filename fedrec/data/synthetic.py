@@ -66,6 +66,7 @@ def synthetic(
     name: str = "synthetic",
     *,
     temperature: float = 0.5,
+    max_interactions: int | None = None,
 ) -> Interactions:
     """A synthetic `Interactions` (see `synthetic_data` for the model and the ground truth)."""
     return synthetic_data(
@@ -78,6 +79,7 @@ def synthetic(
         seed,
         name,
         temperature=temperature,
+        max_interactions=max_interactions,
     ).interactions
 
 
@@ -92,11 +94,13 @@ def synthetic_data(
     name: str = "synthetic",
     *,
     temperature: float = 0.5,
+    max_interactions: int | None = None,
 ) -> SyntheticData:
     """Generate users x items interactions and return them with the factors behind them.
 
     Every user gets ``min_interactions + Poisson(LogNormal)`` distinct items (mean
-    ``mean_interactions``, capped at ``n_items``); item popularity follows a power law with
+    ``mean_interactions``, capped at ``max_interactions``, default ``n_items``: a protocol
+    that samples evaluation negatives needs users who leave some items out); item popularity follows a power law with
     ``popularity_exponent`` (0: uniform) over a random ranking of the items. Rows are grouped
     by user in id order, each user's events in strictly increasing time; ratings are 1..5
     stars from the affinity plus noise. ``user_ids``/``item_ids`` are ``0..n-1``. Time and
@@ -125,7 +129,13 @@ def synthetic_data(
         item_hash=rng.integers(0, word, n_items, dtype=np.uint64, endpoint=True),
         user_hash=rng.integers(0, word, n_users, dtype=np.uint64, endpoint=True) | np.uint64(1),
     )
-    need = _activity(rng, n_users, mean_interactions, min_interactions, n_items)
+    cap = n_items if max_interactions is None else max_interactions
+    if not min_interactions <= cap <= n_items:
+        raise FedrecError(
+            f"max_interactions must be in [min_interactions={min_interactions}, n_items={n_items}], "
+            f"got {max_interactions}"
+        )
+    need = _activity(rng, n_users, mean_interactions, min_interactions, cap)
 
     total = int(need.sum())
     users = np.empty(total, dtype=np.int64)
