@@ -60,8 +60,8 @@ class FederatedConfig:
     EPYC with 32 MB L3: ML-100K 0.21 s/round at 512 MB, 0.157 s at 32 MB; ML-1M scale 2.8 and
     1.5 s/round). Results do not depend on it. None (the default) picks it by device: 32 MB on
     the CPU, `CUDA_BUDGET_MB` on a GPU, where a chunk is one batch of kernel launches and
-    bigger chunks launch fewer (not measured yet: no GPU was available; `--memory-budget-mb`
-    and `benchmarks/gpu_speed.py` are there to tune it).
+    bigger chunks launch fewer (not tuned yet: on the one GPU measured, an H200, a round is
+    bound by the host's layout work, not the chunks' kernels; `docs/scale.md`).
     """
 
     rounds: int = 100
