@@ -3,6 +3,8 @@
     python benchmarks/gpu_speed.py                       # every workload, CUDA (if present) and CPU
     python benchmarks/gpu_speed.py --workload pfedrec-ml100k --devices cpu --rounds 5
     python benchmarks/gpu_speed.py --list
+    python benchmarks/gpu_speed.py --budget-s 30 --json rows.jsonl --split-cache /tmp/splits
+    python benchmarks/gpu_speed.py --prepare --workload pfedrec-1m-users --split-cache /tmp/splits
 
 Each (workload, device) runs in its own process, so peak host memory (RSS) and peak device
 memory (`torch.cuda.max_memory_allocated`) are its own. A row gives the median seconds a round
