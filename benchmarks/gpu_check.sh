@@ -14,6 +14,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 SPLITS=${SPLITS:-/tmp/fedrec-splits}
+mkdir -p "$SPLITS"; rm -f "$SPLITS/.prepared"
 bench() { $PY benchmarks/gpu_speed.py --split-cache "$SPLITS" "$@"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -24,6 +25,7 @@ $PY -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch._
 touch "$OUT/bench-cpu.txt" "$OUT/prepare.log"
 if [ "${SIDE:-1}" != 0 ]; then
     (bench --prepare --workload pfedrec-1m-users --workload pfedrec-ml1m > "$OUT/prepare.log" 2>&1
+     touch "$SPLITS/.prepared"  # done, drawn or not: the 10^6-user row draws its own if not
      bench --devices cpu --budget-s "${CPU_BUDGET:-40}" --json "$OUT/bench-cpu.jsonl" > "$OUT/bench-cpu.txt" 2>&1) &
 fi
 
@@ -39,7 +41,7 @@ for w in $rows; do
         | tail -n 1 | tee -a "$OUT/bench-cuda.txt"
 done
 if [ -z "${WORKLOADS:-}" ]; then
-    while [ ! -s "$SPLITS/1000000x100000x20000000-loo-sampled-s0.pkl" ] && [ -n "$(jobs -r)" ]; do sleep 2; done
+    while [ ! -e "$SPLITS/.prepared" ] && [ -n "$(jobs -r)" ]; do sleep 2; done
     bench --devices cuda --budget-s "${BIG_BUDGET:-150}" --json "$OUT/bench-cuda.jsonl" \
         --workload pfedrec-1m-users 2>&1 | tail -n 1 | tee -a "$OUT/bench-cuda.txt"
 fi

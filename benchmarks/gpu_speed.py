@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +86,7 @@ def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
     protocol = protocol_of(w.algorithm)
     if w.data == "ml-100k":
         return prepare_split(RunConfig(algorithm=w.algorithm, dataset="ml-100k", seed=seed, protocol=protocol))
-    kept = Path(cache) / f"{w.data}-{protocol}-s{seed}.pkl" if cache else None
+    kept = Path(cache) / f"{w.data}-cap{MOST_ACTIVE_SHARE:.4f}-{protocol}-s{seed}.pkl" if cache else None
     if kept is not None and kept.is_file():
         with kept.open("rb") as f:
             return pickle.load(f)
@@ -96,10 +98,12 @@ def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
     split = make_split(preprocess(x, PreprocessConfig(implicit=True)), protocol, seed=seed)
     if kept is not None:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        part = kept.with_suffix(".part")
-        with part.open("wb") as f:
+        # a file of this process's own, then one atomic rename: a reader sees the whole pickle
+        # or none (and draws its own), and two writers of the same split cannot mix
+        fd, part = tempfile.mkstemp(dir=kept.parent, prefix=kept.name, suffix=".part")
+        with os.fdopen(fd, "wb") as f:
             pickle.dump(split, f, protocol=pickle.HIGHEST_PROTOCOL)
-        part.rename(kept)  # whole or absent: a row that starts meanwhile draws its own
+        os.replace(part, kept)
     return split
 
 
@@ -117,10 +121,11 @@ def measure(w: Workload, device: str, rounds: int, seed: int, cache: str | None 
     import torch
 
     from fedrec.algorithms import get_algorithm
-    from fedrec.core.device import on
+    from fedrec.core.device import check, on
     from fedrec.experiment import federated_config
     from fedrec.federated.engine import run_federated
 
+    check(device)
     torch.set_num_threads(1)
     loaded = time.perf_counter()
     split = split_of(w, seed, cache)
@@ -178,15 +183,22 @@ def run_child(w: Workload, device: str, args: argparse.Namespace) -> tuple[dict[
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             out, err = child.communicate(timeout=args.budget_s)
-            finished = child.returncode == 0
+            timed_out = False
         except subprocess.TimeoutExpired:
             child.kill()
             out, err = child.communicate()
-            finished, err = False, f"stopped at the {args.budget_s:.0f} s budget"
+            timed_out = True
     lines = [x for x in out.splitlines() if x.strip()]
-    if not finished and child.returncode not in (0, None) and "budget" not in err:
-        err = (err.strip().splitlines() or ["?"])[-1]
-    return summarise(w, device, lines, finished), ("" if finished else err)
+    finished = not timed_out and child.returncode == 0
+    row = summarise(w, device, lines, finished)
+    if finished:
+        return row, ""
+    if timed_out:
+        return row, f"stopped at the {args.budget_s:.0f} s budget"
+    why = f"crashed: {(err.strip().splitlines() or ['?'])[-1]}"
+    if row is not None:  # rounds before a crash are no measurement of the workload: no row
+        why += f" (after {row['rounds']} rounds)"
+    return None, why
 
 
 def main() -> None:
@@ -213,6 +225,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(by_name[args.one[0]], args.one[1], args.rounds, args.seed, args.split_cache)))
         return
+    unknown = [n for n in args.workload or [] if n not in by_name]
+    if unknown:
+        sys.exit(f"unknown workload(s) {', '.join(unknown)}; see --list")
     if args.prepare:
         if not args.split_cache:
             sys.exit("--prepare needs --split-cache")
@@ -226,9 +241,6 @@ def main() -> None:
 
     devices = args.devices.split(",") if args.devices else (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
     names = args.workload or [w.name for w in WORKLOADS]
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        sys.exit(f"unknown workload(s) {', '.join(unknown)}; see --list")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     print(f"GPU: {gpu}; torch {torch.__version__}; CPU threads: 1; rounds: at most {args.rounds}; "
           f"budget: {args.budget_s or 'none'} s a row (~: median round x the workload's rounds)", flush=True)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import gpu_speed  # noqa: E402
@@ -37,9 +38,14 @@ def test_a_row_stopped_at_its_budget_is_extrapolated_from_its_median_round() -> 
     assert gpu_speed.summarise(W, "cpu", lines[:1], finished=False) is None  # no round: no row
 
 
-def test_a_cached_split_is_the_split(tmp_path: Path) -> None:
+def test_a_cached_split_is_the_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = gpu_speed.split_of(W, 0, str(tmp_path))
-    assert len(list(tmp_path.glob("*.pkl"))) == 1
+    assert [p.suffix for p in tmp_path.iterdir()] == [".pkl"]  # no part file left behind
+
+    def no_drawing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached split must be read, not drawn again")
+
+    monkeypatch.setattr("fedrec.data.synthetic.synthetic", no_drawing)
     again = gpu_speed.split_of(W, 0, str(tmp_path))
     assert (first.train != again.train).nnz == 0
     np.testing.assert_array_equal(first.test.candidates, again.test.candidates)

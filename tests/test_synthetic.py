@@ -133,6 +133,7 @@ def test_exact_path_alone_keeps_the_structure(monkeypatch: pytest.MonkeyPatch) -
         dict(n_users=10, n_items=50, temperature=0.0),
         dict(n_users=10, n_items=50, max_interactions=2),
         dict(n_users=10, n_items=50, max_interactions=51),
+        dict(n_users=10, n_items=50, mean_interactions=30, max_interactions=20),
     ],
 )
 def test_impossible_options_raise(kwargs: dict) -> None:

@@ -130,10 +130,10 @@ def synthetic_data(
         user_hash=rng.integers(0, word, n_users, dtype=np.uint64, endpoint=True) | np.uint64(1),
     )
     cap = n_items if max_interactions is None else max_interactions
-    if not min_interactions <= cap <= n_items:
+    if not max(min_interactions, mean_interactions) <= cap <= n_items:
         raise FedrecError(
-            f"max_interactions must be in [min_interactions={min_interactions}, n_items={n_items}], "
-            f"got {max_interactions}"
+            f"max_interactions must be in [max(min_interactions, mean_interactions)="
+            f"{max(min_interactions, mean_interactions):g}, n_items={n_items}], got {max_interactions}"
         )
     need = _activity(rng, n_users, mean_interactions, min_interactions, cap)
 
