@@ -26,21 +26,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def profile(name: str, device: str, rounds: int, split_cache: str | None, top: int, torch_profiler: bool) -> None:
     import gpu_speed
-    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from fedrec.algorithms import get_algorithm
     from fedrec.core.device import on, settle
     from fedrec.core.driver import run_rounds
-    from fedrec.experiment import federated_config
 
-    torch.set_num_threads(1)
     w = {x.name: x for x in gpu_speed.WORKLOADS}[name]
-    split = gpu_speed.split_of(w, 0, split_cache)
-    alg = get_algorithm(w.algorithm)
-    spec = alg.build(split, {**alg.defaults, **dict(w.model)})
-    cfg = federated_config(w.algorithm, rounds=1 + rounds, patience=0, device=device, **dict(w.engine))
+    split, spec, cfg = gpu_speed.setup(w, device, 1 + rounds, 0, split_cache)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with on(device):
         algorithm = spec.algorithm(split, cfg, 0)

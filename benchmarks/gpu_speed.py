@@ -114,25 +114,34 @@ def _peaks(device: str) -> tuple[float, float | None]:
     return host, (torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None)
 
 
+def setup(w: Workload, device: str, rounds: int, seed: int, cache: str | None = None) -> tuple[Any, Any, Any]:
+    """The workload's split, algorithm description and engine options for ``rounds`` rounds
+    on ``device`` (checked), with one torch thread."""
+    import torch
+
+    from fedrec.algorithms import get_algorithm
+    from fedrec.core.device import check
+    from fedrec.experiment import federated_config
+
+    check(device)
+    torch.set_num_threads(1)
+    split = split_of(w, seed, cache)
+    alg = get_algorithm(w.algorithm)
+    spec = alg.build(split, {**alg.defaults, **dict(w.model)})
+    return split, spec, federated_config(w.algorithm, rounds=rounds, patience=0, device=device, **dict(w.engine))
+
+
 def measure(w: Workload, device: str, rounds: int, seed: int, cache: str | None = None) -> dict[str, Any]:
     """Run ``w`` on ``device`` in this process; its figures. Each round is also printed as a
     ``ROUND`` line as it ends, so a parent that stops the run at its budget keeps the rounds
     done."""
     import torch
 
-    from fedrec.algorithms import get_algorithm
-    from fedrec.core.device import check, on
-    from fedrec.experiment import federated_config
+    from fedrec.core.device import on
     from fedrec.federated.engine import run_federated
 
-    check(device)
-    torch.set_num_threads(1)
     loaded = time.perf_counter()
-    split = split_of(w, seed, cache)
-    alg = get_algorithm(w.algorithm)
-    spec = alg.build(split, {**alg.defaults, **dict(w.model)})
-    cfg = federated_config(w.algorithm, rounds=min(rounds, w.rounds), patience=0, device=device,
-                           **dict(w.engine))
+    split, spec, cfg = setup(w, device, min(rounds, w.rounds), seed, cache)
     print("LOADED " + json.dumps({"load_s": time.perf_counter() - loaded, "users": split.n_users,
                                   "items": split.n_items, "train": int(split.train.nnz)}), flush=True)
     if device.startswith("cuda"):

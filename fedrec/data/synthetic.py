@@ -100,14 +100,16 @@ def synthetic_data(
 
     Every user gets ``min_interactions + Poisson(LogNormal)`` distinct items (mean
     ``mean_interactions``, capped at ``max_interactions``, default ``n_items``: a protocol
-    that samples evaluation negatives needs users who leave some items out); item popularity follows a power law with
-    ``popularity_exponent`` (0: uniform) over a random ranking of the items. Rows are grouped
-    by user in id order, each user's events in strictly increasing time; ratings are 1..5
-    stars from the affinity plus noise. ``user_ids``/``item_ids`` are ``0..n-1``. Time and
-    memory grow with the number of interactions, never with ``n_users * n_items``.
+    that samples evaluation negatives needs users who leave some items out); item popularity
+    follows a power law with ``popularity_exponent`` (0: uniform) over a random ranking of the
+    items. Rows are grouped by user in id order, each user's events in strictly increasing
+    time; ratings are 1..5 stars from the affinity plus noise. ``user_ids``/``item_ids`` are
+    ``0..n-1``. Time and memory grow with the number of interactions, never with
+    ``n_users * n_items``.
     """
     _check_args(
-        n_users, n_items, mean_interactions, dim, popularity_exponent, min_interactions, temperature
+        n_users, n_items, mean_interactions, dim, popularity_exponent, min_interactions, temperature,
+        max_interactions,
     )
     user_bits = max(1, (n_users - 1).bit_length())
     item_bits = max(1, (n_items - 1).bit_length())
@@ -130,11 +132,6 @@ def synthetic_data(
         user_hash=rng.integers(0, word, n_users, dtype=np.uint64, endpoint=True) | np.uint64(1),
     )
     cap = n_items if max_interactions is None else max_interactions
-    if not max(min_interactions, mean_interactions) <= cap <= n_items:
-        raise FedrecError(
-            f"max_interactions must be in [max(min_interactions, mean_interactions)="
-            f"{max(min_interactions, mean_interactions):g}, n_items={n_items}], got {max_interactions}"
-        )
     need = _activity(rng, n_users, mean_interactions, min_interactions, cap)
 
     total = int(need.sum())
@@ -171,6 +168,7 @@ def _check_args(
     exponent: float,
     min_interactions: int,
     temperature: float,
+    max_interactions: int | None = None,
 ) -> None:
     """Reject impossible sizes with a message naming the offending option."""
     if n_users < 1 or n_items < 1:
@@ -185,6 +183,12 @@ def _check_args(
         raise FedrecError(
             f"mean_interactions must be in [min_interactions={min_interactions}, n_items={n_items}], "
             f"got {mean_interactions}"
+        )
+    low = max(min_interactions, mean_interactions)
+    if max_interactions is not None and not low <= max_interactions <= n_items:
+        raise FedrecError(
+            f"max_interactions must be in [max(min_interactions, mean_interactions)={low:g}, "
+            f"n_items={n_items}], got {max_interactions}"
         )
     if dim < 1:
         raise FedrecError(f"dim must be >= 1, got {dim}")
