@@ -261,19 +261,21 @@ def run(
     return train(cfg, out, on_round, checkpoint, resume).result
 
 
-def run_resumable(cfg: RunConfig, out: str | Path, every: int) -> RunResult:
+def run_resumable(cfg: RunConfig, out: str | Path, every: int,
+                  on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None) -> RunResult:
     """`run` for a runner that keeps results by file (`fedrec bench`, `fedrec reproduce`): with
     ``every`` > 0 the run saves itself every ``every`` rounds (epochs) to ``out`` with the suffix
     ``.ckpt``, goes on from that checkpoint if an earlier, killed attempt left one (its
-    fingerprint must match, `fedrec.core.checkpoint`), and removes it once ``out`` is written."""
+    fingerprint must match, `fedrec.core.checkpoint`), and removes it once ``out`` is written.
+    ``on_round`` as `run`'s (a resumed run reports the rounds after its checkpoint)."""
     if not every:
-        return run(cfg, out=out)
+        return run(cfg, out=out, on_round=on_round)
     if get_algorithm(cfg.algorithm).kind == "federated":
         cfg = replace(cfg, federated=replace(cfg.federated, checkpoint_every=every))
     else:
         cfg = replace(cfg, train=replace(cfg.train, checkpoint_every=every))
     saved = Path(out).with_suffix(".ckpt")
-    result = run(cfg, out=out, checkpoint=saved, resume=saved.exists())
+    result = run(cfg, out=out, on_round=on_round, checkpoint=saved, resume=saved.exists())
     saved.unlink(missing_ok=True)
     return result
 

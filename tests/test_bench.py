@@ -42,7 +42,11 @@ def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pyte
     grid.write_text(GRID.format(seeds=[0, 2], rounds=2, workers=2))
     out = tmp_path / "out"
     assert _bench([str(grid), "-o", str(out)]) == 0
-    assert "4 cells: 4 run, 0 cached, 0 failed" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "4 cells: 4 run, 0 cached, 0 failed" in printed
+    # without a terminal, each running cell logs its rounds (from its worker process)
+    for seed in (0, 2):
+        assert f"pfedrec synthetic:60x500 loo-sampled leak-free seed {seed}: round 2/2  loss" in printed
     cells = sorted((out / "cells").glob("*.json"))
     assert len(cells) == 4
     stamps = [p.stat().st_mtime_ns for p in cells]

@@ -29,14 +29,18 @@ def test_execute_runs_once_and_reuses(tmp_path):
     runs = [PlannedRun("pfedrec", "pfedrec"), PlannedRun("fedmf+dual", "fedmf", dual=True),
             PlannedRun("pfedrec", "pfedrec")]
     seen: list[bool] = []
-    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], rounds=1,
-              out_dir=tmp_path, on_run=lambda p, n, s, reused: seen.append(reused))
+    notes: list[tuple[str, int, int, str]] = []
+    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], rounds=2,
+              out_dir=tmp_path, on_run=lambda p, n, s, reused: seen.append(reused),
+              on_progress=lambda p, n, s, note: notes.append((p.method, note.round, note.total, note.metric)))
     first = execute(runs, **kw)
     assert seen == [False, False] and len(first) == 2
+    # every round of every run that ran, in order, on the protocol's selection metric
+    assert notes == [(m, r, 2, "ndcg@10") for m in ("pfedrec", "fedmf+dual") for r in (1, 2)]
     assert {r["algorithm"] for r in first} == {"pfedrec", "fedmf+dual"}
     assert next(r for r in first if r["algorithm"] == "fedmf+dual")["config"]["model"]["dual"]
     again = execute(runs, **kw)
-    assert seen[2:] == [True, True]
+    assert seen[2:] == [True, True] and len(notes) == 4  # reused runs train no round
     assert [r["test"] for r in again] == [r["test"] for r in first]
 
 
@@ -48,10 +52,19 @@ def test_execute_with_workers_gives_the_figures_of_one_process(tmp_path):
     alone = execute(runs, out_dir=tmp_path / "alone", **kw)
     seen: list[tuple[str, int, bool]] = []
     failed: list[str] = []
+    events: list[tuple[str, int, str]] = []
     pooled = execute([*runs, PlannedRun("bad", "fedmf", engine=(("lr", -1.0),))], out_dir=tmp_path / "pooled",
-                     workers=2, on_run=lambda p, n, s, reused: seen.append((p.method, s, reused)),
-                     on_fail=lambda p, n, s, why: failed.append(f"{p.method} s{s}: {why}"), **kw)
+                     workers=2, on_run=lambda p, n, s, reused: (seen.append((p.method, s, reused)),
+                                                                events.append((p.method, s, "ended"))),
+                     on_fail=lambda p, n, s, why: failed.append(f"{p.method} s{s}: {why}"),
+                     on_progress=lambda p, n, s, note: events.append((p.method, s, f"round {note.round}/{note.total}")),
+                     **kw)
     assert sorted(seen) == sorted((m, s, False) for m in ("pfedrec", "fedmf") for s in (0, 1))
+    # the workers' rounds reach this process, each before its run is reported ended
+    for m in ("pfedrec", "fedmf"):
+        for s in (0, 1):
+            mine = [e for e in events if e[:2] == (m, s)]
+            assert mine == [(m, s, "round 1/1"), (m, s, "ended")]
     assert len(failed) == 2 and all(f.startswith("bad s") for f in failed)
     assert [(r["algorithm"], r["seed"], r["test"]) for r in pooled] == \
         [(r["algorithm"], r["seed"], r["test"]) for r in alone]

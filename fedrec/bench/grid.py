@@ -37,9 +37,12 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
+
+if TYPE_CHECKING:
+    from fedrec.pool import RoundNote
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
              "checkpoint_every"}
@@ -173,9 +176,11 @@ def failure_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / f"{cell.key()}.failed"
 
 
-def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None] | None = None) -> dict[str, int]:
+def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None] | None = None,
+             on_progress: Callable[[Cell, RoundNote], None] | None = None) -> dict[str, int]:
     """Run the cells of ``grid`` that ``out`` lacks; ``on_cell(cell, state)`` reports each one
-    (``cached``, ``done`` or ``failed: reason``). Returns the counts of each state."""
+    (``cached``, ``done`` or ``failed: reason``), ``on_progress(cell, note)`` each round (epoch)
+    a running cell ends. Returns the counts of each state."""
     from fedrec.pool import run_files
 
     out = Path(out)
@@ -192,7 +197,12 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
     if not todo:
         return counts
     jobs = [(cell.run_config(grid.data_dir), cell_path(out, cell)) for cell in todo]
-    for i, reason in run_files(jobs, grid.workers, grid.checkpoint_every):
+    def on_note(note: RoundNote) -> None:
+        if on_progress is not None:
+            on_progress(todo[note.job], note)
+
+    notes = on_note if on_progress is not None else None
+    for i, reason in run_files(jobs, grid.workers, grid.checkpoint_every, on_round=notes):
         cell = todo[i]
         if reason is None:
             state = "done"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedrec.cli.run_progress import RunBars, batch_progress
 
 console = Console()
 
@@ -37,20 +38,26 @@ def bench_command(
             raise FedrecError("--workers must be >= 1")
         grid.workers = workers
     if not report_only:
-        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
-                       disable=not console.is_terminal)
+        bar = batch_progress(console, disable=not console.is_terminal)
         task = bar.add_task(f"bench ({grid.workers} workers)", total=len(grid.cells), status="")
+        bars = RunBars(bar, log=None if console.is_terminal else typer.echo)
+
+        def label_of(cell) -> str:  # type: ignore[no-untyped-def]
+            return f"{cell.algorithm} {cell.dataset} {cell.protocol} {cell.negatives} seed {cell.seed}"
 
         def on_cell(cell, state: str) -> None:  # type: ignore[no-untyped-def]
-            line = f"{cell.algorithm} {cell.dataset} {cell.protocol} {cell.negatives} seed {cell.seed}: {state}"
+            bars.end(cell)
+            line = f"{label_of(cell)}: {state}"
             if console.is_terminal:
                 bar.update(task, advance=1, status=line)
             elif state != "cached":
                 typer.echo(line)
 
+        def on_progress(cell, note) -> None:  # type: ignore[no-untyped-def]
+            bars.note(cell, label_of(cell), note)
+
         with bar:
-            counts = run_grid(grid, out, on_cell=on_cell)
+            counts = run_grid(grid, out, on_cell=on_cell, on_progress=on_progress)
         console.print(f"{len(grid.cells)} cells: {counts['done']} run, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
     results = cell_results(grid, out)

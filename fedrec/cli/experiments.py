@@ -14,10 +14,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrec.cli.run_progress import batch_progress, status
 from fedrec.errors import FedrecError, Interrupted
+from fedrec.pool import RoundNote, noting
 
 console = Console()
 
@@ -176,7 +177,7 @@ def run_command(
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, no_negatives_under_ratings, train
-    from fedrec.protocols.protocol import PROTOCOLS, get_protocol
+    from fedrec.protocols.protocol import get_protocol
     from fedrec.train.centralised import TrainConfig
 
     spec = get_algorithm(algorithm)
@@ -227,33 +228,28 @@ def run_command(
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
     if note and not quiet:
         console.print(f"note: {note}", highlight=False)
-    bar = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-        console=console, disable=quiet,
-    )
+    bar = batch_progress(console, disable=quiet)
     total = cfg.federated.rounds if federated else cfg.train.epochs
     task = bar.add_task(f"{algorithm} on {dataset}", total=total, status="")
-    select = get_protocol(protocol).select if protocol in PROTOCOLS else ""
 
     last = [0]
     log_every = max(1, total // 10)  # without a terminal: the first round, then every tenth
     logged = [time.monotonic()]  # of the run or every 30 s, whichever comes first
 
-    def on_round(record, best_round, best_valid) -> None:  # type: ignore[no-untyped-def]
-        last[0] = record.round
-        status = f"loss {record.loss:.4f}"
-        if record.valid:
-            status += f"  valid {select} {record.valid[select]:.4f}  best {best_valid[select]:.4f} @ {best_round}"
+    def show(note: RoundNote) -> None:
+        last[0] = note.round
+        text = status(note)
         if not console.is_terminal:
             now = time.monotonic()
-            if not quiet and (record.round in (1, total) or record.round % log_every == 0
+            if not quiet and (note.round in (1, total) or note.round % log_every == 0
                               or now - logged[0] >= 30):
-                typer.echo(f"{'round' if federated else 'epoch'} {record.round}/{total}  {status}")
+                typer.echo(f"{'round' if federated else 'epoch'} {note.round}/{total}  {text}")
                 logged[0] = now
             return
         bar.start()  # only once data and options have been accepted: errors print alone
-        bar.update(task, completed=record.round, status=status)
+        bar.update(task, completed=note.round, status=text)
+
+    on_round = noting(0, cfg, show)
 
     try:
         with _sigterm_as_interrupt():

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedrec.cli.experiments import console
+from fedrec.cli.run_progress import RunBars, batch_progress
 from fedrec.errors import FedrecError
 
 
@@ -66,19 +66,30 @@ def reproduce_command(
         chosen = only_methods(chosen, [m.strip() for m in methods.split(",") if m.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:
-        task = bar.add_task("runs", total=n_total)
+    with batch_progress(console, disable=not console.is_terminal) as bar:
+        task = bar.add_task("runs", total=n_total, status="")
+        bars = RunBars(bar, log=None if console.is_terminal else typer.echo)
         started = [0]
 
+        def label_of(planned, policy, seed) -> str:  # type: ignore[no-untyped-def]
+            return " ".join(f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}".split())
+
         def on_run(planned, policy, seed, reused) -> None:  # type: ignore[no-untyped-def]
-            label = f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}"
+            label = label_of(planned, policy, seed)
+            if workers > 1:  # reported as it ends
+                bars.end((planned, policy, seed))
+            else:  # reported as it starts: the one before has ended
+                bars.end_all()
             bar.update(task, advance=1, description=("reused " if reused else "") + label)
             started[0] += 1
             if not console.is_terminal and not reused:  # a log file (nohup, CI) says what runs
-                typer.echo(f"run {started[0]}/{n_total}: {' '.join(label.split())}")
+                typer.echo(f"run {started[0]}/{n_total}: {label}")
+
+        def on_progress(planned, policy, seed, note) -> None:  # type: ignore[no-untyped-def]
+            bars.note((planned, policy, seed), label_of(planned, policy, seed), note)
 
         def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
+            bars.end((planned, policy, seed))
             console.print(f"[red]failed[/] {planned.method} {planned.setting} {planned.protocol} "
                           f"{policy} s{seed}: {reason}")
 
@@ -87,7 +98,7 @@ def reproduce_command(
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
-                          checkpoint_every=checkpoint_every, workers=workers)
+                          checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress)
     figures = load_figures(paper)
     parts = []
     drawn = []

@@ -14,6 +14,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import RunConfig, federated_config, run_resumable
+from fedrec.pool import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 
@@ -246,7 +248,7 @@ def execute(
     on_run: Callable[[PlannedRun, str, int, bool], None] | None = None,
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
     run_missing: bool = True, data_options: dict[str, Any] | None = None, checkpoint_every: int = 0,
-    workers: int = 1,
+    workers: int = 1, on_progress: Callable[[PlannedRun, str, int, RoundNote], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -258,8 +260,9 @@ def execute(
     (``.ckpt``) and a run killed part-way goes on from there the next time; the checkpoint is
     removed once the result is written. ``workers`` > 1 runs the missing runs side by side in
     that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
-    when it ends rather than when it starts. Reused runs are reported after the runs. One
-    failed run never ends the reproduction.
+    when it ends rather than when it starts. Reused runs are reported after the runs.
+    ``on_progress`` is told of every round (epoch) a run ends (`fedrec.pool.RoundNote`), in
+    this process whichever process runs it. One failed run never ends the reproduction.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -296,17 +299,23 @@ def execute(
     if workers > 1 and len(jobs) > 1:
         from fedrec.pool import run_files
 
-        for i, reason in run_files(jobs, workers, checkpoint_every):
+        def on_note(note: RoundNote) -> None:
+            if on_progress is not None:
+                on_progress(*todo[note.job], note)
+
+        notes = on_note if on_progress is not None else None
+        for i, reason in run_files(jobs, workers, checkpoint_every, on_round=notes):
             if reason is None and on_run is not None:
                 on_run(*todo[i], False)
             elif reason is not None and on_fail is not None:
                 on_fail(*todo[i], reason)
     else:
-        for key, (cfg, path) in zip(todo, jobs, strict=True):
+        for i, (key, (cfg, path)) in enumerate(zip(todo, jobs, strict=True)):
             if on_run is not None:
                 on_run(*key, False)
+            on_round = None if on_progress is None else noting(i, cfg, partial(on_progress, *key))
             try:
-                run_resumable(cfg, path, checkpoint_every)
+                run_resumable(cfg, path, checkpoint_every, on_round=on_round)
             except FedrecError as e:  # one failed run must not end the reproduction
                 if on_fail is not None:
                     on_fail(*key, str(e))
