@@ -27,7 +27,7 @@ def reproduce_command(
     reuse_only: bool = typer.Option(False, "--reuse-only", help="Print the tables from the results already in OUT_DIR; run nothing."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1; 0: PyTorch's default)."),
     checkpoint_every: int = typer.Option(0, min=0, help="Each run saves itself every N rounds (epochs) beside its result; a killed reproduction goes on from there (0: never)."),
-    workers: int = typer.Option(1, min=1, help="Run the missing runs side by side in this many processes of one thread each (a run is then reported when it ends)."),
+    workers: int = typer.Option(1, min=1, help="Run the missing runs side by side in this many processes of one thread each (each shows its rounds as it goes)."),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
 
