@@ -101,3 +101,16 @@ def test_legacy_split_runs_the_official_setting_whole_and_shows_apart(tmp_path):
     assert not legacy[0]["config"].get("repeats")
     assert (tmp_path / "synthetic:120x400" / "fedmf-loo-sampled-legacy-split-s0.json").exists()
     assert {k[3] for k in summarise(split + legacy)} == {"legacy-split", "legacy-exclude-heldout"}
+
+
+def test_settings_pick_one_cell_of_a_sweep():
+    from fedrec.reproduce.runner import only_methods, only_settings
+
+    table2 = plan("gfedpp", ["2"])
+    one = only_settings(table2, ["ratio=1,alpha=0.9"])
+    assert [(r.method, r.setting) for r in one["2"]] == [("gfedpp", "ratio=1,alpha=0.9")]
+    # "default": the rows without a setting (GFed-PP's own alpha, 0.5, and every baseline)
+    plain = only_settings(only_methods(table2, ["gfedpp"]), ["default", "ratio=1,alpha=0.1"])
+    assert sorted(r.setting for r in plain["2"]) == ["", "ratio=1,alpha=0.1"]
+    with pytest.raises(FedrecError, match="no row with setting alpha=0.9 .*official-graph"):
+        only_settings(table2, ["alpha=0.9"])

@@ -17,6 +17,7 @@ def reproduce_command(
     tables: str | None = typer.Option(None, help="Comma-separated tables (default: all of the paper's: pfedrec 1,2,7,8; fedrap 1,3,4,5,6,ablation,curriculum; gfedpp 2,3,4,ratio,heatmap; fedcia 1,3,hetero; personalfr 3,4)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d"),
     methods: str | None = typer.Option(None, help="Comma-separated rows (methods) to run and show, e.g. gfcf-im,fedcia-gfcf (default: every row of the tables)."),
+    settings: str | None = typer.Option(None, help="Semicolon-separated settings of the rows to run and show, as result files name them (e.g. 'ratio=1,alpha=0.9;ratio=1,alpha=0.1'; 'default' for a row without one), to run one cell of a sweep alone."),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free, legacy (the official code's leaky negatives), legacy-split (those negatives on the official code's split of repeated events: Lastfm-2K) or all."),
     rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
@@ -45,6 +46,7 @@ def reproduce_command(
         ROUNDS,
         execute,
         only_methods,
+        only_settings,
         plan,
         privacy_notes,
         sparsity_notes,
@@ -64,6 +66,8 @@ def reproduce_command(
                   dataset)
     if methods is not None:
         chosen = only_methods(chosen, [m.strip() for m in methods.split(",") if m.strip()])
+    if settings is not None:
+        chosen = only_settings(chosen, [s.strip() for s in settings.split(";") if s.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
     with batch_progress(console, disable=not console.is_terminal) as bar:

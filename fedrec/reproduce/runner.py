@@ -242,6 +242,24 @@ def only_methods(chosen: dict[str, list[PlannedRun]], methods: Iterable[str]) ->
     return {t: runs for t, runs in cut.items() if runs}
 
 
+#: how `only_settings` names the setting of a row that has none (the algorithm's defaults)
+DEFAULT_SETTING = "default"
+
+
+def only_settings(chosen: dict[str, list[PlannedRun]], settings: Iterable[str]) -> dict[str, list[PlannedRun]]:
+    """The tables of ``chosen`` cut to the rows of ``settings`` (as result files name them, e.g.
+    ``ratio=1,alpha=0.9``; `DEFAULT_SETTING` for a row without one), so that one cell of a
+    sweep can be run alone; a setting no row has is an error, not an empty table."""
+    wanted = [("" if s == DEFAULT_SETTING else s) for s in dict.fromkeys(settings)]
+    known = {r.setting for runs in chosen.values() for r in runs}
+    unknown = [s for s in wanted if s not in known]
+    if unknown:
+        names = sorted(s or DEFAULT_SETTING for s in known)
+        raise FedrecError(f"no row with setting {', '.join(unknown)} in these tables; settings: {'; '.join(names)}")
+    cut = {t: [r for r in runs if r.setting in wanted] for t, runs in chosen.items()}
+    return {t: runs for t, runs in cut.items() if runs}
+
+
 def execute(
     runs: Iterable[PlannedRun], *, dataset: str, seeds: Iterable[int], policies: Iterable[str],
     rounds: int, out_dir: Path, data_dir: str | None = None,
