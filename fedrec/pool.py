@@ -5,65 +5,22 @@ worker runs one job at a time with one PyTorch thread: on a shared machine two p
 several threads each collapse (`fedrec.threads`), while N one-thread processes on N cores run
 at nearly full speed each. Workers are spawned, not forked, so none inherits the parent's torch
 state. Each worker reports every round (epoch) it ends through a queue, so that a run of hours
-shows where it is (`RoundNote`), not only when it ends.
+shows where it is (`fedrec.progress.RoundNote`), not only when it ends.
 """
 
 from __future__ import annotations
 
-import math
 import queue as queues
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedrec.progress import OnRoundNote, noting
+
 #: how often the parent looks for round notes while it waits for jobs to end (seconds)
 POLL_SECONDS = 0.25
-
-
-@dataclass(frozen=True)
-class RoundNote:
-    """Round ``round`` of ``total`` of job ``job`` has ended: its loss and, on the metric that
-    selects the model (``metric``), this round's validation figure (nan in a round that was not
-    evaluated) and the best so far, at ``best_round``."""
-
-    job: int
-    round: int
-    total: int
-    loss: float
-    metric: str = ""
-    value: float = math.nan
-    best: float = math.nan
-    best_round: int = 0
-
-
-OnRoundNote = Callable[[RoundNote], None]
-
-
-def total_rounds(cfg: Any) -> int:
-    """The rounds (federated) or epochs (centralised) ``cfg`` trains for."""
-    from fedrec.algorithms import get_algorithm
-
-    federated = get_algorithm(cfg.algorithm).kind == "federated"
-    return int(cfg.federated.rounds if federated else cfg.train.epochs)
-
-
-def noting(job: int, cfg: Any, note: OnRoundNote) -> Callable[..., None]:
-    """An ``on_round`` callback of `fedrec.experiment.run` for ``cfg`` that hands each round on
-    to ``note`` as a `RoundNote`."""
-    from fedrec.protocols.protocol import PROTOCOLS
-
-    total = total_rounds(cfg)
-    metric = PROTOCOLS[cfg.protocol].select if cfg.protocol in PROTOCOLS else ""
-
-    def on_round(record: Any, best_round: int, best_valid: dict[str, float]) -> None:
-        note(RoundNote(job, int(record.round), total, float(record.loss), metric,
-                       float(record.valid.get(metric, math.nan)), float(best_valid.get(metric, math.nan)),
-                       int(best_round)))
-
-    return on_round
 
 
 def _run_job(job: int, cfg: Any, path: str, checkpoint_every: int, notes: Any) -> None:

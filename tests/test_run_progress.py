@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from fedrec.cli.run_progress import RunBars, batch_progress, status
-from fedrec.pool import RoundNote
+from fedrec.progress import RoundNote
 
 
 def _note(r: int, total: int = 20, value: float = 0.25) -> RoundNote:

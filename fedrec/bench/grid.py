@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from fedrec.errors import FedrecError
 
 if TYPE_CHECKING:
-    from fedrec.pool import RoundNote
+    from fedrec.progress import RoundNote
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
              "checkpoint_every"}

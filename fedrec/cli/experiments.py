@@ -18,7 +18,7 @@ from rich.table import Table
 
 from fedrec.cli.run_progress import batch_progress, status
 from fedrec.errors import FedrecError, Interrupted
-from fedrec.pool import RoundNote, noting
+from fedrec.progress import RoundNote, noting
 
 console = Console()
 

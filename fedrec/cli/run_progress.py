@@ -21,7 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from fedrec.pool import RoundNote
+from fedrec.progress import RoundNote
 
 LOG_SECONDS = 60.0
 

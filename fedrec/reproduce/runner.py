@@ -22,7 +22,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import RunConfig, federated_config, run_resumable
-from fedrec.pool import RoundNote, noting
+from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 
@@ -279,7 +279,7 @@ def execute(
     removed once the result is written. ``workers`` > 1 runs the missing runs side by side in
     that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
     when it ends rather than when it starts. Reused runs are reported after the runs.
-    ``on_progress`` is told of every round (epoch) a run ends (`fedrec.pool.RoundNote`), in
+    ``on_progress`` is told of every round (epoch) a run ends (`fedrec.progress.RoundNote`), in
     this process whichever process runs it. One failed run never ends the reproduction.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
