@@ -30,6 +30,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from fedrec.algorithms import AlgorithmSpec, get_algorithm
 from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import RunConfig, federated_config, prepare_split, train
 from fedrec.files import atomic_write
+from fedrec.progress import RoundNote, noting
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol
 from fedrec.train.centralised import TrainConfig
 
@@ -149,8 +151,11 @@ class TuneResult:
 def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None,
          protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
-         from_defaults: bool = False, journal: str | Path | None = None) -> TuneResult:
+         from_defaults: bool = False, journal: str | Path | None = None,
+         on_round: Callable[[int, RoundNote], None] | None = None) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
+    ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
+    round a trial ends (its number and `fedrec.progress.RoundNote`).
     ``from_defaults``: the first trial is the algorithm's own settings (`defaults_trial`), so the
     search cannot end below them; it is one of the ``trials``. ``journal``: a file that stores
     each finished trial, from which the same search goes on after a kill (`_resume`)."""
@@ -191,7 +196,11 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         else:
             cfg.train = dataclasses.replace(base.train, **engine)
 
+        noted = None if on_round is None else noting(trial.number, cfg, partial(on_round, trial.number))
+
         def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
+            if noted is not None:
+                noted(record, best_round, valid_at_best)
             if record.valid:
                 trial.report(record.valid[select], record.round)
                 if trial.should_prune():

@@ -24,9 +24,10 @@ def _cli(args: list[str]) -> int:
     return int(done.value.code or 0)
 
 
-def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path) -> None:
+def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "pfedrec.json"
     assert _cli(["tune", "pfedrec", "-d", DATA, "--trials", "3", "--rounds", "2", "-o", str(config)]) == 0
+    assert "trial 0: round 2/2  loss" in capsys.readouterr().out  # each trial logs its rounds
     blob = read_config(config)
     assert blob["tuning"]["trials"] == 3 and blob["tuning"]["test_read"] is False
     states = [h["state"] for h in blob["tuning"]["history"]]

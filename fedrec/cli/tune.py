@@ -8,9 +8,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fedrec.cli.run_progress import RunBars, batch_progress
 from fedrec.errors import FedrecError
+from fedrec.progress import RoundNote
 
 console = Console()
 
@@ -45,10 +46,12 @@ def tune_command(
     journal = journal or out.with_suffix(".journal")
     if journal.exists():
         console.print(f"going on from the trials kept in {journal}", highlight=False)
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+    bar = batch_progress(console)
     task = bar.add_task(f"tuning {algorithm} on {dataset}", total=trials, status="")
+    bars = RunBars(bar, log=None if console.is_terminal else typer.echo)
+
     def on_trial(entry: dict[str, Any]) -> None:
+        bars.end(entry["trial"])
         tried = ", ".join(f"{k} {v:.4g}" for k, v in {**entry["engine"], **entry["model"]}.items())
         why = f" ({entry['reason']})" if "reason" in entry else ""
         status = f"trial {entry['trial']}: {entry['state']}{why} [{tried}]"
@@ -57,10 +60,13 @@ def tune_command(
         else:
             typer.echo(f"{status}  {entry.get('best_valid', '')}")
 
+    def on_round(trial: int, note: RoundNote) -> None:
+        bars.note(trial, f"trial {trial}", note)
+
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
-                      journal=journal)
+                      journal=journal, on_round=on_round)
     write_config(result, out)
     journal.unlink(missing_ok=True)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
