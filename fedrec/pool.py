@@ -10,10 +10,11 @@ shows where it is (`fedrec.progress.RoundNote`), not only when it ends.
 
 from __future__ import annotations
 
-import queue as queues
+import os
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,39 @@ from fedrec.progress import OnRoundNote, noting
 
 #: how often the parent looks for round notes while it waits for jobs to end (seconds)
 POLL_SECONDS = 0.25
+#: how often a worker checks that the process that started it is still there (seconds)
+PARENT_CHECK_SECONDS = 1.0
+_notes: Any = None  # a worker's end of its parent's note queue (`_start_worker`)
 
 
-def _run_job(job: int, cfg: Any, path: str, checkpoint_every: int, notes: Any) -> None:
+def _start_worker(notes: Any, parent: int) -> None:
+    """Set up a worker process: where its runs' notes go, and its end with ``parent``."""
+    global _notes
+    _notes = notes
+    _exit_with(parent)
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker soon after ``parent`` has gone. A parent killed alone (``kill PID``, not
+    its process group as Ctrl-C does) leaves its workers orphaned, and each would train its run
+    to the end, hours later, and write a result nobody waits for, beside the runs a restarted
+    parent starts on the same files."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fedrec-parent-watch", daemon=True).start()
+
+
+def _run_job(job: int, cfg: Any, path: str, checkpoint_every: int) -> None:
     """Worker: one run, one thread; its checkpoint (if any) removed once the result is written."""
     from fedrec import threads
     from fedrec.experiment import run_resumable
 
     threads.apply(1)
-    on_round = None if notes is None else noting(job, cfg, notes.put)
+    on_round = None if _notes is None else noting(job, cfg, _notes.put)
     run_resumable(cfg, path, checkpoint_every, on_round=on_round)
 
 
@@ -44,29 +69,25 @@ def run_files(jobs: Sequence[tuple[Any, str | Path]], workers: int, checkpoint_e
     if not jobs:
         return
     context = multiprocessing.get_context("spawn")
-    with context.Manager() if on_round is not None else nullcontext() as manager:
-        # a manager's queue: a worker's put has reached it when the put returns, so every note
-        # of a job is there before the job is seen to end
-        notes = manager.Queue() if manager is not None else None
+    # a SimpleQueue writes to its pipe as put() is called (a Queue would hand the note to a
+    # feeder thread), so a job's notes are all in the pipe before its result is sent
+    notes = context.SimpleQueue() if on_round is not None else None
 
-        def drain() -> None:
-            while notes is not None and on_round is not None:
+    def drain() -> None:
+        while notes is not None and on_round is not None and not notes.empty():
+            on_round(notes.get())
+
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
+                             initializer=_start_worker, initargs=(notes, os.getpid())) as pool:
+        futures = {pool.submit(_run_job, i, cfg, str(path), checkpoint_every): i
+                   for i, (cfg, path) in enumerate(jobs)}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            drain()
+            for future in done:
                 try:
-                    on_round(notes.get_nowait())
-                except queues.Empty:
-                    return
-
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context) as pool:
-            futures = {pool.submit(_run_job, i, cfg, str(path), checkpoint_every, notes): i
-                       for i, (cfg, path) in enumerate(jobs)}
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
-                drain()
-                for future in done:
-                    try:
-                        future.result()
-                        yield futures[future], None
-                    except Exception as e:  # reported to the caller, which keeps going
-                        yield futures[future], (str(e).splitlines() or [type(e).__name__])[0]
-
+                    future.result()
+                    yield futures[future], None
+                except Exception as e:  # reported to the caller, which keeps going
+                    yield futures[future], (str(e).splitlines() or [type(e).__name__])[0]

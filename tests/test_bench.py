@@ -88,6 +88,46 @@ def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:
     assert all((out / "cells" / name).read_text() == text for name, text in first.items())
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_workers_end_when_the_grid_is_killed_alone(tmp_path: Path) -> None:
+    """``kill PID`` of the grid, not its process group: its workers must not train on."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0, 2], rounds=400, workers=2).replace("60x500", "300x800"))
+    cmd = [sys.executable, "-m", "fedrec", "bench", str(grid), "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout is not None
+    for line in proc.stdout:  # a worker is training once a round is logged
+        if "round 1/400" in line:
+            break
+    workers = _children(proc.pid)
+    assert workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    for pid in alive:  # not left behind by a failing test
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} still running after their grid was killed"
+    assert not list((tmp_path / "out" / "cells").glob("*.json"))
+
+
 def _result(algorithm: str, seed: int, value: float, protocol: str = "loo-sampled", select: str = "ndcg@10",
             negatives: str = "exclude-candidates") -> dict:
     return {"algorithm": algorithm, "dataset": "d", "protocol": protocol, "seed": seed, "select": select,
