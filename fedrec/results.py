@@ -113,6 +113,21 @@ def environment() -> dict[str, str]:
     import torch
 
     out["threads"] = str(torch.get_num_threads())
-    out.update(date=datetime.now(UTC).isoformat(timespec="seconds"),
+    # the processor and the kernels PyTorch picked for it: float32 sums round in another order
+    # on another CPU, and chaotic runs (GPFedRec's neighbour threshold, FedCIA's fine-tune)
+    # then drift apart, so two results files that differ can be told apart by their machines
+    out.update(cpu=cpu_model(), cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+               date=datetime.now(UTC).isoformat(timespec="seconds"),
                platform=platform.platform(), command=shlex.join(sys.argv))
     return out
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -43,6 +43,7 @@ from fedrec.experiment import RunConfig, federated_config, prepare_split, train
 from fedrec.files import atomic_write
 from fedrec.progress import RoundNote, noting
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol
+from fedrec.results import environment, git_revision
 from fedrec.train.centralised import TrainConfig
 
 CONFIG_VERSION = 1
@@ -144,7 +145,10 @@ class TuneResult:
                        "diverged": self.trials - self.completed - self.pruned, "refused": self.refused,
                        "from_defaults": self.from_defaults,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
-                       "test_read": False, "history": self.history},
+                       "test_read": False, "history": self.history,
+                       # where the search ran, as a results file records it: a chaotic run
+                       # (GPFedRec) repeats its best trial digit for digit only on a like machine
+                       "git_revision": git_revision(), "environment": environment()},
         }
 
 

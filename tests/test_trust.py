@@ -150,7 +150,8 @@ def test_results_say_what_made_them(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q"], capsys)[0] == 0
     blob = json.loads(out.read_text())
     env = blob["environment"]
-    assert {"python", "torch", "numpy", "scipy", "date", "platform", "command"} <= set(env)
+    assert {"python", "torch", "numpy", "scipy", "date", "platform", "command", "cpu", "cpu_capability"} <= set(env)
+    assert env["cpu"] and env["cpu_capability"]  # e.g. "AMD EPYC", "AVX512"
     assert env["date"].endswith("+00:00")
     assert blob["data"]["source"] == {"generator": "fedrec.data.synthetic.synthetic", "users": 60,
                                       "items": 300, "seed": 0}

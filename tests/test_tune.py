@@ -30,6 +30,7 @@ def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path, capsys
     assert "trial 0: round 2/2  loss" in capsys.readouterr().out  # each trial logs its rounds
     blob = read_config(config)
     assert blob["tuning"]["trials"] == 3 and blob["tuning"]["test_read"] is False
+    assert {"torch", "threads", "cpu", "date"} <= set(blob["tuning"]["environment"])  # where it ran
     states = [h["state"] for h in blob["tuning"]["history"]]
     assert [blob["tuning"][k] for k in ("completed", "pruned")] == [states.count("complete"), states.count("pruned")]
     split = validation_only(prepare_split(RunConfig("pfedrec", dataset=DATA)))
