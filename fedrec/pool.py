@@ -72,22 +72,37 @@ def run_files(jobs: Sequence[tuple[Any, str | Path]], workers: int, checkpoint_e
     # a SimpleQueue writes to its pipe as put() is called (a Queue would hand the note to a
     # feeder thread), so a job's notes are all in the pipe before its result is sent
     notes = context.SimpleQueue() if on_round is not None else None
-
-    def drain() -> None:
-        while notes is not None and on_round is not None and not notes.empty():
-            on_round(notes.get())
-
-    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
-                             initializer=_start_worker, initargs=(notes, os.getpid())) as pool:
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
+                               initializer=_start_worker, initargs=(notes, os.getpid()))
+    finished = False
+    try:
         futures = {pool.submit(_run_job, i, cfg, str(path), checkpoint_every): i
                    for i, (cfg, path) in enumerate(jobs)}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
-            drain()
+            while notes is not None and on_round is not None and not notes.empty():
+                on_round(notes.get())
             for future in done:
                 try:
                     future.result()
                     yield futures[future], None
                 except Exception as e:  # reported to the caller, which keeps going
                     yield futures[future], (str(e).splitlines() or [type(e).__name__])[0]
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            _stop(pool)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Left early (an exception in a callback, Ctrl-C, a caller that stops reading): end the
+    running runs now rather than waiting hours for them (their checkpoints let them go on
+    later), and drop the queued ones. Waiting would also hang for good once nobody drains the
+    notes: a worker blocks on a full pipe. ProcessPoolExecutor has no public way to end its
+    workers before Python 3.14 (``terminate_workers``), hence its process table."""
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -13,9 +13,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class RoundNote:
-    """Round ``round`` of ``total`` of job ``job`` has ended: its loss and, on the metric that
-    selects the model (``metric``), this round's validation figure (nan in a round that was not
-    evaluated) and the best so far, at ``best_round``."""
+    """Round ``round`` of ``total`` of job ``job`` has ended (``unit``: ``round`` for a federated
+    run, ``epoch`` for a centralised one): its loss and, on the metric that selects the model
+    (``metric``), this round's validation figure (nan in a round that was not evaluated) and the
+    best so far, at ``best_round``."""
 
     job: int
     round: int
@@ -25,6 +26,7 @@ class RoundNote:
     value: float = math.nan
     best: float = math.nan
     best_round: int = 0
+    unit: str = "round"
 
 
 OnRoundNote = Callable[[RoundNote], None]
@@ -32,10 +34,13 @@ OnRoundNote = Callable[[RoundNote], None]
 
 def total_rounds(cfg: Any) -> int:
     """The rounds (federated) or epochs (centralised) ``cfg`` trains for."""
+    return int(cfg.federated.rounds if _federated(cfg) else cfg.train.epochs)
+
+
+def _federated(cfg: Any) -> bool:
     from fedrec.algorithms import get_algorithm
 
-    federated = get_algorithm(cfg.algorithm).kind == "federated"
-    return int(cfg.federated.rounds if federated else cfg.train.epochs)
+    return get_algorithm(cfg.algorithm).kind == "federated"
 
 
 def noting(job: int, cfg: Any, note: OnRoundNote) -> Callable[..., None]:
@@ -44,11 +49,12 @@ def noting(job: int, cfg: Any, note: OnRoundNote) -> Callable[..., None]:
     from fedrec.protocols.protocol import PROTOCOLS
 
     total = total_rounds(cfg)
+    unit = "round" if _federated(cfg) else "epoch"
     metric = PROTOCOLS[cfg.protocol].select if cfg.protocol in PROTOCOLS else ""
 
     def on_round(record: Any, best_round: int, best_valid: dict[str, float]) -> None:
         note(RoundNote(job, int(record.round), total, float(record.loss), metric,
                        float(record.valid.get(metric, math.nan)), float(best_valid.get(metric, math.nan)),
-                       int(best_round)))
+                       int(best_round), unit))
 
     return on_round

@@ -30,7 +30,6 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +155,10 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
          protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
          from_defaults: bool = False, journal: str | Path | None = None,
-         on_round: Callable[[int, RoundNote], None] | None = None) -> TuneResult:
+         on_round: Callable[[RoundNote], None] | None = None) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
-    round a trial ends (its number and `fedrec.progress.RoundNote`).
+    round a trial ends (a `fedrec.progress.RoundNote` whose ``job`` is the trial's number).
     ``from_defaults``: the first trial is the algorithm's own settings (`defaults_trial`), so the
     search cannot end below them; it is one of the ``trials``. ``journal``: a file that stores
     each finished trial, from which the same search goes on after a kill (`_resume`)."""
@@ -200,7 +199,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         else:
             cfg.train = dataclasses.replace(base.train, **engine)
 
-        noted = None if on_round is None else noting(trial.number, cfg, partial(on_round, trial.number))
+        noted = None if on_round is None else noting(trial.number, cfg, on_round)
 
         def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
             if noted is not None:

@@ -88,17 +88,29 @@ def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:
     assert all((out / "cells" / name).read_text() == text for name, text in first.items())
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
+def _process(pid: int) -> tuple[int, str, int, bytes] | None:
+    """``(parent, state, start time, command line)`` of a process (Linux /proc), None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), fields[0], int(fields[19]), Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):  # gone meanwhile
+        return None
+
+
+def _workers_of(parent: int) -> dict[int, int]:
+    """The pool workers (spawned processes) whose parent is ``parent``: pid -> start time."""
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        info = _process(int(entry.name))
+        if info is not None and info[0] == parent and b"spawn_main" in info[3]:
+            found[int(entry.name)] = info[2]
+    return found
+
+
+def _running(pid: int, started: int) -> bool:
+    """Whether that very process (not a later one given its pid) still runs (zombies do not)."""
+    info = _process(pid)
+    return info is not None and info[2] == started and info[1] != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
@@ -107,21 +119,20 @@ def test_workers_end_when_the_grid_is_killed_alone(tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(seeds=[0, 2], rounds=400, workers=2).replace("60x500", "300x800"))
     cmd = [sys.executable, "-m", "fedrec", "bench", str(grid), "-o", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.stdout is not None
-    for line in proc.stdout:  # a worker is training once a round is logged
-        if "round 1/400" in line:
-            break
-    workers = _children(proc.pid)
-    assert workers
+    deadline = time.monotonic() + 120
+    workers: dict[int, int] = {}
+    while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        workers = _workers_of(proc.pid)
     proc.kill()
     proc.wait()
+    assert len(workers) == 2, "the grid's two workers never started"
     deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+    while any(_running(pid, t) for pid, t in workers.items()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
-             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    alive = [pid for pid, t in workers.items() if _running(pid, t)]
     for pid in alive:  # not left behind by a failing test
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"workers {alive} still running after their grid was killed"

@@ -42,6 +42,14 @@ def test_a_log_gets_the_first_last_and_every_tenth_round() -> None:
         bars.note("a", "pfedrec s0", _note(r))
     assert [int(line.split("round ")[1].split("/")[0]) for line in lines] == [1, *range(2, 21, 2)]
     assert lines[0] == f"pfedrec s0: round 1/20  {status(_note(1))}"
+    lines.clear()
+    for r in range(1, 26):  # a tenth of 25 rounds is every third, not every second
+        bars.note("b", "mf", RoundNote(1, r, 25, 0.5, unit="epoch"))
+    assert [line.split(":")[1].split("/")[0].strip() for line in lines] == \
+        ["epoch 1", *(f"epoch {r}" for r in range(3, 25, 3)), "epoch 25"]
+    unlabelled: list[str] = []
+    RunBars(batch_progress(None, disable=True), log=unlabelled.append).note("run", "", _note(1))
+    assert unlabelled == [f"round 1/20  {status(_note(1))}"]  # `fedrec run`: one run, no label
     assert not bars.progress.tasks  # a log, no bars
     slow: list[str] = []
     bars = RunBars(batch_progress(None, disable=True), log=slow.append, log_seconds=0.0)

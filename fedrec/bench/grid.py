@@ -197,6 +197,7 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
     if not todo:
         return counts
     jobs = [(cell.run_config(grid.data_dir), cell_path(out, cell)) for cell in todo]
+
     def on_note(note: RoundNote) -> None:
         if on_progress is not None:
             on_progress(todo[note.job], note)

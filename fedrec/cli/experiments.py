@@ -7,7 +7,6 @@ import shlex
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedrec.cli.run_progress import batch_progress, status
+from fedrec.cli.run_progress import RunBars, batch_progress, status
 from fedrec.errors import FedrecError, Interrupted
 from fedrec.progress import RoundNote, noting
 
@@ -233,21 +232,17 @@ def run_command(
     task = bar.add_task(f"{algorithm} on {dataset}", total=total, status="")
 
     last = [0]
-    log_every = max(1, total // 10)  # without a terminal: the first round, then every tenth
-    logged = [time.monotonic()]  # of the run or every 30 s, whichever comes first
+    log = RunBars(bar, log=typer.echo)  # without a terminal: the first and last round, every
+    # tenth of the run and at least every 30 s
 
     def show(note: RoundNote) -> None:
         last[0] = note.round
-        text = status(note)
         if not console.is_terminal:
-            now = time.monotonic()
-            if not quiet and (note.round in (1, total) or note.round % log_every == 0
-                              or now - logged[0] >= 30):
-                typer.echo(f"{'round' if federated else 'epoch'} {note.round}/{total}  {text}")
-                logged[0] = now
+            if not quiet:
+                log.note("run", "", note)
             return
         bar.start()  # only once data and options have been accepted: errors print alone
-        bar.update(task, completed=note.round, status=text)
+        bar.update(task, completed=note.round, status=status(note))
 
     on_round = noting(0, cfg, show)
 

@@ -103,6 +103,7 @@ def reproduce_command(
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress)
+        bars.end_all()  # a run reported as it started (in turn, or alone) has ended by now
     figures = load_figures(paper)
     parts = []
     drawn = []

@@ -3,7 +3,7 @@ in progress, at the round it has reached, beside the bar of the whole batch.
 
 A run of hours (GPFedRec on Lastfm-2K) otherwise shows nothing until it ends. Without a terminal
 (a log file under nohup or CI) each run writes a line at its first and last round, every tenth
-of its rounds and at least once a minute, as `fedrec run` does for one run.
+of its rounds and at least every 30 seconds; `fedrec run` logs its one run by the same rule.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Hashable
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,14 +24,14 @@ from rich.progress import (
 
 from fedrec.progress import RoundNote
 
-LOG_SECONDS = 60.0
+LOG_SECONDS = 30.0
 
 
-def batch_progress(console: object, disable: bool = False) -> Progress:
+def batch_progress(console: Console | None, disable: bool = False) -> Progress:
     """The bars: a description, the bar, done of total, a status text and the time spent."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                    console=console, disable=disable)  # type: ignore[arg-type]
+                    console=console, disable=disable)
 
 
 def status(note: RoundNote) -> str:
@@ -44,7 +45,8 @@ def status(note: RoundNote) -> str:
 
 class RunBars:
     """One bar per run in progress, keyed by whatever names the run (a planned run and seed, a
-    grid cell); ``log`` (with no terminal) receives the lines instead."""
+    grid cell); ``log`` (with no terminal) receives the lines instead, prefixed by the label
+    when it has one."""
 
     def __init__(self, progress: Progress, log: Callable[[str], None] | None = None,
                  log_seconds: float = LOG_SECONDS) -> None:
@@ -57,10 +59,11 @@ class RunBars:
         text = status(note)
         if self.log is not None:
             now = time.monotonic()
-            every = max(1, note.total // 10)
+            every = math.ceil(note.total / 10)
             if (note.round in (1, note.total) or note.round % every == 0
                     or now - self.logged.get(key, now) >= self.log_seconds):
-                self.log(f"{label}: round {note.round}/{note.total}  {text}")
+                where = f"{note.unit} {note.round}/{note.total}"
+                self.log(f"{label}: {where}  {text}" if label else f"{where}  {text}")
                 self.logged[key] = now
             self.logged.setdefault(key, now)
             return

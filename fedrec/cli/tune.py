@@ -60,8 +60,8 @@ def tune_command(
         else:
             typer.echo(f"{status}  {entry.get('best_valid', '')}")
 
-    def on_round(trial: int, note: RoundNote) -> None:
-        bars.note(trial, f"trial {trial}", note)
+    def on_round(note: RoundNote) -> None:
+        bars.note(note.job, f"trial {note.job}", note)
 
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
