@@ -319,6 +319,7 @@ def train(
     ``prepare(trainable, split)`` is called once the trainable is built (an audit attaches its
     observer)."""
     start = time.perf_counter()
+    revision = git_revision()  # the code this run loaded, not what HEAD holds hours later
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
     if out is not None:
@@ -371,7 +372,7 @@ def train(
         wall_seconds=time.perf_counter() - start + outcome.earlier_seconds,
         resumed_at=outcome.resumed_at,
         peak_memory_mb=peak_memory_mb(),
-        git_revision=git_revision(),
+        git_revision=revision,
     )
     if out is not None:
         result.write(out, exclusive=exclusive)

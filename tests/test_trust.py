@@ -321,3 +321,14 @@ def test_an_unwritable_folder_is_named(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
     with pytest.raises(FedrecError, match="cannot write in .*locked"):
         check_writable(locked / "deeper" / "r.json")
+
+
+def test_a_result_names_the_revision_its_run_started_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of hours outlives commits made meanwhile: its result names the code it loaded."""
+    import fedrec.experiment as experiment
+    from fedrec.experiment import RunConfig, federated_config, run
+
+    revisions = iter(["started", "later"])
+    monkeypatch.setattr(experiment, "git_revision", lambda: next(revisions))
+    cfg = RunConfig("fedmf", dataset=SYN, federated=federated_config("fedmf", rounds=1))
+    assert run(cfg).git_revision == "started"
