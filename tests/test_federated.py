@@ -66,7 +66,7 @@ def test_a_file_kept_run_goes_on_from_the_checkpoint_a_kill_left(algo, tmp_path)
     import fedrec.experiment as experiment
     real = experiment.run
     with pytest.MonkeyPatch.context() as mp:  # the first attempt is killed after round 3
-        mp.setattr(experiment, "run", lambda *a, **k: real(*a, **k, on_round=crash_after_3))
+        mp.setattr(experiment, "run", lambda *a, **k: real(*a, **{**k, "on_round": crash_after_3}))
         with pytest.raises(Crash):
             run_resumable(cfg(), out, 2)
     assert out.with_suffix(".ckpt").exists() and not out.exists()
