@@ -29,7 +29,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,10 @@ class TuneResult:
     history: list[dict[str, Any]]
     refused: int = 0  # settings refused before training and redrawn (not in ``trials``)
     from_defaults: bool = False  # the first trial was the algorithm's own settings
+    #: where the search ran, read as it started (as a results file records its run): a chaotic
+    #: run (GPFedRec) repeats its best trial digit for digit only on a like machine
+    git_revision: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
 
     def config(self) -> dict[str, Any]:
         """The run config `fedrec run --config` reads."""
@@ -145,9 +149,7 @@ class TuneResult:
                        "from_defaults": self.from_defaults,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
                        "test_read": False, "history": self.history,
-                       # where the search ran, as a results file records it: a chaotic run
-                       # (GPFedRec) repeats its best trial digit for digit only on a like machine
-                       "git_revision": git_revision(), "environment": environment()},
+                       "git_revision": self.git_revision, "environment": self.environment},
         }
 
 
@@ -164,6 +166,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     each finished trial, from which the same search goes on after a kill (`_resume`)."""
     import optuna
 
+    revision, started_in = git_revision(), environment()
     spec = get_algorithm(algorithm)
     if trials < 1:
         raise FedrecError("--trials must be >= 1")
@@ -262,7 +265,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     model = {p.name: best.params[p.name] for p in space if p.where == "model"}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
-                      refused, from_defaults)
+                      refused, from_defaults, revision, started_in)
 
 
 def _journal_storage(path: str | Path) -> Any:

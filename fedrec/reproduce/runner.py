@@ -233,13 +233,7 @@ def plan(paper: str, tables: Iterable[str] | None = None,
 def only_methods(chosen: dict[str, list[PlannedRun]], methods: Iterable[str]) -> dict[str, list[PlannedRun]]:
     """The tables of ``chosen`` cut to the rows of ``methods`` (tables left without a row are
     dropped); a name no table has is an error, not an empty table."""
-    wanted = list(dict.fromkeys(methods))
-    known = {r.method for runs in chosen.values() for r in runs}
-    unknown = [m for m in wanted if m not in known]
-    if unknown:
-        raise FedrecError(f"no row named {', '.join(unknown)} in these tables; rows: {', '.join(sorted(known))}")
-    cut = {t: [r for r in runs if r.method in wanted] for t, runs in chosen.items()}
-    return {t: runs for t, runs in cut.items() if runs}
+    return _only(chosen, list(dict.fromkeys(methods)), lambda r: r.method, "row named", "rows")
 
 
 #: how `only_settings` names the setting of a row that has none (the algorithm's defaults)
@@ -250,13 +244,19 @@ def only_settings(chosen: dict[str, list[PlannedRun]], settings: Iterable[str]) 
     """The tables of ``chosen`` cut to the rows of ``settings`` (as result files name them, e.g.
     ``ratio=1,alpha=0.9``; `DEFAULT_SETTING` for a row without one), so that one cell of a
     sweep can be run alone; a setting no row has is an error, not an empty table."""
-    wanted = [("" if s == DEFAULT_SETTING else s) for s in dict.fromkeys(settings)]
-    known = {r.setting for runs in chosen.values() for r in runs}
-    unknown = [s for s in wanted if s not in known]
+    return _only(chosen, list(dict.fromkeys(settings)), lambda r: r.setting or DEFAULT_SETTING,
+                 "row with setting", "settings")
+
+
+def _only(chosen: dict[str, list[PlannedRun]], wanted: list[str], name: Callable[[PlannedRun], str],
+          what: str, known_as: str) -> dict[str, list[PlannedRun]]:
+    known = {name(r) for runs in chosen.values() for r in runs}
+    if not wanted:
+        raise FedrecError(f"no {known_as} given; {known_as}: {'; '.join(sorted(known))}")
+    unknown = [w for w in wanted if w not in known]
     if unknown:
-        names = sorted(s or DEFAULT_SETTING for s in known)
-        raise FedrecError(f"no row with setting {', '.join(unknown)} in these tables; settings: {'; '.join(names)}")
-    cut = {t: [r for r in runs if r.setting in wanted] for t, runs in chosen.items()}
+        raise FedrecError(f"no {what} {', '.join(unknown)} in these tables; {known_as}: {'; '.join(sorted(known))}")
+    cut = {t: [r for r in runs if name(r) in wanted] for t, runs in chosen.items()}
     return {t: runs for t, runs in cut.items() if runs}
 
 
