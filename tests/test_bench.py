@@ -213,6 +213,12 @@ def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:
     cells = load_grid(path).cells
     assert {c.device for c in cells} == {"cpu"}
     assert cells[0].run_config(None).federated.device == "cpu"
+    # a grid a GPU machine ran is reported here, where running it is one clear error
+    path.write_text(GRID.format(seeds=[0], rounds=1, workers=1) + 'device = "cuda:0"\n')
+    assert {c.device for c in load_grid(path, check_device=False).cells} == {"cuda:0"}
+    if not torch.cuda.is_available():
+        with pytest.raises(FedrecError, match="sees no CUDA device"):
+            load_grid(path)
 
 
 def test_bad_workers_on_the_command_line_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

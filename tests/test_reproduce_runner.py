@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedrec.cli import main
 from fedrec.errors import FedrecError, UnknownNameError
@@ -118,3 +119,29 @@ def test_settings_pick_one_cell_of_a_sweep():
         only_settings(table2, [])  # --settings ";": an error, not every table cut away
     with pytest.raises(FedrecError, match="no rows given"):
         only_methods(table2, [])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_execute_trains_on_the_device_asked_for(tmp_path, device):
+    """``device`` reaches every run's config, federated and centralised alike, and a CUDA run
+    ends with the CPU run's figures (GPFedRec's threshold aside, fedrec's rule for devices)."""
+    runs = [PlannedRun("pfedrec", "pfedrec"), PlannedRun("mf", "mf")]
+    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], rounds=2)
+    on_device = execute(runs, out_dir=tmp_path / device, device=device, **kw)
+    # a result keeps the engine's options (federated) or the trainer's (centralised)
+    assert [(r["algorithm"], (r["config"].get("federated") or r["config"]["train"])["device"])
+            for r in on_device] == [("pfedrec", device), ("mf", device)]
+    on_cpu = execute(runs, out_dir=tmp_path / "cpu-again", **kw)
+    for mine, cpu in zip(on_device, on_cpu, strict=True):
+        assert mine["test"] == pytest.approx(cpu["test"], abs=1e-4)
+
+
+def test_cli_reproduce_refuses_a_device_it_cannot_use(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "pfedrec", "--tables", "7", "-d", "synthetic:120x400", "--rounds", "1",
+              "--device", "tpu", "--out-dir", str(tmp_path)])
+    assert done.value.code != 0 and "--device tpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "attacks", "--device", "cuda:0", "--out-dir", str(tmp_path)])
+    assert done.value.code != 0 and "CPU only" in capsys.readouterr().err

@@ -102,9 +102,10 @@ class Grid:
     checkpoint_every: int = 0  # how often a cell saves itself (not part of its key)
 
 
-def load_grid(path: str | Path) -> Grid:
+def load_grid(path: str | Path, *, check_device: bool = True) -> Grid:
     """Parse and check a bench file (unknown keys, algorithms, protocols and policies are one
-    clear error each, before anything runs)."""
+    clear error each, before anything runs). ``check_device`` False keeps a named device this
+    machine lacks, to report cells a GPU machine ran (``auto`` is always this machine's)."""
     from fedrec.algorithms import get_algorithm
     from fedrec.protocols.protocol import NEGATIVE_POLICIES, get_protocol
     from fedrec.tune import read_config
@@ -142,11 +143,10 @@ def load_grid(path: str | Path) -> Grid:
     # a relative path is relative to the bench file (an absolute one stays as it is)
     configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")
-    device = str(grid.get("device", "auto"))
-    if device == "auto":
-        import torch
+    from fedrec.core.device import resolve
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(grid.get("device", "auto"))
+    device = resolve(device) if check_device or device == "auto" else device
     cells = []
     for algorithm in lists["algorithms"]:
         for dataset in lists["datasets"]:

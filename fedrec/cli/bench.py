@@ -32,7 +32,7 @@ def bench_command(
     )
     from fedrec.errors import FedrecError
 
-    grid = load_grid(grid_file)
+    grid = load_grid(grid_file, check_device=not report_only)
     if workers is not None:
         if workers < 1:
             raise FedrecError("--workers must be >= 1")

@@ -29,6 +29,7 @@ def reproduce_command(
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1; 0: PyTorch's default)."),
     checkpoint_every: int = typer.Option(0, min=0, help="Each run saves itself every N rounds (epochs) beside its result; a killed reproduction goes on from there (0: never)."),
     workers: int = typer.Option(1, min=1, help="Run the missing runs side by side in this many processes of one thread each (each shows its rounds as it goes)."),
+    device: str = typer.Option("cpu", help="Where the runs train: cpu, cuda (cuda:1, ...) or auto (cuda when PyTorch sees one)."),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
 
@@ -38,6 +39,7 @@ def reproduce_command(
     from fedrec import threads as torch_threads
 
     torch_threads.apply(threads)
+    from fedrec.core.device import resolve
     from fedrec.reproduce.papers import load_figures
     from fedrec.reproduce.runner import (
         DATA_OPTIONS,
@@ -60,8 +62,11 @@ def reproduce_command(
     except ValueError as e:
         raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
     if paper == "attacks":
+        if device not in ("cpu", "auto"):
+            raise FedrecError("fedrec reproduce attacks runs on the CPU only (--device cpu)")
         _attacks(seed_list, rounds, out_dir, markdown, plots, data_dir, reuse_only)
         return
+    device = resolve(device)
     chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()],
                   dataset)
     if methods is not None:
@@ -102,7 +107,8 @@ def reproduce_command(
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
-                          checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress)
+                          checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
+                          device=device)
         bars.end_all()  # a run reported as it started (in turn, or alone) has ended by now
     figures = load_figures(paper)
     parts = []

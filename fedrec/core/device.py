@@ -36,6 +36,13 @@ def check(device: str) -> str:
     return device
 
 
+def resolve(device: str) -> str:
+    """``device`` checked (`check`), with ``auto`` read as cuda when PyTorch sees one, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return check(device)
+
+
 @contextmanager
 def on(device: str) -> Iterator[None]:
     """Make ``device`` the default device of tensor factories for the block."""

@@ -23,6 +23,7 @@ from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import RunConfig, federated_config, run_resumable
 from fedrec.progress import RoundNote, noting
+from fedrec.train.centralised import TrainConfig
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 
@@ -267,6 +268,7 @@ def execute(
     on_fail: Callable[[PlannedRun, str, int, str], None] | None = None,
     run_missing: bool = True, data_options: dict[str, Any] | None = None, checkpoint_every: int = 0,
     workers: int = 1, on_progress: Callable[[PlannedRun, str, int, RoundNote], None] | None = None,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -280,7 +282,9 @@ def execute(
     that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
     when it ends rather than when it starts. Reused runs are reported after the runs.
     ``on_progress`` is told of every round (epoch) a run ends (`fedrec.progress.RoundNote`), in
-    this process whichever process runs it. One failed run never ends the reproduction.
+    this process whichever process runs it. ``device`` is where every run trains (cpu, cuda);
+    a result file records its machine, not its device in its name, so a run found on disk is
+    reused whichever device made it. One failed run never ends the reproduction.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -296,9 +300,9 @@ def execute(
         return RunConfig(
             algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
             seed=seed, data_dir=data_dir, **options, **(data_options or {}),
-            model=_model_options(planned),
+            model=_model_options(planned), train=TrainConfig(device=device),
             federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
-                                       ldp=planned.ldp, **dict(planned.engine)),
+                                       ldp=planned.ldp, device=device, **dict(planned.engine)),
         )
 
     # one run a file: a later planned run of the same file name reuses its result
