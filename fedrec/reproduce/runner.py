@@ -23,9 +23,9 @@ from fedrec.algorithms.cia import LIGHTGCN_ENGINE
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import RunConfig, federated_config, run_resumable
 from fedrec.progress import RoundNote, noting
-from fedrec.train.centralised import TrainConfig
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
+from fedrec.train.centralised import TrainConfig
 
 LEGACY = "legacy-exclude-heldout"
 #: the official code whole: its leaky negatives on its split of the raw rows, repeated events
