@@ -88,10 +88,12 @@ def peak_memory_mb() -> float:
 
 
 def git_revision() -> str | None:
-    """The git revision of the fedrec source tree, when it is a checkout."""
+    """The git revision of the fedrec source tree, when it is a checkout, with ``-dirty`` when
+    its tracked files differ from it (a copy of a working tree run elsewhere, an edit not yet
+    committed): the revision alone would name code that did not run."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", "describe", "--always", "--abbrev=7", "--dirty", "--exclude=*"],
             cwd=Path(fedrec.__file__).parent,
             capture_output=True, text=True, timeout=5, check=False,
         )

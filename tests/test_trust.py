@@ -332,3 +332,29 @@ def test_a_result_names_the_revision_its_run_started_from(monkeypatch: pytest.Mo
     monkeypatch.setattr(experiment, "git_revision", lambda: next(revisions))
     cfg = RunConfig("fedmf", dataset=SYN, federated=federated_config("fedmf", rounds=1))
     assert run(cfg).git_revision == "started"
+
+
+def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A working tree copied to another machine, or edited and not committed, ran code its
+    commit does not hold: the revision is marked ``-dirty``, never the bare commit."""
+    import subprocess
+
+    import fedrec
+    from fedrec.results import git_revision
+
+    pkg = tmp_path / "fedrec"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("x = 1\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    monkeypatch.setattr(fedrec, "__file__", str(pkg / "__init__.py"))
+    assert git_revision() == head
+    (pkg / "__init__.py").write_text("x = 2\n")
+    assert git_revision() == f"{head}-dirty"
+    (tmp_path / "untracked.txt").write_text("results, logs")  # untracked files change no code
+    (pkg / "__init__.py").write_text("x = 1\n")
+    assert git_revision() == head
