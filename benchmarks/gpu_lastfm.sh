@@ -7,7 +7,8 @@
 # 2. GFed-PP Table 2's GPFedRec row on the official split with the official code's negatives,
 #    seeds 0-4, then its variant with the official code's graph rule (`fedrec reproduce`).
 # DATA is a folder holding HetRec's user_taggedartists.dat (the machine has no network and no
-# ../shared). Both stop at BUDGET seconds (default 500), keeping the runs that ended; the
+# ../shared): an ignored folder of the repo that the call carries (`carry`), each call, since a
+# call that does not carry it finds it gone and the registry falls back to downloading. Both stop at BUDGET seconds (default 500), keeping the runs that ended; the
 # results come back as $OUT/runs.tgz (checkpoints left out), the logs beside it. For a dry run
 # on a CPU: GRID (another bench file), DEVICE=cpu, SEEDS=0, ROUNDS=1.
 set -u
@@ -27,7 +28,7 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 20 
 smi=$!
 
 timeout -k 20 -s INT "$BUDGET" $PY -m fedrec bench "${GRID:-benchmarks/leaderboard-lastfm2k-gpu.toml}" \
-    -o "$RUNS/bench" --workers "${BENCH_WORKERS:-7}" > "$OUT/bench.log" 2>&1 &
+    -o "$RUNS/bench" --workers "${BENCH_WORKERS:-10}" > "$OUT/bench.log" 2>&1 &
 bench=$!
 timeout -k 20 -s INT "$BUDGET" $PY -m fedrec reproduce gfedpp --tables 2 -d lastfm-2k \
     --negatives legacy-split --seeds "${SEEDS:-0,1,2,3,4}" --methods gpfedrec --device "${DEVICE:-cuda}" \
