@@ -43,7 +43,7 @@ def evaluate(
     scored = 0
     for start in range(0, len(users), chunk_users):
         chunk = users[start : start + chunk_users]
-        scores = np.asarray(scorer(chunk, None), dtype=np.float64)
+        scores = np.asarray(scorer(chunk, None))  # float32 ranks as float64 does, at half the bytes
         exclude = stage.exclude[chunk].toarray() > 0 if stage.exclude is not None else None
         if protocol.ranking == "rated":
             m = _rated_metrics(scores, stage.targets[chunk], exclude, protocol)

@@ -375,8 +375,11 @@ class GraphState(FamilyState):
         self.ldp, self.noise_seed, self.seen = blob["ldp"], blob["noise_seed"], blob["seen"]
         self.uploads = [blob["uploads"]]
 
-    def _score_block(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:
+    def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
         """Each client scores with the table it trained: its starting table with its trained rows."""
+        every = items is None
+        if items is None:
+            items = np.broadcast_to(np.arange(self.n_items), (len(clients), self.n_items)).copy()
         n, width = items.shape
         it = torch.as_tensor(items)
         v = self.items[it]
@@ -389,7 +392,7 @@ class GraphState(FamilyState):
                 flat.mul_(c).add_(rows * (1 - c))
             elif has is not None:
                 flat[has] = rows
-        self.personal.override(v, clients, items)
+        self.personal.override(v, clients, None if every else items)
         c = torch.as_tensor(clients)
         p = {k: self.private[k][c] for k in self.spec.private_names()}
         return score(self.spec, p, v)

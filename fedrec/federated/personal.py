@@ -72,8 +72,14 @@ class PersonalRows:
             if self._live[int(old)] == 0:
                 del self._live[int(old)], self._blocks[int(old)]
 
-    def override(self, v: torch.Tensor, clients: np.ndarray, items: np.ndarray) -> None:
-        """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``)."""
+    def override(self, v: torch.Tensor, clients: np.ndarray, items: np.ndarray | None) -> None:
+        """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``; None:
+        every item in order, ``C = n_items``).
+
+        Every item is full-ranking evaluation: each client's rows then go straight to their
+        columns, one copy of the rows it holds, instead of searching its keys for each of the
+        ``n_items`` columns (which was most of a full-ranking evaluation's host time).
+        """
         if not self._blocks:
             return
         clients = np.asarray(clients, np.int64)
@@ -81,11 +87,20 @@ class PersonalRows:
         inside = clients < len(self._latest)
         which[inside] = self._latest[clients[inside]]
         flat = v.view(-1, v.shape[-1])
-        width = items.shape[1]
         for bid in np.unique(which[which >= 0]).tolist():
             block = self._blocks[bid]
             mine = np.flatnonzero(which == bid)
             ranks = block.ranks(clients[mine])
+            if items is None:
+                start, count = block.ptr[ranks], np.diff(block.ptr)[ranks]
+                first = np.cumsum(count) - count  # each client's first slot among the gathered rows
+                at = np.arange(int(count.sum())) - np.repeat(first - start, count)  # rows in the block
+                rank = np.repeat(ranks, count)
+                item = block.keys[at].astype(np.int64) - rank * self.n_items
+                target = np.repeat(mine, count) * self.n_items + item
+                flat[torch.as_tensor(target)] = block.rows[torch.as_tensor(at)]
+                continue
+            width = items.shape[1]
             query = (ranks[:, None] * self.n_items + items[mine]).ravel().astype(block.keys.dtype)
             pos = np.searchsorted(block.keys, query).clip(max=len(block.keys) - 1)
             hit = np.flatnonzero(block.keys[pos] == query)

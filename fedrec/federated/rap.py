@@ -410,7 +410,9 @@ class RAPState(FamilyState):
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _score_block(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:
+    def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
+        if items is None:
+            items = np.broadcast_to(np.arange(self.n_items), (len(clients), self.n_items)).copy()
         it = torch.as_tensor(items)
         v = gather_rows(self.items, it)
         if self.personal_views is not None:

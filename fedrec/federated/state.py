@@ -333,20 +333,21 @@ class FamilyState:
     def scores(self, clients: np.ndarray, items: np.ndarray | None, chunk_cells: int = 1 << 22) -> np.ndarray:
         """Scores of ``items`` (``(n, C)``, or None = all) for ``clients`` under their own state."""
         n_items = self.items.shape[0]
-        if items is None:
-            items = np.broadcast_to(np.arange(n_items), (len(clients), n_items))
-        out = np.empty(items.shape, np.float32)
-        per = max(1, chunk_cells // max(1, items.shape[1] * self.spec.item_width))
+        width = n_items if items is None else items.shape[1]
+        out = np.empty((len(clients), width), np.float32)
+        per = max(1, chunk_cells // max(1, width * self.spec.item_width))
         for s in range(0, len(clients), per):
-            cl, it = clients[s : s + per], np.ascontiguousarray(items[s : s + per])
-            if not it.flags.writeable:  # a broadcast row of every item
-                it = it.copy()
-            out[s : s + per] = self._score_block(cl, it).cpu().numpy()
+            it = None if items is None else np.ascontiguousarray(items[s : s + per])
+            out[s : s + per] = self._score_block(clients[s : s + per], it).cpu().numpy()
         return out
 
-    def _score_block(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:
+    def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
+        """Logits ``(n, C)`` of ``items`` (``(n, C)``; None: every item) under each client's state."""
         base = self.round_start_items if (self.spec.dual and self.round_start_items is not None) else self.items
-        v = base[torch.as_tensor(items)]
+        if items is None:  # a copy of the table a client (personal rows are written into it)
+            v = base.expand(len(clients), *base.shape).clone(memory_format=torch.contiguous_format)
+        else:
+            v = base[torch.as_tensor(items)]
         if self.spec.dual:
             self.personal.override(v, clients, items)
         c = torch.as_tensor(clients)
