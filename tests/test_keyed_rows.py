@@ -57,3 +57,17 @@ def test_get_keeps_the_keys_shape() -> None:
     assert got.shape == (2, 2, WIDTH)
     assert got[0, 0].tolist() == [3.0] * WIDTH and got[1, 1].tolist() == [3.0] * WIDTH
     assert (got[0, 1] == 0).all() and (got[1, 0] == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6 * 7 - 1), max_size=20, unique=True), max_size=6),
+       st.lists(st.integers(0, 6), min_size=1, max_size=6))
+def test_block_equals_get_of_every_key_of_each_owner(writes: list[list[int]], owners: list[int]) -> None:
+    """``block(owners, span)`` is ``get`` of keys ``owner * span + j``, j < span, in order:
+    written keys in several runs, owners repeated, absent or past every key."""
+    span, store = 7, KeyedRows(WIDTH)
+    for n, keys in enumerate(writes):
+        store.put(np.array(keys, np.int64), torch.randn(len(keys), WIDTH) + 10 * n)
+    who = np.array(owners, np.int64)
+    keys = who[:, None] * span + np.arange(span)
+    torch.testing.assert_close(store.block(who, span), store.get(keys), rtol=0, atol=0)

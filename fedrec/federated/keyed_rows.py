@@ -85,6 +85,22 @@ class KeyedRows:
             out[torch.as_tensor(hit)] = self._rows.index_select(0, torch.as_tensor(found[hit]))
         return out.view(*keys.shape, self.width)
 
+    def block(self, owners: np.ndarray, span: int) -> torch.Tensor:
+        """``get`` of every key of each owner, ``(len(owners), span, width)``: the keys
+        ``owner * span + j`` for ``j < span`` (FedRAP's D_i over every item), found as one
+        range of each sorted run an owner instead of a search for each of its ``span`` keys."""
+        owners = np.asarray(owners, np.int64)
+        out = torch.zeros((len(owners) * span, self.width), dtype=self._rows.dtype)
+        for run_keys, run_slots in self._runs:
+            lo = np.searchsorted(run_keys, owners * span)
+            count = np.searchsorted(run_keys, (owners + 1) * span) - lo
+            first = np.cumsum(count) - count  # each owner's first place among the found keys
+            at = np.arange(int(count.sum())) - np.repeat(first - lo, count)  # places in the run
+            target = np.repeat(np.arange(len(owners)), count) * span + run_keys[at] % span
+            if len(at):
+                out[torch.as_tensor(target)] = self._rows.index_select(0, torch.as_tensor(run_slots[at]))
+        return out.view(len(owners), span, self.width)
+
     def put(self, keys: np.ndarray, values: torch.Tensor) -> None:
         """Store ``values`` (``(len(keys), width)``) as the rows of ``keys`` (distinct)."""
         slots = self.slots(keys)  # first: storing new keys may reallocate the rows

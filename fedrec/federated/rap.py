@@ -411,13 +411,15 @@ class RAPState(FamilyState):
     # -- evaluation ------------------------------------------------------------------------
 
     def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
-        if items is None:
-            items = np.broadcast_to(np.arange(self.n_items), (len(clients), self.n_items)).copy()
-        it = torch.as_tensor(items)
-        v = gather_rows(self.items, it)
-        if self.personal_views is not None:
-            keys = np.asarray(clients, np.int64)[:, None] * self.n_items + np.asarray(items)
-            v = v + self.personal_views.get(keys)
+        if items is None:  # every item: C + D_i over the whole table, D_i found by client range
+            v = self.items.expand(len(clients), *self.items.shape)
+            if self.personal_views is not None:
+                v = v + self.personal_views.block(clients, self.n_items)
+        else:
+            v = gather_rows(self.items, torch.as_tensor(items))
+            if self.personal_views is not None:
+                keys = np.asarray(clients, np.int64)[:, None] * self.n_items + np.asarray(items)
+                v = v + self.personal_views.get(keys)
         c = torch.as_tensor(clients)
         head = self.private["w" if self.rap.score == "linear" else "user"][c]
         logits = torch.einsum("cd,cbd->cb", head, v)
