@@ -67,7 +67,7 @@ def test_block_equals_get_of_every_key_of_each_owner(writes: list[list[int]], ow
     written keys in several runs, owners repeated, absent or past every key."""
     span, store = 7, KeyedRows(WIDTH)
     for n, keys in enumerate(writes):
-        store.put(np.array(keys, np.int64), torch.randn(len(keys), WIDTH) + 10 * n)
+        store.put(np.array(keys, np.int64), torch.arange(len(keys) * WIDTH, dtype=torch.float32).view(-1, WIDTH) + 100 * n + 1)
     who = np.array(owners, np.int64)
     keys = who[:, None] * span + np.arange(span)
     torch.testing.assert_close(store.block(who, span), store.get(keys), rtol=0, atol=0)
