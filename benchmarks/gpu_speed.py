@@ -44,6 +44,7 @@ class Workload:
     engine: tuple[tuple[str, Any], ...] = ()
     model: tuple[tuple[str, Any], ...] = ()
     cpu: bool = True  # measured on the CPU by default
+    protocol: str | None = None  # the algorithm's usual one (`protocol_of`) when not given
 
 
 WORKLOADS = [
@@ -59,6 +60,10 @@ WORKLOADS = [
     Workload("personalfr-ml100k", "personalfr", "ml-100k", 800, "<= 30 s"),
     Workload("pfedrec-1m-users", "pfedrec", "1000000x100000x20000000", 1, "<= 10 s, <= 40 GB",
              cpu=False),
+    # session 38's leads (docs/scale.md, "Long runs on a lent GPU"): MetaMF ran ten times slower
+    # on an H200 than on the CPU, and a full-ranking GFed-PP round seven times its sampled one
+    Workload("metamf-ml100k", "metamf", "ml-100k", 100, "as fast as the CPU"),
+    Workload("gfedpp-ml100k-full", "gfedpp", "ml-100k", 100, "as its sampled row", protocol="loo-full"),
 ]
 
 
@@ -83,7 +88,7 @@ def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
     from fedrec.experiment import RunConfig, prepare_split
     from fedrec.protocols import make_split
 
-    protocol = protocol_of(w.algorithm)
+    protocol = w.protocol or protocol_of(w.algorithm)
     if w.data == "ml-100k":
         return prepare_split(RunConfig(algorithm=w.algorithm, dataset="ml-100k", seed=seed, protocol=protocol))
     kept = Path(cache) / f"{w.data}-cap{MOST_ACTIVE_SHARE:.4f}-{protocol}-s{seed}.pkl" if cache else None
