@@ -41,9 +41,14 @@ timeout -k 20 -s INT "$BUDGET" $PY -m fedrec reproduce gfedpp --tables 2 -d last
     --device "${DEVICE:-cuda}" --workers "${REPRO_WORKERS:-4}" --out-dir "$RUNS/reproduce" \
     > "$OUT/reproduce.log" 2>&1 &
 repro=$!
-wait $bench $repro
+# the CUDA tests of `fedrec reproduce --device` and of full-ranking scores, beside them
+timeout 240 $PY -m pytest -m gpu -n 4 -p no:cacheprovider -q --tb=short -rf tests/test_reproduce_runner.py \
+    tests/test_device.py > "$OUT/tests.log" 2>&1 &
+tests=$!
+wait $bench $repro $tests
 kill $smi 2>/dev/null
 mkdir -p "$RUNS/bench" && cp -r "$BENCH_OUT"/. "$RUNS/bench/"
 tar czf "$OUT/runs.tgz" --exclude='*.ckpt' -C "$RUNS" .
 echo "--- bench"; tail -n 25 "$OUT/bench.log"
 echo "--- reproduce"; tail -n 30 "$OUT/reproduce.log"
+echo "--- tests"; tail -n 5 "$OUT/tests.log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import shlex
@@ -88,18 +89,25 @@ def peak_memory_mb() -> float:
 
 
 def git_revision() -> str | None:
-    """The git revision of the fedrec source tree, when it is a checkout, with ``-dirty`` when
-    its tracked files differ from it (a copy of a working tree run elsewhere, an edit not yet
-    committed): the revision alone would name code that did not run."""
+    """The commit of the fedrec source tree when it is a checkout, with ``-dirty`` when the
+    package's files (tracked or new) or ``pyproject.toml`` differ from it: a working tree copied
+    to another machine, or an edit not yet committed, ran code the commit alone does not name.
+    Other files (docs, results, benchmarks) do not count."""
+    package = Path(fedrec.__file__).parent
+
+    def git(*args: str) -> str | None:
+        out = subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, timeout=5,
+                             check=False, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})  # no index.lock
+        return out.stdout.strip() if out.returncode == 0 else None
+
     try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--abbrev=7", "--dirty", "--exclude=*"],
-            cwd=Path(fedrec.__file__).parent,
-            capture_output=True, text=True, timeout=5, check=False,
-        )
+        head = git("rev-parse", "--short=7", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=all", "--", ".", "../pyproject.toml")
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    if not head:
+        return None
+    return f"{head}-dirty" if changed else head
 
 
 def environment() -> dict[str, str]:

@@ -132,9 +132,10 @@ def test_execute_trains_on_the_device_asked_for(tmp_path, device):
     # a result keeps the engine's options (federated) or the trainer's (centralised)
     assert [(r["algorithm"], (r["config"].get("federated") or r["config"]["train"])["device"])
             for r in on_device] == [("pfedrec", device), ("mf", device)]
-    on_cpu = execute(runs, out_dir=tmp_path / "cpu-again", **kw)
-    for mine, cpu in zip(on_device, on_cpu, strict=True):
-        assert mine["test"] == pytest.approx(cpu["test"], abs=1e-4)
+    if device != "cpu":
+        on_cpu = execute(runs, out_dir=tmp_path / "cpu", **kw)
+        for mine, cpu in zip(on_device, on_cpu, strict=True):
+            assert mine["test"] == pytest.approx(cpu["test"], abs=1e-4)
 
 
 def test_cli_reproduce_refuses_a_device_it_cannot_use(tmp_path, capsys):

@@ -336,7 +336,8 @@ def test_a_result_names_the_revision_its_run_started_from(monkeypatch: pytest.Mo
 
 def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A working tree copied to another machine, or edited and not committed, ran code its
-    commit does not hold: the revision is marked ``-dirty``, never the bare commit."""
+    commit does not hold: a change to the package (a new module too) or to pyproject.toml marks
+    the revision ``-dirty``; docs and results beside it do not."""
     import subprocess
 
     import fedrec
@@ -345,7 +346,9 @@ def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch
     pkg = tmp_path / "fedrec"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("x = 1\n")
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    (tmp_path / "README.md").write_text("read me\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
@@ -353,8 +356,14 @@ def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch
                           text=True).stdout.strip()
     monkeypatch.setattr(fedrec, "__file__", str(pkg / "__init__.py"))
     assert git_revision() == head
+    (tmp_path / "README.md").write_text("edited\n")  # not code
+    (tmp_path / "results.json").write_text("{}")
+    assert git_revision() == head
     (pkg / "__init__.py").write_text("x = 2\n")
     assert git_revision() == f"{head}-dirty"
-    (tmp_path / "untracked.txt").write_text("results, logs")  # untracked files change no code
     (pkg / "__init__.py").write_text("x = 1\n")
-    assert git_revision() == head
+    (pkg / "new_module.py").write_text("y = 1\n")  # untracked, but imported all the same
+    assert git_revision() == f"{head}-dirty"
+    (pkg / "new_module.py").unlink()
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert git_revision() == f"{head}-dirty"

@@ -143,10 +143,13 @@ def load_grid(path: str | Path, *, check_device: bool = True) -> Grid:
     # a relative path is relative to the bench file (an absolute one stays as it is)
     configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")
-    from fedrec.core.device import resolve
+    from fedrec.core.device import parse, resolve
 
     device = str(grid.get("device", "auto"))
-    device = resolve(device) if check_device or device == "auto" else device
+    try:
+        device = resolve(device) if check_device or device == "auto" else parse(device)
+    except FedrecError as e:
+        raise FedrecError(f"{p}: grid.device: {e}") from None
     cells = []
     for algorithm in lists["algorithms"]:
         for dataset in lists["datasets"]:

@@ -20,6 +20,8 @@ from fedrec.errors import FedrecError, Interrupted
 from fedrec.progress import RoundNote, noting
 
 console = Console()
+#: the help of every command's --device (torch is imported only once a command runs)
+DEVICE_HELP = "Where the runs train: cpu, cuda (cuda:1, ...) or auto (cuda when PyTorch sees one)."
 
 
 def register(app: typer.Typer) -> None:
@@ -143,7 +145,7 @@ def run_command(
     tie_break: str = typer.Option("later-row-later", help="Equal timestamps: which row counts as later (earlier-row-later = official PFedRec code)."),
     legacy_repeats: bool = typer.Option(False, "--legacy-repeats", help="Legacy: split repeated (user, item) events as they are, as the official PFedRec/FedRAP/GFed-PP code does on Lastfm-2K (a test item can be a training positive; loo-sampled only)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
     save: Path | None = typer.Option(None, "--save", help="Also save the trained run (model at the best validation round) to this file, for `fedrec recommend` and `fedrec.load`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -192,6 +194,9 @@ def run_command(
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
+    from fedrec.core.device import resolve
+
+    device = resolve(device)
     given_lr = lr  # None: federated_config takes the algorithm's (its engine options)
     lr = lr if lr is not None else float(spec.lr or 1e-3)
     cfg = RunConfig(

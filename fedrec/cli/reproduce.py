@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from fedrec.cli.experiments import console
+from fedrec.cli.experiments import DEVICE_HELP, console
 from fedrec.cli.run_progress import RunBars, batch_progress
 from fedrec.errors import FedrecError
 
@@ -29,7 +29,7 @@ def reproduce_command(
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1; 0: PyTorch's default)."),
     checkpoint_every: int = typer.Option(0, min=0, help="Each run saves itself every N rounds (epochs) beside its result; a killed reproduction goes on from there (0: never)."),
     workers: int = typer.Option(1, min=1, help="Run the missing runs side by side in this many processes of one thread each (each shows its rounds as it goes)."),
-    device: str = typer.Option("cpu", help="Where the runs train: cpu, cuda (cuda:1, ...) or auto (cuda when PyTorch sees one)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
 ) -> None:
     """Run the runs behind a paper's tables and print our figures beside the paper's.
 

@@ -43,6 +43,17 @@ def resolve(device: str) -> str:
     return check(device)
 
 
+def parse(device: str) -> str:
+    """``device`` if it names a device fedrec runs on, present on this machine or not."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise FedrecError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, auto)") from e
+    if kind not in ("cpu", "cuda"):
+        raise FedrecError(f"device {device!r}: fedrec runs on cpu or cuda")
+    return device
+
+
 @contextmanager
 def on(device: str) -> Iterator[None]:
     """Make ``device`` the default device of tensor factories for the block."""

@@ -92,7 +92,8 @@ class PersonalRows:
             mine = np.flatnonzero(which == bid)
             ranks = block.ranks(clients[mine])
             if items is None:
-                start, count = block.ptr[ranks], np.diff(block.ptr)[ranks]
+                start = block.ptr[ranks]
+                count = block.ptr[ranks + 1] - start
                 first = np.cumsum(count) - count  # each client's first slot among the gathered rows
                 at = np.arange(int(count.sum())) - np.repeat(first - start, count)  # rows in the block
                 rank = np.repeat(ranks, count)

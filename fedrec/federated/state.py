@@ -344,8 +344,10 @@ class FamilyState:
     def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
         """Logits ``(n, C)`` of ``items`` (``(n, C)``; None: every item) under each client's state."""
         base = self.round_start_items if (self.spec.dual and self.round_start_items is not None) else self.items
-        if items is None:  # a copy of the table a client (personal rows are written into it)
-            v = base.expand(len(clients), *base.shape).clone(memory_format=torch.contiguous_format)
+        if items is None:  # the table for each client: a view, a copy where own rows go in
+            v = base.expand(len(clients), *base.shape)
+            if self.spec.dual:
+                v = v.clone(memory_format=torch.contiguous_format)
         else:
             v = base[torch.as_tensor(items)]
         if self.spec.dual:
