@@ -83,6 +83,10 @@ def test_cli_reproduce_prints_ours_beside_the_paper(tmp_path, capsys):
     assert done.value.code == 0
     text = md.read_text()
     assert "ldp=0.3" in text and "legacy" in text
+    # not a terminal: a log line for each run as it ends, after its rounds' lines
+    log = capsys.readouterr().out
+    assert "run 1/6 ended: pfedrec ldp=0 loo-sampled legacy-exclude-heldout s0" in log, log
+    assert log.index("pfedrec ldp=0 loo-sampled legacy-exclude-heldout s0: round 1/1") < log.index("run 1/6 ended")
     with pytest.raises(SystemExit) as bad:
         main(["reproduce", "pfedrec", "--seeds", "a,b", "--out-dir", str(tmp_path)])
     assert bad.value.code == 2 and "--seeds" in capsys.readouterr().err

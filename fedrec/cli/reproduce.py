@@ -78,29 +78,25 @@ def reproduce_command(
     with batch_progress(console, disable=not console.is_terminal) as bar:
         task = bar.add_task("runs", total=n_total, status="")
         bars = RunBars(bar, log=None if console.is_terminal else typer.echo)
-        started = [0]
+        ended = [0]
 
         def label_of(planned, policy, seed) -> str:  # type: ignore[no-untyped-def]
             return " ".join(f"{planned.method} {planned.setting} {planned.protocol} {policy} s{seed}".split())
 
         def on_run(planned, policy, seed, reused) -> None:  # type: ignore[no-untyped-def]
-            label = label_of(planned, policy, seed)
-            if workers > 1:  # reported as it ends
-                bars.end((planned, policy, seed))
-            else:  # reported as it starts: the one before has ended
-                bars.end_all()
+            label = label_of(planned, policy, seed)  # reported as it ends (or is found)
+            bars.end((planned, policy, seed))
             bar.update(task, advance=1, description=("reused " if reused else "") + label)
-            started[0] += 1
-            if not console.is_terminal and not reused:  # a log file (nohup, CI) says what runs
-                typer.echo(f"run {started[0]}/{n_total}: {label}")
+            ended[0] += 1
+            if not console.is_terminal and not reused:  # a log file (nohup, CI) says what ran
+                typer.echo(f"run {ended[0]}/{n_total} ended: {label}")
 
         def on_progress(planned, policy, seed, note) -> None:  # type: ignore[no-untyped-def]
             bars.note((planned, policy, seed), label_of(planned, policy, seed), note)
 
         def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
             bars.end((planned, policy, seed))
-            console.print(f"[red]failed[/] {planned.method} {planned.setting} {planned.protocol} "
-                          f"{policy} s{seed}: {reason}")
+            console.print(f"[red]failed[/] {label_of(planned, policy, seed)}: {reason}")
 
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives],
@@ -109,7 +105,6 @@ def reproduce_command(
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
                           device=device)
-        bars.end_all()  # a run reported as it started (in turn, or alone) has ended by now
     figures = load_figures(paper)
     parts = []
     drawn = []

@@ -279,8 +279,9 @@ def execute(
     ``checkpoint_every``: each run saves itself every N rounds (epochs) beside its result file
     (``.ckpt``) and a run killed part-way goes on from there the next time; the checkpoint is
     removed once the result is written. ``workers`` > 1 runs the missing runs side by side in
-    that many processes of one thread each (`fedrec.pool`); ``on_run`` then reports a run
-    when it ends rather than when it starts. Reused runs are reported after the runs.
+    that many processes of one thread each (`fedrec.pool`). ``on_run`` reports each run as it
+    ends (``on_fail`` one that failed), in turn or side by side alike; reused runs are
+    reported after the runs.
     ``on_progress`` is told of every round (epoch) a run ends (`fedrec.progress.RoundNote`), in
     this process whichever process runs it. ``device`` is where every run trains (cpu, cuda);
     a result file records its machine, not its device in its name, so a run found on disk is
@@ -333,14 +334,15 @@ def execute(
                 on_fail(*todo[i], reason)
     else:
         for i, (key, (cfg, path)) in enumerate(zip(todo, jobs, strict=True)):
-            if on_run is not None:
-                on_run(*key, False)
             on_round = None if on_progress is None else noting(i, cfg, partial(on_progress, *key))
             try:
                 run_resumable(cfg, path, checkpoint_every, on_round=on_round)
             except FedrecError as e:  # one failed run must not end the reproduction
                 if on_fail is not None:
                     on_fail(*key, str(e))
+            else:
+                if on_run is not None:
+                    on_run(*key, False)
     ran = set(first.values())
     results = []
     for key in keys:
