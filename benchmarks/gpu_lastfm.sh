@@ -12,8 +12,8 @@
 # ../shared): an ignored folder of the repo that every call names in `carry` (a call that does
 # not finds it gone, and the registry falls back to downloading). Both stop at BUDGET seconds
 # (default 500), keeping the runs that ended; what ran comes back as $OUT/runs.tgz (checkpoints
-# left out), the logs beside it. For a dry run on a CPU: GRID (another bench file),
-# DEVICE=cpu, REPRO="... --seeds 0 --rounds 1".
+# left out), the logs beside it. For a dry run on a CPU: GRID (another bench file), BENCH_OUT
+# and REPRO_OUT (folders outside results/), DEVICE=cpu, REPRO="... --seeds 0 --rounds 1".
 set -u
 OUT=${OUT:-/tmp/gpu-lastfm}
 mkdir -p "$OUT"
@@ -21,6 +21,7 @@ PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-500}
 RUNS=${RUNS:-runs/gpu}
 BENCH_OUT=${BENCH_OUT:-results/bench/leaderboard-lastfm2k-gpu}  # its cells found there are not run again
+REPRO_OUT=${REPRO_OUT:-results/reproduce-h200}  # likewise its result files (a GPU's, kept apart)
 REPRO=${REPRO:---negatives legacy --seeds 0 --methods gfedpp,gpfedrec}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export FEDREC_DATA=${DATA:-.devdata/lastfm-2k-hetrec} FEDREC_CACHE=${FEDREC_CACHE:-/tmp/fedrec-cache}
@@ -38,16 +39,17 @@ timeout -k 20 -s INT "$BUDGET" $PY -m fedrec bench "${GRID:-benchmarks/leaderboa
 bench=$!
 # shellcheck disable=SC2086  # REPRO is a list of options
 timeout -k 20 -s INT "$BUDGET" $PY -m fedrec reproduce gfedpp --tables 2 -d lastfm-2k $REPRO \
-    --device "${DEVICE:-cuda}" --workers "${REPRO_WORKERS:-4}" --out-dir "$RUNS/reproduce" \
+    --device "${DEVICE:-cuda}" --workers "${REPRO_WORKERS:-4}" --out-dir "$REPRO_OUT" \
     > "$OUT/reproduce.log" 2>&1 &
 repro=$!
 # the CUDA tests of `fedrec reproduce --device` and of full-ranking scores, beside them
-timeout 240 $PY -m pytest -m gpu -n 4 -p no:cacheprovider -q --tb=short -rf tests/test_reproduce_runner.py \
+xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist where installed
+timeout 240 $PY -m pytest -m gpu $xdist -p no:cacheprovider -q --tb=short -rf tests/test_reproduce_runner.py \
     tests/test_device.py > "$OUT/tests.log" 2>&1 &
 tests=$!
 wait $bench $repro $tests
 kill $smi 2>/dev/null
-mkdir -p "$RUNS/bench" && cp -r "$BENCH_OUT"/. "$RUNS/bench/"
+mkdir -p "$RUNS/bench" "$RUNS/reproduce" && cp -r "$BENCH_OUT"/. "$RUNS/bench/" && cp -r "$REPRO_OUT"/. "$RUNS/reproduce/"
 tar czf "$OUT/runs.tgz" --exclude='*.ckpt' -C "$RUNS" .
 echo "--- bench"; tail -n 25 "$OUT/bench.log"
 echo "--- reproduce"; tail -n 30 "$OUT/reproduce.log"
