@@ -220,7 +220,7 @@ def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:
         with pytest.raises(FedrecError, match="sees no CUDA device"):
             load_grid(path)
     path.write_text(GRID.format(seeds=[0], rounds=1, workers=1) + 'device = "cdua"\n')
-    with pytest.raises(FedrecError, match="grid.device: device 'cdua' is not a device name"):
+    with pytest.raises(FedrecError, match="grid.device: --device cdua is not a device name"):
         load_grid(path, check_device=False)  # a report still names a device fedrec knows
 
 

@@ -23,16 +23,22 @@ import torch
 from fedrec.errors import FedrecError
 
 
-def check(device: str) -> str:
-    """``device`` if this machine has it, else one clear error."""
+def parse(device: str) -> str:
+    """``device`` if it names a device fedrec runs on, present on this machine or not (a bench
+    report names the GPU that ran its cells); else one clear error."""
     try:
-        dev = torch.device(device)
+        kind = torch.device(device).type
     except RuntimeError as e:
         raise FedrecError(f"--device {device} is not a device name (cpu, cuda, cuda:1, ...)") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FedrecError(f"--device {device} was asked for, but this PyTorch build sees no CUDA device")
-    if dev.type not in ("cpu", "cuda"):
+    if kind not in ("cpu", "cuda"):
         raise FedrecError(f"--device {device}: fedrec runs on cpu or cuda")
+    return device
+
+
+def check(device: str) -> str:
+    """``device`` if this machine has it, else one clear error."""
+    if torch.device(parse(device)).type == "cuda" and not torch.cuda.is_available():
+        raise FedrecError(f"--device {device} was asked for, but this PyTorch build sees no CUDA device")
     return device
 
 
@@ -41,17 +47,6 @@ def resolve(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return check(device)
-
-
-def parse(device: str) -> str:
-    """``device`` if it names a device fedrec runs on, present on this machine or not."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as e:
-        raise FedrecError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, auto)") from e
-    if kind not in ("cpu", "cuda"):
-        raise FedrecError(f"device {device!r}: fedrec runs on cpu or cuda")
-    return device
 
 
 @contextmanager

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from fedrec.federated import draws
 from fedrec.federated.ae_spec import AESpec
 from fedrec.federated.optim import adam_, decay_factor, sgd_
+from fedrec.federated.ragged import ranges
 from fedrec.models.autoencoder import (
     ROW_TABLES,
     codes,
@@ -64,12 +65,6 @@ def apply_round(glob: dict[str, torch.Tensor], idx: torch.Tensor, sums: dict[str
             glob[k].index_add_(0, idx, s / n)
         else:
             glob[k] = s / n
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(s, s + l)`` for every (s, l)."""
-    offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + offsets
 
 
 class AEState:
@@ -128,7 +123,7 @@ class AEState:
         """Flat-row positions (in the all-clients layout) of the cohort's rows, and the cohort's
         own row offsets (client k's rows at ``offsets[k]:offsets[k + 1]``)."""
         lengths = self.client_items[cohort]
-        return _ranges(self.row_ptr[cohort], lengths), np.r_[0, np.cumsum(lengths)]
+        return ranges(self.row_ptr[cohort], lengths), np.r_[0, np.cumsum(lengths)]
 
     def download(self, cohort: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """What the server sends the cohort: every shared dense layer, and of each shared row
@@ -345,7 +340,7 @@ class AEState:
         training CSR, and the slot of each rating."""
         u = np.maximum(slot_user, 0)
         lengths = np.where(slot_user >= 0, self.degree[u], 0)
-        return lengths, _ranges(self.indptr[u], lengths), np.repeat(np.arange(len(slot_user)), lengths)
+        return lengths, ranges(self.indptr[u], lengths), np.repeat(np.arange(len(slot_user)), lengths)
 
     # ---- checkpoints and results ---------------------------------------------------------------
 

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec.federated.ragged import ranges
+
 
 class KeyedRows:
     """A zero-default table of ``width``-wide rows addressed by int64 keys."""
@@ -94,8 +96,7 @@ class KeyedRows:
         for run_keys, run_slots in self._runs:
             lo = np.searchsorted(run_keys, owners * span)
             count = np.searchsorted(run_keys, (owners + 1) * span) - lo
-            first = np.cumsum(count) - count  # each owner's first place among the found keys
-            at = np.arange(int(count.sum())) - np.repeat(first - lo, count)  # places in the run
+            at = ranges(lo, count)  # the owners' places in the run
             target = np.repeat(np.arange(len(owners)), count) * span + run_keys[at] % span
             if len(at):
                 out[torch.as_tensor(target)] = self._rows.index_select(0, torch.as_tensor(run_slots[at]))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedrec.federated.ragged import ranges
+
 
 @dataclass
 class _Block:
@@ -94,8 +96,7 @@ class PersonalRows:
             if items is None:
                 start = block.ptr[ranks]
                 count = block.ptr[ranks + 1] - start
-                first = np.cumsum(count) - count  # each client's first slot among the gathered rows
-                at = np.arange(int(count.sum())) - np.repeat(first - start, count)  # rows in the block
+                at = ranges(start, count)  # the clients' rows in the block
                 rank = np.repeat(ranks, count)
                 item = block.keys[at].astype(np.int64) - rank * self.n_items
                 target = np.repeat(mine, count) * self.n_items + item
