@@ -8,6 +8,7 @@ nothing with `fedrec.federated.metamf` but the parameter names and the inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -74,9 +75,11 @@ def _forward(p: dict[str, torch.Tensor], rows: torch.Tensor, spec: MetaMFSpec) -
     return (torch.relu(item_vectors @ w1 + b1) @ w2 + b2).squeeze(1)
 
 
-def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatches,
-                      k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Client ``k`` trained alone; returns its parameters and its item rows."""
+def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatches, k: int,
+                      clipped: list[bool] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Client ``k`` trained alone, each step's gradient clipped to ``spec.clip`` as
+    ``clip_grad_norm_`` does (appending to ``clipped`` whether it bound); returns its
+    parameters and its item rows."""
     client = int(cohort.clients[k])
     params = {"user": state.private["user"][client].clone(),
               **{n: t.clone() for n, t in state.shared.items()}}
@@ -94,13 +97,22 @@ def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatche
             logits = _forward(leaves, v[torch.as_tensor(rows[sl])], spec)
             loss = F.binary_cross_entropy_with_logits(logits, torch.as_tensor(labels[sl]))
             grads = torch.autograd.grad(loss, [*leaves.values(), v])
+            if spec.clip:
+                norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
+                coef = float(spec.clip / (norm + 1e-6))
+                grads = tuple(g * min(coef, 1.0) for g in grads)
+                if clipped is not None:
+                    clipped.append(coef < 1.0)
             params = {n: t - LR * g for (n, t), g in zip(leaves.items(), grads[:-1], strict=True)}
             table = table - LR_ITEM * grads[-1]
     return {n: t.detach() for n, t in params.items()}, table.detach()
 
 
-def test_lockstep_round_matches_per_client_reference(split: Split) -> None:
-    spec = _spec(split)
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) -> None:
+    """One vectorised round equals each client trained alone (clip: each client's gradient
+    clipped per step, ``--set clip``; 1.0 binds in some steps and not in others)."""
+    spec = dataclasses.replace(_spec(split), clip=clip)
     state, before = _state(spec, split), _state(spec, split)
     cohort = _cohort(split)
     assert len({s.n_active for s in cohort.steps}) > 2, "batch counts must differ across clients"
@@ -112,8 +124,9 @@ def test_lockstep_round_matches_per_client_reference(split: Split) -> None:
     n = len(cohort.clients)
     items = before.items.clone()
     shared = {name: torch.zeros_like(t) for name, t in before.shared.items()}
+    clipped: list[bool] = []
     for k, client in enumerate(cohort.clients):
-        params, table = _reference_client(spec, before, cohort, k)
+        params, table = _reference_client(spec, before, cohort, k, clipped)
         torch.testing.assert_close(state.private["user"][int(client)], params["user"], **TOL)
         rows = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
         items[rows] += (table - before.items[rows]) / n
@@ -125,6 +138,8 @@ def test_lockstep_round_matches_per_client_reference(split: Split) -> None:
         assert (t - before.shared[name]).abs().max() > 1e-6, f"'{name}' must be trained"
         torch.testing.assert_close(state.shared[name], t, **TOL)
     assert up.bytes_up > n * sum(t.numel() for t in shared.values()) * 4  # weights and rows
+    if clip:
+        assert 0.1 < np.mean(clipped) < 0.9, f"the clip must bind in some steps only: {np.mean(clipped):.2f}"
 
     # evaluation scores every user with its own generated model and the shared weights
     users = np.array([0, 7, 13])

@@ -6,7 +6,8 @@ error, as its paper does.
 
 Model options (``--set KEY=VALUE``): ``factors`` (width of the shared item table V, 8),
 ``memory`` (128) and ``hidden`` (512), the official code's sizes; ``--dim`` is the user
-embedding and generated item vector (32).
+embedding and generated item vector (32); ``clip``, each client's gradient norm per step (0:
+off; the official code clips at 5).
 
 Learning rates: lr 0.3 for the user embedding, memory and hypernetwork, item rows at
 0.3 x 30,000, and a 128 MB memory budget, chosen on validation HR@10 of ML-100K; the sweeps
@@ -30,15 +31,17 @@ from fedrec.protocols.protocol import Split
 @dataclass(frozen=True)
 class MetaMFOptions(Options):
     """``dim``: user embedding and generated item vector; ``factors``, ``memory``, ``hidden``:
-    the official code's sizes."""
+    the official code's sizes; ``clip``: each client's gradient norm per step (0: off)."""
 
     dim: int = 32
     factors: int = 8
     memory: int = 128
     hidden: int = 512
+    clip: float = 0.0
 
     def validate(self) -> None:
-        check((min(self.dim, self.factors, self.memory, self.hidden) < 1, "MetaMF's sizes must be >= 1"))
+        check((min(self.dim, self.factors, self.memory, self.hidden) < 1, "MetaMF's sizes must be >= 1"),
+              (self.clip < 0, "MetaMF's clip must be >= 0 (0: off)"))
 
 
 ENGINE: dict[str, Any] = {"lr": 0.3, "item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
@@ -55,7 +58,7 @@ def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
     loss = loss_for(split)
     per_positive = 1 if loss == "mse" else 5  # a rating alone, or a positive and 4 negatives
     return MetaMFSpec(dim=o.dim, factors=o.factors, memory=o.memory, hidden=o.hidden,
-                      min_client_samples=per_positive * smallest, loss=loss)
+                      min_client_samples=per_positive * smallest, loss=loss, clip=o.clip)
 
 
 register(AlgorithmSpec(

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from fedrec.federated import draws
 from fedrec.federated.ae_spec import AESpec
-from fedrec.federated.optim import adam_, decay_factor, sgd_
+from fedrec.federated.optim import adam_, clip_scale, decay_factor, sgd_
 from fedrec.federated.ragged import ranges
 from fedrec.models.autoencoder import (
     ROW_TABLES,
@@ -235,11 +235,7 @@ class AEState:
         n = {k: (len(row_client) if k in ROW_TABLES else A) for k in local}
         grads = {k: v.grad[: n[k]] for k, v in local.items()}
         if spec.clip > 0:  # each client's whole gradient to norm <= clip, as clip_grad_norm_
-            sq = torch.zeros(A, dtype=torch.float64)
-            for k, g in grads.items():
-                g2 = g.double().pow(2).reshape(len(g), -1).sum(1)
-                sq += torch.zeros(A, dtype=torch.float64).index_add_(0, row_client, g2) if k in ROW_TABLES else g2
-            scale = (spec.clip / (sq.sqrt() + 1e-6)).clamp(max=1.0).float()
+            scale = clip_scale([(g, row_client if k in ROW_TABLES else None) for k, g in grads.items()], A, spec.clip)
             grads = {k: g * (scale[row_client] if k in ROW_TABLES else scale).view(-1, *[1] * (g.dim() - 1))
                      for k, g in grads.items()}
         with torch.no_grad():

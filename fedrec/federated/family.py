@@ -20,6 +20,9 @@ they are updated:
 * ``loss``: ``bce`` on 1/0 labels (training positives and sampled negatives: ranking
   protocols) or ``mse``, the squared error of the score against the observed rating (rating
   protocols: no negatives; the score is the predicted rating, as in FedMF's and MetaMF's papers).
+* ``clip``: each client's gradient of a step (its parameters and its batch's item slots) is
+  clipped to this L2 norm, as ``clip_grad_norm_`` on one client's model (0: off; MetaMF's
+  official code clips at 5).
 
 Every parameter is held with a leading client axis (``(C, ...)``), so one autograd pass over the
 sum of per-client losses gives each client exactly its own gradient.
@@ -57,10 +60,13 @@ class FamilySpec:
     dim: int = 32
     layers: tuple[int, ...] = (32, 16, 8)
     loss: str = "bce"
+    clip: float = 0.0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
             raise ValueError(f"FamilySpec.loss must be one of {', '.join(LOSSES)}, not {self.loss!r}")
+        if self.clip < 0:
+            raise ValueError(f"FamilySpec.clip must be >= 0 (0: off), not {self.clip}")
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
         """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""

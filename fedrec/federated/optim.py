@@ -59,3 +59,17 @@ def decay_factor(steps: int, lr: float, momentum: float, weight_decay: float,
         buf = g if t == 0 else momentum * buf + g
         w -= lr * (g + momentum * buf if nesterov else buf)
     return w
+
+
+def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients: int, clip: float) -> torch.Tensor:
+    """Per-client factors min(1, clip / ‖g_c‖) that clip each client's whole gradient, as
+    ``torch.nn.utils.clip_grad_norm_`` does on one client's model.
+
+    ``parts``: gradients with a leading axis that is the client axis (owner None) or one row
+    per entry of ``owner`` (the client each row belongs to). The norm is summed in float64.
+    """
+    sq = torch.zeros(n_clients, dtype=torch.float64)
+    for g, owner in parts:
+        g2 = g.double().pow(2).reshape(len(g), -1).sum(1)
+        sq += g2 if owner is None else torch.zeros_like(sq).index_add_(0, owner, g2)
+    return (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0).float()

@@ -27,6 +27,7 @@ from fedrec.federated.family import (
     linear_grads,
     score,
 )
+from fedrec.federated.optim import clip_scale
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.server_opt import ServerOptimizer
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
@@ -209,7 +210,8 @@ class FamilyState:
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
               v: torch.Tensor | None = None) -> float:
-        """One minibatch: a plain-SGD step per phase, in order; returns the last phase's loss.
+        """One minibatch: a plain-SGD step per phase, in order (each client's gradient clipped
+        to ``spec.clip`` first, when set); returns the last phase's loss.
 
         The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
@@ -226,6 +228,8 @@ class FamilyState:
                 loss, grads = self._autograd(params, v, y, m, others, train_items)
             else:
                 loss, grads = linear_grads(self.spec, params, v, y, m, others, train_items)
+            if self.spec.clip > 0:
+                self._clip(grads, idx)
             for k in others:
                 params[k].sub_(grads[k], alpha=self.lr_of(k))
             if train_items:
@@ -235,6 +239,23 @@ class FamilyState:
                 v = None
             loss_value = loss
         return loss_value
+
+    def _clip(self, grads: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
+        """Scale each active client's gradient to L2 norm <= ``spec.clip`` in place, as
+        ``clip_grad_norm_`` on that client's model alone: a row drawn twice in its batch counts
+        once, with the sum of its slots' gradients (``grads[ITEMS]`` holds one per slot)."""
+        n = idx.shape[0]
+        parts: list[tuple[torch.Tensor, torch.Tensor | None]] = [(g[:n], None) for k, g in grads.items() if k != ITEMS]
+        if ITEMS in grads:
+            slots = grads[ITEMS].reshape(-1, grads[ITEMS].shape[-1])
+            rows, inverse = torch.unique(idx.reshape(-1), return_inverse=True)
+            per_row = torch.zeros((len(rows), slots.shape[1]), dtype=slots.dtype).index_add_(0, inverse, slots)
+            slot_client = torch.arange(n).repeat_interleave(idx.shape[1])  # a row has one client
+            owner = torch.zeros(len(rows), dtype=torch.long).scatter_(0, inverse, slot_client)
+            parts.append((per_row, owner))
+        scale = clip_scale(parts, n, self.spec.clip)
+        for g in grads.values():
+            g[:n] *= scale.view(-1, *[1] * (g.dim() - 1))
 
     def lr_of(self, name: str) -> float:
         """Learning rate of a (non-item) parameter; one rate for all in this family."""
