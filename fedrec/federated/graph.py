@@ -377,9 +377,11 @@ class GraphState(FamilyState):
 
     def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
         """Each client scores with the table it trained: its starting table with its trained rows."""
-        every = items is None
         if items is None:
-            items = np.broadcast_to(np.arange(self.n_items), (len(clients), self.n_items)).copy()
+            v = self._start_tables(clients)
+            self.personal.override(v, clients, None)
+            c = torch.as_tensor(clients)
+            return score(self.spec, {k: self.private[k][c] for k in self.spec.private_names()}, v)
         n, width = items.shape
         it = torch.as_tensor(items)
         v = self.items[it]
@@ -392,7 +394,22 @@ class GraphState(FamilyState):
                 flat.mul_(c).add_(rows * (1 - c))
             elif has is not None:
                 flat[has] = rows
-        self.personal.override(v, clients, None if every else items)
+        self.personal.override(v, clients, items)
         c = torch.as_tensor(clients)
         p = {k: self.private[k][c] for k in self.spec.private_names()}
         return score(self.spec, p, v)
+
+    def _start_tables(self, clients: np.ndarray) -> torch.Tensor:
+        """The whole starting table of each of ``clients``, ``(n, items, dim)``: q_g, a dense
+        table's rows where the client has one (GPFedRec: the MSE pull's mix of the two), read
+        whole rather than gathered item by item (the same values as `_dense_rows`)."""
+        v = self.items.expand(len(clients), *self.items.shape).clone()
+        if self.table is None:
+            return v
+        which = torch.as_tensor(self.dense_of[clients])
+        has = which >= 0
+        if self.graph.gpfedrec:
+            c = self.decay[torch.as_tensor(clients)][:, None, None]
+            return v.mul_(c).add_(self.table[which] * (1 - c))
+        v[has] = self.table[which[has]]
+        return v
