@@ -21,6 +21,7 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, run
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.federated.engine import chunk_bounds
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
@@ -152,13 +153,15 @@ def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) 
 
 
 def test_chunks_fit_the_budget_with_the_weight_copies(split: Split) -> None:
-    """The smallest client's per-sample charge covers its copies of the shared weights."""
+    """A chunk is charged each client's copies of the shared weights once, and its samples'
+    activations: many clients a chunk, whatever their number of samples."""
     spec = get_algorithm("metamf").build(split, dict(get_algorithm("metamf").defaults))
     weights = sum(t.numel() for t in _state(spec, split).shared.values()) * 4
     assert weights == 473_617 * 4  # the official sizes
-    smallest = int(np.diff(split.train.indptr).min()) * 5
-    assert spec.min_client_samples == smallest
-    assert spec.bytes_per_sample * smallest >= 3 * weights
+    assert spec.bytes_per_client == 3 * weights
+    assert spec.bytes_per_sample < 1024  # activations only
+    samples = np.array([5000, 500, 5, 5])  # a heavy client does not crowd the others out
+    assert chunk_bounds(samples, spec.bytes_per_sample, 7 * weights / 2**20, spec.bytes_per_client) == [(0, 2), (2, 4)]
 
 
 def test_metamf_learns_on_synthetic_data() -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.family import loss_for
 from fedrec.federated.metamf import MetaMFSpec
@@ -51,14 +49,8 @@ RATING_ENGINE: dict[str, Any] = {"lr": 0.01, "item_lr_scale": 1000.0, "item_std"
 
 
 def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
-    smallest = 1  # without a split (a Flower server, which never trains) chunks are moot
-    if split is not None:
-        positives = np.diff(split.train.indptr)
-        smallest = int(positives[positives > 0].min()) if (positives > 0).any() else 1
-    loss = loss_for(split)
-    per_positive = 1 if loss == "mse" else 5  # a rating alone, or a positive and 4 negatives
     return MetaMFSpec(dim=o.dim, factors=o.factors, memory=o.memory, hidden=o.hidden,
-                      min_client_samples=per_positive * smallest, loss=loss, clip=o.clip)
+                      loss=loss_for(split), clip=o.clip)
 
 
 register(AlgorithmSpec(

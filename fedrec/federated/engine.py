@@ -193,10 +193,12 @@ def engine_flag(field: str) -> str:
     return "--num-negatives" if field == "negatives" else "--" + field.replace("_", "-")
 
 
-def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float) -> list[tuple[int, int]]:
-    """Cut clients (in training order) into consecutive chunks estimated to fit the budget."""
+def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float,
+                 bytes_per_client: float = 0.0) -> list[tuple[int, int]]:
+    """Cut clients (in training order) into consecutive chunks estimated to fit the budget: a
+    client costs its samples' bytes plus ``bytes_per_client`` (at least one client a chunk)."""
     budget = budget_mb * 2**20
-    cost = np.cumsum(samples * bytes_per_sample)
+    cost = np.cumsum(samples * bytes_per_sample + bytes_per_client)
     bounds, start = [], 0
     while start < len(samples):
         base = cost[start - 1] if start else 0.0
@@ -252,7 +254,7 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     samples = np.diff(train.indptr)[rows] * (1 + cfg.negatives)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
-    for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb()):
+    for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb(), spec.bytes_per_client):
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
         up = state.local_update(batches, path, fresh)

@@ -117,6 +117,12 @@ class FamilySpec:
         return self.item_width * 4 * self.scorer.cost
 
     @property
+    def bytes_per_client(self) -> int:
+        """Working set a client holds whatever its samples (its copies of shared weights), for
+        sizing cohort chunks; 0 in this family, whose shared score weights are small."""
+        return 0
+
+    @property
     def item_width(self) -> int:
         """Columns of an item row (NCF keeps a GMF and an MLP embedding side by side)."""
         return self.scorer.item_width(self)

@@ -57,6 +57,10 @@ class GraphSpec:
         return self.family.bytes_per_sample
 
     @property
+    def bytes_per_client(self) -> int:
+        return self.family.bytes_per_client
+
+    @property
     def gpfedrec(self) -> bool:
         return self.method == "gpfedrec"
 

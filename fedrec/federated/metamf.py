@@ -46,10 +46,11 @@ V is N(0, item_std²) like every item table here.
 
 **Memory.** The shared weights (473,617 floats at the defaults: 1.9 MB) are copied per client for
 its local steps, and each step's gradient is as large: about 3 copies per client, which dwarf the
-per-sample activations. The engine sizes chunks per sample, so `bytes_per_sample` spreads a
-client's copies over ``min_client_samples`` (the smallest client's positives x 5, i.e. 4
-negatives each, set from the split): every client's charge then covers its copies and a chunk
-fits the budget (with fewer than 4 negatives a chunk of the smallest clients may overshoot).
+per-sample activations. The engine charges a chunk ``bytes_per_client`` a client (the copies)
+and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
+the smallest client instead, so a client with many samples was charged many times its copies:
+on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
+median of one client each a round, and the engine stepped them one by one.
 """
 
 from __future__ import annotations
@@ -81,7 +82,6 @@ class MetaMFSpec(FamilySpec):
     factors: int = 8
     memory: int = 128
     hidden: int = 512
-    min_client_samples: int = 100
 
     @property
     def width(self) -> int:
@@ -114,11 +114,14 @@ class MetaMFSpec(FamilySpec):
 
     @property
     def bytes_per_sample(self) -> int:
-        """Activations of one sample (its row, the predictor's layer and their gradients) plus
-        its share of the client's copies of the shared weights (see the module docstring)."""
-        per_sample = (2 * self.factors + 4 * self.width + 4) * FLOAT
-        n_shared = sum(int(np.prod(s)) for s in self.score_shapes().values())
-        return per_sample + 3 * n_shared * FLOAT // max(1, self.min_client_samples)
+        """Activations of one sample: its row, the predictor's layer and their gradients."""
+        return (2 * self.factors + 4 * self.width + 4) * FLOAT
+
+    @property
+    def bytes_per_client(self) -> int:
+        """A client's copies of the shared weights: its parameters, a step's gradient and the
+        autograd graph's (see the module docstring)."""
+        return 3 * sum(int(np.prod(s)) for s in self.score_shapes().values()) * FLOAT
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,

@@ -198,6 +198,10 @@ class RAPSpec:
         population trains as one block."""
         return 0 if self.centralised else self.dim * 4 * 12
 
+    @property
+    def bytes_per_client(self) -> int:
+        return 0
+
     def weights(self, r: int) -> tuple[float, float]:
         """(lambda, mu) of round ``r`` (1-based)."""
         w = curriculum(self.curriculum, r - 1)
