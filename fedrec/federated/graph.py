@@ -377,12 +377,14 @@ class GraphState(FamilyState):
 
     def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
         """Each client scores with the table it trained: its starting table with its trained rows."""
-        if items is None:
-            v = self._start_tables(clients)
-            self.personal.override(v, clients, None)
-            c = torch.as_tensor(clients)
-            return score(self.spec, {k: self.private[k][c] for k in self.spec.private_names()}, v)
-        n, width = items.shape
+        v = self._start_tables(clients) if items is None else self._start_rows(clients, items)
+        self.personal.override(v, clients, items)
+        c = torch.as_tensor(clients)
+        return score(self.spec, {k: self.private[k][c] for k in self.spec.private_names()}, v)
+
+    def _start_rows(self, clients: np.ndarray, items: np.ndarray) -> torch.Tensor:
+        """Rows ``items`` (``(n, C)``) of each client's starting table, ``(n, C, dim)``."""
+        width = items.shape[1]
         it = torch.as_tensor(items)
         v = self.items[it]
         if self.table is not None:
@@ -394,10 +396,7 @@ class GraphState(FamilyState):
                 flat.mul_(c).add_(rows * (1 - c))
             elif has is not None:
                 flat[has] = rows
-        self.personal.override(v, clients, items)
-        c = torch.as_tensor(clients)
-        p = {k: self.private[k][c] for k in self.spec.private_names()}
-        return score(self.spec, p, v)
+        return v
 
     def _start_tables(self, clients: np.ndarray) -> torch.Tensor:
         """The whole starting table of each of ``clients``, ``(n, items, dim)``: q_g, a dense
