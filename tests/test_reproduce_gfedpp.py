@@ -73,6 +73,8 @@ def test_gfedpp_plan_shares_the_default_run_and_spans_the_grid() -> None:
     assert cells == {(0.0, 0.5)} | {(r, a) for r in GFEDPP_RATIOS[1:] for a in GFEDPP_ALPHAS}
     official = [r for r in tables["2"] if r.setting == "official-graph"]
     assert dict(official[0].model) == {"similarity": "legacy-distance"}
+    clipped = [r for r in tables["2"] if r.setting == "clip=5"]
+    assert [(r.method, dict(r.model)) for r in clipped] == [("metamf", {"clip": 5.0})]
     every = {r for runs in tables.values() for r in runs}
     assert len({r.file_name("leak-free", 0) for r in every}) == len(every)
 

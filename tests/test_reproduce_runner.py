@@ -119,7 +119,7 @@ def test_settings_pick_one_cell_of_a_sweep():
     assert sorted(r.setting for r in plain["2"]) == ["", "ratio=1,alpha=0.1"]
     with pytest.raises(FedrecError, match="no row with setting alpha=0.9 .*official-graph"):
         only_settings(table2, ["alpha=0.9"])
-    with pytest.raises(FedrecError, match="no settings given; settings: default; official-graph"):
+    with pytest.raises(FedrecError, match="no settings given; settings: clip=5; default; official-graph"):
         only_settings(table2, [])  # --settings ";": an error, not every table cut away
     with pytest.raises(FedrecError, match="no rows given"):
         only_methods(table2, [])
