@@ -157,13 +157,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
          protocol: str | None = None, seed: int = 0, negatives: str = "leak-free",
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
          from_defaults: bool = False, journal: str | Path | None = None,
-         on_round: Callable[[RoundNote], None] | None = None) -> TuneResult:
+         on_round: Callable[[RoundNote], None] | None = None,
+         fixed: dict[str, Any] | None = None) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
     round a trial ends (a `fedrec.progress.RoundNote` whose ``job`` is the trial's number).
     ``from_defaults``: the first trial is the algorithm's own settings (`defaults_trial`), so the
     search cannot end below them; it is one of the ``trials``. ``journal``: a file that stores
-    each finished trial, from which the same search goes on after a kill (`_resume`)."""
+    each finished trial, from which the same search goes on after a kill (`_resume`).
+    ``fixed``: model options every trial holds (``--set``, e.g. MetaMF's ``clip=5``), written
+    into the config's model options; an option the search draws cannot also be fixed."""
     import optuna
 
     revision, started_in = git_revision(), environment()
@@ -181,17 +184,25 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr)
         rounds = base.train.epochs
     base.validate()
+    fixed = _fixed_options(spec, fixed or {})
     split = validation_only(prepare_split(base))
     space = search_space(spec, split, dataset)
+    searched = sorted(p.name for p in space if p.name in fixed)
+    if searched:
+        raise FedrecError(f"--set {', '.join(searched)}: {algorithm}'s search draws "
+                          f"{'it' if len(searched) == 1 else 'them'}; fix only options it does not search")
     select = get_protocol(protocol).select
     maximise = select != "rmse"
     history: list[dict[str, Any]] = []
     search = {"algorithm": algorithm, "dataset": dataset, "protocol": protocol, "negatives": negatives,
               "seed": seed, "rounds": rounds, "from_defaults": from_defaults,
               "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
+    if fixed:  # only when given, so that journals of searches without it still resume
+        search["fixed"] = fixed
 
     def objective(trial: optuna.Trial) -> float:
-        engine, model = {}, {}
+        engine: dict[str, Any] = {}
+        model: dict[str, Any] = dict(fixed)
         for p in space:
             value = (trial.suggest_int(p.name, int(p.low), int(p.high)) if p.integer
                      else trial.suggest_float(p.name, p.low, p.high, log=p.log))
@@ -262,10 +273,19 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
-    model = {p.name: best.params[p.name] for p in space if p.where == "model"}
+    model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
                       refused, from_defaults, revision, started_in)
+
+
+def _fixed_options(spec: AlgorithmSpec, fixed: dict[str, Any]) -> dict[str, Any]:
+    """``fixed`` as the algorithm's typed options (an unknown or malformed one is refused here,
+    before any trial, rather than scored as a diverged trial)."""
+    if not fixed:
+        return {}
+    typed = dataclasses.asdict(spec.parse(fixed))
+    return {k.replace("-", "_"): typed[k.replace("-", "_")] for k in fixed}
 
 
 def _journal_storage(path: str | Path) -> Any:

@@ -220,3 +220,35 @@ def test_the_cli_keeps_a_journal_until_the_config_is_written(tmp_path: Path, mon
     assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config)]) == 0
     assert len(calls) == 3 and read_config(config)["tuning"]["trials"] == 2
     assert not (tmp_path / "fedmf.journal").exists()
+
+
+def test_set_holds_a_model_option_in_every_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`fedrec tune --set clip=5`: every trial trains with the option, the config carries it
+    (so `fedrec run --config` repeats it), and a bad, unknown or searched option is refused
+    before any trial."""
+    import fedrec.tune as tuning
+
+    real_train, trained = tuning.train, []
+    monkeypatch.setattr(tuning, "train", lambda *a, **k: (trained.append(dict(a[0].model)), real_train(*a, **k))[1])
+    config = tmp_path / "metamf.json"
+    assert _cli(["tune", "metamf", "-d", DATA, "--trials", "2", "--rounds", "1", "--set", "clip=5",
+                 "-o", str(config)]) == 0
+    assert trained == [{"clip": 5.0}, {"clip": 5.0}]
+    blob = read_config(config)
+    assert blob["model"] == {"clip": 5.0} and all(h["model"] == {"clip": 5.0} for h in blob["tuning"]["history"])
+    out = tmp_path / "run.json"
+    assert _cli(["run", "metamf", "-d", DATA, "--config", str(config), "-o", str(out), "-q"]) == 0
+    assert json.loads(out.read_text())["config"]["model"]["clip"] == 5.0
+    trained.clear()
+    for bad, said in ((["clip=-1"], "clip must be >= 0"), (["nonsense=1"], "unknown option nonsense")):
+        assert _cli(["tune", "metamf", "-d", DATA, "--trials", "1", "--rounds", "1",
+                     *[x for s in bad for x in ("--set", s)], "-o", str(tmp_path / "x.json")]) == 2
+        assert said in capsys.readouterr().err
+    with pytest.raises(FedrecError, match="--set lam: fedrap's search draws it"):
+        tune("fedrap", DATA, trials=1, rounds=1, fixed={"lam": 0.1})
+    assert trained == []  # refused before any trial
+    journal = tmp_path / "m.journal"
+    tune("metamf", DATA, trials=1, rounds=1, journal=journal, fixed={"clip": 5.0})
+    with pytest.raises(FedrecError, match="holds another search"):  # the held options are the search's
+        tune("metamf", DATA, trials=1, rounds=1, journal=journal, fixed={"clip": 1.0})

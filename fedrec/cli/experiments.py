@@ -206,7 +206,7 @@ def run_command(
         data_dir=data_dir, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
-               **_parse_settings(set_options)},
+               **parse_settings(set_options)},
         train=TrainConfig(
             epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
@@ -428,7 +428,7 @@ def protocols_command() -> None:
     console.print(neg)
 
 
-def _parse_settings(items: list[str]) -> dict[str, object]:
+def parse_settings(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings as model options (booleans, numbers, else text)."""
     out: dict[str, object] = {}
     for item in items:

@@ -53,7 +53,7 @@ def flower_command(
 ) -> None:
     """Run ALGORITHM on Flower: the simulator's algorithm objects as a ServerApp and ClientApp."""
     from fedrec import threads
-    from fedrec.cli.experiments import _parse_settings
+    from fedrec.cli.experiments import parse_settings
 
     threads.apply()  # the server process; nodes are their own processes
 
@@ -76,7 +76,7 @@ def flower_command(
         launch.check_ray_address(ray_address)
     run = RunConfig(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
-        model={**({"dim": dim} if dim is not None else {}), **_parse_settings(set_options)},
+        model={**({"dim": dim} if dim is not None else {}), **parse_settings(set_options)},
         federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                    local_epochs=local_epochs, lr=lr, lr_item=lr_item,
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,

@@ -28,6 +28,7 @@ def tune_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="The run config to write (default configs/ALGO-DATASET.json), for `fedrec run --config`."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
     from_defaults: bool = typer.Option(False, "--from-defaults", help="Make the first trial the algorithm's own settings (one of the trials), so the search cannot end below them."),
+    set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE every trial holds (not searched), repeatable, e.g. --set clip=5 for MetaMF."),
     journal: Path | None = typer.Option(None, "--journal", help="Where finished trials are kept while the search runs (default: OUT with suffix .journal, removed once OUT is written); the same command run again after a kill goes on from it."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
@@ -39,6 +40,7 @@ def tune_command(
         import optuna  # noqa: F401
     except ImportError as e:
         raise FedrecError(f"fedrec tune needs Optuna ({e}); pip install 'fedrec[tune]'") from e
+    from fedrec.cli.experiments import parse_settings
     from fedrec.tune import tune, write_config
 
     out = out or Path("configs") / f"{algorithm}-{dataset.replace(':', '_')}.json"
@@ -66,7 +68,7 @@ def tune_command(
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
-                      journal=journal, on_round=on_round)
+                      journal=journal, on_round=on_round, fixed=parse_settings(set_options))
     write_config(result, out)
     journal.unlink(missing_ok=True)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
