@@ -66,10 +66,14 @@ def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients:
     ``torch.nn.utils.clip_grad_norm_`` does on one client's model.
 
     ``parts``: gradients with a leading axis that is the client axis (owner None) or one row
-    per entry of ``owner`` (the client each row belongs to). The norm is summed in float64.
+    per entry of ``owner`` (the client each row belongs to). Each slice's norm is taken in
+    float32 by `torch.linalg.vector_norm`, as ``clip_grad_norm_`` takes each parameter's, and
+    the squares are summed in float64. (A float64 copy of the gradient, before session 40, made
+    MetaMF's clipped steps 2.2x slower than unclipped ones: its per-client weight copies are
+    ~450k numbers each.)
     """
     sq = torch.zeros(n_clients, dtype=torch.float64)
     for g, owner in parts:
-        g2 = g.double().pow(2).reshape(len(g), -1).sum(1)
+        g2 = torch.linalg.vector_norm(g.reshape(len(g), -1), dim=1).double().square()
         sq += g2 if owner is None else torch.zeros_like(sq).index_add_(0, owner, g2)
     return (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0).float()
