@@ -187,10 +187,6 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     fixed = _fixed_options(spec, fixed or {})
     split = validation_only(prepare_split(base))
     space = search_space(spec, split, dataset)
-    searched = sorted(p.name for p in space if p.name in fixed)
-    if searched:
-        raise FedrecError(f"--set {', '.join(searched)}: {algorithm}'s search draws "
-                          f"{'it' if len(searched) == 1 else 'them'}; fix only options it does not search")
     select = get_protocol(protocol).select
     maximise = select != "rmse"
     history: list[dict[str, Any]] = []
@@ -280,12 +276,18 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
 
 
 def _fixed_options(spec: AlgorithmSpec, fixed: dict[str, Any]) -> dict[str, Any]:
-    """``fixed`` as the algorithm's typed options (an unknown or malformed one is refused here,
-    before any trial, rather than scored as a diverged trial)."""
+    """``fixed`` as the algorithm's typed options, refused before any data is read if unknown,
+    malformed (rather than scored as a diverged trial) or among the model options the
+    algorithm's search draws (`AlgorithmSpec.search`)."""
     if not fixed:
         return {}
     typed = dataclasses.asdict(spec.parse(fixed))
-    return {k.replace("-", "_"): typed[k.replace("-", "_")] for k in fixed}
+    names = [k.replace("-", "_") for k in fixed]
+    searched = sorted(set(names) & set(spec.search))
+    if searched:
+        raise FedrecError(f"--set {', '.join(searched)}: {spec.name}'s search draws "
+                          f"{'it' if len(searched) == 1 else 'them'}; fix only options it does not search")
+    return {k: typed[k] for k in names}
 
 
 def _journal_storage(path: str | Path) -> Any:
