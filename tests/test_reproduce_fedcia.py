@@ -133,3 +133,44 @@ def test_methods_cuts_the_tables_to_the_named_rows(monkeypatch, tmp_path, capsys
     assert "failed fedcia-gfcf" in printed
     with pytest.raises(FedrecError, match="no row named gfcf-cia"):
         only_methods(plan("fedcia", ["1"]), ["gfcf-cia"])
+
+
+def test_leaderboard_ranks_a_tables_rows_with_paired_tests_over_seeds(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--leaderboard writes a table's runs as bench leaderboards: one row per planned method,
+    ranked by the protocol's selection metric, with the seeds paired against the best row."""
+    import csv
+    import json
+    from dataclasses import asdict
+
+    import pytest
+
+    from fedrec.cli import main
+
+    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        model = dict(cfg.model)
+        bonus = {"cia": 0.05, "waa": 0.02}.get(model.get("aggregation", ""), 0.0)  # pfedrec: 0
+        noise = (cfg.seed * 5 + ord(model.get("aggregation", "p")[0])) % 3  # differs by seed and row
+        f1 = 0.10 + bonus + 0.01 * cfg.seed + 0.003 * noise
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "algorithm": cfg.algorithm, "dataset": cfg.dataset, "protocol": cfg.protocol,
+            "seed": cfg.seed, "config": asdict(cfg), "data": {"negatives": cfg.negatives},
+            "select": "f1@10", "history": [], "valid_at_best": {"f1@10": f1},
+            "test": {"f1@10": f1, "ndcg@10": 2 * f1, "users": 5.0}, "extra": {}}))
+
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
+    boards = tmp_path / "boards"
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "fedcia", "--tables", "1", "--methods", "fedmf,fedcia-mf,pfedrec",
+              "--rounds", "1", "--negatives", "leak-free", "--seeds", "0,1,2",
+              "--out-dir", str(tmp_path / "runs"), "--leaderboard", str(boards)])
+    assert done.value.code == 0, capsys.readouterr().out
+    folder = boards / "fedcia-table-1"
+    stem = "leaderboard-ml-100k-ratio-full"
+    assert {p.suffix for p in folder.glob(f"{stem}.*")} == {".md", ".csv", ".tex", ".png"}
+    rows = list(csv.DictReader((folder / f"{stem}.csv").open()))
+    assert [r["method"] for r in rows] == ["fedcia-mf", "fedmf", "pfedrec"]
+    assert all(r["seeds"] == "3" for r in rows)
+    assert float(rows[0]["f1@10"]) == pytest.approx(0.163)  # mean of 0.15, 0.166, 0.173
+    assert rows[0]["t-test p"] == "" and 0 < float(rows[2]["t-test p"]) < 0.05
+    assert "| 1 | fedcia-mf | 3 |" in (folder / f"{stem}.md").read_text()

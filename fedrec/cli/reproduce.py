@@ -24,6 +24,7 @@ def reproduce_command(
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
+    leaderboard: Path | None = typer.Option(None, "--leaderboard", help="Also write each table's runs as fedrec bench leaderboards (rank, mean ± std over seeds, paired t-test and Wilcoxon against the best row; Markdown, CSV, LaTeX, PNG) into FOLDER/PAPER-table-T/."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
     reuse_only: bool = typer.Option(False, "--reuse-only", help="Print the tables from the results already in OUT_DIR; run nothing."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1; 0: PyTorch's default)."),
@@ -129,6 +130,8 @@ def reproduce_command(
                                         plots or out_dir / "plots")
         if (paper, table) == ("gfedpp", "heatmap") and mine:
             drawn += _heatmaps(mine, dataset, plots or out_dir / "plots")
+        if leaderboard is not None and mine:
+            drawn += _leaderboards(mine, leaderboard / f"{paper}-table-{table}")
     notes = notes_first + privacy_notes(results) + sparsity_notes(paper, results)
     if paper == "personalfr":
         from fedrec.reproduce.personalfr import compression_notes
@@ -168,6 +171,16 @@ def _adjust(paper: str, table: str, results: list[dict[str, Any]]) -> tuple[list
     if (paper, table) == ("gfedpp", "ratio"):
         return by_group(results), []
     return results, []
+
+
+def _leaderboards(results: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """A table's runs as `fedrec bench` leaderboards, one per data set and protocol: a row per
+    method (and setting), ranked, with paired tests against the best over the seeds both ran."""
+    from fedrec.bench.leaderboard import boards, write
+
+    rows = [{**r, "algorithm": " ".join(f"{r['algorithm']} {r['config'].get('setting') or ''}".split())}
+            for r in results]
+    return [path for board in boards(rows) for path in write(board, folder)]
 
 
 def _heatmaps(results: list[dict[str, Any]], dataset: str, folder: Path) -> list[Path]:
