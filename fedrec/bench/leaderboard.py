@@ -13,6 +13,7 @@ sample one (ddof=1).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -105,7 +106,10 @@ def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]
     b = np.array([other[s][metric] for s in shared])
     if np.all(a == b):
         return 1.0, 1.0
-    with np.errstate(all="ignore"):
+    # a deterministic method (GF-CF) against another makes the differences (nearly) constant:
+    # scipy warns of precision loss, and the p-value is then ~0, as it should be
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         t = float(stats.ttest_rel(a, b).pvalue)
         w = float(stats.wilcoxon(a, b).pvalue)
     return (None if math.isnan(t) else t), (None if math.isnan(w) else w)
