@@ -159,7 +159,11 @@ def write(board: Board, folder: str | Path) -> list[Path]:
     paths[2].write_text(latex.replace("±", r"$\pm$"))
     fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(board.table)), 3.4))
     std = board.table[f"{board.metric} std"].fillna(0.0)
-    ax.bar(board.table["method"], board.table[board.metric], yerr=std, capsize=4, color="#4C72B0")
+    # a row with fewer seeds than the board's most says so under its bar (one seed: no error bar)
+    most = int(board.table["seeds"].max())
+    labels = [m if n == most else f"{m}\n({n} seed{'s' if n > 1 else ''})"
+              for m, n in zip(board.table["method"], board.table["seeds"], strict=True)]
+    ax.bar(labels, board.table[board.metric], yerr=std, capsize=4, color="#4C72B0")
     ax.set_ylabel(f"test {board.metric}")
     ax.set_title(f"{board.dataset} · {board.protocol}\n(mean ± std over seeds)", fontsize=10)
     ax.tick_params(axis="x", rotation=30)
