@@ -27,14 +27,28 @@ def check_writable(path: str | Path, what: str = "--out", overwrite: bool = True
     if path.exists() and not overwrite:
         raise FedrecError(f"{what} {path} exists (an earlier run's); pass --overwrite to replace it "
                           "or choose another name")
-    folder = path.parent
+    _check_creatable(path.parent, path, what)
+    return path
+
+
+def check_folder(path: str | Path, what: str) -> Path:
+    """``path`` if files can be written into it as a folder (made when missing), else one clear
+    error: it is a file, a folder on its way is a file, or it cannot be written in."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FedrecError(f"{what} {path} is a file; give a folder")
+    _check_creatable(path, path, what)
+    return path
+
+
+def _check_creatable(folder: Path, path: Path, what: str) -> None:
+    """The nearest existing folder at or above ``folder`` is a writable folder."""
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
         raise FedrecError(f"{what} {path}: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise FedrecError(f"{what} {path}: cannot write in {folder} (permission denied)")
-    return path
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool = False) -> Path:

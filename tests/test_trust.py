@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import threading
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from fedrec.cli import main
 from fedrec.errors import FedrecError
-from fedrec.files import atomic_write, check_writable
+from fedrec.files import atomic_write, check_folder, check_writable
 
 SYN = "synthetic:60x300"
 
@@ -122,6 +123,22 @@ def test_check_writable_names_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(FedrecError, match="exists"):
         check_writable(tmp_path / "f", overwrite=False)
     assert check_writable(tmp_path / "new" / "deeper" / "r.json") == tmp_path / "new" / "deeper" / "r.json"
+
+
+def test_reproduce_refuses_unusable_output_paths_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every output path of `fedrec reproduce` is checked before any run: a file where a folder
+    goes, a folder where a file goes, or a file on the way is one line with exit 2."""
+    (tmp_path / "f").write_text("x")
+    base = ["reproduce", "fedcia", "--tables", "1", "--negatives", "leak-free", "--reuse-only",
+            "--out-dir", str(tmp_path / "runs")]
+    for extra, why in ((["--leaderboard", str(tmp_path / "f")], "--leaderboard .* is a file"),
+                       (["--out-dir", str(tmp_path / "f")], "--out-dir .* is a file"),
+                       (["--plots", str(tmp_path / "f" / "p")], "--plots .* is a file, not a folder"),
+                       (["--markdown", str(tmp_path)], "--markdown .* is a folder")):
+        code, out = _cli([*base, *extra], capsys)
+        assert code == 2 and re.search(why, out), (extra, out)
+        assert "Traceback" not in out
+    assert check_folder(tmp_path / "new" / "deeper", "--plots") == tmp_path / "new" / "deeper"
 
 
 def _umask() -> int:

@@ -158,7 +158,7 @@ def write(board: Board, folder: str | Path) -> list[Path]:
     latex = _shown(board.table).style.hide(axis="index").to_latex(hrules=True)
     paths[2].write_text(latex.replace("±", r"$\pm$"))
     fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(board.table)), 3.4))
-    std = board.table[f"{board.metric} std"].fillna(0.0)
+    std = board.table[f"{board.metric} std"]  # NaN for one seed: matplotlib draws no bar there
     # a row with fewer seeds than the board's most says so under its bar (one seed: no error bar)
     most = int(board.table["seeds"].max())
     labels = [m if n == most else f"{m}\n({n} seed{'s' if n > 1 else ''})"

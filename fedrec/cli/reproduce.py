@@ -62,6 +62,13 @@ def reproduce_command(
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as e:
         raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
+    from fedrec.files import check_folder, check_writable
+
+    for folder, what in ((out_dir, "--out-dir"), (plots, "--plots"), (leaderboard, "--leaderboard")):
+        if folder is not None:
+            check_folder(folder, what)
+    if markdown is not None:
+        check_writable(markdown, "--markdown")
     if paper == "attacks":
         if device not in ("cpu", "auto"):
             raise FedrecError("fedrec reproduce attacks runs on the CPU only (--device cpu)")
@@ -145,6 +152,7 @@ def reproduce_command(
         text = "\n\n".join(parts) + "\n"
         if notes:
             text += "\n" + "".join(f"- {line}\n" for line in notes)
+        markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(text)
         console.print(f"wrote {markdown}")
 
