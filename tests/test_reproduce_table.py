@@ -134,8 +134,9 @@ def test_render_prints_ours_beside_the_paper():
         assert col in text
     pfedrec = next(line for line in text.splitlines() if "│ pfedrec" in line)
     cells = [c.strip() for c in pfedrec.split("│")[1:-1]]
-    assert cells == ["pfedrec", "ml-100k", "0.7100 ± 0.0100", "0.7500", "0.7162 ± 0.0083",
-                     "0.4300 ± 0.0100", "0.4500", "0.4344 ± 0.0089"]
+    # a cell over fewer seeds than the table's most (two here) says how many
+    assert cells == ["pfedrec", "ml-100k", "0.7100 ± 0.0100", "0.7500 (1 seed)", "0.7162 ± 0.0083",
+                     "0.4300 ± 0.0100", "0.4500 (1 seed)", "0.4344 ± 0.0089"]
     fedavg = next(line for line in text.splitlines() if "│ fedavg " in line)
     assert "0.5000" in fedavg and fedavg.count("—") == 4
     fedncf = next(line for line in text.splitlines() if "│ fedncf" in line)
@@ -150,9 +151,9 @@ def test_to_markdown_rows():
                         "paper HR@10 | ours (leak-free) NDCG@10 | ours (legacy) NDCG@10 | "
                         "paper NDCG@10 |")
     assert lines[1] == "| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |"
-    assert lines[2] == ("| pfedrec | ml-100k | 0.7100 ± 0.0100 | 0.7500 | 0.7162 ± 0.0083 | "
-                        "0.4300 ± 0.0100 | 0.4500 | 0.4344 ± 0.0089 |")
-    assert lines[3] == "| fedavg | ml-100k | 0.5000 | — | — | 0.3000 | — | — |"
+    assert lines[2] == ("| pfedrec | ml-100k | 0.7100 ± 0.0100 | 0.7500 (1 seed) | 0.7162 ± 0.0083 | "
+                        "0.4300 ± 0.0100 | 0.4500 (1 seed) | 0.4344 ± 0.0089 |")
+    assert lines[3] == "| fedavg | ml-100k | 0.5000 (1 seed) | — | — | 0.3000 (1 seed) | — | — |"
     assert len([ln for ln in lines if ln.startswith("|")]) == 4
     assert "population std (ddof=0)" in md
 

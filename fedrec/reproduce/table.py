@@ -95,8 +95,11 @@ def _rank(order: list[str]) -> Any:
     return lambda name: (pos.get(name, len(pos)), name)
 
 
-def _fmt(mean: float, std: float | None, n: int = 0) -> str:
-    return f"{mean:.4f}" if std is None or n == 1 else f"{mean:.4f} ± {std:.4f}"
+def _fmt(mean: float, std: float | None, n: int = 0, most: int = 0) -> str:
+    """``mean ± std``; a cell over fewer seeds than the table's most says how many, since its
+    spread (none for one seed) is not comparable with its neighbours'."""
+    text = f"{mean:.4f}" if std is None or n == 1 else f"{mean:.4f} ± {std:.4f}"
+    return text + (f" ({n} seed{'s' if n > 1 else ''})" if 0 < n < most else "")
 
 
 def _build(
@@ -132,6 +135,7 @@ def _build(
         theirs = f"paper ({stand_in}) " if stand_in else "paper "
         header += [f"ours ({g}) {m.upper()}" for g in groups] + [f"{theirs}{m.upper()}"]
 
+    most = max((n for cells in summary.values() for _, _, n in cells.values()), default=0)
     body = []
     for method, dataset, setting in ordered:
         by_group = {
@@ -141,7 +145,7 @@ def _build(
         for m in metrics:
             for g in groups:
                 cell = by_group.get(g, {}).get(m)
-                line.append(MISSING if cell is None else _fmt(*cell))
+                line.append(MISSING if cell is None else _fmt(*cell, most=most))
             pub = figure(paper, table, method, stand_in or dataset, m, setting)
             line.append(MISSING if pub is None else _fmt(pub.mean, pub.std))
         body.append(line)
