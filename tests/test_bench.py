@@ -37,6 +37,16 @@ def _bench(args: list[str]) -> int:
     return int(done.value.code or 0)
 
 
+def test_an_output_folder_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    (tmp_path / "f").write_text("x")
+    for out, why in ((tmp_path / "f", "is a file; give a folder"), (tmp_path / "f" / "o", "is a file, not a folder")):
+        assert _bench([str(grid), "-o", str(out)]) == 2
+        printed = capsys.readouterr()
+        assert why in printed.out + printed.err and "Traceback" not in printed.out + printed.err
+
+
 def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(seeds=[0, 2], rounds=2, workers=2))

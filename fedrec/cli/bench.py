@@ -31,8 +31,10 @@ def bench_command(
         write,
     )
     from fedrec.errors import FedrecError
+    from fedrec.files import check_folder
 
     grid = load_grid(grid_file, check_device=not report_only)
+    check_folder(out, "--out")
     if workers is not None:
         if workers < 1:
             raise FedrecError("--workers must be >= 1")
