@@ -33,6 +33,20 @@ def test_fedcia_plan_has_a_run_for_every_ml100k_row() -> None:
     assert all(dict(r.model)["clients"] == 0 for r in per_user)
 
 
+def test_every_row_of_fedcias_tables_stops_by_the_papers_rule() -> None:
+    """FedCIA's protocol stops every method after 10 evaluations without a better validation
+    F1@10; PFedRec and GPFedRec, whose own default is no early stopping, get it too, so that no
+    row trains on for longer than the others (on both data sets the tables run on)."""
+    from fedrec.experiment import federated_config
+
+    for dataset in ("ml-100k", "ml-1m-fedcia"):
+        for runs in plan("fedcia", None, dataset).values():
+            for r in runs:
+                cfg = federated_config(r.algorithm, dataset, r.protocol, rounds=100, **dict(r.engine))
+                assert cfg.patience == 10, (r.method, r.setting, dataset)
+    assert get_algorithm("pfedrec").engine.get("patience", 0) == 0  # the rule comes from the plan
+
+
 def test_cli_prints_the_papers_metrics_for_our_runs(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """Our F1@10 and MRR@10 appear beside the paper's (not only the default HR/NDCG)."""
     import json
