@@ -74,6 +74,41 @@ def test_cli_prints_the_papers_metrics_for_our_runs(monkeypatch, tmp_path, capsy
     assert "0.1234" in row and "0.4321" in row and "0.2326" in row  # ours F1, ours MRR, paper F1
 
 
+def test_cli_says_when_a_reused_file_was_made_under_another_rule(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A PFedRec file made before the table's stopping rule reached PFedRec's row (patience 0)
+    is reused with a line saying so and how to run it again; the others say nothing."""
+    import json
+    from dataclasses import asdict
+
+    import pytest
+
+    from fedrec.cli import main
+
+    def fake_run(cfg, out, **_):  # type: ignore[no-untyped-def]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "algorithm": cfg.algorithm, "dataset": cfg.dataset, "protocol": cfg.protocol,
+            "seed": cfg.seed, "config": asdict(cfg), "data": {"negatives": cfg.negatives},
+            "history": [], "valid_at_best": {"f1@10": 0.1}, "test": {"f1@10": 0.1}, "extra": {}}))
+
+    monkeypatch.setattr("fedrec.experiment.run", fake_run)
+    args = ["reproduce", "fedcia", "--tables", "1", "--methods", "pfedrec,fedmf", "--rounds", "1",
+            "--negatives", "leak-free", "--out-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main(args)
+    path = tmp_path / "ml-100k" / "pfedrec-ratio-full-leak-free-s0.json"
+    made = json.loads(path.read_text())
+    made["config"]["federated"]["patience"] = 0
+    path.write_text(json.dumps(made))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--reuse-only"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    assert "reused pfedrec ratio-full leak-free s0 was made with patience 0 (the plan now: 10)" in out
+    assert "delete its file to run it again" in out and "reused fedmf" not in out
+
+
 def test_reuse_only_runs_nothing_and_plot_only_tables_show_protocol_metrics(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """--reuse-only prints from the results present (runs nothing); a table the paper shows
     only as a plot (the heterogeneous clients) reports its protocol's metrics (F1, MRR, NDCG)."""

@@ -45,6 +45,20 @@ def test_execute_runs_once_and_reuses(tmp_path):
     assert [r["test"] for r in again] == [r["test"] for r in first]
 
 
+def test_a_reused_file_made_with_other_settings_is_reported(tmp_path):
+    """A result file is found by its name, which does not hold every setting: reusing one made
+    under another stopping rule or round count is reported with what differs (and still used)."""
+    stale: list[dict] = []
+    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], out_dir=tmp_path,
+              on_stale=lambda p, n, s, changes: stale.append(changes))
+    execute([PlannedRun("pfedrec", "pfedrec")], rounds=2, **kw)
+    execute([PlannedRun("pfedrec", "pfedrec")], rounds=2, **kw)
+    assert stale == []  # the same plan: nothing to report
+    again = execute([PlannedRun("pfedrec", "pfedrec", engine=(("patience", 3),))], rounds=5, **kw)
+    assert stale == [{"federated.patience": (0, 3), "federated.rounds": (2, 5)}]
+    assert len(again) == 1 and again[0]["config"]["federated"]["rounds"] == 2
+
+
 def test_execute_with_workers_gives_the_figures_of_one_process(tmp_path):
     """``workers`` > 1 runs the missing runs in spawned one-thread processes: the same files and
     figures as in turn, each run reported once as it ends, a failed one reported and skipped."""

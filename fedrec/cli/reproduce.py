@@ -106,13 +106,18 @@ def reproduce_command(
             bars.end((planned, policy, seed))
             console.print(f"[red]failed[/] {label_of(planned, policy, seed)}: {reason}")
 
+        def on_stale(planned, policy, seed, changes) -> None:  # type: ignore[no-untyped-def]
+            made = ", ".join(f"{k.split('.')[-1]} {old} (the plan now: {new})" for k, (old, new) in changes.items())
+            console.print(f"[yellow]reused[/] {label_of(planned, policy, seed)} was made with {made}; "
+                          "delete its file to run it again")
+
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives],
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
-                          device=device)
+                          device=device, on_stale=on_stale)
     figures = load_figures(paper)
     parts = []
     drawn = []

@@ -13,7 +13,7 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -276,6 +276,33 @@ def _only(chosen: dict[str, list[PlannedRun]], wanted: list[str], name: Callable
     return {t: runs for t, runs in cut.items() if runs}
 
 
+#: `RunConfig` fields that say where and how a run was kept, not what it measured
+NOT_COMPARED = frozenset({"data_dir", "checkpoint_every", "device", "memory_budget_mb"})
+
+
+def config_changes(stored: dict[str, Any], planned: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """Where a result file's config differs from the run the plan would make now, as
+    ``{"federated.patience": (stored, planned)}``: a reused file is taken by its name, and its name
+    does not hold every setting (a plan's rule changed since, or another ``--rounds``).
+
+    Fields missing from the file (written before they existed) and model options the plan does not
+    set are not compared, nor `NOT_COMPARED`.
+    """
+    now = json.loads(json.dumps(asdict(planned)))
+    planned_model = planned.model or {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for name in stored.keys() & now.keys() - NOT_COMPARED:
+        old, new = stored[name], now[name]
+        if name == "model":
+            old, new = old or {}, {k: v for k, v in (new or {}).items() if k in planned_model}
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes.update({f"{name}.{k}": (old[k], new[k]) for k in old.keys() & new.keys() - NOT_COMPARED
+                            if old[k] != new[k]})
+        elif old != new:
+            changes[name] = (old, new)
+    return dict(sorted(changes.items()))
+
+
 def execute(
     runs: Iterable[PlannedRun], *, dataset: str, seeds: Iterable[int], policies: Iterable[str],
     rounds: int, out_dir: Path, data_dir: str | None = None,
@@ -284,6 +311,7 @@ def execute(
     run_missing: bool = True, data_options: dict[str, Any] | None = None, checkpoint_every: int = 0,
     workers: int = 1, on_progress: Callable[[PlannedRun, str, int, RoundNote], None] | None = None,
     device: str = "cpu",
+    on_stale: Callable[[PlannedRun, str, int, dict[str, tuple[Any, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -301,6 +329,8 @@ def execute(
     this process whichever process runs it. ``device`` is where every run trains (cpu, cuda);
     a result file records its machine, not its device in its name, so a run found on disk is
     reused whichever device made it. One failed run never ends the reproduction.
+    ``on_stale`` is told of each reused file whose config differs from the run the plan would
+    make now (`config_changes`); its result is still used: deleting the file runs it again.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -367,6 +397,13 @@ def execute(
         if key not in ran and on_run is not None:
             on_run(*key, True)
         result = json.loads(path.read_text())
+        if key not in ran and on_stale is not None:
+            try:
+                changes = config_changes(result["config"], config_of(key))
+            except FedrecError:  # the plan's run is not valid any more: nothing to compare with
+                changes = {}
+            if changes:
+                on_stale(*key, changes)
         result["algorithm"] = key[0].method
         result["config"]["setting"] = key[0].setting
         results.append(result)
