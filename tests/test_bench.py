@@ -178,6 +178,30 @@ def test_leaderboard_figures_ranks_and_paired_tests() -> None:
     assert "a (legacy-exclude-heldout)" in board.table["method"].tolist()  # policies kept apart
 
 
+def test_a_board_says_when_its_rows_were_trained_under_different_budgets() -> None:
+    """Rows stopped by different rules are not compared on equal terms: the board says how
+    each was bounded, and says nothing when they all were bounded alike."""
+    def run(algorithm: str, seed: int, value: float, patience: int, part: str = "federated") -> dict:
+        unit = "rounds" if part == "federated" else "epochs"
+        return {**_result(algorithm, seed, value), "config": {part: {unit: 100, "patience": patience}}}
+
+    alike = [run(m, s, v + s / 100, 0) for m, v in (("a", 0.3), ("b", 0.2)) for s in range(2)]
+    (board,) = boards(alike)
+    assert board.stopping == {} and "budgets" not in to_markdown(board)
+    mixed = alike + [run("c", s, 0.25, 10) for s in range(2)] + [run("mf", s, 0.4, 10, "train") for s in range(2)]
+    (board,) = boards(mixed)
+    assert board.stopping == {
+        "mf": "up to 100 epochs, stops after 10 evaluations without a better validation figure",
+        "a": "up to 100 rounds, no early stopping", "b": "up to 100 rounds, no early stopping",
+        "c": "up to 100 rounds, stops after 10 evaluations without a better validation figure"}
+    text = to_markdown(board)
+    assert "The rows were trained under different budgets:" in text
+    assert "- up to 100 rounds, no early stopping: a, b\n" in text  # one line a rule, rows in rank order
+    assert "- up to 100 rounds, stops after 10 evaluations without a better validation figure: c\n" in text
+    (unknown,) = boards([_result("a", 0, 0.3), run("b", 0, 0.2, 10)])
+    assert unknown.stopping["a"] == "" and "- not recorded: a\n" in to_markdown(unknown)
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nepochs = 3\n", "unknown key(s) epochs"),
     ("[grid]\nalgorithms = ['fedmff']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\n", "fedmff"),

@@ -7,7 +7,9 @@ is compared with it seed by seed on that metric, with a paired t-test and a Wilc
 signed-rank test (scipy), and the table names both. With fewer than two shared seeds no test is
 possible and the cell says so; with five seeds the smallest Wilcoxon p-value is 0.0625, so
 "not significant" there often means "too few seeds to tell". The standard deviation is the
-sample one (ddof=1).
+sample one (ddof=1). Where the rows were trained under different budgets (rounds or epochs,
+early stopping), the board says how each was, since a method stopped earlier is not compared on
+equal terms.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Board:
     table: pd.DataFrame
     #: cells of the grid this board has no result for, each "method seed S: why"
     missing: list[str] = field(default_factory=list)
+    #: how each method's runs were bounded ("up to 100 rounds, no early stopping"), given only
+    #: when the methods differ in it
+    stopping: dict[str, str] = field(default_factory=dict)
 
     @property
     def stem(self) -> str:
@@ -63,14 +68,29 @@ def boards(results: list[dict[str, Any]], missing: Iterable[tuple[Any, str]] = (
     return made
 
 
+def stopping(result: dict[str, Any]) -> str:
+    """How a run's training was bounded, in words ("up to 100 rounds, stops after 10 evaluations
+    without a better validation figure"); empty when its config does not say."""
+    config = result.get("config") or {}
+    part, unit = (config["federated"], "rounds") if config.get("federated") else (config.get("train"), "epochs")
+    if not part or unit not in part:
+        return ""
+    most, patience = part[unit], part.get("patience") or 0
+    rule = (f"stops after {patience} evaluations without a better validation figure" if patience
+            else "no early stopping")
+    return f"up to {most} {unit}, {rule}"
+
+
 def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
     select = runs[0]["select"]
     metrics = [m for m in runs[0]["test"] if m != "users"]
     by_method: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    rules: dict[str, set[str]] = defaultdict(set)
     one_policy = len({r["data"]["negatives"] for r in runs}) == 1  # else a method is per policy
     for r in runs:
         method = r["algorithm"] if one_policy else f"{r['algorithm']} ({r['data']['negatives']})"
         by_method[method][int(r["seed"])] = r["test"]
+        rules[method].add(stopping(r))
     rows = []
     for method, seeds in by_method.items():
         row: dict[str, Any] = {"method": method, "seeds": len(seeds)}
@@ -91,7 +111,9 @@ def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
         w_p.append(w)
     table["t-test p"] = t_p
     table["Wilcoxon p"] = w_p
-    return Board(dataset, protocol, select, table)
+    said = {m: "; ".join(sorted(r for r in rules[m] if r)) for m in table["method"]}
+    differ = len(set(said.values())) > 1
+    return Board(dataset, protocol, select, table, stopping=said if differ else {})
 
 
 def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]],
@@ -136,6 +158,12 @@ def to_markdown(board: Board) -> str:
              f"{board.metric} against the best method)", "",
              "| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    if board.stopping:
+        by_rule: dict[str, list[str]] = defaultdict(list)
+        for method, rule in board.stopping.items():
+            by_rule[rule or "not recorded"].append(method)
+        lines += ["", "The rows were trained under different budgets:", ""]
+        lines += [f"- {rule}: {', '.join(methods)}" for rule, methods in by_rule.items()]
     if board.missing:
         lines += ["", f"Not in the table ({len(board.missing)} cell{'s' if len(board.missing) > 1 else ''} "
                   "of the grid without a result):", ""] + [f"- {line}" for line in board.missing]
