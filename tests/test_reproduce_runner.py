@@ -45,6 +45,19 @@ def test_execute_runs_once_and_reuses(tmp_path):
     assert [r["test"] for r in again] == [r["test"] for r in first]
 
 
+def test_every_table_trains_its_rows_under_one_stopping_rule():
+    """A table whose rows stop by different rules (one after 10 flat rounds, another never)
+    compares budgets, not methods: every paper's every table gives its rows one rule."""
+    from fedrec.experiment import federated_config
+    from fedrec.reproduce.runner import PLANS, ROUNDS
+
+    for paper in PLANS:
+        for table, runs in plan(paper).items():
+            rules = {federated_config(r.algorithm, None, r.protocol, rounds=ROUNDS.get(paper, 100),
+                                      **dict(r.engine)).patience for r in runs}
+            assert len(rules) == 1, (paper, table, rules)
+
+
 def test_a_reused_file_made_with_other_settings_is_reported(tmp_path):
     """A result file is found by its name, which does not hold every setting: reusing one made
     under another stopping rule or round count is reported with what differs (and still used)."""
