@@ -47,7 +47,9 @@ class PlannedRun:
 
     ``model`` and ``engine`` are extra model and engine options as ``(name, value)`` pairs (a
     tuple, so that runs stay hashable and shared runs are found by equality). They are not part
-    of the file name: a run that sets any must say so in its ``setting``.
+    of the file name: a run that sets any must say so in its ``setting``, unless every run of its
+    name has them (a paper's protocol for the row, as FedCIA's stopping rule); a kept file made
+    before such an option changed is reported when reused (`config_changes`).
     """
 
     method: str
