@@ -72,6 +72,18 @@ def test_a_reused_file_made_with_other_settings_is_reported(tmp_path):
     assert len(again) == 1 and again[0]["config"]["federated"]["rounds"] == 2
 
 
+def test_patience_replaces_every_runs_stopping_rule(tmp_path):
+    """--patience N trains every run of the plan under N (a sensitivity check of a table's rule);
+    its files, named as the table's, are then told apart from them when reused."""
+    stale: list[dict] = []
+    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], rounds=2, out_dir=tmp_path,
+              on_stale=lambda p, n, s, changes: stale.append(changes))
+    (made,) = execute([PlannedRun("pfedrec", "pfedrec")], patience=3, **kw)
+    assert made["config"]["federated"]["patience"] == 3
+    execute([PlannedRun("pfedrec", "pfedrec")], **kw)
+    assert stale == [{"federated.patience": (3, 0)}]
+
+
 def test_execute_with_workers_gives_the_figures_of_one_process(tmp_path):
     """``workers`` > 1 runs the missing runs in spawned one-thread processes: the same files and
     figures as in turn, each run reported once as it ends, a failed one reported and skipped."""

@@ -21,6 +21,7 @@ def reproduce_command(
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
     negatives: str = typer.Option("both", help="both, leak-free, legacy (the official code's leaky negatives), legacy-split (those negatives on the official code's split of repeated events: Lastfm-2K) or all."),
     rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
+    patience: int | None = typer.Option(None, min=0, help="Stop every run after N evaluations without a better validation figure, in place of each table's own rule (0: never), to see what the rule costs; result files do not name it, so give such runs their own --out-dir."),
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
     markdown: Path | None = typer.Option(None, help="Also write the tables as markdown to this file."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for convergence plots (PNG) of the tables the paper draws as figures (default: OUT_DIR/plots)."),
@@ -117,7 +118,7 @@ def reproduce_command(
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
-                          device=device, on_stale=on_stale)
+                          device=device, on_stale=on_stale, patience=patience)
     figures = load_figures(paper)
     parts = []
     drawn = []

@@ -314,6 +314,7 @@ def execute(
     workers: int = 1, on_progress: Callable[[PlannedRun, str, int, RoundNote], None] | None = None,
     device: str = "cpu",
     on_stale: Callable[[PlannedRun, str, int, dict[str, tuple[Any, Any]]], None] | None = None,
+    patience: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -333,6 +334,9 @@ def execute(
     reused whichever device made it. One failed run never ends the reproduction.
     ``on_stale`` is told of each reused file whose config differs from the run the plan would
     make now (`config_changes`); its result is still used: deleting the file runs it again.
+    ``patience`` replaces every run's stopping rule (evaluations without a better validation
+    figure; 0: never stop early) for a sensitivity check; file names do not hold it, so such
+    runs belong in an ``out_dir`` of their own.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -345,12 +349,13 @@ def execute(
     def config_of(key: tuple[PlannedRun, str, int]) -> RunConfig:
         planned, negatives, seed = key
         options = POLICY_OPTIONS.get(negatives, {"negatives": negatives})
+        stop = {} if patience is None else {"patience": patience}
         return RunConfig(
             algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
             seed=seed, data_dir=data_dir, **options, **(data_options or {}),
-            model=_model_options(planned), train=TrainConfig(device=device),
+            model=_model_options(planned), train=TrainConfig(device=device, **stop),
             federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
-                                       ldp=planned.ldp, device=device, **dict(planned.engine)),
+                                       ldp=planned.ldp, device=device, **{**dict(planned.engine), **stop}),
         )
 
     # one run a file: a later planned run of the same file name reuses its result
