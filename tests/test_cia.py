@@ -21,7 +21,7 @@ from fedrec.federated.cia import CIAState
 from fedrec.federated.cia_spec import CIASpec
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.similarity import finetune
-from fedrec.federated.stack import ClientStack
+from fedrec.federated.stack import ClientStack, propagate
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.protocols import make_split
@@ -136,6 +136,77 @@ def test_stack_scores_each_user_with_its_own_clients_model(split: Split, backbon
     asked = np.random.default_rng(0).permutation(30)[:25]  # clients interleaved, one left out
     got = stack.scores(asked, chunk=3)  # chunks cut through the larger clients' users
     np.testing.assert_allclose(got, expected[asked], rtol=1e-5, atol=1e-6)
+
+def test_propagation_equals_torch_sparse_mm_bit_for_bit(split: Split) -> None:
+    """`propagate` (the symmetric graph's product, reused for its backward) gives what
+    `torch.sparse.mm` and its autograd give, to the last bit, forward and backward."""
+    users = [np.arange(0, 4), np.arange(4, 13), np.arange(13, 15), np.arange(15, 30)]
+    stack = ClientStack("lightgcn", DIM, np.arange(4), users, split.n_items, split.train,
+                        tower=(), layers=2, init_std=0.3, key=(1,))
+    a = stack.adjacency
+    assert torch.equal(a.t().coalesce().indices(), a.indices())  # symmetric,
+    assert torch.equal(a.t().coalesce().values(), a.values())  # to the bit
+    x = torch.randn(a.shape[0], DIM, generator=torch.Generator().manual_seed(0))
+    weight = torch.randn(a.shape[0], DIM, generator=torch.Generator().manual_seed(1))
+    outs, grads = [], []
+    for product in (torch.sparse.mm, propagate):
+        leaf = x.clone().requires_grad_(True)
+        y = product(a, product(a, leaf))  # two layers: the backward's product is used twice
+        (y * weight).sum().backward()
+        outs.append(y.detach())
+        grads.append(leaf.grad)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0], grads[1])
+    assert grads[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("backbone", ["mf", "lightgcn"])
+def test_scoring_vectors_are_computed_once_until_a_parameter_changes(
+        split: Split, backbone: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    users = [np.arange(0, 4), np.arange(4, 13), np.arange(13, 15), np.arange(15, 30)]
+    stack = ClientStack(backbone, DIM, np.arange(4), users, split.n_items, split.train,
+                        tower=(), layers=2, init_std=0.3, key=(1,))
+    calls = []
+    own = stack._embeddings
+    monkeypatch.setattr(stack, "_embeddings", lambda: calls.append(1) or own())
+    first = stack.scores(np.arange(0, 15))
+    stack.scores(np.arange(15, 30))
+    assert len(calls) == 1  # one evaluation's calls share the vectors
+    with torch.no_grad():  # an aggregation writes a parameter in place (here: one client's rows)
+        stack.params["item"][int(stack.user_client[0])].mul_(2)
+    moved = stack.scores(np.arange(0, 15))
+    assert len(calls) == 2 and not np.array_equal(moved, first)
+    stack.params = {k: v.clone() for k, v in stack.params.items()}  # a loaded checkpoint: new tensors
+    np.testing.assert_array_equal(stack.scores(np.arange(0, 15)), moved)
+    assert len(calls) == 3
+    stack.train_round(split.sampler, 2, 1, BATCH, LR, seed=9, r=1)  # one call a step
+    stepped = len(calls)
+    trained = stack.scores(np.arange(0, 15))
+    assert len(calls) == stepped + 1 and not np.array_equal(trained, moved)
+    user_emb, item_emb = own()
+    k = int(stack.user_client[0])
+    np.testing.assert_allclose(trained[0], (user_emb[0] @ item_emb[k].T).detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_adam_step_is_torchs_formula_to_the_bit() -> None:
+    """`adam_` computes lr * (m / bc1) / (sqrt(v / bc2) + eps) in reused buffers: the same bits
+    as the expression written out, for one step count and for one per leading row."""
+    from fedrec.federated.optim import BETA1, BETA2, EPS, adam_
+
+    g = torch.Generator().manual_seed(0)
+    p, grad = torch.randn(5, 7, 3, generator=g), torch.randn(5, 7, 3, generator=g)
+    q, m, v = p.clone(), torch.zeros_like(p), torch.zeros_like(p)
+    m2, v2 = m.clone(), v.clone()
+    for t in range(1, 4):
+        for steps in (t, torch.tensor([t, t + 1, t + 2, t + 3, t + 4.0])):
+            adam_(p, grad * t, m, v, steps, 0.03)
+            m2.mul_(BETA1).add_(grad * t, alpha=1 - BETA1)
+            v2.mul_(BETA2).addcmul_(grad * t, grad * t, value=1 - BETA2)
+            bc1 = 1 - BETA1 ** (steps.reshape(-1, 1, 1) if torch.is_tensor(steps) else steps)
+            bc2 = 1 - BETA2 ** (steps.reshape(-1, 1, 1) if torch.is_tensor(steps) else steps)
+            q.sub_(0.03 * (m2 / bc1) / ((v2 / bc2).sqrt() + EPS))
+            assert torch.equal(p, q)
+
 
 @pytest.mark.parametrize("loss", ["norm", "mse"])
 def test_eigenbasis_finetune_equals_autograd(loss: str) -> None:

@@ -28,7 +28,10 @@ def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
         bc1, bc2 = (1 - BETA1 ** steps).reshape(shape), (1 - BETA2 ** steps).reshape(shape)
     else:
         bc1, bc2 = 1 - BETA1 ** steps, 1 - BETA2 ** steps
-    p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + EPS))
+    # lr * (m / bc1) / ((v / bc2).sqrt() + EPS), the same operations in the same order, in two
+    # buffers instead of six: a stack's item table is (clients, M, d), 95 MB on ML-1M at d = 64
+    step = torch.div(m, bc1).mul_(lr)
+    p.sub_(step.div_(torch.div(v, bc2).sqrt_().add_(EPS)))
 
 
 def sgd_(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor, first: bool, lr: float,

@@ -81,6 +81,7 @@ class ClientStack:
         self.steps = torch.zeros(K)
         self.adjacency = _lightgcn_adjacency(self.train, self.user_client, K, n_items) \
             if backbone == "lightgcn" else None
+        self._scoring: tuple[list[tuple[torch.Tensor, int]], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def n_clients(self) -> int:
@@ -95,6 +96,7 @@ class ClientStack:
         shuffles are keyed by (seed, round, client id), so a client trains the same alone, in
         this stack or on a Flower node. Returns (sum of the clients' batch losses, client
         batches)."""
+        self._scoring = None  # training moves every parameter: free the cached scoring vectors
         coo = self.train.tocoo()  # grouped by client, in stack order
         u = draws.uniforms((seed, draws.NEGATIVES, r), self.clients, self.client_pairs * k_neg)
         negatives = sampler.sample_at(self.users[coo.row], u.reshape(-1, k_neg)).ravel()
@@ -153,10 +155,26 @@ class ClientStack:
         x = torch.cat([user, item.reshape(-1, self.dim)])
         total = x
         for _ in range(self.layers):
-            x = torch.sparse.mm(self.adjacency, x)
+            x = propagate(self.adjacency, x)
             total = total + x
         total = total / (self.layers + 1)
-        return total[: len(user)], total[len(user):].reshape(item.shape)
+        # split, not two slices: its backward is one concatenation, where each slice's is a
+        # zero-filled copy of the whole graph's table and the two are then added
+        user_part, item_part = total.split([len(user), len(total) - len(user)])
+        return user_part, item_part.reshape(item.shape)
+
+    def _scoring_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_embeddings` for scoring, computed once while no parameter changes: an evaluation
+        scores users in several calls, and LightGCN's propagation over every client's graph is
+        most of a call's work. A parameter written in place (training, aggregation) bumps its
+        version counter, and one replaced (a loaded checkpoint) is another object, so either
+        invalidates the cache."""
+        key = [(t, t._version) for t in self.params.values()]
+        cached = self._scoring
+        if cached is None or len(cached[0]) != len(key) or any(
+                a is not b or va != vb for (a, va), (b, vb) in zip(cached[0], key, strict=True)):
+            cached = self._scoring = (key, self._embeddings())
+        return cached[1]
 
     def _pair_scores(self, user_emb: torch.Tensor, item_emb: torch.Tensor, k: torch.Tensor,
                      u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
@@ -181,7 +199,7 @@ class ClientStack:
         Client by client: a client's item table (and its tower's item half, ``E_k W0_i``) is
         read once for all of its users in the call, in blocks of ``chunk`` users, rather than
         copied once per user."""
-        user_emb, item_emb = self._embeddings()
+        user_emb, item_emb = self._scoring_embeddings()
         local_users = np.asarray(local_users, dtype=np.int64)
         out = np.empty((len(local_users), self.n_items), dtype=np.float32)
         client = self.user_client[local_users]
@@ -215,6 +233,35 @@ class ClientStack:
     def payload_floats(self) -> int:
         """Floats one client uploads under parameter averaging."""
         return sum(int(self.params[k][0].numel()) for k in self.shared_names())
+
+
+class _SymmetricPropagation(torch.autograd.Function):
+    """``A @ x`` for a symmetric sparse ``A``, whose gradient with respect to ``x`` is ``A @ g``.
+
+    torch's own backward of `torch.sparse.mm` multiplies by ``A.t()``, transposing and sorting
+    A's indices at every step; for a symmetric A (LightGCN's D^-1/2 A D^-1/2, whose mirrored
+    entries are the same float) that product is the same sum in the same order, so reusing A
+    gives the same bits (tested) without the transpose. Both products write into an empty
+    tensor with ``beta=0`` (the same kernel and sums as `torch.sparse.mm`, which zero-fills its
+    output twice first)."""
+
+    @staticmethod
+    def forward(ctx: object, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.adjacency = adjacency
+        return _product(adjacency, x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, _product(ctx.adjacency, grad)
+
+
+def _product(adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.sparse.addmm(x.new_empty(adjacency.shape[0], x.shape[1]), adjacency, x, beta=0)
+
+
+def propagate(adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """One LightGCN layer, ``adjacency @ x``, for a symmetric ``adjacency`` (`_SymmetricPropagation`)."""
+    return _SymmetricPropagation.apply(adjacency, x)
 
 
 def _lightgcn_adjacency(train: sp.csr_matrix, user_client: np.ndarray, n_clients: int,
