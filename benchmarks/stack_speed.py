@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--data-dir", default=str(SHARED))
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     torch.set_num_threads(1)
     if Path(args.data_dir).exists():
         split = prepare_split(RunConfig(algorithm="stacked", dataset="ml-1m-fedcia", protocol="given-full",

@@ -137,6 +137,7 @@ def test_stack_scores_each_user_with_its_own_clients_model(split: Split, backbon
     got = stack.scores(asked, chunk=3)  # chunks cut through the larger clients' users
     np.testing.assert_allclose(got, expected[asked], rtol=1e-5, atol=1e-6)
 
+
 def test_propagation_equals_torch_sparse_mm_bit_for_bit(split: Split) -> None:
     """`propagate` (the symmetric graph's product, reused for its backward) gives what
     `torch.sparse.mm` and its autograd give, to the last bit, forward and backward."""

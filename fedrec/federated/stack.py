@@ -81,6 +81,7 @@ class ClientStack:
         self.steps = torch.zeros(K)
         self.adjacency = _lightgcn_adjacency(self.train, self.user_client, K, n_items) \
             if backbone == "lightgcn" else None
+        #: (the parameters and their versions, the vectors `_embeddings` gave for them)
         self._scoring: tuple[list[tuple[torch.Tensor, int]], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
@@ -169,12 +170,11 @@ class ClientStack:
         most of a call's work. A parameter written in place (training, aggregation) bumps its
         version counter, and one replaced (a loaded checkpoint) is another object, so either
         invalidates the cache."""
-        key = [(t, t._version) for t in self.params.values()]
-        cached = self._scoring
-        if cached is None or len(cached[0]) != len(key) or any(
-                a is not b or va != vb for (a, va), (b, vb) in zip(cached[0], key, strict=True)):
-            cached = self._scoring = (key, self._embeddings())
-        return cached[1]
+        params = list(self.params.values())
+        if self._scoring is None or len(self._scoring[0]) != len(params) or any(
+                t is not held or t._version != version for t, (held, version) in zip(params, self._scoring[0], strict=True)):
+            self._scoring = ([(t, t._version) for t in params], self._embeddings())
+        return self._scoring[1]
 
     def _pair_scores(self, user_emb: torch.Tensor, item_emb: torch.Tensor, k: torch.Tensor,
                      u: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
