@@ -228,13 +228,7 @@ class GraphState(FamilyState):
         owner = np.repeat(up.cohort.clients, counts)[keep]
         self.uploads.append((owner, up.cohort.row_items[keep], up.received[torch.as_tensor(keep)]))
         self.seen += len(up.cohort.clients)
-        n_ok = int(up.accepted.sum())
-        acc.n += n_ok
-        acc.rejected += len(up.accepted) - n_ok
-        acc.bytes_up += up.bytes_up
-        acc.bytes_down += up.bytes_down
-        acc.loss_sum += up.loss_sum
-        acc.client_batches += up.client_batches
+        acc.count(up)
 
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
         """Record the round's uploads; the graph step runs when the next round begins."""

@@ -90,6 +90,16 @@ class Accumulator:
     loss_sum: float = 0.0
     client_batches: int = 0
 
+    def count(self, up: CohortUpload) -> None:
+        """Add a cohort's bookkeeping: accepted and rejected clients, bytes, losses."""
+        n_ok = int(up.accepted.sum())
+        self.n += n_ok
+        self.rejected += len(up.accepted) - n_ok
+        self.bytes_up += up.bytes_up
+        self.bytes_down += up.bytes_down
+        self.loss_sum += up.loss_sum
+        self.client_batches += up.client_batches
+
 
 class CohortState(Protocol):
     """The batched algorithm interface the engine drives (the kernel `CohortAlgorithm` drives, per chunk of a cohort)."""
@@ -292,13 +302,7 @@ class FamilyState:
             acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
         for k, v in up.shared.items():
             acc.shared_sum[k] += v[up.accepted].sum(0)
-        n_ok = int(up.accepted.sum())
-        acc.n += n_ok
-        acc.rejected += len(up.accepted) - n_ok
-        acc.bytes_up += up.bytes_up
-        acc.bytes_down += up.bytes_down
-        acc.loss_sum += up.loss_sum
-        acc.client_batches += up.client_batches
+        acc.count(up)
 
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
         """Mean of the accepted clients' tables = global + (sum of row deltas + noise) / n."""
