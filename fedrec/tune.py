@@ -158,7 +158,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
          from_defaults: bool = False, journal: str | Path | None = None,
          on_round: Callable[[RoundNote], None] | None = None,
-         fixed: dict[str, Any] | None = None) -> TuneResult:
+         fixed: dict[str, Any] | None = None, device: str = "cpu", workers: int = 1) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
     round a trial ends (a `fedrec.progress.RoundNote` whose ``job`` is the trial's number).
@@ -166,22 +166,30 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     search cannot end below them; it is one of the ``trials``. ``journal``: a file that stores
     each finished trial, from which the same search goes on after a kill (`_resume`).
     ``fixed``: model options every trial holds (``--set``, e.g. MetaMF's ``clip=5``), written
-    into the config's model options; an option the search draws cannot also be fixed."""
+    into the config's model options; an option the search draws cannot also be fixed.
+    ``device``: where the trials train (not part of the config written: a setting found on a
+    GPU runs anywhere). ``workers``: trials trained at once, each in its own process
+    (`_parallel`); they need a ``journal``, through which their pruner sees the others."""
     import optuna
 
     revision, started_in = git_revision(), environment()
     spec = get_algorithm(algorithm)
     if trials < 1:
         raise FedrecError("--trials must be >= 1")
+    if workers < 1:
+        raise FedrecError("--workers must be >= 1")
+    if workers > 1 and journal is None:
+        raise FedrecError("trials in parallel (--workers > 1) share their progress through a journal; pass one")
     protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
                             else "loo-sampled")
     base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                      negatives=negatives, data_dir=data_dir)
     if spec.kind == "federated":
-        base.federated = federated_config(algorithm, dataset, protocol, rounds=rounds)
+        base.federated = dataclasses.replace(federated_config(algorithm, dataset, protocol, rounds=rounds),
+                                             device=device)
         rounds = base.federated.rounds
     else:
-        base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr)
+        base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr, device=device)
         rounds = base.train.epochs
     base.validate()
     fixed = _fixed_options(spec, fixed or {})
@@ -196,7 +204,9 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     if fixed:  # only when given, so that journals of searches without it still resume
         search["fixed"] = fixed
 
-    def objective(trial: optuna.Trial) -> float:
+    def draw(trial: optuna.Trial) -> tuple[RunConfig, dict[str, Any]]:
+        """The trial's settings, drawn here (in this process, in the trials' order), as a run
+        config and the trial's history entry."""
         engine: dict[str, Any] = {}
         model: dict[str, Any] = dict(fixed)
         for p in space:
@@ -208,49 +218,29 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
             cfg.federated = dataclasses.replace(base.federated, **engine)
         else:
             cfg.train = dataclasses.replace(base.train, **engine)
+        return cfg, {"trial": trial.number, "engine": engine, "model": model}
 
-        noted = None if on_round is None else noting(trial.number, cfg, on_round)
-
-        def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
-            if noted is not None:
-                noted(record, best_round, valid_at_best)
-            if record.valid:
-                trial.report(record.valid[select], record.round)
-                if trial.should_prune():
-                    raise optuna.TrialPruned()
-
-        entry: dict[str, Any] = {"trial": trial.number, "engine": engine, "model": model}
-        history.append(entry)
-        try:
-            done = train(cfg, on_round=report, split=split).result
-        except optuna.TrialPruned:
-            entry["state"] = "pruned"
-            _tell(trial, entry)
-            raise
-        except UnstableSetting as e:  # refused before training: redrawn, not counted
-            entry.update(state="refused", reason=str(e))
-            _tell(trial, entry)
-            return -math.inf if maximise else math.inf
-        except FedrecError as e:  # diverged: a bad region of the space, not a failed search
-            entry.update(state="failed", reason=str(e))
-            _tell(trial, entry)
-            return -math.inf if maximise else math.inf
-        entry.update(state="complete", best_valid=done.valid_at_best.get(select), best_round=done.best_round)
-        _tell(trial, entry)
-        return float(done.valid_at_best[select])
-
-    def _tell(trial: optuna.Trial, entry: dict[str, Any]) -> None:
+    def tell(trial: optuna.Trial, entry: dict[str, Any]) -> None:
         trial.set_user_attr("entry", entry)  # what a resumed search rebuilds its history from
         if on_trial is not None:
             on_trial(entry)
 
+    def objective(trial: optuna.Trial) -> float:
+        cfg, entry = draw(trial)
+        history.append(entry)
+        noted = None if on_round is None else noting(trial.number, cfg, on_round)
+        entry.update(train_trial(trial, cfg, split, select, noted))
+        tell(trial, entry)
+        if entry["state"] == "pruned":
+            raise optuna.TrialPruned()
+        return trial_value(entry, maximise)
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         direction="maximize" if maximise else "minimize",
-        sampler=optuna.samplers.TPESampler(seed=seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4)),
+        sampler=optuna.samplers.TPESampler(seed=seed), pruner=_pruner(rounds),
         storage=None if journal is None else _journal_storage(journal),
-        study_name="fedrec-tune", load_if_exists=True,
+        study_name=STUDY, load_if_exists=True,
     )
     if study.trials:
         history.extend(_resume(study, search, journal, seed))
@@ -258,10 +248,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         study.set_user_attr("search", search)
         if from_defaults:
             study.enqueue_trial(defaults_trial(space))
+    if workers > 1:
+        assert journal is not None
+        _parallel(study, draw, tell, history, trials, workers, maximise,
+                  (split, str(journal), rounds, select), on_round)
+    else:
+        refused = sum(h["state"] == "refused" for h in history)
+        while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
+            study.optimize(objective, n_trials=1)
+            refused += history[-1]["state"] == "refused"
     refused = sum(h["state"] == "refused" for h in history)
-    while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
-        study.optimize(objective, n_trials=1)
-        refused += history[-1]["state"] == "refused"
     # a diverged or refused trial is scored as the worst, "complete" to Optuna
     states = [h["state"] for h in history if h["state"] != "refused"]
     if "complete" not in states:  # no config from trials that all failed
@@ -272,7 +268,115 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
-                      refused, from_defaults, revision, started_in)
+                      refused, from_defaults, revision, {**started_in, "device": device, "workers": str(workers)})
+
+
+#: the one study a journal holds
+STUDY = "fedrec-tune"
+
+
+def _pruner(rounds: int) -> Any:
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4))
+
+
+def train_trial(trial: Any, cfg: RunConfig, split: Split, select: str,
+                noted: Callable[..., None] | None) -> dict[str, Any]:
+    """Train one trial, reporting its validation figure each round to the pruner; its outcome
+    as history fields: ``state`` (complete, pruned, failed or refused) and the best validation
+    figure and round, or the reason it did not train."""
+    import optuna
+
+    def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
+        if noted is not None:
+            noted(record, best_round, valid_at_best)
+        if record.valid:
+            trial.report(record.valid[select], record.round)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+    try:
+        done = train(cfg, on_round=report, split=split).result
+    except optuna.TrialPruned:
+        return {"state": "pruned"}
+    except UnstableSetting as e:  # refused before training: redrawn, not counted
+        return {"state": "refused", "reason": str(e)}
+    except FedrecError as e:  # diverged: a bad region of the space, not a failed search
+        return {"state": "failed", "reason": str(e)}
+    return {"state": "complete", "best_valid": done.valid_at_best.get(select), "best_round": done.best_round}
+
+
+def trial_value(entry: dict[str, Any], maximise: bool) -> float:
+    """What Optuna is told a finished trial scored: its best validation figure, the worst
+    possible for a setting that diverged or was refused."""
+    if entry["state"] == "complete":
+        return float(entry["best_valid"])
+    return -math.inf if maximise else math.inf
+
+
+def _parallel(study: Any, draw: Callable[[Any], tuple[RunConfig, dict[str, Any]]],
+              tell: Callable[[Any, dict[str, Any]], None], history: list[dict[str, Any]], trials: int,
+              workers: int, maximise: bool, shared: tuple[Any, ...],
+              on_round: Callable[[RoundNote], None] | None) -> None:
+    """Train ``workers`` trials at once, each in a worker process of one thread (for a GPU, whose
+    runs of these models leave it mostly idle one at a time: docs/scale.md).
+
+    This process draws every trial's settings (Optuna's ask-and-tell) in the trials' order, so
+    while fewer trials have finished than TPE's ten random start-up draws, the settings are
+    those the one-at-a-time search draws; a worker reports each round to the journal's study,
+    where the median pruner compares it with the trials finished so far (fewer than one at a
+    time would have, so fewer trials are pruned); this process records each trial as it ends.
+    Left by an exception, the running trials stay "running" in the journal and `_resume` runs
+    them again."""
+    import optuna
+
+    from fedrec.pool import WorkerPool
+
+    running: dict[Any, tuple[Any, dict[str, Any]]] = {}
+    with WorkerPool(workers, on_round, setup=_trial_worker, setup_args=shared) as pool:
+        while True:
+            refused = sum(h["state"] == "refused" for h in history)
+            while (len(running) < workers and len(history) - refused + len(running) < trials
+                   and refused < REFUSALS_PER_TRIAL * trials):
+                trial = study.ask()
+                cfg, entry = draw(trial)
+                running[pool.executor.submit(_trial_job, trial._trial_id, trial.number, cfg)] = (trial, entry)
+            if not running:
+                return
+            done, _ = pool.wait(set(running))
+            for future in sorted(done, key=lambda f: running[f][0].number):
+                trial, entry = running.pop(future)
+                entry.update(future.result())
+                history.append(entry)
+                tell(trial, entry)
+                if entry["state"] == "pruned":
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(trial, trial_value(entry, maximise))
+            history.sort(key=lambda h: h["trial"])
+
+
+_shared: tuple[Any, ...] = ()  # a trial worker's split, journal, rounds and metric (`_trial_worker`)
+
+
+def _trial_worker(split: Split, journal: str, rounds: int, select: str) -> None:
+    """Set up a worker of `_parallel`: what every trial shares, sent once."""
+    global _shared
+    _shared = (split, journal, rounds, select)
+
+
+def _trial_job(trial_id: int, number: int, cfg: RunConfig) -> dict[str, Any]:
+    """Worker: train trial ``number`` of the journal's study, one thread; its outcome fields."""
+    import optuna
+
+    from fedrec import threads
+    from fedrec.pool import round_notes
+
+    threads.apply(1)
+    split, journal, rounds, select = _shared
+    study = optuna.load_study(study_name=STUDY, storage=_journal_storage(journal), pruner=_pruner(rounds))
+    return train_trial(optuna.Trial(study, trial_id), cfg, split, select, round_notes(number, cfg))
 
 
 def _fixed_options(spec: AlgorithmSpec, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -309,10 +413,12 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     stored = study.user_attrs.get("search")
     if stored != json.loads(json.dumps(search)):
         raise FedrecError(f"tune journal {journal} holds another search ({stored}); remove it or pass another path")
-    last = study.trials[-1]  # one trial runs at a time: only the last can have been cut off
-    if last.state == TrialState.RUNNING:  # killed
-        study.tell(last.number, state=TrialState.FAIL)
-    if last.state in (TrialState.RUNNING, TrialState.FAIL) and "entry" not in last.user_attrs:
+    cut = [t for t in study.trials if t.state == TrialState.RUNNING]  # killed (several: `_parallel`)
+    for t in cut:
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(t.params)
+    last = study.trials[-1]
+    if not cut and last.state == TrialState.FAIL and "entry" not in last.user_attrs:
         study.enqueue_trial(last.params)  # interrupted (Ctrl-C fails it), not finished: again
     study.sampler = TPESampler(seed=int(np.random.SeedSequence([seed, len(study.trials)]).generate_state(1)[0]))
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))

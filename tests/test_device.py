@@ -138,3 +138,21 @@ def _same_figures(got: dict[str, float], want: dict[str, float], where: object) 
     for key, value in want.items():
         close = got[key] == pytest.approx(value, rel=1e-3, abs=1e-4)
         assert close or abs(got[key] - value) <= one_user + 1e-12, (where, key, got[key], value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_search_on_cuda_trains_its_trials_side_by_side_there(tmp_path: Path) -> None:
+    """`fedrec tune --device cuda --workers 2`: the trials train on the GPU in two processes, and
+    the config they find runs anywhere (no device in it)."""
+    from fedrec.cli import main
+    from fedrec.tune import read_config
+
+    out = tmp_path / "pfedrec.json"
+    with pytest.raises(SystemExit) as done:
+        main(["tune", "pfedrec", "-d", "synthetic:80x300", "--trials", "3", "--rounds", "2",
+              "--device", "cuda", "--workers", "2", "-o", str(out)])
+    assert done.value.code in (0, None)
+    blob = read_config(out)
+    assert blob["tuning"]["environment"]["device"] == "cuda" and blob["tuning"]["completed"] >= 1
+    assert "device" not in blob["engine"]

@@ -252,3 +252,50 @@ def test_set_holds_a_model_option_in_every_trial(tmp_path: Path, monkeypatch: py
     tune("metamf", DATA, trials=1, rounds=1, journal=journal, fixed={"clip": 5.0})
     with pytest.raises(FedrecError, match="holds another search"):  # the held options are the search's
         tune("metamf", DATA, trials=1, rounds=1, journal=journal, fixed={"clip": 1.0})
+
+
+def test_trials_in_parallel_draw_the_one_at_a_time_searchs_settings(tmp_path: Path) -> None:
+    """`--workers 3`: each trial trains in its own process, yet while fewer than ten trials have
+    ended the settings drawn are the sequential search's, trial by trial, and a trial that trains
+    to the end in both scores the same; the pruner, which sees fewer finished trials, may let
+    more through."""
+    sequential = tune("fedmf", DATA, trials=5, rounds=3, from_defaults=True)
+    parallel = tune("fedmf", DATA, trials=5, rounds=3, from_defaults=True, journal=tmp_path / "p.journal",
+                    workers=3)
+    assert [h["trial"] for h in parallel.history] == [0, 1, 2, 3, 4]
+    assert [h["engine"] for h in parallel.history] == [h["engine"] for h in sequential.history]
+    both = [(a, b) for a, b in zip(sequential.history, parallel.history, strict=True)
+            if a["state"] == b["state"] == "complete"]
+    assert len(both) >= 3
+    assert all(a["best_valid"] == b["best_valid"] and a["best_round"] == b["best_round"] for a, b in both)
+    assert parallel.pruned <= sequential.pruned
+    assert parallel.environment["workers"] == "3" and parallel.environment["device"] == "cpu"
+    with pytest.raises(FedrecError, match="through a journal"):
+        tune("fedmf", DATA, trials=2, rounds=1, workers=2)
+
+
+def test_a_killed_parallel_search_trains_every_cut_off_trial_again(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill leaves every trial the workers were training "running" in the journal: the search
+    run again trains each of them with its settings before it draws new ones."""
+    import optuna
+
+    import fedrec.tune as tuning
+
+    journal = tmp_path / "fedmf.journal"
+    tune("fedmf", DATA, trials=1, rounds=1, journal=journal)
+    study = optuna.load_study(study_name=tuning.STUDY, storage=tuning._journal_storage(journal))
+    split = validation_only(prepare_split(RunConfig("fedmf", dataset=DATA)))
+    space = search_space(get_algorithm("fedmf"), split, DATA)
+    cut: list[dict[str, float]] = []
+    for _ in range(2):  # two trials asked, as `_parallel` asks them, and never told
+        trial = study.ask()
+        cut.append({p.name: trial.suggest_float(p.name, p.low, p.high, log=p.log) if not p.integer
+                    else trial.suggest_int(p.name, int(p.low), int(p.high)) for p in space})
+    real_train, trained = tuning.train, []
+    monkeypatch.setattr(tuning, "train", lambda *a, **k: (trained.append(a[0].federated), real_train(*a, **k))[1])
+    result = tune("fedmf", DATA, trials=4, rounds=1, journal=journal)
+    assert len(trained) == 3 and result.trials == 4
+    for settings, cfg in zip(cut, trained[:2], strict=True):
+        assert {k: getattr(cfg, k) for k in settings} == settings
+    assert [h["trial"] for h in result.history] == [0, 3, 4, 5]

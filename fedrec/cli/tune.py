@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from fedrec.cli.experiments import DEVICE_HELP
 from fedrec.cli.run_progress import RunBars, batch_progress
 from fedrec.errors import FedrecError
 from fedrec.progress import RoundNote
@@ -29,6 +30,10 @@ def tune_command(
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
     from_defaults: bool = typer.Option(False, "--from-defaults", help="Make the first trial the algorithm's own settings (one of the trials), so the search cannot end below them."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE every trial holds (not searched), repeatable, e.g. --set clip=5 for MetaMF."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
+    workers: int = typer.Option(1, help="Trials trained at once, each a process of one thread (a GPU's use: "
+                                "the draws are the one-at-a-time search's while fewer than ten trials have ended; "
+                                "fewer trials are pruned)."),
     journal: Path | None = typer.Option(None, "--journal", help="Where finished trials are kept while the search runs (default: OUT with suffix .journal, removed once OUT is written); the same command run again after a kill goes on from it."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
@@ -36,6 +41,9 @@ def tune_command(
     from fedrec import threads as torch_threads
 
     torch_threads.apply(threads)
+    from fedrec.core.device import resolve
+
+    device = resolve(device)
     try:
         import optuna  # noqa: F401
     except ImportError as e:
@@ -68,7 +76,8 @@ def tune_command(
     with bar if console.is_terminal else nullcontext():
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
-                      journal=journal, on_round=on_round, fixed=parse_settings(set_options))
+                      journal=journal, on_round=on_round, fixed=parse_settings(set_options),
+                      device=device, workers=workers)
     write_config(result, out)
     journal.unlink(missing_ok=True)
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

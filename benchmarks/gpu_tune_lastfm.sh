@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: GFed-PP's and GPFedRec's equal-budget searches on Lastfm-2K
+# (10 trials of 100 rounds, seed 0, --from-defaults, as every other tuned row), each followed by
+# its five seeds' sampled-ranking cells (benchmarks/leaderboard-lastfm2k-tuned-gpu.toml), then
+# the `gpu` tests with what time is left.
+#
+#   OUT=$OUT DATA=.devdata/lastfm-2k-hetrec bash benchmarks/gpu_tune_lastfm.sh
+#
+# METHODS lists "method:workers" (trials trained at once): the searches run side by side, so
+# their workers share the machine's cores (16 on the lent kinds). DATA is a folder holding
+# HetRec's user_taggedartists.dat, carried (the machine has no network and no ../shared);
+# Optuna travels as wheels in .whl (not in the machine's image): the call's command installs
+# them first (.library/device/README.md). Each search stops at TUNE_BUDGET seconds, keeping its
+# journal (a later call with the same journal goes on from it); everything stops at BUDGET.
+# What comes back: runs.tgz (the configs, any journal, the cells without checkpoints) and the
+# logs. A dry run on a CPU: DEVICE=cpu DATASET=synthetic:200x500 TRIALS=2 TUNE_ARGS="--rounds 1"
+# CONFIGS=/tmp/c BENCH_OUT=/tmp/b.
+set -u
+OUT=${OUT:-/tmp/gpu-tune}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+BUDGET=${BUDGET:-500}
+TUNE_BUDGET=${TUNE_BUDGET:-380}
+DEVICE=${DEVICE:-cuda}
+DATASET=${DATASET:-lastfm-2k}
+TRIALS=${TRIALS:-10}
+TUNE_ARGS=${TUNE_ARGS:-}
+METHODS=${METHODS:-gfedpp:10 gpfedrec:6}
+GRID=${GRID:-benchmarks/leaderboard-lastfm2k-tuned-gpu.toml}
+CONFIGS=${CONFIGS:-configs/tuned}
+BENCH_OUT=${BENCH_OUT:-results/bench/leaderboard-lastfm2k-tuned-gpu}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export FEDREC_DATA=${DATA:-.devdata/lastfm-2k-hetrec} FEDREC_CACHE=${FEDREC_CACHE:-/tmp/fedrec-cache}
+case $DATASET in synthetic*) ;; *) [ -e "$FEDREC_DATA/user_taggedartists.dat" ] || { echo "no $FEDREC_DATA/user_taggedartists.dat: carry it"; exit 2; } ;; esac
+start=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - start))); }
+work=$(mktemp -d)
+mkdir -p "$CONFIGS" "$work/journals"
+
+if [ "$DEVICE" != cpu ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 10 > "$OUT/smi.csv" 2>&1 &
+    smi=$!
+fi
+$PY -c "import sys, torch, optuna; print(sys.version.split()[0], 'torch', torch.__version__, 'optuna', optuna.__version__)" \
+    | tee -a "$OUT/gpu.txt"
+
+search() {  # METHOD WORKERS: the search, then its seeds' cells with what is left of BUDGET
+    local m=$1 w=$2 cfg="$CONFIGS/$1@$DATASET.json" grid="$work/$1.toml"
+    # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
+    timeout -k 20 -s INT "$TUNE_BUDGET" $PY -m fedrec tune "$m" -d "$DATASET" --trials "$TRIALS" --seed 0 \
+        --from-defaults --device "$DEVICE" --workers "$w" -o "$cfg" --journal "$work/journals/$m.journal" \
+        $TUNE_ARGS > "$OUT/tune-$m.log" 2>&1
+    echo "tune $m: exit $? after $(($(date +%s) - start)) s" | tee -a "$OUT/tune-$m.log"
+    [ -e "$cfg" ] || return
+    { sed -n '/^\[grid\]/,/^\[tuned\]/p' "$GRID" | sed -e '/^\[tuned\]/d' \
+          -e "s|^algorithms = .*|algorithms = [\"$m\"]|" -e "s|^datasets = .*|datasets = [\"$DATASET\"]|" \
+          -e "s|^device = .*|device = \"$DEVICE\"|"
+      printf '[tuned]\n"%s@%s" = "%s"\n' "$m" "$DATASET" "$(realpath "$cfg")"; } > "$grid"
+    timeout -k 20 -s INT "$(left)" $PY -m fedrec bench "$grid" -o "$BENCH_OUT" > "$OUT/bench-$m.log" 2>&1
+    echo "bench $m: exit $? after $(($(date +%s) - start)) s" | tee -a "$OUT/bench-$m.log"
+}
+
+pids=()
+for mw in $METHODS; do
+    search "${mw%%:*}" "${mw##*:}" &
+    pids+=($!)
+done
+wait "${pids[@]}"
+if [ "$(left)" -gt 60 ]; then  # the CUDA tests, this session's --device cuda --workers of `fedrec tune` among them
+    xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
+    timeout "$(left)" $PY -m pytest -m gpu $xdist -p no:cacheprovider -q --tb=short -rf tests/test_device.py \
+        > "$OUT/tests.log" 2>&1
+    echo "gpu tests: exit $?" | tee -a "$OUT/tests.log"
+fi
+[ -n "${smi:-}" ] && kill "$smi"
+for mw in $METHODS; do cp "$CONFIGS/${mw%%:*}@$DATASET.json" "$work/" 2>/dev/null; done
+mkdir -p "$BENCH_OUT"
+tar czf "$OUT/runs.tgz" --exclude='*.ckpt' -C "$work" . -C "$PWD" "$BENCH_OUT"
+for f in "$OUT"/tune-*.log "$OUT"/bench-*.log; do echo "--- $f"; tail -n 6 "$f"; done
+tail -n 4 "$OUT/tests.log" 2>/dev/null
