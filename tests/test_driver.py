@@ -84,3 +84,22 @@ def test_resume_refuses_another_run_and_garbage(tmp_path):
     ckpt.write_bytes(b"not a checkpoint")
     with pytest.raises(FedrecError, match="not a readable fedrec checkpoint"):
         _run(6, checkpoint=ckpt, resume=True)
+
+
+class ScoresNaNFromRoundFour(Scripted):
+    """A model whose scores turn NaN in round 4 while its loss stays finite (GPFedRec at a high
+    rate did so on Lastfm-2K), ranked by the real metrics."""
+
+    def evaluate(self, stage: str, split: Any, users: np.ndarray | None = None) -> dict[str, float]:
+        from fedrec.eval.metrics import ranking_metrics
+
+        scores = np.full((2, 5), np.nan if self.trained >= 4 else 0.5)
+        ranking_metrics(scores, np.eye(2, 5, dtype=bool), ks=(1,), metrics=("hr",))
+        return super().evaluate(stage, split, users)
+
+
+def test_nan_scores_under_a_finite_loss_are_a_divergence_not_a_crash():
+    """A run reports the divergence (a `FedrecError`, which `fedrec tune` scores as a diverged
+    trial) instead of the metrics' error escaping from deep in the evaluation."""
+    with pytest.raises(FedrecError, match=r"diverged in round 4 \(its scores are NaN"):
+        run_rounds(ScoresNaNFromRoundFour(), None, select="hr@10", rounds=6)

@@ -19,6 +19,7 @@ from typing import Any
 from fedrec.core import checkpoint as ckpt
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
+from fedrec.eval.metrics import NaNScores
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import Selection, TrainOutcome
@@ -77,14 +78,18 @@ def run_rounds(
                               f"{algorithm.divergence_hint}")
         if r % eval_every == 0 or r == rounds:
             evaluating = time.perf_counter()
-            record.valid = algorithm.evaluate("valid", split)
-            if record.valid and selection.observe(r, record.valid):
-                out.test = algorithm.evaluate("test", split)
-                if groups:
-                    out.extra["test_groups"] = {name: algorithm.evaluate("test", split, mask)
-                                                for name, mask in groups.items() if mask.any()}
-                if keep_best:
-                    best_state = copy.deepcopy(algorithm.state_dict())
+            try:
+                record.valid = algorithm.evaluate("valid", split)
+                if record.valid and selection.observe(r, record.valid):
+                    out.test = algorithm.evaluate("test", split)
+                    if groups:
+                        out.extra["test_groups"] = {name: algorithm.evaluate("test", split, mask)
+                                                    for name, mask in groups.items() if mask.any()}
+                    if keep_best:
+                        best_state = copy.deepcopy(algorithm.state_dict())
+            except NaNScores:
+                raise FedrecError(f"training diverged in round {r} (its scores are NaN, its loss finite); "
+                                  f"{algorithm.divergence_hint}") from None
             record.extra["eval_seconds"] = time.perf_counter() - evaluating
         record.seconds = time.perf_counter() - start
         out.history.append(record)

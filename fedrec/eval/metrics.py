@@ -144,6 +144,11 @@ def rmse(pred: np.ndarray, target: np.ndarray, mask: np.ndarray | None = None) -
     return float(np.sqrt(np.mean(np.square(err))))
 
 
+class NaNScores(ValueError):
+    """Scores with NaN among them, which rank nowhere: a diverged model's whose loss can still be
+    finite (GPFedRec's tables at a high rate); a run reports it as divergence (`run_rounds`)."""
+
+
 class _RowSource:
     """Dense boolean row blocks from a dense array or a CSR matrix, built one chunk at a time."""
 
@@ -197,7 +202,7 @@ def _group_stats(s: np.ndarray, rel: np.ndarray, excl: np.ndarray | None, kmax: 
     else:
         n_valid = np.full(b, n_cand)
     if np.isnan(s).any():
-        raise ValueError("scores contain NaN")
+        raise NaNScores("scores contain NaN")
     n_rel = rel.sum(axis=1)
     kc = min(kmax, n_cand)
     if kc < n_cand:
