@@ -18,6 +18,11 @@ search again goes on from them (`_resume`): a trial cut off by the kill is run a
 same settings, and the sampler is reseeded from the trials already done, so the new draws do not
 repeat the old ones. A longer ``trials`` extends a finished search.
 
+Trials can train side by side (``workers``, `_parallel`: a GPU's use, where one 100-round trial
+leaves the device mostly idle): this process draws each trial's settings in order (Optuna's
+ask-and-tell) and worker processes train them, reporting their rounds to the journal the pruner
+reads; ``device`` is where trials train, not part of the config written.
+
 The best options are written as a run config (`write_config`) that ``fedrec run --config``
 reads (`read_config`): the engine options and model options a run takes, and how they were
 found.
