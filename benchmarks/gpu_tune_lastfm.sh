@@ -13,8 +13,10 @@
 # them first (.library/device/README.md). Each search stops at TUNE_BUDGET seconds, keeping its
 # journal (a later call with the same journal goes on from it); everything stops at BUDGET.
 # What comes back: runs.tgz (the configs, any journal, the cells without checkpoints) and the
-# logs. A dry run on a CPU: DEVICE=cpu DATASET=synthetic:200x500 TRIALS=2 TUNE_ARGS="--rounds 1"
-# CONFIGS=/tmp/c BENCH_OUT=/tmp/b.
+# logs. Another data set: DATASET, DATA, GRID (its [grid] is taken, with the method, data set
+# and device set) and BENCH_OUT, and TUNE_ARGS for the protocol (e.g. DATASET=ciao
+# TUNE_ARGS="-p given-rating" GRID=benchmarks/leaderboard-ciao.toml). A dry run on a CPU:
+# DEVICE=cpu DATASET=synthetic:200x500 TRIALS=2 TUNE_ARGS="--rounds 1" CONFIGS=/tmp/c BENCH_OUT=/tmp/b.
 set -u
 OUT=${OUT:-/tmp/gpu-tune}
 mkdir -p "$OUT"
@@ -31,7 +33,7 @@ CONFIGS=${CONFIGS:-configs/tuned}
 BENCH_OUT=${BENCH_OUT:-results/bench/leaderboard-lastfm2k-tuned-gpu}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export FEDREC_DATA=${DATA:-.devdata/lastfm-2k-hetrec} FEDREC_CACHE=${FEDREC_CACHE:-/tmp/fedrec-cache}
-case $DATASET in synthetic*) ;; *) [ -e "$FEDREC_DATA/user_taggedartists.dat" ] || { echo "no $FEDREC_DATA/user_taggedartists.dat: carry it"; exit 2; } ;; esac
+case $DATASET in synthetic*) ;; *) [ -n "$(ls -A "$FEDREC_DATA" 2>/dev/null)" ] || { echo "no data in $FEDREC_DATA: carry it"; exit 2; } ;; esac
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 work=$(mktemp -d)
@@ -53,9 +55,10 @@ search() {  # METHOD WORKERS: the search, then its seeds' cells with what is lef
         $TUNE_ARGS > "$OUT/tune-$m.log" 2>&1
     echo "tune $m: exit $? after $(($(date +%s) - start)) s" | tee -a "$OUT/tune-$m.log"
     [ -e "$cfg" ] || return
-    { sed -n '/^\[grid\]/,/^\[tuned\]/p' "$GRID" | sed -e '/^\[tuned\]/d' \
-          -e "s|^algorithms = .*|algorithms = [\"$m\"]|" -e "s|^datasets = .*|datasets = [\"$DATASET\"]|" \
-          -e "s|^device = .*|device = \"$DEVICE\"|"
+    # GRID's [grid] with this method, data set and device, its data from FEDREC_DATA (the
+    # grid's data_dir names a folder of the machine it was written on)
+    { sed -n '/^\[grid\]/,/^\[tuned\]/p' "$GRID" | sed -E '/^\[tuned\]|^(algorithms|datasets|device|data_dir) =/d'
+      printf 'algorithms = ["%s"]\ndatasets = ["%s"]\ndevice = "%s"\n' "$m" "$DATASET" "$DEVICE"
       printf '[tuned]\n"%s@%s" = "%s"\n' "$m" "$DATASET" "$(realpath "$cfg")"; } > "$grid"
     timeout -k 20 -s INT "$(left)" $PY -m fedrec bench "$grid" -o "$BENCH_OUT" > "$OUT/bench-$m.log" 2>&1
     echo "bench $m: exit $? after $(($(date +%s) - start)) s" | tee -a "$OUT/bench-$m.log"
