@@ -126,10 +126,13 @@ def test_a_rating_search_centres_on_the_rating_settings_and_never_scores_test(mo
     assert result.config()["negatives"] == "leak-free" and result.config()["engine"]["rounds"] == 2
 
 
-def test_settings_refused_before_training_are_redrawn_not_counted() -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_settings_refused_before_training_are_redrawn_not_counted(workers: int, tmp_path: Path) -> None:
     """GPFedRec refuses an item rate whose pull overshoots before it trains a round: such a
-    setting is scored as the worst and redrawn, so the budget is trials that train."""
-    result = tune("gpfedrec", DATA, trials=3, rounds=1)
+    setting is scored as the worst and redrawn, so the budget is trials that train, one at a
+    time or side by side."""
+    result = tune("gpfedrec", DATA, trials=3, rounds=1, workers=workers,
+                  journal=tmp_path / "g.journal" if workers > 1 else None)
     refused = [h for h in result.history if h["state"] == "refused"]
     assert result.trials == 3 and result.refused == len(refused) > 0
     assert len(result.history) == 3 + len(refused)
