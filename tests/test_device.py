@@ -97,6 +97,44 @@ def test_cohort_sorts_give_numpys_stable_order_on_each_device(device: str, high:
     np.testing.assert_array_equal(got, np.argsort(keys, kind="stable"))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+@pytest.mark.parametrize(("clients", "rows"), [(7, 13), (1, 13), (7, 1)])
+def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, clients: int, rows: int) -> None:
+    """The MLP tower's first layer taken in two parts (u W_u + v W_v, session 39) gives the
+    tower over the concatenated [u, v] and the same gradients, on each device, with user vectors
+    as large as GFed-PP's user rate (79 times the items') makes them. On an H100,
+    ``test_cuda_ends_with_the_cpu_figures[gfedpp-no-ugc]`` fails since that change (one user's
+    scores 0.4% of their scale off after two rounds; results/gpu/h100-lastfm-2k-tuned): this
+    says whether the tower itself differs there."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from fedrec.federated.scores import get_score
+
+    tower, spec = get_score("mlp"), SimpleNamespace(dim=8, layers=(16, 8))
+    gen = torch.Generator().manual_seed(5)
+    leaves = {name: torch.randn((clients, *shape), generator=gen) for name, shape in tower.score_shapes(spec).items()}
+    leaves["u"] = 30 * torch.randn((clients, 8), generator=gen)
+    leaves["v"] = torch.randn((clients, rows, 8), generator=gen)
+    outputs = []
+    for two_parts in (True, False):
+        with on(device):
+            p = {k: here(x).requires_grad_() for k, x in leaves.items()}
+            if two_parts:
+                x = tower.tower(spec, p, p["u"], p["v"])
+            else:
+                x = torch.cat([p["u"][:, None, :].expand(-1, rows, -1), p["v"]], dim=-1)
+                for n in range(len(spec.layers)):
+                    x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
+            logits = torch.einsum("cd,cbd->cb", p["head_w"], x)
+            grads = torch.autograd.grad(logits.sum(), list(p.values()), allow_unused=True)
+        outputs.append([logits.detach().cpu()] + [g.cpu() for g in grads if g is not None])
+    for got, want in zip(*outputs, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
 #: Scores' tolerance (share of their scale) where training amplifies round-off: FedCIA's
 #: fine-tune towards the eigendecomposed mean similarity moves the final scores by 5% of their
 #: scale when the similarity sum changes by 1e-7 relative on the CPU (measured: this test's
