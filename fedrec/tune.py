@@ -258,10 +258,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         _parallel(study, draw, tell, history, trials, workers, maximise,
                   (split, str(journal), rounds, select), on_round)
     else:
-        refused = sum(h["state"] == "refused" for h in history)
-        while len(history) - refused < trials and refused < REFUSALS_PER_TRIAL * trials:
+        while _wants_more(history, trials):
             study.optimize(objective, n_trials=1)
-            refused += history[-1]["state"] == "refused"
     refused = sum(h["state"] == "refused" for h in history)
     # a diverged or refused trial is scored as the worst, "complete" to Optuna
     states = [h["state"] for h in history if h["state"] != "refused"]
@@ -278,6 +276,13 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
 
 #: the one study a journal holds
 STUDY = "fedrec-tune"
+
+
+def _wants_more(history: list[dict[str, Any]], trials: int, running: int = 0) -> bool:
+    """Whether the search draws another trial: fewer than ``trials`` have trained or are
+    training (a refused setting does not count), and the refusals are within their cap."""
+    refused = sum(h["state"] == "refused" for h in history)
+    return len(history) - refused + running < trials and refused < REFUSALS_PER_TRIAL * trials
 
 
 def _pruner(rounds: int) -> Any:
@@ -341,9 +346,7 @@ def _parallel(study: Any, draw: Callable[[Any], tuple[RunConfig, dict[str, Any]]
     running: dict[Any, tuple[Any, dict[str, Any]]] = {}
     with WorkerPool(workers, on_round, setup=_trial_worker, setup_args=shared) as pool:
         while True:
-            refused = sum(h["state"] == "refused" for h in history)
-            while (len(running) < workers and len(history) - refused + len(running) < trials
-                   and refused < REFUSALS_PER_TRIAL * trials):
+            while len(running) < workers and _wants_more(history, trials, running=len(running)):
                 trial = study.ask()
                 cfg, entry = draw(trial)
                 running[pool.executor.submit(_trial_job, trial._trial_id, trial.number, cfg)] = (trial, entry)
