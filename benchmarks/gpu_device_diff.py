@@ -7,8 +7,13 @@ Trains the small run of `tests/test_device.py::test_cuda_ends_with_the_cpu_figur
 contract tests' config) on the CPU and on CUDA and prints, per round count, the largest score
 difference, the users over ``--tol`` of the scores' scale, and for each such user the largest
 difference of each thing the engine keeps for it (what exists for the algorithm's state).
-Session 47 found gfedpp-no-ugc's user 20 off by 0.4% after two rounds on an H100
-(results/gpu/h100-lastfm-2k-tuned/README.md); this is the next step of that search.
+For an MLP tower (FedNCF, GPFedRec, GFed-PP) it also prints, from a third, instrumented CPU
+run, how close each of those users' first-layer pre-activations came to ReLU's kink in each
+round (the smallest |pre-activation| over the largest, per client): a margin near float32's
+rounding (about 1e-7) means the devices' different sums can fall on either side of zero and
+the gradient step jumps. Session 47 found gfedpp-no-ugc's user 20 off by 0.4% after two rounds
+on an H100 (results/gpu/h100-lastfm-2k-tuned/README.md); session 48 measured its margin in
+round 2 at 1.1e-8 (the median client's: 1.5e-4).
 """
 
 from __future__ import annotations
@@ -42,11 +47,52 @@ def _per_user(state: Any, user: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def _kink_margins(cfg: Any) -> dict[tuple[int, int], float]:
+    """(round, client) -> the smallest |first-layer pre-activation| of the client's training
+    over its largest, from a CPU run of ``cfg`` with `Tower.tower` and the engine's per-chunk
+    draws wrapped (the tower does not know its clients; the draws do)."""
+    import torch.nn.functional as F
+
+    import fedrec.federated.engine as engine
+    import fedrec.federated.scores as scores
+    from fedrec.experiment import train
+
+    now: dict[str, Any] = {}
+    closest: dict[tuple[int, int], float] = {}
+    draws, tower = engine.client_draws, scores.Tower.tower
+
+    def recording_draws(*args: Any) -> Any:
+        now["clients"], now["round"] = np.asarray(args[5]), args[7]
+        return draws(*args)
+
+    def recording_tower(self: Any, spec: Any, p: dict[str, torch.Tensor], u: torch.Tensor,
+                        v: torch.Tensor) -> torch.Tensor:
+        w0, width = p["W0"], u.shape[-1]
+        pre = torch.baddbmm(torch.baddbmm(p["b0"][:, None, :], u[:, None, :], w0[:, :width]), v, w0[:, width:])
+        if pre.requires_grad and len(now.get("clients", ())) == pre.shape[0]:
+            size = pre.detach().abs().flatten(1)
+            for c, m in zip(now["clients"], (size.min(1).values / size.max(1).values).tolist(), strict=True):
+                key = (int(now["round"]), int(c))
+                closest[key] = min(closest.get(key, 1.0), m)
+        x = F.relu(pre)
+        for n in range(1, len(spec.layers)):
+            x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
+        return x
+
+    engine.client_draws, scores.Tower.tower = recording_draws, recording_tower
+    try:
+        train(cfg)
+    finally:
+        engine.client_draws, scores.Tower.tower = draws, tower
+    return closest
+
+
 def main() -> None:
     from test_contract import config
 
     from fedrec.core.device import on
     from fedrec.experiment import train
+    from fedrec.federated.scores import Tower
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("algorithm")
@@ -79,6 +125,14 @@ def main() -> None:
                 d = (kept_b[name] - x).abs()
                 rows = "" if d.dim() < 2 else f", rows off {int((d.amax(-1) > 1e-6).sum())} of {d.shape[0]}"
                 print(f"     {name}: largest {float(d.max()):.3g} of {float(x.abs().max()):.3g}{rows}")
+        if len(off) and isinstance(getattr(getattr(state_a, "spec", None), "scorer", None), Tower):
+            margins = _kink_margins(cpu)
+            every = sorted(margins.values())
+            print(f"   closest to ReLU's kink (CPU; median client {np.median(every):.2g}, "
+                  f"smallest {every[0]:.2g}):")
+            for user in off[:5]:
+                per_round = {r: f"{m:.2g}" for (r, c), m in sorted(margins.items()) if c == user}
+                print(f"     user {user}: {per_round}")
 
 
 if __name__ == "__main__":

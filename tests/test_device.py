@@ -103,10 +103,9 @@ def test_cohort_sorts_give_numpys_stable_order_on_each_device(device: str, high:
 def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, clients: int, rows: int) -> None:
     """The MLP tower's first layer taken in two parts (u W_u + v W_v, session 39) gives the
     tower over the concatenated [u, v] and the same gradients, on each device, with user vectors
-    as large as GFed-PP's user rate (79 times the items') makes them. On an H100,
-    ``test_cuda_ends_with_the_cpu_figures[gfedpp-no-ugc]`` fails since that change (one user's
-    scores 0.4% of their scale off after two rounds; results/gpu/h100-lastfm-2k-tuned): this
-    says whether the tower itself differs there."""
+    as large as GFed-PP's user rate (79 times the items') makes them. It passes on an H100
+    (session 48), where one user of gfedpp-no-ugc ends 0.4% off after two rounds since that
+    change: not the tower but a ReLU kink (`ROUND_OFF_GAIN`)."""
     from types import SimpleNamespace
 
     import torch.nn.functional as F
@@ -139,7 +138,14 @@ def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, 
 #: fine-tune towards the eigendecomposed mean similarity moves the final scores by 5% of their
 #: scale when the similarity sum changes by 1e-7 relative on the CPU (measured: this test's
 #: setting, two rounds); CUDA's eigh and products round differently (seen: 3.3% on an H200).
-ROUND_OFF_GAIN = {"fedcia": 0.1, "fedcia-mf": 0.1}
+#: GFed-PP without its user graph: in round 2 one client (user 20) trains a row whose
+#: first-layer pre-activation is 1.1e-8 of its largest from ReLU's kink on the CPU (the median
+#: client's closest: 1.5e-4; `benchmarks/gpu_device_diff.py` measures it), under float32's
+#: rounding, so CUDA's differently ordered sums can put it on the other side and that client's
+#: step jumps: its scores end 0.4% of their scale off on an H100, every other user's to 1.2e-7.
+#: Which commit shows it is chance (it appeared with session 39's two-part tower, whose sums
+#: are ordered differently, and not before).
+ROUND_OFF_GAIN = {"fedcia": 0.1, "fedcia-mf": 0.1, "gfedpp-no-ugc": 0.01}
 
 
 @pytest.mark.gpu
