@@ -212,10 +212,11 @@ def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
     """Sum over the step's clients of each client's mean loss (``spec.loss``) over its own batch.
 
     ``v`` holds the batch's item vectors ``(n_active, B, width)``; parameters are sliced to the
-    ``n_active`` clients still training (clients are ordered by batch count).
+    ``n_active`` clients still training (clients are ordered by batch count) unless they hold
+    just those (autograd's leaves: no slice to differentiate through).
     """
     n = v.shape[0]
-    logits = score(spec, {k: t[:n] for k, t in p.items()}, v)
+    logits = score(spec, {k: t if t.shape[0] == n else t[:n] for k, t in p.items()}, v)
     if spec.loss == "mse":
         per_slot = (logits - labels) ** 2 * mask
     else:
@@ -230,7 +231,8 @@ def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
 
     With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots (d(mean squared
     error)/dx = 2 (x - y) / n_c), so each gradient is one contraction (`ScoreFunction.grad`): no
-    autograd graph, about half the memory traffic.
+    autograd graph, about half the memory traffic. The gradients are the ``n_active`` clients'
+    (``(n_active, ...)``), as `FamilyState._autograd`'s.
     """
     n = v.shape[0]
     scorer = spec.scorer
@@ -244,11 +246,7 @@ def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
     else:
         g = (torch.sigmoid(logits) - labels) * mask / count
         loss = ((F.softplus(logits) - labels * logits) * mask / count).sum()
-    grads: dict[str, torch.Tensor] = {}
-    for name in names:
-        full = torch.zeros_like(p[name])
-        full[:n] = scorer.grad(spec, name, pn, v, g)
-        grads[name] = full
+    grads = {name: scorer.grad(spec, name, pn, v, g) for name in names}  # (n_active, ...)
     if items:
         grads["items"] = scorer.item_grad(spec, pn, g)
     return float(loss), grads

@@ -240,8 +240,9 @@ class FamilyState:
                 loss, grads = linear_grads(self.spec, params, v, y, m, others, train_items)
             if self.spec.clip > 0:
                 self._clip(grads, idx)
+            n = idx.shape[0]  # the clients still training this step (a prefix, by batch count)
             for k in others:
-                params[k].sub_(grads[k], alpha=self.lr_of(k))
+                params[k][:n].sub_(grads[k], alpha=self.lr_of(k))
             if train_items:
                 # scaling first: index_add_ with alpha takes a slow path (4x, torch 2.13 CPU)
                 step_rows = grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item)
@@ -278,8 +279,13 @@ class FamilyState:
     def _autograd(self, params: dict[str, torch.Tensor], v: torch.Tensor, y: torch.Tensor,
                   m: torch.Tensor, names: list[str], train_items: bool
                   ) -> tuple[float, dict[str, torch.Tensor]]:
-        """Gradients of the batch loss by autograd (any score function)."""
-        leaves = {k: params[k].detach().requires_grad_(True) for k in names}
+        """Gradients of the batch loss by autograd (any score function), for the step's
+        ``n_active`` clients only (``(n_active, ...)``): a leaf over every client, sliced in the
+        loss, would have autograd fill and copy a gradient of every client's copy each step
+        (MetaMF on ML-100K: a quarter of its CPU profile; a round 5.9-6.0 s before, 4.5-4.7 s
+        after on one thread, the same figures; session 48)."""
+        n = v.shape[0]
+        leaves = {k: params[k][:n].detach().requires_grad_(True) for k in names}
         p = {**params, **leaves}
         vv = v.detach().requires_grad_(True) if train_items else v
         with torch.enable_grad():
