@@ -70,7 +70,7 @@ class FedAdamOptions(FamilyOptions):
 
 
 def build(split: Split, o: FedAdamOptions) -> FedAdamSpec:
-    return FedAdamSpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim,
+    return FedAdamSpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
                        server_lr=o.server_lr, beta1=o.beta1, beta2=o.beta2, tau=o.tau)
 
 

@@ -64,7 +64,7 @@ class FedAvgMOptions(FamilyOptions):
 
 
 def build(split: Split, o: FedAvgMOptions) -> FedAvgMSpec:
-    return FedAvgMSpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim,
+    return FedAvgMSpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
                        server_lr=o.server_lr, momentum=o.momentum)
 
 

@@ -21,13 +21,18 @@ from fedrec.protocols.protocol import Split
 
 @dataclass(frozen=True)
 class FamilyOptions(Options):
-    """``dim``: embedding size; ``dual``: PFedRec's dual personalisation."""
+    """``dim``: embedding size; ``dual``: PFedRec's dual personalisation; ``clip``: each
+    client's gradient norm per local step, its whole model's as ``clip_grad_norm_`` takes it
+    (0: off, the papers' setting), which bounds the step a client with few samples takes at a
+    large item rate."""
 
     dim: int = 32
     dual: bool = False
+    clip: float = 0.0
 
     def validate(self) -> None:
-        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
+              (self.clip < 0, f"clip must be >= 0 (0: off; got {self.clip})"))
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ def _family(score: str, *, private_score: bool = False, reconstruct: bool = Fals
             reconstruct=o.reconstruct_epochs if isinstance(o, ReconOptions) else 0,
             dim=o.dim,
             loss=loss_for(split),
+            clip=o.clip,
         )
 
     return build

@@ -39,7 +39,8 @@ register_score(DotBias())
 
 
 def build(split: Split, o: FamilyOptions) -> FamilySpec:
-    return FamilySpec(score="dot-bias", private_score=o.dual, dual=o.dual, dim=o.dim, loss=loss_for(split))
+    return FamilySpec(score="dot-bias", private_score=o.dual, dual=o.dual, dim=o.dim, loss=loss_for(split),
+                      clip=o.clip)
 
 
 register(AlgorithmSpec(

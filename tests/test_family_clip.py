@@ -1,0 +1,99 @@
+"""``--set clip`` on the item family's closed-form members (FedMF, FedMF-bias, PFedRec, ...):
+each client's gradient of a step, over its whole model, is clipped as ``clip_grad_norm_`` clips
+one client's model trained alone. MetaMF's autograd path has its own test (tests/test_metamf.py);
+this one covers the closed-form gradients (`fedrec.federated.family.linear_grads`) the option
+reaches since session 48."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrec.algorithms import get_algorithm
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.federated.family import FamilySpec
+from fedrec.federated.state import FamilyState
+from fedrec.federated.upload import UploadPath
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+LR, LR_ITEM, BATCH, EPOCHS = 0.3, 40.0, 8, 2
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    x = to_implicit(synthetic(40, 200, mean_interactions=8, min_interactions=3, seed=4))
+    return make_split(x, "loo-sampled", seed=0)
+
+
+def _cohort(split: Split) -> CohortBatches:
+    rng = np.random.default_rng(6)
+    clients = order_by_activity(split.train, np.arange(split.n_users))
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
+    return build_cohort(split.train, clients, negs, BATCH, rng.random((EPOCHS, int(counts.sum()) * 5)))
+
+
+def _reference_client(spec: FamilySpec, state: FamilyState, cohort: CohortBatches, k: int,
+                      clipped: list[bool]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Client ``k`` alone: <u, q_j> + b_u, mean BCE a batch, the step's gradient over (u, b_u,
+    its item rows) clipped to ``spec.clip`` as ``clip_grad_norm_`` does, plain SGD."""
+    client = int(cohort.clients[k])
+    params = {n: state.private[n][client].clone() for n in spec.private_names()}
+    table = state.items[torch.as_tensor(cohort.row_items[cohort.rows_of(k)])].clone()
+    mine = cohort.sample_client == k
+    rows, labels = cohort.sample_row[mine] - cohort.row_ptr[k], cohort.sample_label[mine]
+    per_epoch = len(rows) // EPOCHS
+    for e in range(EPOCHS):
+        for s in range(0, per_epoch, BATCH):
+            sl = slice(e * per_epoch + s, e * per_epoch + min(s + BATCH, per_epoch))
+            leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+            v = table.detach().requires_grad_(True)
+            logits = v[torch.as_tensor(rows[sl])] @ leaves["user"] + leaves["user_bias"]
+            loss = F.binary_cross_entropy_with_logits(logits, torch.as_tensor(labels[sl]))
+            grads = torch.autograd.grad(loss, [*leaves.values(), v])
+            norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
+            coef = float(spec.clip / (norm + 1e-6))
+            clipped.append(coef < 1.0)
+            grads = tuple(g * min(coef, 1.0) for g in grads)
+            params = {n: t - LR * g for (n, t), g in zip(leaves.items(), grads[:-1], strict=True)}
+            table = table - LR_ITEM * grads[-1]
+    return {n: t.detach() for n, t in params.items()}, table.detach()
+
+
+def test_a_clipped_round_is_each_client_clipped_alone(split: Split) -> None:
+    alg = get_algorithm("fedmf-bias")
+    spec = alg.build(split, {**alg.defaults, "dim": 6, "clip": 0.5})
+    assert spec.clip == 0.5 and spec.scorer.closed_form
+    state, before = (FamilyState.create(spec, split.n_users, split.n_items, lr=LR, lr_item=LR_ITEM,
+                                        item_std=0.5, seed=2) for _ in range(2))
+    cohort = _cohort(split)
+    assert len({s.n_active for s in cohort.steps}) > 2, "batch counts must differ across clients"
+    acc = state.begin_round(1)
+    state.accumulate(acc, state.local_update(cohort, UploadPath()))
+    state.aggregate(acc, UploadPath(), torch.Generator())
+
+    items, clipped = before.items.clone(), []
+    for k, client in enumerate(cohort.clients):
+        params, table = _reference_client(spec, before, cohort, k, clipped)
+        for name, value in params.items():
+            torch.testing.assert_close(state.private[name][int(client)], value, **TOL)
+        rows = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
+        items[rows] += (table - before.items[rows]) / len(cohort.clients)
+    torch.testing.assert_close(state.items, items, **TOL)
+    assert 0.1 < np.mean(clipped) < 0.9, f"the clip must bind in some steps only: {np.mean(clipped):.2f}"
+
+
+@pytest.mark.parametrize("name", ["fedmf", "fedncf", "fedrecon", "pfedrec", "fedmf-bias", "fedavgm", "fedadam"])
+def test_every_family_member_takes_the_clip(name: str) -> None:
+    alg = get_algorithm(name)
+    assert alg.build(None, {**alg.defaults, "clip": 2.0}).clip == 2.0
+    assert alg.build(None, dict(alg.defaults)).clip == 0.0  # off unless asked: the papers' setting
+    with pytest.raises(FedrecError, match="clip must be >= 0"):
+        alg.build(None, {**alg.defaults, "clip": -1.0})
