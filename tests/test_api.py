@@ -105,7 +105,7 @@ def test_bad_arguments_are_one_clear_error(kwargs, says):
 
 def test_config_holds_the_parsed_options():
     run = fedrec.run("fedmf", dataset="synthetic:150x300", rounds=1, options={"dim": "8"})
-    assert run.config.model == {"dim": 8, "dual": False} == run.result.config["model"]
+    assert run.config.model == {"dim": 8, "dual": False, "clip": 0.0} == run.result.config["model"]
 
 
 def test_load_refuses_other_data_and_broken_files(tmp_path):
