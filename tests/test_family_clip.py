@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from client_alone import train_alone
 
 from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
@@ -42,29 +42,13 @@ def _cohort(split: Split) -> CohortBatches:
 
 def _reference_client(spec: FamilySpec, state: FamilyState, cohort: CohortBatches, k: int,
                       clipped: list[bool]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Client ``k`` alone: <u, q_j> + b_u, mean BCE a batch, the step's gradient over (u, b_u,
-    its item rows) clipped to ``spec.clip`` as ``clip_grad_norm_`` does, plain SGD."""
+    """Client ``k`` alone (`client_alone.train_alone`): <u, q_j> + b_u, its step's gradient
+    over (u, b_u, its item rows) clipped to ``spec.clip``."""
     client = int(cohort.clients[k])
     params = {n: state.private[n][client].clone() for n in spec.private_names()}
     table = state.items[torch.as_tensor(cohort.row_items[cohort.rows_of(k)])].clone()
-    mine = cohort.sample_client == k
-    rows, labels = cohort.sample_row[mine] - cohort.row_ptr[k], cohort.sample_label[mine]
-    per_epoch = len(rows) // EPOCHS
-    for e in range(EPOCHS):
-        for s in range(0, per_epoch, BATCH):
-            sl = slice(e * per_epoch + s, e * per_epoch + min(s + BATCH, per_epoch))
-            leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
-            v = table.detach().requires_grad_(True)
-            logits = v[torch.as_tensor(rows[sl])] @ leaves["user"] + leaves["user_bias"]
-            loss = F.binary_cross_entropy_with_logits(logits, torch.as_tensor(labels[sl]))
-            grads = torch.autograd.grad(loss, [*leaves.values(), v])
-            norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
-            coef = float(spec.clip / (norm + 1e-6))
-            clipped.append(coef < 1.0)
-            grads = tuple(g * min(coef, 1.0) for g in grads)
-            params = {n: t - LR * g for (n, t), g in zip(leaves.items(), grads[:-1], strict=True)}
-            table = table - LR_ITEM * grads[-1]
-    return {n: t.detach() for n, t in params.items()}, table.detach()
+    return train_alone(params, table, cohort, k, lambda p, rows: rows @ p["user"] + p["user_bias"], lr=LR,
+                       lr_item=LR_ITEM, batch=BATCH, epochs=EPOCHS, clip=spec.clip, clipped=clipped)
 
 
 def test_a_clipped_round_is_each_client_clipped_alone(split: Split) -> None:

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from client_alone import train_alone
 
 from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
@@ -78,35 +78,14 @@ def _forward(p: dict[str, torch.Tensor], rows: torch.Tensor, spec: MetaMFSpec) -
 
 def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatches, k: int,
                       clipped: list[bool] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Client ``k`` trained alone, each step's gradient clipped to ``spec.clip`` as
-    ``clip_grad_norm_`` does (appending to ``clipped`` whether it bound); returns its
-    parameters and its item rows."""
+    """Client ``k`` trained alone (`client_alone.train_alone`), each step's gradient clipped to
+    ``spec.clip``; returns its parameters and its item rows."""
     client = int(cohort.clients[k])
     params = {"user": state.private["user"][client].clone(),
               **{n: t.clone() for n, t in state.shared.items()}}
-    items = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
-    table = state.items[items].clone()
-    mine = cohort.sample_client == k
-    rows = cohort.sample_row[mine] - cohort.row_ptr[k]
-    labels = cohort.sample_label[mine]
-    per_epoch = len(rows) // EPOCHS
-    for e in range(EPOCHS):
-        for s in range(0, per_epoch, BATCH):
-            sl = slice(e * per_epoch + s, e * per_epoch + min(s + BATCH, per_epoch))
-            leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
-            v = table.detach().requires_grad_(True)
-            logits = _forward(leaves, v[torch.as_tensor(rows[sl])], spec)
-            loss = F.binary_cross_entropy_with_logits(logits, torch.as_tensor(labels[sl]))
-            grads = torch.autograd.grad(loss, [*leaves.values(), v])
-            if spec.clip:
-                norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
-                coef = float(spec.clip / (norm + 1e-6))
-                grads = tuple(g * min(coef, 1.0) for g in grads)
-                if clipped is not None:
-                    clipped.append(coef < 1.0)
-            params = {n: t - LR * g for (n, t), g in zip(leaves.items(), grads[:-1], strict=True)}
-            table = table - LR_ITEM * grads[-1]
-    return {n: t.detach() for n, t in params.items()}, table.detach()
+    table = state.items[torch.as_tensor(cohort.row_items[cohort.rows_of(k)])].clone()
+    return train_alone(params, table, cohort, k, lambda p, rows: _forward(p, rows, spec), lr=LR,
+                       lr_item=LR_ITEM, batch=BATCH, epochs=EPOCHS, clip=spec.clip, clipped=clipped)
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0])
