@@ -49,41 +49,34 @@ def _per_user(state: Any, user: int) -> dict[str, torch.Tensor]:
 
 def _kink_margins(cfg: Any) -> dict[tuple[int, int], float]:
     """(round, client) -> the smallest |first-layer pre-activation| of the client's training
-    over its largest, from a CPU run of ``cfg`` with `Tower.tower` and the engine's per-chunk
-    draws wrapped (the tower does not know its clients; the draws do)."""
-    import torch.nn.functional as F
-
+    over its largest, from a CPU run of ``cfg`` with `Tower.first_layer` and the engine's
+    per-chunk draws wrapped (the tower does not know its clients; the draws do)."""
     import fedrec.federated.engine as engine
-    import fedrec.federated.scores as scores
     from fedrec.experiment import train
+    from fedrec.federated.scores import Tower
 
     now: dict[str, Any] = {}
     closest: dict[tuple[int, int], float] = {}
-    draws, tower = engine.client_draws, scores.Tower.tower
+    draws, first_layer = engine.client_draws, Tower.first_layer
 
     def recording_draws(*args: Any) -> Any:
         now["clients"], now["round"] = np.asarray(args[5]), args[7]
         return draws(*args)
 
-    def recording_tower(self: Any, spec: Any, p: dict[str, torch.Tensor], u: torch.Tensor,
-                        v: torch.Tensor) -> torch.Tensor:
-        w0, width = p["W0"], u.shape[-1]
-        pre = torch.baddbmm(torch.baddbmm(p["b0"][:, None, :], u[:, None, :], w0[:, :width]), v, w0[:, width:])
-        if pre.requires_grad and len(now.get("clients", ())) == pre.shape[0]:
+    def recording_first_layer(p: dict[str, torch.Tensor], u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pre = first_layer(p, u, v)
+        if pre.requires_grad and len(now.get("clients", ())) == pre.shape[0]:  # training, not scoring
             size = pre.detach().abs().flatten(1)
             for c, m in zip(now["clients"], (size.min(1).values / size.max(1).values).tolist(), strict=True):
                 key = (int(now["round"]), int(c))
                 closest[key] = min(closest.get(key, 1.0), m)
-        x = F.relu(pre)
-        for n in range(1, len(spec.layers)):
-            x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
-        return x
+        return pre
 
-    engine.client_draws, scores.Tower.tower = recording_draws, recording_tower
+    engine.client_draws, Tower.first_layer = recording_draws, staticmethod(recording_first_layer)
     try:
         train(cfg)
     finally:
-        engine.client_draws, scores.Tower.tower = draws, tower
+        engine.client_draws, Tower.first_layer = draws, staticmethod(first_layer)
     return closest
 
 

@@ -153,12 +153,19 @@ class Tower(ScoreFunction):
         user's half once per client rather than per row (`benchmarks/tower_speed.py`: the
         same output to 3.5e-7 relative, and faster; figures in docs/scale.md).
         """
-        w0, width = p["W0"], u.shape[-1]
-        user_part = torch.baddbmm(p["b0"][:, None, :], u[:, None, :], w0[:, :width])  # (C, 1, out)
-        x = F.relu(torch.baddbmm(user_part, v, w0[:, width:]))
+        x = F.relu(self.first_layer(p, u, v))
         for n in range(1, len(spec.layers)):
             x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
         return x
+
+
+    @staticmethod
+    def first_layer(p: dict[str, torch.Tensor], u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The first layer's pre-activations ``(C, B, out)``, u W_u + v W_v + b (`tower`; its own
+        method so that a diagnosis can read them: `benchmarks/gpu_device_diff.py`)."""
+        w0, width = p["W0"], u.shape[-1]
+        user_part = torch.baddbmm(p["b0"][:, None, :], u[:, None, :], w0[:, :width])  # (C, 1, out)
+        return torch.baddbmm(user_part, v, w0[:, width:])
 
 
 class NCF(Tower):
