@@ -261,6 +261,14 @@ def run(
     return train(cfg, out, on_round, checkpoint, resume).result
 
 
+def saving_every(cfg: RunConfig, every: int) -> RunConfig:
+    """``cfg`` with its run saving itself every ``every`` rounds (centralised: epochs); how
+    often is not part of a run's identity (`fedrec.core.checkpoint.FREE`)."""
+    if get_algorithm(cfg.algorithm).kind == "federated":
+        return replace(cfg, federated=replace(cfg.federated, checkpoint_every=every))
+    return replace(cfg, train=replace(cfg.train, checkpoint_every=every))
+
+
 def run_resumable(cfg: RunConfig, out: str | Path, every: int,
                   on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None) -> RunResult:
     """`run` for a runner that keeps results by file (`fedrec bench`, `fedrec reproduce`): with
@@ -270,10 +278,7 @@ def run_resumable(cfg: RunConfig, out: str | Path, every: int,
     ``on_round`` as `run`'s (a resumed run reports the rounds after its checkpoint)."""
     if not every:
         return run(cfg, out=out, on_round=on_round)
-    if get_algorithm(cfg.algorithm).kind == "federated":
-        cfg = replace(cfg, federated=replace(cfg.federated, checkpoint_every=every))
-    else:
-        cfg = replace(cfg, train=replace(cfg.train, checkpoint_every=every))
+    cfg = saving_every(cfg, every)
     saved = Path(out).with_suffix(".ckpt")
     result = run(cfg, out=out, on_round=on_round, checkpoint=saved, resume=saved.exists())
     saved.unlink(missing_ok=True)

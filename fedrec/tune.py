@@ -16,7 +16,12 @@ A search can outlive its process: with a ``journal`` (Optuna's journal file stor
 keeps one beside the config it will write) every finished trial is stored, and running the same
 search again goes on from them (`_resume`): a trial cut off by the kill is run again with the
 same settings, and the sampler is reseeded from the trials already done, so the new draws do not
-repeat the old ones. A longer ``trials`` extends a finished search.
+repeat the old ones. A longer ``trials`` extends a finished search. With ``checkpoint_every``
+each trial also saves itself every that many rounds beside the journal (`trial_checkpoints`), and
+the cut-off trial goes on from its last save instead of its first round: it re-reports the saved
+rounds to the pruner, whose decision reads the trial's best figure so far, so it ends as the same
+trial left uncut would (a search whose trials outlast the process that runs them: an hour-long
+search over 15-minute GPU leases, or two-hour trials over a CPU's sessions).
 
 Trials can train side by side (``workers``, `_parallel`: a GPU's use, where one 100-round trial
 leaves the device mostly idle): this process draws each trial's settings in order (Optuna's
@@ -42,8 +47,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
+from fedrec.core.checkpoint import peek
 from fedrec.errors import FedrecError, UnstableSetting
-from fedrec.experiment import RunConfig, federated_config, prepare_split, train
+from fedrec.experiment import RunConfig, federated_config, prepare_split, saving_every, train
 from fedrec.files import atomic_write
 from fedrec.progress import RoundNote, noting
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol
@@ -163,7 +169,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
          data_dir: str | None = None, on_trial: Callable[[dict[str, Any]], None] | None = None,
          from_defaults: bool = False, journal: str | Path | None = None,
          on_round: Callable[[RoundNote], None] | None = None,
-         fixed: dict[str, Any] | None = None, device: str = "cpu", workers: int = 1) -> TuneResult:
+         fixed: dict[str, Any] | None = None, device: str = "cpu", workers: int = 1,
+         checkpoint_every: int = 0) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
     round a trial ends (a `fedrec.progress.RoundNote` whose ``job`` is the trial's number).
@@ -174,7 +181,9 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     into the config's model options; an option the search draws cannot also be fixed.
     ``device``: where the trials train (not part of the config written: a setting found on a
     GPU runs anywhere). ``workers``: trials trained at once, each in its own process
-    (`_parallel`); they need a ``journal``, through which their pruner sees the others."""
+    (`_parallel`); they need a ``journal``, through which their pruner sees the others.
+    ``checkpoint_every``: each trial saves itself every that many rounds (`trial_checkpoints`),
+    so a cut-off trial goes on from its last save; it needs a ``journal``."""
     import optuna
 
     revision, started_in = git_revision(), environment()
@@ -185,6 +194,11 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         raise FedrecError("--workers must be >= 1")
     if workers > 1 and journal is None:
         raise FedrecError("trials in parallel (--workers > 1) share their progress through a journal; pass one")
+    if checkpoint_every < 0:
+        raise FedrecError("--checkpoint-every must be >= 0")
+    if checkpoint_every and journal is None:
+        raise FedrecError("trial checkpoints (--checkpoint-every) are kept beside the search's journal; pass one")
+    saves = None if not checkpoint_every else trial_checkpoints(journal)
     protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
                             else "loo-sampled")
     base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
@@ -223,7 +237,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
             cfg.federated = dataclasses.replace(base.federated, **engine)
         else:
             cfg.train = dataclasses.replace(base.train, **engine)
-        return cfg, {"trial": trial.number, "engine": engine, "model": model}
+        entry: dict[str, Any] = {"trial": trial.number, "engine": engine, "model": model}
+        if "resumes" in trial.user_attrs:  # trains a trial that a kill cut off again
+            entry["resumes"] = trial.user_attrs["resumes"]
+        if saves is not None:
+            cfg = saving_every(cfg, checkpoint_every)
+        return cfg, entry
+
+    def saved(entry: dict[str, Any]) -> Path | None:
+        """Where the trial saves itself: named by the trial it continues, if any."""
+        return None if saves is None else saves / f"trial-{entry.get('resumes', entry['trial'])}.ckpt"
 
     def tell(trial: optuna.Trial, entry: dict[str, Any]) -> None:
         trial.set_user_attr("entry", entry)  # what a resumed search rebuilds its history from
@@ -234,7 +257,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         cfg, entry = draw(trial)
         history.append(entry)
         noted = None if on_round is None else noting(trial.number, cfg, on_round)
-        entry.update(train_trial(trial, cfg, split, select, noted))
+        entry.update(train_trial(trial, cfg, split, select, noted, saved(entry)))
         tell(trial, entry)
         if entry["state"] == "pruned":
             raise optuna.TrialPruned()
@@ -251,11 +274,14 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         history.extend(_resume(study, search, journal, seed))
     else:
         study.set_user_attr("search", search)
+        if saves is not None:  # a new journal: saves left in its folder belong to a removed one
+            for stale in saves.glob("trial-*.ckpt"):
+                stale.unlink()
         if from_defaults:
             study.enqueue_trial(defaults_trial(space))
     if workers > 1:
         assert journal is not None
-        _parallel(study, draw, tell, history, trials, workers, maximise,
+        _parallel(study, draw, saved, tell, history, trials, workers, maximise,
                   (split, str(journal), rounds, select), on_round)
     else:
         while _wants_more(history, trials):
@@ -291,12 +317,30 @@ def _pruner(rounds: int) -> Any:
     return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=max(1, rounds // 4))
 
 
+def trial_checkpoints(journal: str | Path) -> Path:
+    """The folder beside a search's journal where its trials save themselves."""
+    return Path(journal).with_suffix(".trials")
+
+
 def train_trial(trial: Any, cfg: RunConfig, split: Split, select: str,
-                noted: Callable[..., None] | None) -> dict[str, Any]:
+                noted: Callable[..., None] | None, checkpoint: Path | None = None) -> dict[str, Any]:
     """Train one trial, reporting its validation figure each round to the pruner; its outcome
     as history fields: ``state`` (complete, pruned, failed or refused) and the best validation
-    figure and round, or the reason it did not train."""
+    figure and round, or the reason it did not train. ``checkpoint``: where the trial saves
+    itself (``cfg`` says how often); if a cut-off run of it saved there, it goes on from that
+    round (``resumed_at``), first reporting the saved rounds, and the save is removed once the
+    trial ends (a kill leaves it)."""
     import optuna
+
+    resumed = checkpoint is not None and checkpoint.exists()
+    outcome: dict[str, Any] = {}
+    if resumed:
+        assert checkpoint is not None
+        kept = peek(checkpoint)
+        for h in kept["history"]:
+            if h["valid"]:
+                trial.report(h["valid"][select], h["round"])
+        outcome["resumed_at"] = kept["round"]
 
     def report(record: Any, best_round: int, valid_at_best: dict[str, float]) -> None:
         if noted is not None:
@@ -307,14 +351,17 @@ def train_trial(trial: Any, cfg: RunConfig, split: Split, select: str,
                 raise optuna.TrialPruned()
 
     try:
-        done = train(cfg, on_round=report, split=split).result
+        done = train(cfg, on_round=report, split=split, checkpoint=checkpoint, resume=resumed).result
+        outcome.update(state="complete", best_valid=done.valid_at_best.get(select), best_round=done.best_round)
     except optuna.TrialPruned:
-        return {"state": "pruned"}
+        outcome["state"] = "pruned"
     except UnstableSetting as e:  # refused before training: redrawn, not counted
-        return {"state": "refused", "reason": str(e)}
+        outcome.update(state="refused", reason=str(e))
     except FedrecError as e:  # diverged: a bad region of the space, not a failed search
-        return {"state": "failed", "reason": str(e)}
-    return {"state": "complete", "best_valid": done.valid_at_best.get(select), "best_round": done.best_round}
+        outcome.update(state="failed", reason=str(e))
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
+    return outcome
 
 
 def trial_value(entry: dict[str, Any], maximise: bool) -> float:
@@ -326,7 +373,7 @@ def trial_value(entry: dict[str, Any], maximise: bool) -> float:
 
 
 def _parallel(study: Any, draw: Callable[[Any], tuple[RunConfig, dict[str, Any]]],
-              tell: Callable[[Any, dict[str, Any]], None], history: list[dict[str, Any]], trials: int,
+              saved: Callable[[dict[str, Any]], Path | None], tell: Callable[[Any, dict[str, Any]], None], history: list[dict[str, Any]], trials: int,
               workers: int, maximise: bool, shared: tuple[Any, ...],
               on_round: Callable[[RoundNote], None] | None) -> None:
     """Train ``workers`` trials at once, each in a worker process of one thread (for a GPU, whose
@@ -349,7 +396,8 @@ def _parallel(study: Any, draw: Callable[[Any], tuple[RunConfig, dict[str, Any]]
             while len(running) < workers and _wants_more(history, trials, running=len(running)):
                 trial = study.ask()
                 cfg, entry = draw(trial)
-                running[pool.executor.submit(_trial_job, trial._trial_id, trial.number, cfg)] = (trial, entry)
+                job = pool.executor.submit(_trial_job, trial._trial_id, trial.number, cfg, saved(entry))
+                running[job] = (trial, entry)
             if not running:
                 return
             done, _ = pool.wait(set(running))
@@ -374,7 +422,7 @@ def _trial_worker(split: Split, journal: str, rounds: int, select: str) -> None:
     _shared = (split, journal, rounds, select)
 
 
-def _trial_job(trial_id: int, number: int, cfg: RunConfig) -> dict[str, Any]:
+def _trial_job(trial_id: int, number: int, cfg: RunConfig, checkpoint: Path | None) -> dict[str, Any]:
     """Worker: train trial ``number`` of the journal's study, one thread; its outcome fields."""
     import optuna
 
@@ -384,7 +432,7 @@ def _trial_job(trial_id: int, number: int, cfg: RunConfig) -> dict[str, Any]:
     threads.apply(1)
     split, journal, rounds, select = _shared
     study = optuna.load_study(study_name=STUDY, storage=_journal_storage(journal), pruner=_pruner(rounds))
-    return train_trial(optuna.Trial(study, trial_id), cfg, split, select, round_notes(number, cfg))
+    return train_trial(optuna.Trial(study, trial_id), cfg, split, select, round_notes(number, cfg), checkpoint)
 
 
 def _fixed_options(spec: AlgorithmSpec, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -424,10 +472,11 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     cut = [t for t in study.trials if t.state == TrialState.RUNNING]  # killed (several: `_parallel`)
     for t in cut:
         study.tell(t.number, state=TrialState.FAIL)
-        study.enqueue_trial(t.params)
     last = study.trials[-1]
     if not cut and last.state == TrialState.FAIL and "entry" not in last.user_attrs:
-        study.enqueue_trial(last.params)  # interrupted (Ctrl-C fails it), not finished: again
+        cut = [last]  # interrupted (Ctrl-C fails it), not finished: again
+    for t in cut:  # the same settings again, named by the first trial they were drawn for (its saves)
+        study.enqueue_trial(t.params, user_attrs={"resumes": t.user_attrs.get("resumes", t.number)})
     study.sampler = TPESampler(seed=int(np.random.SeedSequence([seed, len(study.trials)]).generate_state(1)[0]))
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     return [t.user_attrs["entry"] for t in done if "entry" in t.user_attrs]

@@ -205,6 +205,55 @@ def test_a_killed_search_goes_on_from_its_journal(tmp_path: Path, monkeypatch: p
         tune("fedmf", DATA, trials=5, rounds=3, journal=journal)
 
 
+def test_a_cut_off_trial_goes_on_from_its_last_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``checkpoint_every``, a search killed in round 5 of its third trial, run again, goes on
+    with that trial from its round-4 save (rounds 1-4 are not trained again), re-reports the saved
+    rounds to the pruner (which reads the trial's best figure so far), and the trial ends as in a
+    search never killed: the same state, best figure, best round and per-round figures in the
+    journal. Its save is removed once it ends; a save needs a journal."""
+    import optuna
+
+    import fedrec.tune as tuning
+
+    def per_round(journal: Path) -> list[dict[int, float]]:
+        study = optuna.load_study(study_name=tuning.STUDY, storage=tuning._journal_storage(journal))
+        return [t.intermediate_values for t in study.trials]
+
+    uncut = tune("fedmf", DATA, trials=4, rounds=6, journal=tmp_path / "uncut.journal")
+    assert uncut.history[2]["state"] == "complete"  # trains all six rounds: the kill in round 5 cuts it
+    journal, calls, trained = tmp_path / "fedmf.journal", [], []
+    real_train, kill = tuning.train, True
+
+    def killed_in_round_5_of_the_third(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        trial, report = len(calls) - 1, kwargs["on_round"]
+
+        def watch(record, *rest):  # type: ignore[no-untyped-def]
+            trained.append(record.round)
+            if kill and trial == 2 and record.round == 5:
+                raise SystemExit(9)  # as a SIGKILL would: the trial stays running, its save stays
+            report(record, *rest)
+        return real_train(*args, **{**kwargs, "on_round": watch})
+
+    monkeypatch.setattr(tuning, "train", killed_in_round_5_of_the_third)
+    with pytest.raises(SystemExit):
+        tune("fedmf", DATA, trials=4, rounds=6, journal=journal, checkpoint_every=2)
+    saves = tuning.trial_checkpoints(journal)
+    assert sorted(p.name for p in saves.iterdir()) == ["trial-2.ckpt"]
+    kill = False
+    trained.clear()
+    with pytest.raises(FedrecError, match="beside the search's journal"):
+        tune("fedmf", DATA, trials=4, rounds=6, checkpoint_every=2)
+    result = tune("fedmf", DATA, trials=4, rounds=6, journal=journal, checkpoint_every=2)
+    assert trained[:2] == [5, 6]  # the cut-off trial went on from its save
+    again = result.history[2]
+    assert again["trial"] == 3 and again["resumes"] == 2 and again["resumed_at"] == 4
+    assert {k: again[k] for k in ("state", "best_valid", "best_round", "engine")} == \
+        {k: uncut.history[2][k] for k in ("state", "best_valid", "best_round", "engine")}
+    assert per_round(journal)[3] == per_round(tmp_path / "uncut.journal")[2]
+    assert list(saves.iterdir()) == []
+
+
 def test_the_cli_keeps_a_journal_until_the_config_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import fedrec.tune as tuning
 
@@ -220,9 +269,10 @@ def test_the_cli_keeps_a_journal_until_the_config_is_written(tmp_path: Path, mon
     monkeypatch.setattr(tuning, "train", interrupted_in_second)
     assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config)]) == 130  # Ctrl-C
     assert (tmp_path / "fedmf.journal").exists() and not config.exists()
-    assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config)]) == 0
+    assert _cli(["tune", "fedmf", "-d", DATA, "--trials", "2", "--rounds", "1", "-o", str(config),
+                 "--checkpoint-every", "1"]) == 0
     assert len(calls) == 3 and read_config(config)["tuning"]["trials"] == 2
-    assert not (tmp_path / "fedmf.journal").exists()
+    assert not (tmp_path / "fedmf.journal").exists() and not (tmp_path / "fedmf.trials").exists()
 
 
 def test_set_holds_a_model_option_in_every_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -264,7 +314,7 @@ def test_trials_in_parallel_draw_the_one_at_a_time_searchs_settings(tmp_path: Pa
     more through."""
     sequential = tune("fedmf", DATA, trials=5, rounds=3, from_defaults=True)
     parallel = tune("fedmf", DATA, trials=5, rounds=3, from_defaults=True, journal=tmp_path / "p.journal",
-                    workers=3)
+                    workers=3, checkpoint_every=1)  # saving each round changes no figure
     assert [h["trial"] for h in parallel.history] == [0, 1, 2, 3, 4]
     assert [h["engine"] for h in parallel.history] == [h["engine"] for h in sequential.history]
     both = [(a, b) for a, b in zip(sequential.history, parallel.history, strict=True)
@@ -273,6 +323,7 @@ def test_trials_in_parallel_draw_the_one_at_a_time_searchs_settings(tmp_path: Pa
     assert all(a["best_valid"] == b["best_valid"] and a["best_round"] == b["best_round"] for a, b in both)
     assert parallel.pruned <= sequential.pruned
     assert parallel.environment["workers"] == "3" and parallel.environment["device"] == "cpu"
+    assert list((tmp_path / "p.trials").iterdir()) == []  # each trial's save, removed as it ended
     with pytest.raises(FedrecError, match="through a journal"):
         tune("fedmf", DATA, trials=2, rounds=1, workers=2)
 

@@ -35,6 +35,7 @@ def tune_command(
                                 "the draws are the one-at-a-time search's while fewer than ten trials have ended; "
                                 "fewer trials are pruned)."),
     journal: Path | None = typer.Option(None, "--journal", help="Where finished trials are kept while the search runs (default: OUT with suffix .journal, removed once OUT is written); the same command run again after a kill goes on from it."),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Each trial saves itself every N rounds beside the journal (JOURNAL with suffix .trials), so the same command run again after a kill goes on from the cut-off trial's last save rather than its first round (0: trials are not saved)."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
     never scored. Writes the best options as a run config."""
@@ -49,7 +50,7 @@ def tune_command(
     except ImportError as e:
         raise FedrecError(f"fedrec tune needs Optuna ({e}); pip install 'fedrec[tune]'") from e
     from fedrec.cli.experiments import parse_settings
-    from fedrec.tune import tune, write_config
+    from fedrec.tune import trial_checkpoints, tune, write_config
 
     out = out or Path("configs") / f"{algorithm}-{dataset.replace(':', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,9 +78,12 @@ def tune_command(
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
                       journal=journal, on_round=on_round, fixed=parse_settings(set_options),
-                      device=device, workers=workers)
+                      device=device, workers=workers, checkpoint_every=checkpoint_every)
     write_config(result, out)
     journal.unlink(missing_ok=True)
+    saves = trial_checkpoints(journal)
+    if saves.is_dir() and not any(saves.iterdir()):  # every trial removes its saves as it ends
+        saves.rmdir()
     shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in {**result.engine, **result.model}.items())
     redrawn = f"; {result.refused} refused settings redrawn" if result.refused else ""

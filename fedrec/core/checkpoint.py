@@ -56,15 +56,21 @@ def save(path: Path, r: int, algorithm: Trainable, out: TrainOutcome, fingerprin
     atomic_write(path, lambda tmp: torch.save(blob, tmp))
 
 
-def peek_round(path: Path) -> int:
-    """The round a checkpoint was written after, without loading it into anything (a Flower
-    server tells its nodes which round's client state to restore before it builds its role)."""
+def peek(path: Path) -> dict[str, Any]:
+    """A checkpoint's round and history (a list of `RoundRecord` fields), without loading its
+    state into anything: a Flower server tells its nodes which round's client state to restore
+    before it builds its role, and a resumed tuning trial re-reports its rounds to the pruner."""
     try:
         blob = torch.load(path, weights_only=False, map_location="cpu")
-        return int(blob["round"])
+        return {"round": int(blob["round"]), "history": list(blob["history"])}
     except Exception as e:
         raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
                           "remove it or drop --resume") from e
+
+
+def peek_round(path: Path) -> int:
+    """The round a checkpoint was written after (`peek`)."""
+    return int(peek(path)["round"])
 
 
 def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
