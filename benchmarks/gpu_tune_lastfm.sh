@@ -17,6 +17,10 @@
 # and device set) and BENCH_OUT, and TUNE_ARGS for the protocol (e.g. DATASET=ciao
 # TUNE_ARGS="-p given-rating" GRID=benchmarks/leaderboard-ciao.toml). A dry run on a CPU:
 # DEVICE=cpu DATASET=synthetic:200x500 TRIALS=2 TUNE_ARGS="--rounds 1" CONFIGS=/tmp/c BENCH_OUT=/tmp/b.
+# A search longer than a lease (MetaMF on Ciao: about an hour of an H100): CHECKPOINT_EVERY=N
+# saves each trial every N rounds beside its journal, and JOURNALS names a carried folder of the
+# repo (e.g. .devtune, ignored) that holds the journals and saves; runs.tgz brings them back, so
+# the next lease, carrying that folder, goes on from the cut-off trials' saves.
 set -u
 OUT=${OUT:-/tmp/gpu-tune}
 mkdir -p "$OUT"
@@ -37,7 +41,9 @@ case $DATASET in synthetic*) ;; *) [ -n "$(ls -A "$FEDREC_DATA" 2>/dev/null)" ] 
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 work=$(mktemp -d)
-mkdir -p "$CONFIGS" "$work/journals"
+JOURNALS=${JOURNALS:-$work/journals}
+CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-0}
+mkdir -p "$CONFIGS" "$JOURNALS"
 
 if [ "$DEVICE" != cpu ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -51,8 +57,8 @@ search() {  # METHOD WORKERS: the search, then its seeds' cells with what is lef
     local m=$1 w=$2 cfg="$CONFIGS/$1@$DATASET.json" grid="$work/$1.toml"
     # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
     timeout -k 20 -s INT "$TUNE_BUDGET" $PY -m fedrec tune "$m" -d "$DATASET" --trials "$TRIALS" --seed 0 \
-        --from-defaults --device "$DEVICE" --workers "$w" -o "$cfg" --journal "$work/journals/$m.journal" \
-        $TUNE_ARGS > "$OUT/tune-$m.log" 2>&1
+        --from-defaults --device "$DEVICE" --workers "$w" -o "$cfg" --journal "$JOURNALS/$m.journal" \
+        --checkpoint-every "$CHECKPOINT_EVERY" $TUNE_ARGS > "$OUT/tune-$m.log" 2>&1
     echo "tune $m: exit $? after $(($(date +%s) - start)) s" | tee -a "$OUT/tune-$m.log"
     [ -e "$cfg" ] || return
     # GRID's [grid] with this method, data set and device, its data from FEDREC_DATA (the
@@ -79,6 +85,9 @@ fi
 [ -n "${smi:-}" ] && kill "$smi"
 for mw in $METHODS; do cp "$CONFIGS/${mw%%:*}@$DATASET.json" "$work/" 2>/dev/null; done
 mkdir -p "$BENCH_OUT"
-tar czf "$OUT/runs.tgz" --exclude='*.ckpt' -C "$work" . -C "$PWD" "$BENCH_OUT"
+# the cells' checkpoints stay (GBs for GFed-PP); the trials' saves come back with their journals
+journals=()  # JOURNALS, when it is not inside $work (which goes whole)
+case $(realpath "$JOURNALS") in "$work"/*) ;; *) journals=(-C "$(dirname "$(realpath "$JOURNALS")")" "$(basename "$JOURNALS")") ;; esac
+tar czf "$OUT/runs.tgz" --exclude='*cells/*.ckpt' -C "$work" . "${journals[@]}" -C "$PWD" "$BENCH_OUT"
 for f in "$OUT"/tune-*.log "$OUT"/bench-*.log; do echo "--- $f"; tail -n 6 "$f"; done
 tail -n 4 "$OUT/tests.log" 2>/dev/null
