@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,12 +51,12 @@ def _state(spec: MetaMFSpec, split: Split) -> FamilyState:
                              seed=2)
 
 
-def _cohort(split: Split) -> CohortBatches:
+def _cohort(split: Split, batch: int = BATCH, epochs: int = EPOCHS) -> CohortBatches:
     rng = np.random.default_rng(5)
     clients = order_by_activity(split.train, np.arange(0, split.n_users, 2))
     counts = np.diff(split.train.indptr)[clients]
     negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
-    return build_cohort(split.train, clients, negs, BATCH, rng.random((EPOCHS, int(counts.sum()) * 5)))
+    return build_cohort(split.train, clients, negs, batch, rng.random((epochs, int(counts.sum()) * 5)))
 
 
 def _forward(p: dict[str, torch.Tensor], rows: torch.Tensor, spec: MetaMFSpec) -> torch.Tensor:
@@ -77,7 +78,8 @@ def _forward(p: dict[str, torch.Tensor], rows: torch.Tensor, spec: MetaMFSpec) -
 
 
 def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatches, k: int,
-                      clipped: list[bool] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                      clipped: list[bool] | None = None, batch: int = BATCH,
+                      epochs: int = EPOCHS) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Client ``k`` trained alone (`client_alone.train_alone`), each step's gradient clipped to
     ``spec.clip``; returns its parameters and its item rows."""
     client = int(cohort.clients[k])
@@ -85,7 +87,7 @@ def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatche
               **{n: t.clone() for n, t in state.shared.items()}}
     table = state.items[torch.as_tensor(cohort.row_items[cohort.rows_of(k)])].clone()
     return train_alone(params, table, cohort, k, lambda p, rows: _forward(p, rows, spec), lr=LR,
-                       lr_item=LR_ITEM, batch=BATCH, epochs=EPOCHS, clip=spec.clip, clipped=clipped)
+                       lr_item=LR_ITEM, batch=batch, epochs=epochs, clip=spec.clip, clipped=clipped)
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0])
@@ -96,28 +98,9 @@ def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) 
     state, before = _state(spec, split), _state(spec, split)
     cohort = _cohort(split)
     assert len({s.n_active for s in cohort.steps}) > 2, "batch counts must differ across clients"
-    acc = state.begin_round(1)
-    up = state.local_update(cohort, UploadPath())
-    state.accumulate(acc, up)
-    state.aggregate(acc, UploadPath(), torch.Generator())
-
-    n = len(cohort.clients)
-    items = before.items.clone()
-    shared = {name: torch.zeros_like(t) for name, t in before.shared.items()}
-    clipped: list[bool] = []
-    for k, client in enumerate(cohort.clients):
-        params, table = _reference_client(spec, before, cohort, k, clipped)
-        torch.testing.assert_close(state.private["user"][int(client)], params["user"], **TOL)
-        rows = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
-        items[rows] += (table - before.items[rows]) / n
-        for name in shared:
-            shared[name] += params[name] / n
-    assert (state.items - before.items).abs().max() > 1e-3, "the round must move the item table"
-    torch.testing.assert_close(state.items, items, **TOL)
-    for name, t in shared.items():
-        assert (t - before.shared[name]).abs().max() > 1e-6, f"'{name}' must be trained"
-        torch.testing.assert_close(state.shared[name], t, **TOL)
-    assert up.bytes_up > n * sum(t.numel() for t in shared.values()) * 4  # weights and rows
+    up = _round(state, cohort)
+    assert up.shared_sum is None  # clients take several steps: each its own copies
+    clipped = _matches_reference(spec, before, state, cohort, up)
     if clip:
         assert 0.1 < np.mean(clipped) < 0.9, f"the clip must bind in some steps only: {np.mean(clipped):.2f}"
 
@@ -129,6 +112,79 @@ def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) 
         p = {"user": state.private["user"][u], **state.shared}
         want = _forward(p, state.items[torch.as_tensor(cand[i])], spec)
         np.testing.assert_allclose(got[i], want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _round(state: FamilyState, cohort: CohortBatches, summed: bool = False) -> Any:
+    """One round of ``cohort`` on ``state``; its upload."""
+    acc = state.begin_round(1)
+    up = state.local_update(cohort, UploadPath(), summed=summed)
+    state.accumulate(acc, up)
+    state.aggregate(acc, UploadPath(), torch.Generator())
+    return up
+
+
+def _matches_reference(spec: MetaMFSpec, before: FamilyState, state: FamilyState, cohort: CohortBatches,
+                       up: Any, batch: int = BATCH, epochs: int = EPOCHS) -> list[bool]:
+    """Assert that ``state``, one round of ``cohort`` after ``before``, holds what its clients
+    trained alone (`_reference_client`) and averaged give; which steps the clip bound in."""
+    n = len(cohort.clients)
+    items = before.items.clone()
+    shared = {name: torch.zeros_like(t) for name, t in before.shared.items()}
+    clipped: list[bool] = []
+    for k, client in enumerate(cohort.clients):
+        params, table = _reference_client(spec, before, cohort, k, clipped, batch, epochs)
+        torch.testing.assert_close(state.private["user"][int(client)], params["user"], **TOL)
+        rows = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
+        items[rows] += (table - before.items[rows]) / n
+        for name in shared:
+            shared[name] += params[name] / n
+    assert (state.items - before.items).abs().max() > 1e-3, "the round must move the item table"
+    torch.testing.assert_close(state.items, items, **TOL)
+    for name, t in shared.items():
+        assert (t - before.shared[name]).abs().max() > 1e-6, f"'{name}' must be trained"
+        torch.testing.assert_close(state.shared[name], t, **TOL)
+    assert up.bytes_up > n * sum(t.numel() for t in shared.values()) * 4  # weights and rows
+    return clipped
+
+
+def test_one_step_clients_train_without_copies_as_with_them(split: Split) -> None:
+    """Clients that each take one step, whose shared weights are only summed (no per-client
+    upload kept), train from the one shared copy (`FamilyState._one_step`): the round equals
+    each client trained alone, as the per-client copies' round does; the bytes counted are the
+    same. A per-client upload of a summed cohort does not exist; with a clip, several steps or
+    uploads kept, the copies are used."""
+    spec = _spec(split)
+    cohort = _cohort(split, batch=256, epochs=1)
+    assert len(cohort.steps) == 1 and len(cohort.clients) > 10
+    before, summed, copied = (_state(spec, split) for _ in range(3))
+    up = _round(summed, cohort, summed=True)
+    assert up.shared_sum is not None and up.shared == {}  # the one-step path was taken
+    _matches_reference(spec, before, summed, cohort, up, batch=256, epochs=1)
+    kept = _round(copied, cohort)
+    assert kept.shared_sum is None and up.bytes_up == kept.bytes_up and up.bytes_down == kept.bytes_down
+    assert up.loss_sum == pytest.approx(kept.loss_sum, rel=1e-6)
+    with pytest.raises(ValueError, match="summed"):
+        up.per_client()
+    assert _round(_state(spec, split), _cohort(split), summed=True).shared_sum is None  # several steps
+    clipped = dataclasses.replace(spec, clip=1.0)
+    assert _round(_state(clipped, split), cohort, summed=True).shared_sum is None
+
+
+def test_a_client_that_diverges_alone_is_rejected_alone_on_the_one_step_path(split: Split) -> None:
+    """A sum cannot say whose gradient was not finite: the one-step path hands such a cohort to
+    the per-client copies, which reject that client alone and average the others."""
+    spec = _spec(split)
+    cohort = _cohort(split, batch=256, epochs=1)
+    summed, copied = _state(spec, split), _state(spec, split)
+    bad = int(cohort.clients[3])
+    for st in (summed, copied):
+        st.private["user"][bad] = float("nan")
+    up, kept = _round(summed, cohort, summed=True), _round(copied, cohort)
+    assert up.shared_sum is None and int((~up.accepted).sum()) == 1 and not bool(up.accepted[3])
+    assert torch.equal(up.accepted, kept.accepted)
+    for name, t in summed.shared.items():
+        assert torch.isfinite(t).all()
+        torch.testing.assert_close(t, copied.shared[name], rtol=0, atol=0)
 
 
 def test_chunks_fit_the_budget_with_the_weight_copies(split: Split) -> None:

@@ -257,7 +257,7 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb(), spec.bytes_per_client):
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
-        up = state.local_update(batches, path, fresh)
+        up = state.local_update(batches, path, fresh, summed=keep is None)
         if cfg.pad_items:
             ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,
                                                  state.items.shape[0], cfg.pad_items, seed, r)

@@ -34,7 +34,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -61,6 +61,9 @@ class FamilySpec:
     layers: tuple[int, ...] = (32, 16, 8)
     loss: str = "bce"
     clip: float = 0.0
+    #: the score function also takes shared weights without a client axis (one copy read by
+    #: every client, not one a client), which `FamilyState`'s one-step path needs
+    shares_unbatched: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
@@ -216,7 +219,13 @@ def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
     just those (autograd's leaves: no slice to differentiate through).
     """
     n = v.shape[0]
-    logits = score(spec, {k: t if t.shape[0] == n else t[:n] for k, t in p.items()}, v)
+    return mean_loss(spec, score(spec, {k: t if t.shape[0] == n else t[:n] for k, t in p.items()}, v),
+                     labels, mask)
+
+
+def mean_loss(spec: FamilySpec, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over clients of each client's mean loss (``spec.loss``) over the real slots of its
+    row of ``logits`` ``(C, B)``."""
     if spec.loss == "mse":
         per_slot = (logits - labels) ** 2 * mask
     else:

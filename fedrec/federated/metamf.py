@@ -46,7 +46,10 @@ V is N(0, item_std²) like every item table here.
 
 **Memory.** The shared weights (473,617 floats at the defaults: 1.9 MB) are copied per client for
 its local steps, and each step's gradient is as large: about 3 copies per client, which dwarf the
-per-sample activations. The engine charges a chunk ``bytes_per_client`` a client (the copies)
+per-sample activations. A chunk whose clients each take one step, and whose uploads the server
+only sums, makes no copies (`FamilyState._one_step`: the products read the one shared weight,
+`_per_client`); on Ciao, where most clients have one batch, that took a round's training from
+15-22 s to 4 s on one thread (session 49). The engine charges a chunk ``bytes_per_client`` a client (the copies)
 and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
 the smallest client instead, so a client with many samples was charged many times its copies:
 on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
@@ -56,7 +59,7 @@ median of one client each a round, and the engine stepped them one by one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -76,6 +79,7 @@ class MetaMFSpec(FamilySpec):
     """MetaMF's sizes (official defaults) on top of the family switches (fixed: nothing private
     but the user embedding, no dual personalisation, no reconstruction)."""
 
+    shares_unbatched: ClassVar[bool] = True  # `_per_client` takes a shared weight as it is
     score: str = "metamf"
     private_score: bool = False
     dual: bool = False
@@ -145,8 +149,9 @@ class MetaMFSpec(FamilySpec):
                            PersonalRows(n_items, self.item_width))
 
     def logits(self, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
-        """Logits ``(C, B)`` of item rows ``v`` ``(C, B, factors)``; ``p`` holds every parameter
-        with a leading client axis (shared ones may be expanded views)."""
+        """Logits ``(C, B)`` of item rows ``v`` ``(C, B, factors)``; ``p`` holds the user vectors
+        with a leading client axis, and each shared weight either with one (a client's copy, or
+        an expanded view) or without (one weight for every client: `_per_client`)."""
         c = _per_client(p["user"], p["memory"])
         h = {b: F.relu(_per_client(c, p[f"{b}.hidden_w"], p[f"{b}.hidden_b"])) for b in BLOCKS}
 
@@ -170,10 +175,12 @@ def _xavier(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
 
 
 def _per_client(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x[c] @ w[c] (+ b[c])`` for every client c: ``x`` ``(C, in)``, ``w`` ``(C, in, out)``.
-
-    ``bmm`` takes a shared weight expanded along the client axis (stride 0) without copying it.
-    """
+    """``x[c] @ w[c] (+ b[c])`` for every client c: ``x`` ``(C, in)``, ``w`` ``(C, in, out)``;
+    or ``x @ w (+ b)`` where ``w`` is ``(in, out)``, one weight for every client: one matrix
+    product that reads the weight once, where ``bmm`` over an expanded weight (stride 0) reads it
+    once a client (on Ciao's rounds, these products were half the CPU time; session 49)."""
+    if w.dim() == 2:
+        return x @ w if b is None else torch.addmm(b, x, w)
     if b is None:
         return torch.bmm(x[:, None, :], w)[:, 0]
     return torch.baddbmm(b[:, None, :], x[:, None, :], w)[:, 0]

@@ -2,7 +2,9 @@
 
 `FamilyState` is the batched kernel of the item-embedding family: `local_update` trains a cohort
 (all its clients at once) and returns their uploads; `aggregate` folds uploads into the
-global state; `scores` serves evaluation. Private parameters live in one ``(n_clients, ...)``
+global state; `scores` serves evaluation. Shared weights are copied per client for its local
+steps, except where every client of a chunk takes one step and only the uploads' sum is wanted
+(`FamilyState._one_step`). Private parameters live in one ``(n_clients, ...)``
 store per name, gathered for a cohort and scattered back after training.
 """
 
@@ -25,6 +27,7 @@ from fedrec.federated.family import (
     client_params,
     init_params,
     linear_grads,
+    mean_loss,
     score,
 )
 from fedrec.federated.optim import clip_scale
@@ -56,11 +59,16 @@ class CohortUpload:
     client_batches: int
     #: pseudo rows (`fedrec.federated.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
     padding: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
+    #: the clients' shared weights already summed (`FamilyState._one_step`; every client
+    #: accepted), in place of ``shared``'s one copy a client
+    shared_sum: dict[str, torch.Tensor] | None = None
 
     def per_client(self) -> list[ClientUpload]:
         """Each client's own upload: the row deltas of the items it sent (``items``, before
         noise; pseudo rows included, in item order) and its shared weights, and whether it was
         accepted."""
+        if self.shared_sum is not None:
+            raise ValueError("this cohort's shared weights were uploaded summed, not per client")
         c = self.cohort
         out = []
         for k in range(len(c.clients)):
@@ -106,7 +114,7 @@ class CohortState(Protocol):
 
     def begin_round(self, r: int) -> Accumulator: ...
     def local_update(self, cohort: CohortBatches, path: UploadPath,
-                     fresh_user: torch.Tensor | None = None) -> CohortUpload: ...
+                     fresh_user: torch.Tensor | None = None, summed: bool = False) -> CohortUpload: ...
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None: ...
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None: ...
     def scores(self, clients: np.ndarray, items: np.ndarray | None) -> np.ndarray: ...
@@ -165,12 +173,18 @@ class FamilyState:
         )
 
     def local_update(self, cohort: CohortBatches, path: UploadPath,
-                     fresh_user: torch.Tensor | None = None) -> CohortUpload:
+                     fresh_user: torch.Tensor | None = None, summed: bool = False) -> CohortUpload:
         """Train every client of ``cohort`` at once; keep private state; return the uploads.
 
-        ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction).
+        ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction). ``summed``:
+        only the sum of the clients' shared weights is wanted (no per-client upload is kept),
+        so a cohort whose clients each take one step may take `_one_step`.
         """
         spec = self.spec
+        if summed and fresh_user is None and self._one_step_fits(cohort):
+            up = self._one_step(cohort, path)
+            if up is not None:
+                return up
         start, rows, params = self._gather(cohort)
         steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
                  for s in cohort.steps]
@@ -187,19 +201,71 @@ class FamilyState:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         return self._finish(cohort, params, start, rows, path, loss_sum)
 
-    def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    def _gather(self, cohort: CohortBatches, copies: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """What the cohort downloads and holds: its global rows (and a copy to train), and its
-        private and shared parameters stacked along a client axis."""
+        private and (``copies``) shared parameters stacked along a client axis."""
         c = len(cohort.clients)
         clients = torch.as_tensor(cohort.clients)
         start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
         params = {k: self.private[k][clients] for k in self.spec.private_names()}
-        params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
+        if copies:
+            params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
         return start, start.clone(), params
 
+    def _one_step_fits(self, cohort: CohortBatches) -> bool:
+        """Whether `_one_step` trains ``cohort`` as the per-client copies would: every client
+        takes exactly one step, a single phase with no reconstruction and no per-client clip,
+        and the score function takes the shared weights without copies."""
+        spec = self.spec
+        return (spec.shares_unbatched and bool(self.shared) and len(cohort.steps) == 1
+                and cohort.steps[0].n_active == len(cohort.clients) and len(spec.phases()) == 1
+                and not spec.reconstruct and not spec.dual and spec.clip == 0)
+
+    def _one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
+        """Train a cohort whose clients each take one step, without copying the shared weights.
+
+        Every client starts the round from the same shared weights W, so its one step reads W
+        itself and its upload is W - lr g_c. The server only sums the uploads, and the sum,
+        n W - lr sum_c g_c, needs only the sum of the gradients, which autograd gives for the
+        shared leaf in one backward pass of the summed per-client losses (`mean_loss`). MetaMF on
+        Ciao, where most clients have one batch, spent most of a round on the copies: their
+        products, gradients and updates (docs/scale.md). Returns None, having changed nothing,
+        if any gradient or updated row is not finite: the per-client path then rejects just
+        those clients (a sum cannot say whose it was).
+        """
+        spec = self.spec
+        start, rows, params = self._gather(cohort, copies=False)
+        s = cohort.steps[0]
+        idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
+        names = spec.phases()[0]
+        mine = [k for k in names if k != ITEMS and k not in self.shared]
+        leaves = {k: params[k].detach().requires_grad_(True) for k in mine}
+        leaves.update({k: self.shared[k].detach().requires_grad_(True) for k in self.shared})
+        v = gather_rows(rows, idx).requires_grad_(ITEMS in names)
+        with torch.enable_grad():
+            loss = mean_loss(spec, score(spec, {**params, **leaves}, v), y, m)
+            wrt = [*leaves.values(), *([v] if ITEMS in names else [])]
+            grads = dict(zip([*leaves, *([ITEMS] if ITEMS in names else [])],
+                             torch.autograd.grad(loss, wrt), strict=True))
+        if not all(torch.isfinite(g).all() for g in grads.values()):
+            return None
+        n = len(cohort.clients)
+        for k in mine:
+            params[k].sub_(grads[k], alpha=self.lr_of(k))
+        if ITEMS in names:
+            self._apply_item_step(rows, idx, grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item))
+        shared_sum = {k: (w * n).sub_(grads[k], alpha=self.lr_of(k)) for k, w in self.shared.items()}
+        if not (torch.isfinite(rows).all() and all(torch.isfinite(t).all() for t in shared_sum.values())):
+            return None
+        return self._finish(cohort, params, start, rows, path, float(loss.detach()), shared_sum)
+
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
-                rows: torch.Tensor, path: UploadPath, loss_sum: float) -> CohortUpload:
-        """Keep the private parameters; encode the item upload through ``path``; count bytes."""
+                rows: torch.Tensor, path: UploadPath, loss_sum: float,
+                shared_sum: dict[str, torch.Tensor] | None = None) -> CohortUpload:
+        """Keep the private parameters; encode the item upload through ``path``; count bytes.
+        ``shared_sum``: the clients' shared weights, summed (`_one_step`), in place of their
+        copies in ``params``."""
         c = len(cohort.clients)
         clients = torch.as_tensor(cohort.clients)
         for k in self.spec.private_names():
@@ -209,13 +275,13 @@ class FamilyState:
         owner = torch.repeat_interleave(torch.arange(c), counts)
         bad = torch.zeros(c).index_add_(0, owner, (~torch.isfinite(delta.sum(1))).float())
         accepted = bad == 0
-        for k in self.shared:
+        for k in self.shared if shared_sum is None else ():
             accepted &= torch.isfinite(params[k].reshape(c, -1).sum(1))
-        shared = {k: params[k] for k in self.shared}
+        shared = {k: params[k] for k in self.shared} if shared_sum is None else {}
         shared_bytes = c * sum(v.numel() for v in self.shared.values()) * FLOAT_BYTES
         n_batches = sum(s.n_active for s in cohort.steps)
         return CohortUpload(cohort, delta, shared, accepted, up_items + shared_bytes,
-                            down_items + shared_bytes, loss_sum, n_batches)
+                            down_items + shared_bytes, loss_sum, n_batches, shared_sum=shared_sum)
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
@@ -307,6 +373,10 @@ class FamilyState:
             ptr, p_items, p_rows = up.padding
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(ptr)))
             acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
+        if up.shared_sum is not None:  # summed by `_one_step`, which accepts every client or none
+            assert everyone, "a summed upload has every client accepted"
+            for k, v in up.shared_sum.items():
+                acc.shared_sum[k] += v
         for k, v in up.shared.items():  # MetaMF's: 473k floats a client, a copy was 15% of a round
             acc.shared_sum[k] += (v if everyone else v[up.accepted]).sum(0)
         acc.count(up)
@@ -386,5 +456,6 @@ class FamilyState:
             self.personal.override(v, clients, items)
         c = torch.as_tensor(clients)
         p = {k: self.private[k][c] for k in self.spec.private_names()}
-        p.update({k: t.expand(len(clients), *t.shape) for k, t in self.shared.items()})
+        unbatched = self.spec.shares_unbatched  # one weight read by every client (MetaMF)
+        p.update({k: t if unbatched else t.expand(len(clients), *t.shape) for k, t in self.shared.items()})
         return score(self.spec, p, v)
