@@ -22,7 +22,7 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, run
 from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
-from fedrec.federated.engine import chunk_bounds
+from fedrec.federated.engine import chunk_bounds, train_cohort
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
@@ -114,10 +114,10 @@ def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) 
         np.testing.assert_allclose(got[i], want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def _round(state: FamilyState, cohort: CohortBatches, summed: bool = False) -> Any:
-    """One round of ``cohort`` on ``state``; its upload."""
+def _round(state: FamilyState, cohort: CohortBatches, one_step: bool = False) -> Any:
+    """One round of ``cohort`` on ``state`` (``one_step``: by `FamilyState.one_step`); its upload."""
     acc = state.begin_round(1)
-    up = state.local_update(cohort, UploadPath(), summed=summed)
+    up = state.one_step(cohort, UploadPath()) if one_step else state.local_update(cohort, UploadPath())
     state.accumulate(acc, up)
     state.aggregate(acc, UploadPath(), torch.Generator())
     return up
@@ -148,43 +148,88 @@ def _matches_reference(spec: MetaMFSpec, before: FamilyState, state: FamilyState
 
 
 def test_one_step_clients_train_without_copies_as_with_them(split: Split) -> None:
-    """Clients that each take one step, whose shared weights are only summed (no per-client
-    upload kept), train from the one shared copy (`FamilyState._one_step`): the round equals
-    each client trained alone, as the per-client copies' round does; the bytes counted are the
-    same. A per-client upload of a summed cohort does not exist; with a clip, several steps or
-    uploads kept, the copies are used."""
+    """Clients that each take one step train from the one shared copy (`FamilyState.one_step`):
+    the round equals each client trained alone, as the per-client copies' round does, and counts
+    the same bytes. Its uploads are summed, so it has no per-client upload; it is closed where
+    one is kept or a step is not one plain phase (a clip), and declines a client with two steps."""
     spec = _spec(split)
     cohort = _cohort(split, batch=256, epochs=1)
     assert len(cohort.steps) == 1 and len(cohort.clients) > 10
     before, summed, copied = (_state(spec, split) for _ in range(3))
-    up = _round(summed, cohort, summed=True)
-    assert up.shared_sum is not None and up.shared == {}  # the one-step path was taken
+    assert summed.one_step_open(summed=True) and not summed.one_step_open(summed=False)
+    up = _round(summed, cohort, one_step=True)
+    assert up.shared_sum is not None and up.shared == {}
     _matches_reference(spec, before, summed, cohort, up, batch=256, epochs=1)
     kept = _round(copied, cohort)
     assert kept.shared_sum is None and up.bytes_up == kept.bytes_up and up.bytes_down == kept.bytes_down
     assert up.loss_sum == pytest.approx(kept.loss_sum, rel=1e-6)
     with pytest.raises(ValueError, match="summed"):
         up.per_client()
-    assert _round(_state(spec, split), _cohort(split), summed=True).shared_sum is None  # several steps
-    clipped = dataclasses.replace(spec, clip=1.0)
-    assert _round(_state(clipped, split), cohort, summed=True).shared_sum is None
+    assert _state(spec, split).one_step(_cohort(split), UploadPath()) is None  # several steps
+    assert not _state(dataclasses.replace(spec, clip=1.0), split).one_step_open(summed=True)
 
 
-def test_a_client_that_diverges_alone_is_rejected_alone_on_the_one_step_path(split: Split) -> None:
-    """A sum cannot say whose gradient was not finite: the one-step path hands such a cohort to
-    the per-client copies, which reject that client alone and average the others."""
+def _train_round(state: FamilyState, split: Split, keep: list[Any] | None, budget_mb: float = 128) -> Any:
+    """Round 1 of every client through the engine (`train_cohort`); the round's sums."""
+    cfg = dataclasses.replace(federated_config("metamf"), batch_size=64, negatives=4, memory_budget_mb=budget_mb)
+    acc = state.begin_round(1)
+    rows = order_by_activity(split.train, np.arange(split.n_users))
+    train_cohort(state, state.spec, cfg, split.train, split.sampler, rows, rows, 0, 1, UploadPath(), acc, keep=keep)
+    state.aggregate(acc, UploadPath(), torch.Generator())
+    return acc
+
+
+def test_the_engine_trains_one_step_clients_without_copies_unless_it_keeps_uploads(
+        split: Split, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train_cohort` sends the clients with one batch (a suffix of the activity order) to
+    `FamilyState.one_step` in chunks charged their activations alone, the others to the copies;
+    keeping per-client uploads (robust rules, audits) sends every client to the copies. Both
+    rounds agree (to round-off: the sums run in another order). A client whose gradient is not
+    finite sends its chunk to the copies, sized for them, which reject that client alone."""
     spec = _spec(split)
-    cohort = _cohort(split, batch=256, epochs=1)
-    summed, copied = _state(spec, split), _state(spec, split)
-    bad = int(cohort.clients[3])
-    for st in (summed, copied):
+    one_step_chunks: list[int] = []
+    real = FamilyState.one_step
+
+    def spy(self, cohort, path):  # type: ignore[no-untyped-def]
+        up = real(self, cohort, path)
+        one_step_chunks.append(len(cohort.clients) if up is not None else -len(cohort.clients))
+        return up
+    copied_chunks: list[int] = []
+    real_copies = FamilyState.local_update
+
+    def copies(self, cohort, *args):  # type: ignore[no-untyped-def]
+        copied_chunks.append(len(cohort.clients))
+        return real_copies(self, cohort, *args)
+    monkeypatch.setattr(FamilyState, "one_step", spy)
+    monkeypatch.setattr(FamilyState, "local_update", copies)
+    fast, copied = _state(spec, split), _state(spec, split)
+    counts = np.diff(split.train.indptr) * 5
+    assert (counts > 64).any() and (counts <= 64).any()
+    acc = _train_round(fast, split, None)
+    assert one_step_chunks == [int((counts <= 64).sum())] and acc.n == split.n_users
+    one_step_chunks.clear()
+    _train_round(copied, split, [])
+    assert one_step_chunks == []
+    for name, t in fast.shared.items():
+        torch.testing.assert_close(t, copied.shared[name], **TOL)
+    torch.testing.assert_close(fast.items, copied.items, **TOL)
+    torch.testing.assert_close(fast.private["user"], copied.private["user"], **TOL)
+
+    fast, copied = _state(spec, split), _state(spec, split)
+    one_step_chunks.clear()
+    copied_chunks.clear()
+    bad = int(np.flatnonzero(counts <= 64)[0])
+    for st in (fast, copied):
         st.private["user"][bad] = float("nan")
-    up, kept = _round(summed, cohort, summed=True), _round(copied, cohort)
-    assert up.shared_sum is None and int((~up.accepted).sum()) == 1 and not bool(up.accepted[3])
-    assert torch.equal(up.accepted, kept.accepted)
-    for name, t in summed.shared.items():
+    weights = 3 * sum(t.numel() for t in fast.shared.values()) * 4 / 2**20  # two clients' copies a chunk
+    acc = _train_round(fast, split, None, budget_mb=weights * 2.5)
+    assert max(copied_chunks) <= 2  # the declined chunk went to the copies in chunks of their size
+    kept = _train_round(copied, split, [], budget_mb=weights * 2.5)
+    assert sum(n < 0 for n in one_step_chunks) == 1 and len(one_step_chunks) > 1  # its chunk declined
+    assert acc.rejected == kept.rejected == 1
+    for name, t in fast.shared.items():
         assert torch.isfinite(t).all()
-        torch.testing.assert_close(t, copied.shared[name], rtol=0, atol=0)
+        torch.testing.assert_close(t, copied.shared[name], **TOL)
 
 
 def test_chunks_fit_the_budget_with_the_weight_copies(split: Split) -> None:
@@ -195,6 +240,7 @@ def test_chunks_fit_the_budget_with_the_weight_copies(split: Split) -> None:
     assert weights == 473_617 * 4  # the official sizes
     assert spec.bytes_per_client == 3 * weights
     assert spec.bytes_per_sample < 1024  # activations only
+    assert spec.bytes_per_one_step_client < spec.bytes_per_client / 50  # no copies
     samples = np.array([5000, 500, 5, 5])  # a heavy client does not crowd the others out
     assert chunk_bounds(samples, spec.bytes_per_sample, 7 * weights / 2**20, spec.bytes_per_client) == [(0, 2), (2, 4)]
 

@@ -254,10 +254,26 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     samples = np.diff(train.indptr)[rows] * (1 + cfg.negatives)
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
-    for a, b in chunk_bounds(samples, per_sample, cfg.chunk_budget_mb(), spec.bytes_per_client):
+    budget = cfg.chunk_budget_mb()
+    # clients that take one step (one batch, one epoch) train without copies of the shared
+    # weights where the state can (`FamilyState.one_step`): a suffix of the activity order,
+    # charged their activations only, so it is chunked apart from the clients before it
+    one = np.zeros(len(rows), bool)
+    if cfg.local_epochs == 1 and state.one_step_open(summed=keep is None):
+        one = samples <= cfg.batch_size
+    first = int(np.argmax(one)) if one.any() else len(one)
+    assert one[first:].all(), "clients must come in decreasing activity (`order_by_activity`)"
+
+    def chunk(a: int, b: int, one_step: bool) -> None:
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
-        up = state.local_update(batches, path, fresh, summed=keep is None)
+        up = state.one_step(batches, path) if one_step else None
+        if one_step and up is None:  # a gradient not finite: the copies, in chunks sized for them
+            for a2, b2 in chunk_bounds(samples[a:b], per_sample, budget, spec.bytes_per_client):
+                chunk(a + a2, a + b2, False)
+            return
+        if up is None:
+            up = state.local_update(batches, path, fresh)
         if cfg.pad_items:
             ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,
                                                  state.items.shape[0], cfg.pad_items, seed, r)
@@ -266,6 +282,12 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
         state.accumulate(acc, up)
         if keep is not None:
             keep.append(up)
+
+    for a, b in chunk_bounds(samples[:first], per_sample, budget, spec.bytes_per_client):
+        chunk(a, b, False)
+    if first < len(rows):  # (a spec whose state has no one-step path need not size it)
+        for a, b in chunk_bounds(samples[first:], per_sample, budget, spec.bytes_per_one_step_client):
+            chunk(first + a, first + b, True)
 
 
 def run_federated(

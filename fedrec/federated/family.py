@@ -126,6 +126,11 @@ class FamilySpec:
         return 0
 
     @property
+    def bytes_per_one_step_client(self) -> int:
+        """`bytes_per_client` for a client trained by `FamilyState.one_step` (no copies)."""
+        return self.bytes_per_client
+
+    @property
     def item_width(self) -> int:
         """Columns of an item row (NCF keeps a GMF and an MLP embedding side by side)."""
         return self.scorer.item_width(self)

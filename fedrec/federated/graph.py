@@ -201,12 +201,13 @@ class GraphState(FamilyState):
         rows.index_add_(0, idx.reshape(-1), step_rows)
 
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
-                rows: torch.Tensor, path: UploadPath, loss_sum: float) -> CohortUpload:
+                rows: torch.Tensor, path: UploadPath, loss_sum: float,
+                shared_sum: dict[str, torch.Tensor] | None = None) -> CohortUpload:
         """Keep the client's trained rows (its own model) and its pull factor; upload."""
         if path.dp_noise > 0:
             raise FedrecError("GPFedRec and GFed-PP use each client's table on its own, not a noisy "
                               "mean: use --ldp (Laplace noise on every upload), not --dp-noise")
-        up = super()._finish(cohort, params, start, rows, path, loss_sum)
+        up = super()._finish(cohort, params, start, rows, path, loss_sum, shared_sum)
         self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         c = len(cohort.clients)
         if self.graph.gpfedrec:

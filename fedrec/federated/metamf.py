@@ -47,9 +47,10 @@ V is N(0, item_std²) like every item table here.
 **Memory.** The shared weights (473,617 floats at the defaults: 1.9 MB) are copied per client for
 its local steps, and each step's gradient is as large: about 3 copies per client, which dwarf the
 per-sample activations. A chunk whose clients each take one step, and whose uploads the server
-only sums, makes no copies (`FamilyState._one_step`: the products read the one shared weight,
-`_per_client`); on Ciao, where most clients have one batch, that took a round's training from
-15-22 s to 4 s on one thread (session 49). The engine charges a chunk ``bytes_per_client`` a client (the copies)
+only sums, makes no copies (`FamilyState.one_step`: the products read the one shared weight,
+`_per_client`), and is charged ``bytes_per_one_step_client`` a client; on Ciao, where most
+clients have one batch, that took a round's training from 15-22 s to 1.1-1.8 s on one thread
+(session 49). The engine charges a chunk ``bytes_per_client`` a client (the copies)
 and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
 the smallest client instead, so a client with many samples was charged many times its copies:
 on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
@@ -126,6 +127,13 @@ class MetaMFSpec(FamilySpec):
         """A client's copies of the shared weights: its parameters, a step's gradient and the
         autograd graph's (see the module docstring)."""
         return 3 * sum(int(np.prod(s)) for s in self.score_shapes().values()) * FLOAT
+
+    @property
+    def bytes_per_one_step_client(self) -> int:
+        """A client trained without copies (`FamilyState.one_step`): its memory read, hidden
+        layers and generated weights, their gradients and autograd's saved inputs."""
+        generated = sum(int(np.prod(s)) for s in self.generated_shapes().values())
+        return 3 * (self.dim + self.memory + len(BLOCKS) * self.hidden + generated) * FLOAT
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,

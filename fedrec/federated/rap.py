@@ -255,7 +255,7 @@ class RAPState(FamilyState):
         return super().begin_round(r)
 
     def local_update(self, cohort: CohortBatches, path: UploadPath,
-                     fresh_user: torch.Tensor | None = None, summed: bool = False) -> CohortUpload:
+                     fresh_user: torch.Tensor | None = None) -> CohortUpload:
         start, rows_c, params = self._gather(cohort)
         views = self.personal_views
         slots = views.slots(self._keys(cohort)) if views is not None else None

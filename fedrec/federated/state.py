@@ -4,7 +4,7 @@
 (all its clients at once) and returns their uploads; `aggregate` folds uploads into the
 global state; `scores` serves evaluation. Shared weights are copied per client for its local
 steps, except where every client of a chunk takes one step and only the uploads' sum is wanted
-(`FamilyState._one_step`). Private parameters live in one ``(n_clients, ...)``
+(`FamilyState.one_step`). Private parameters live in one ``(n_clients, ...)``
 store per name, gathered for a cohort and scattered back after training.
 """
 
@@ -59,7 +59,7 @@ class CohortUpload:
     client_batches: int
     #: pseudo rows (`fedrec.federated.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
     padding: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
-    #: the clients' shared weights already summed (`FamilyState._one_step`; every client
+    #: the clients' shared weights already summed (`FamilyState.one_step`; every client
     #: accepted), in place of ``shared``'s one copy a client
     shared_sum: dict[str, torch.Tensor] | None = None
 
@@ -114,7 +114,9 @@ class CohortState(Protocol):
 
     def begin_round(self, r: int) -> Accumulator: ...
     def local_update(self, cohort: CohortBatches, path: UploadPath,
-                     fresh_user: torch.Tensor | None = None, summed: bool = False) -> CohortUpload: ...
+                     fresh_user: torch.Tensor | None = None) -> CohortUpload: ...
+    def one_step_open(self, summed: bool) -> bool: ...
+    def one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None: ...
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None: ...
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None: ...
     def scores(self, clients: np.ndarray, items: np.ndarray | None) -> np.ndarray: ...
@@ -173,18 +175,13 @@ class FamilyState:
         )
 
     def local_update(self, cohort: CohortBatches, path: UploadPath,
-                     fresh_user: torch.Tensor | None = None, summed: bool = False) -> CohortUpload:
-        """Train every client of ``cohort`` at once; keep private state; return the uploads.
+                     fresh_user: torch.Tensor | None = None) -> CohortUpload:
+        """Train every client of ``cohort`` at once, each on its own copies of the shared
+        weights; keep private state; return the uploads.
 
-        ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction). ``summed``:
-        only the sum of the clients' shared weights is wanted (no per-client upload is kept),
-        so a cohort whose clients each take one step may take `_one_step`.
+        ``fresh_user`` re-initialises the user vectors (FedRecon's reconstruction).
         """
         spec = self.spec
-        if summed and fresh_user is None and self._one_step_fits(cohort):
-            up = self._one_step(cohort, path)
-            if up is not None:
-                return up
         start, rows, params = self._gather(cohort)
         steps = [(torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask))
                  for s in cohort.steps]
@@ -201,29 +198,32 @@ class FamilyState:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         return self._finish(cohort, params, start, rows, path, loss_sum)
 
-    def _gather(self, cohort: CohortBatches, copies: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """What the cohort downloads and holds: its global rows (and a copy to train), and its
-        private and (``copies``) shared parameters stacked along a client axis."""
+        private and shared parameters stacked along a client axis."""
         c = len(cohort.clients)
-        clients = torch.as_tensor(cohort.clients)
-        start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
-        params = {k: self.private[k][clients] for k in self.spec.private_names()}
-        if copies:
-            params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
+        start, params = self._download(cohort)
+        params.update({k: v.expand(c, *v.shape).clone() for k, v in self.shared.items()})
         return start, start.clone(), params
 
-    def _one_step_fits(self, cohort: CohortBatches) -> bool:
-        """Whether `_one_step` trains ``cohort`` as the per-client copies would: every client
-        takes exactly one step, a single phase with no reconstruction and no per-client clip,
-        and the score function takes the shared weights without copies."""
+    def _download(self, cohort: CohortBatches) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The cohort's global item rows, and its private parameters stacked along a client axis."""
+        clients = torch.as_tensor(cohort.clients)
+        start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
+        return start, {k: self.private[k][clients] for k in self.spec.private_names()}
+
+    def one_step_open(self, summed: bool) -> bool:
+        """Whether `one_step` can train a chunk of clients that each take one step: only the
+        sum of their uploads is wanted (``summed``: no per-client upload is kept), the score
+        function takes the shared weights without copies, and a step is one plain phase (no
+        reconstruction, no dual step, no per-client clip)."""
         spec = self.spec
-        return (spec.shares_unbatched and bool(self.shared) and len(cohort.steps) == 1
-                and cohort.steps[0].n_active == len(cohort.clients) and len(spec.phases()) == 1
+        return (summed and spec.shares_unbatched and bool(self.shared) and len(spec.phases()) == 1
                 and not spec.reconstruct and not spec.dual and spec.clip == 0)
 
-    def _one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
-        """Train a cohort whose clients each take one step, without copying the shared weights.
+    def one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
+        """Train a cohort whose clients each take one step, without copying the shared weights
+        (the caller has checked `one_step_open`).
 
         Every client starts the round from the same shared weights W, so its one step reads W
         itself and its upload is W - lr g_c. The server only sums the uploads, and the sum,
@@ -231,11 +231,14 @@ class FamilyState:
         shared leaf in one backward pass of the summed per-client losses (`mean_loss`). MetaMF on
         Ciao, where most clients have one batch, spent most of a round on the copies: their
         products, gradients and updates (docs/scale.md). Returns None, having changed nothing,
-        if any gradient or updated row is not finite: the per-client path then rejects just
-        those clients (a sum cannot say whose it was).
+        if a client takes more than one step, or if any gradient or updated row is not finite:
+        the per-client copies then reject just those clients (a sum cannot say whose it was).
         """
         spec = self.spec
-        start, rows, params = self._gather(cohort, copies=False)
+        if len(cohort.steps) != 1 or cohort.steps[0].n_active != len(cohort.clients):
+            return None
+        start, params = self._download(cohort)
+        rows = start.clone()
         s = cohort.steps[0]
         idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
         names = spec.phases()[0]
@@ -264,7 +267,7 @@ class FamilyState:
                 rows: torch.Tensor, path: UploadPath, loss_sum: float,
                 shared_sum: dict[str, torch.Tensor] | None = None) -> CohortUpload:
         """Keep the private parameters; encode the item upload through ``path``; count bytes.
-        ``shared_sum``: the clients' shared weights, summed (`_one_step`), in place of their
+        ``shared_sum``: the clients' shared weights, summed (`one_step`), in place of their
         copies in ``params``."""
         c = len(cohort.clients)
         clients = torch.as_tensor(cohort.clients)
@@ -373,7 +376,7 @@ class FamilyState:
             ptr, p_items, p_rows = up.padding
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(ptr)))
             acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
-        if up.shared_sum is not None:  # summed by `_one_step`, which accepts every client or none
+        if up.shared_sum is not None:  # summed by `one_step`, which accepts every client or none
             assert everyone, "a summed upload has every client accepted"
             for k, v in up.shared_sum.items():
                 acc.shared_sum[k] += v
