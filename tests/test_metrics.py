@@ -257,3 +257,33 @@ def test_rmse_against_formula() -> None:
         rmse(pred, target, np.zeros_like(mask))
     with pytest.raises(ValueError):
         rmse(pred, target[:, :3])
+
+
+def test_held_out_ratings_are_scored_a_row_a_user() -> None:
+    """Under a rating protocol each user's held-out items are scored as one row (a padded one in
+    a chunk of users): every rating is predicted as scoring it alone would, padding is not
+    counted, users without a held-out rating are not scored, and a user is scored once."""
+    from fedrec.eval.evaluate import evaluate
+    from fedrec.protocols.protocol import EvalSet, get_protocol
+
+    rng = np.random.default_rng(0)
+    n_users, n_items = 9, 30
+    dense = np.zeros((n_users, n_items), np.float32)
+    for u, count in enumerate([5, 0, 1, 3, 7, 2, 0, 1, 4]):
+        dense[u, rng.choice(n_items, count, replace=False)] = rng.integers(1, 6, count)
+    targets = sp.csr_matrix(dense)
+    users = np.array([0, 2, 3, 4, 5, 6, 7, 8, 1])  # in no particular order, two without ratings
+    bias = rng.normal(size=n_users) + 3.0
+    scored: list[int] = []
+
+    def scorer(u: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        assert items is not None and items.shape[0] == len(u)
+        scored.extend(u.tolist())
+        return (bias[u][:, None] + 0.01 * items).astype(np.float32)
+
+    stage = EvalSet(users, targets)
+    got = evaluate(scorer, stage, get_protocol("given-rating"), chunk_users=3)
+    rows, cols = targets.nonzero()
+    want = rmse(bias[rows] + 0.01 * cols, targets.data)  # each rating scored alone
+    assert got["rmse"] == pytest.approx(want, rel=1e-6) and got["users"] == len(users)
+    assert sorted(scored) == sorted(set(rows.tolist()))  # once a user; users 1 and 6 not at all

@@ -28,12 +28,11 @@ def evaluate(
     """Metrics of ``scorer`` on one stage (validation or test), averaged over its users."""
     users = stage.users
     if protocol.ranking == "rating":
-        t = stage.targets[users].tocoo()
+        t = stage.targets[users].tocsr()
         if not t.nnz:  # nothing held out (a tuning trial's empty test stage): no RMSE to give
             return {"users": float(len(users))}
-        u = users[t.row]
-        pred = scorer(u, t.col[:, None].astype(np.int64))[:, 0]
-        return {"rmse": rmse(pred, t.data), "users": float(len(users))}
+        pred, target = _held_out_ratings(scorer, users, t, chunk_users)
+        return {"rmse": rmse(pred, target), "users": float(len(users))}
     if protocol.ranking == "sampled":
         scores = _chunked(scorer, users, stage.candidates, chunk_users)
         relevant = np.zeros_like(scores, dtype=bool)
@@ -61,6 +60,28 @@ def evaluate(
             out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
     out["users"] = float(scored)
     return out
+
+
+def _held_out_ratings(scorer: Scorer, users: np.ndarray, targets: sp.csr_matrix,
+                      chunk_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted and held-out ratings, each user's items scored as one row (``targets``: row k
+    holds ``users[k]``'s held-out ratings). Users go in chunks of ``chunk_users``, most ratings
+    first, each chunk padded to its widest row with its rows' last item (scored, not counted): a
+    scorer that builds a model per user (MetaMF generates one) builds it once a user, not once a
+    rating (MetaMF on Ciao's validation: 28,240 ratings of about 6,000 users)."""
+    counts = np.diff(targets.indptr)
+    order = np.argsort(-counts, kind="stable")
+    order = order[counts[order] > 0]
+    pred, target = [], []
+    for start in range(0, len(order), chunk_users):
+        rows = order[start : start + chunk_users]
+        width = int(counts[rows[0]])
+        slot = np.minimum(np.arange(width)[None, :], counts[rows][:, None] - 1)
+        at = targets.indptr[rows][:, None] + slot
+        real = np.arange(width)[None, :] < counts[rows][:, None]
+        pred.append(np.asarray(scorer(users[rows], targets.indices[at].astype(np.int64)))[real])
+        target.append(targets.data[at[real]])
+    return np.concatenate(pred), np.concatenate(target)
 
 
 def _rated_metrics(scores: np.ndarray, ratings: sp.csr_matrix, exclude: np.ndarray | None,
