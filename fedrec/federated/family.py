@@ -34,7 +34,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -45,6 +45,18 @@ from fedrec.federated import draws
 from fedrec.federated.scores import ScoreFunction, get_score
 
 ITEMS = "items"
+
+
+class SharedProduct(NamedTuple):
+    """One product of a shared weight with per-client inputs, ``out = x @ p[weight] (+ p[bias])``
+    (``x``, ``out``: ``(C, in)``, ``(C, out)``), as a score function records it for
+    `FamilyState.one_step`: a client's gradient of the weight is the outer product of its ``x``
+    row and its gradient of ``out``, so its norm and the clipped sum over clients need no copy."""
+
+    weight: str
+    bias: str | None
+    x: torch.Tensor
+    out: torch.Tensor
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
 LOSSES = ("bce", "mse")
 
@@ -62,7 +74,8 @@ class FamilySpec:
     loss: str = "bce"
     clip: float = 0.0
     #: the score function also takes shared weights without a client axis (one copy read by
-    #: every client, not one a client), which `FamilyState`'s one-step path needs
+    #: every client, not one a client) and records their products (`logits_taped`), which
+    #: `FamilyState.one_step` needs
     shares_unbatched: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
@@ -108,6 +121,13 @@ class FamilySpec:
         from fedrec.federated.server_opt import ServerOptimizer
 
         return ServerOptimizer()
+
+    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor,
+                     tape: list[SharedProduct] | None) -> torch.Tensor:
+        """Logits ``(C, B)`` of item rows ``v`` with the shared weights in ``p`` unbatched, each
+        product of one recorded in ``tape`` (`SharedProduct`); a spec that ``shares_unbatched``
+        provides it."""
+        raise NotImplementedError(f"{type(self).__name__} does not share unbatched weights")
 
     @property
     def scorer(self) -> ScoreFunction:

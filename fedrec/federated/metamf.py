@@ -68,7 +68,7 @@ import torch.nn.functional as F
 
 from fedrec.core.device import here
 from fedrec.federated import draws
-from fedrec.federated.family import FamilySpec, client_params
+from fedrec.federated.family import FamilySpec, SharedProduct, client_params
 
 # generated blocks: each has its own hidden layer h_k = relu(c_u H_k + a_k)
 BLOCKS = ("layer1", "layer2", "items")
@@ -160,11 +160,24 @@ class MetaMFSpec(FamilySpec):
         """Logits ``(C, B)`` of item rows ``v`` ``(C, B, factors)``; ``p`` holds the user vectors
         with a leading client axis, and each shared weight either with one (a client's copy, or
         an expanded view) or without (one weight for every client: `_per_client`)."""
-        c = _per_client(p["user"], p["memory"])
-        h = {b: F.relu(_per_client(c, p[f"{b}.hidden_w"], p[f"{b}.hidden_b"])) for b in BLOCKS}
+        return self.logits_taped(p, v, None)
+
+    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor,
+                     tape: list[SharedProduct] | None) -> torch.Tensor:
+        """`logits`, recording in ``tape`` every product of a shared weight (all of them take
+        a per-client input: the user vector, its memory read or a hidden layer)."""
+
+        def product(x: torch.Tensor, weight: str, bias: str | None = None) -> torch.Tensor:
+            out = _per_client(x, p[weight], None if bias is None else p[bias])
+            if tape is not None:
+                tape.append(SharedProduct(weight, bias, x, out))
+            return out
+
+        c = product(p["user"], "memory")
+        h = {b: F.relu(product(c, f"{b}.hidden_w", f"{b}.hidden_b")) for b in BLOCKS}
 
         def generated(block: str, name: str) -> torch.Tensor:
-            return _per_client(h[block], p[f"{block}.{name}_w"], p[f"{block}.{name}_b"])
+            return product(h[block], f"{block}.{name}_w", f"{block}.{name}_b")
 
         n = v.shape[0]
         w1 = generated("layer1", "weight").view(n, self.dim, self.width)

@@ -64,7 +64,8 @@ def decay_factor(steps: int, lr: float, momentum: float, weight_decay: float,
     return w
 
 
-def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients: int, clip: float) -> torch.Tensor:
+def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients: int, clip: float,
+               extra_sq: torch.Tensor | None = None) -> torch.Tensor:
     """Per-client factors min(1, clip / ‖g_c‖) that clip each client's whole gradient, as
     ``torch.nn.utils.clip_grad_norm_`` does on one client's model.
 
@@ -73,9 +74,10 @@ def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients:
     float32 by `torch.linalg.vector_norm`, as ``clip_grad_norm_`` takes each parameter's, and
     the squares are summed in float64. (A float64 copy of the gradient, before session 40, made
     MetaMF's clipped steps 2.2x slower than unclipped ones: its per-client weight copies are
-    ~450k numbers each.)
+    ~450k numbers each.) ``extra_sq``: squared norms (float64, one a client) of gradients
+    that are not formed, added as they are.
     """
-    sq = torch.zeros(n_clients, dtype=torch.float64)
+    sq = torch.zeros(n_clients, dtype=torch.float64) if extra_sq is None else extra_sq.clone()
     for g, owner in parts:
         g2 = torch.linalg.vector_norm(g.reshape(len(g), -1), dim=1).double().square()
         sq += g2 if owner is None else torch.zeros_like(sq).index_add_(0, owner, g2)

@@ -23,6 +23,7 @@ from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
     ITEMS,
     FamilySpec,
+    SharedProduct,
     batch_loss,
     client_params,
     init_params,
@@ -216,19 +217,21 @@ class FamilyState:
         """Whether `one_step` can train a chunk of clients that each take one step: only the
         sum of their uploads is wanted (``summed``: no per-client upload is kept), the score
         function takes the shared weights without copies, and a step is one plain phase (no
-        reconstruction, no dual step, no per-client clip)."""
+        reconstruction, no dual step)."""
         spec = self.spec
         return (summed and spec.shares_unbatched and bool(self.shared) and len(spec.phases()) == 1
-                and not spec.reconstruct and not spec.dual and spec.clip == 0)
+                and not spec.reconstruct and not spec.dual)
 
     def one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
         """Train a cohort whose clients each take one step, without copying the shared weights
         (the caller has checked `one_step_open`).
 
         Every client starts the round from the same shared weights W, so its one step reads W
-        itself and its upload is W - lr g_c. The server only sums the uploads, and the sum,
-        n W - lr sum_c g_c, needs only the sum of the gradients, which autograd gives for the
-        shared leaf in one backward pass of the summed per-client losses (`mean_loss`). MetaMF on
+        itself and its upload is W - lr s_c g_c (s_c: its clip factor, 1 without a clip). The
+        server only sums the uploads, and the sum, n W - lr sum_c s_c g_c, needs no client's own
+        g_c: every product of a shared weight takes a per-client input x_c (`SharedProduct`), so
+        g_c is the outer product x_c^T d_c with d_c the client's gradient of the product's output,
+        its norm is |x_c| |d_c|, and sum_c s_c g_c = X^T diag(s) D, one matrix product. MetaMF on
         Ciao, where most clients have one batch, spent most of a round on the copies: their
         products, gradients and updates (docs/scale.md). Returns None, having changed nothing,
         if a client takes more than one step, or if any gradient or updated row is not finite:
@@ -242,23 +245,34 @@ class FamilyState:
         s = cohort.steps[0]
         idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
         names = spec.phases()[0]
+        items = ITEMS in names
         mine = [k for k in names if k != ITEMS and k not in self.shared]
         leaves = {k: params[k].detach().requires_grad_(True) for k in mine}
-        leaves.update({k: self.shared[k].detach().requires_grad_(True) for k in self.shared})
-        v = gather_rows(rows, idx).requires_grad_(ITEMS in names)
+        v = gather_rows(rows, idx).requires_grad_(items)
+        tape: list[SharedProduct] = []
         with torch.enable_grad():
-            loss = mean_loss(spec, score(spec, {**params, **leaves}, v), y, m)
-            wrt = [*leaves.values(), *([v] if ITEMS in names else [])]
-            grads = dict(zip([*leaves, *([ITEMS] if ITEMS in names else [])],
-                             torch.autograd.grad(loss, wrt), strict=True))
-        if not all(torch.isfinite(g).all() for g in grads.values()):
+            loss = mean_loss(spec, spec.logits_taped({**params, **leaves, **self.shared}, v, tape), y, m)
+            wrt = [*leaves.values(), *([v] if items else []), *(t.out for t in tape)]
+            got = torch.autograd.grad(loss, wrt)
+        grads = dict(zip([*leaves, *([ITEMS] if items else [])], got, strict=False))
+        outs = got[len(grads):]
+        if not all(torch.isfinite(g).all() for g in got):
             return None
         n = len(cohort.clients)
-        for k in mine:
+        if spec.clip > 0:
+            sq = sum(t.x.square().sum(1).double() * d.square().sum(1).double()
+                     + (d.square().sum(1).double() if t.bias is not None else 0.0) for t, d in zip(tape, outs, strict=True))
+            scale = self._clip(grads, idx, extra_sq=sq)
+            outs = tuple(d * scale[:, None] for d in outs)
+        shared_sum = {k: w * n for k, w in self.shared.items()}
+        for t, d in zip(tape, outs, strict=True):  # sum_c s_c g_c of each shared weight
+            shared_sum[t.weight].addmm_(t.x.detach().T, d, alpha=-self.lr_of(t.weight))
+            if t.bias is not None:
+                shared_sum[t.bias].sub_(d.sum(0), alpha=self.lr_of(t.bias))
+        for k in mine:  # after the sums: a product's input may be a private leaf (the user vector)
             params[k].sub_(grads[k], alpha=self.lr_of(k))
-        if ITEMS in names:
+        if items:
             self._apply_item_step(rows, idx, grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item))
-        shared_sum = {k: (w * n).sub_(grads[k], alpha=self.lr_of(k)) for k, w in self.shared.items()}
         if not (torch.isfinite(rows).all() and all(torch.isfinite(t).all() for t in shared_sum.values())):
             return None
         return self._finish(cohort, params, start, rows, path, float(loss.detach()), shared_sum)
@@ -320,10 +334,13 @@ class FamilyState:
             loss_value = loss
         return loss_value
 
-    def _clip(self, grads: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
+    def _clip(self, grads: dict[str, torch.Tensor], idx: torch.Tensor,
+              extra_sq: torch.Tensor | None = None) -> torch.Tensor:
         """Scale each active client's gradient to L2 norm <= ``spec.clip`` in place, as
         ``clip_grad_norm_`` on that client's model alone: a row drawn twice in its batch counts
-        once, with the sum of its slots' gradients (``grads[ITEMS]`` holds one per slot)."""
+        once, with the sum of its slots' gradients (``grads[ITEMS]`` holds one per slot).
+        ``extra_sq``: each client's squared norm of gradients not in ``grads`` (`one_step`'s
+        shared weights); returns the factors."""
         n = idx.shape[0]
         parts: list[tuple[torch.Tensor, torch.Tensor | None]] = [(g[:n], None) for k, g in grads.items() if k != ITEMS]
         if ITEMS in grads:
@@ -333,9 +350,10 @@ class FamilyState:
             slot_client = torch.arange(n).repeat_interleave(idx.shape[1])  # a row has one client
             owner = torch.zeros(len(rows), dtype=torch.long).scatter_(0, inverse, slot_client)
             parts.append((per_row, owner))
-        scale = clip_scale(parts, n, self.spec.clip)
+        scale = clip_scale(parts, n, self.spec.clip, extra_sq)
         for g in grads.values():
             g[:n] *= scale.view(-1, *[1] * (g.dim() - 1))
+        return scale
 
     def lr_of(self, name: str) -> float:
         """Learning rate of a (non-item) parameter; one rate for all in this family."""
