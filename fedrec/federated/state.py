@@ -46,6 +46,17 @@ def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return table.index_select(0, idx.reshape(-1)).view(*idx.shape, table.shape[1])
 
 
+def _squared_norms(tape: list[SharedProduct], outs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each client's squared norm of its gradients of the shared weights in ``tape``, given its
+    gradients ``outs`` of their outputs: |x_c|^2 |d_c|^2 for a weight (the norm of the outer
+    product x_c^T d_c) and |d_c|^2 for its bias, in float64 as `clip_scale` sums them."""
+    sq = torch.zeros(outs[0].shape[0], dtype=torch.float64)
+    for t, d in zip(tape, outs, strict=True):
+        d2 = d.square().sum(1).double()
+        sq += t.x.detach().square().sum(1).double() * d2 + (d2 if t.bias is not None else 0.0)
+    return sq
+
+
 @dataclass
 class CohortUpload:
     """What a cohort sends: post-training item rows (as deltas) and shared dense parameters."""
@@ -260,9 +271,7 @@ class FamilyState:
             return None
         n = len(cohort.clients)
         if spec.clip > 0:
-            sq = sum(t.x.square().sum(1).double() * d.square().sum(1).double()
-                     + (d.square().sum(1).double() if t.bias is not None else 0.0) for t, d in zip(tape, outs, strict=True))
-            scale = self._clip(grads, idx, extra_sq=sq)
+            scale = self._clip(grads, idx, extra_sq=_squared_norms(tape, outs))
             outs = tuple(d * scale[:, None] for d in outs)
         shared_sum = {k: w * n for k, w in self.shared.items()}
         for t, d in zip(tape, outs, strict=True):  # sum_c s_c g_c of each shared weight
