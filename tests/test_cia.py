@@ -190,8 +190,8 @@ def test_scoring_vectors_are_computed_once_until_a_parameter_changes(
 
 
 def test_adam_step_is_torchs_formula_to_the_bit() -> None:
-    """`adam_` computes lr * (m / bc1) / (sqrt(v / bc2) + eps) in reused buffers: the same bits
-    as the expression written out, for one step count and for one per leading row."""
+    """`adam_` with one count per leading row computes lr * (m / bc1) / (sqrt(v / bc2) + eps) in
+    reused buffers: the same bits as the expression written out."""
     from fedrec.federated.optim import BETA1, BETA2, EPS, adam_
 
     g = torch.Generator().manual_seed(0)
@@ -199,14 +199,33 @@ def test_adam_step_is_torchs_formula_to_the_bit() -> None:
     q, m, v = p.clone(), torch.zeros_like(p), torch.zeros_like(p)
     m2, v2 = m.clone(), v.clone()
     for t in range(1, 4):
-        for steps in (t, torch.tensor([t, t + 1, t + 2, t + 3, t + 4.0])):
-            adam_(p, grad * t, m, v, steps, 0.03)
-            m2.mul_(BETA1).add_(grad * t, alpha=1 - BETA1)
-            v2.mul_(BETA2).addcmul_(grad * t, grad * t, value=1 - BETA2)
-            bc1 = 1 - BETA1 ** (steps.reshape(-1, 1, 1) if torch.is_tensor(steps) else steps)
-            bc2 = 1 - BETA2 ** (steps.reshape(-1, 1, 1) if torch.is_tensor(steps) else steps)
-            q.sub_(0.03 * (m2 / bc1) / ((v2 / bc2).sqrt() + EPS))
-            assert torch.equal(p, q)
+        steps = torch.tensor([t, t + 1, t + 2, t + 3, t + 4.0])
+        adam_(p, grad * t, m, v, steps, 0.03)
+        m2.mul_(BETA1).add_(grad * t, alpha=1 - BETA1)
+        v2.mul_(BETA2).addcmul_(grad * t, grad * t, value=1 - BETA2)
+        bc1, bc2 = 1 - BETA1 ** steps.reshape(-1, 1, 1), 1 - BETA2 ** steps.reshape(-1, 1, 1)
+        q.sub_(0.03 * (m2 / bc1) / ((v2 / bc2).sqrt() + EPS))
+        assert torch.equal(p, q)
+
+
+def test_adam_step_of_a_prefix_is_torch_optim_adams() -> None:
+    """`adam_` with one step count (torch's fused kernel) moves a prefix slice as
+    ``torch.optim.Adam`` moves that slice alone, weight decay included, and nothing else."""
+    from fedrec.federated.optim import adam_
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(5, 7, 3, generator=g)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    ref = torch.nn.Parameter(p[:3].clone())
+    opt = torch.optim.Adam([ref], lr=0.03, weight_decay=0.01)
+    rest = p[3:].clone()
+    for t in range(1, 6):
+        grad = torch.randn(3, 7, 3, generator=g)
+        adam_(p[:3], grad, m[:3], v[:3], t, 0.03, 0.01)
+        ref.grad = grad.clone()
+        opt.step()
+        torch.testing.assert_close(p[:3], ref.detach(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(p[3:], rest) and not m[3:].any()
 
 
 @pytest.mark.parametrize("loss", ["norm", "mse"])

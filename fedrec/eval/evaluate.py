@@ -65,17 +65,21 @@ def evaluate(
 def _held_out_ratings(scorer: Scorer, users: np.ndarray, targets: sp.csr_matrix,
                       chunk_users: int) -> tuple[np.ndarray, np.ndarray]:
     """Predicted and held-out ratings, each user's items scored as one row (``targets``: row k
-    holds ``users[k]``'s held-out ratings). Users go in chunks of ``chunk_users``, most ratings
-    first, each chunk padded to its widest row with its rows' last item (scored, not counted): a
+    holds ``users[k]``'s held-out ratings). Users go most ratings first, in chunks of at most
+    ``chunk_users`` whose rows hold more than half the chunk's widest, each padded to that width
+    with its row's last item (scored, not counted: at most as many padded cells as real ones): a
     scorer that builds a model per user (MetaMF generates one) builds it once a user, not once a
     rating (MetaMF on Ciao's validation: 28,240 ratings of about 6,000 users)."""
     counts = np.diff(targets.indptr)
     order = np.argsort(-counts, kind="stable")
     order = order[counts[order] > 0]
+    descending = -counts[order]
     pred, target = [], []
-    for start in range(0, len(order), chunk_users):
-        rows = order[start : start + chunk_users]
-        width = int(counts[rows[0]])
+    start = 0
+    while start < len(order):
+        width = int(counts[order[start]])
+        end = min(start + chunk_users, int(np.searchsorted(descending, -(width // 2), side="left")))
+        rows, start = order[start:end], end
         slot = np.minimum(np.arange(width)[None, :], counts[rows][:, None] - 1)
         at = targets.indptr[rows][:, None] + slot
         real = np.arange(width)[None, :] < counts[rows][:, None]

@@ -18,16 +18,26 @@ BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
           steps: torch.Tensor | int, lr: float, weight_decay: float = 0.0) -> None:
     """One Adam step of ``p`` (a slice) given its gradient. ``steps`` is the 1-based step count,
-    a number or one per leading row (clients that have taken different numbers of steps)."""
+    a number or one per leading row (clients that have taken different numbers of steps).
+
+    With one count for every row, torch's fused Adam kernel (what ``torch.optim.Adam(fused=True)``
+    runs) takes the step in one pass over p, g, m and v instead of eight elementwise passes:
+    PersonalFR's steps were 70% of its round on Ciao, and the kernel is 11x faster on a
+    (15, 1000, 500) slice; its result differs from the passes below by float round-off (2.4e-7
+    after ten steps; session 49). It counts steps itself, so it is given the count before."""
+    if not isinstance(steps, torch.Tensor):
+        from torch.optim.adam import adam
+
+        adam([p], [g], [m], [v], [], [torch.tensor(float(steps - 1), device=p.device)], fused=True,
+             amsgrad=False, beta1=BETA1, beta2=BETA2, lr=lr, weight_decay=weight_decay, eps=EPS,
+             maximize=False)
+        return
     if weight_decay:
         g = g.add(p, alpha=weight_decay)
     m.mul_(BETA1).add_(g, alpha=1 - BETA1)
     v.mul_(BETA2).addcmul_(g, g, value=1 - BETA2)
-    if isinstance(steps, torch.Tensor):
-        shape = (-1,) + (1,) * (p.dim() - 1)
-        bc1, bc2 = (1 - BETA1 ** steps).reshape(shape), (1 - BETA2 ** steps).reshape(shape)
-    else:
-        bc1, bc2 = 1 - BETA1 ** steps, 1 - BETA2 ** steps
+    shape = (-1,) + (1,) * (p.dim() - 1)
+    bc1, bc2 = (1 - BETA1 ** steps).reshape(shape), (1 - BETA2 ** steps).reshape(shape)
     # lr * (m / bc1) / ((v / bc2).sqrt() + EPS), the same operations in the same order, in two
     # buffers instead of six: a stack's item table is (clients, M, d), 95 MB on ML-1M at d = 64
     step = torch.div(m, bc1).mul_(lr)
