@@ -57,6 +57,8 @@ class SharedProduct(NamedTuple):
     bias: str | None
     x: torch.Tensor
     out: torch.Tensor
+
+
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
 LOSSES = ("bce", "mse")
 

@@ -158,7 +158,6 @@ class Tower(ScoreFunction):
             x = F.relu(torch.baddbmm(p[f"b{n}"][:, None, :], x, p[f"W{n}"]))
         return x
 
-
     @staticmethod
     def first_layer(p: dict[str, torch.Tensor], u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The first layer's pre-activations ``(C, B, out)``, u W_u + v W_v + b (`tower`; its own
