@@ -293,6 +293,45 @@ def test_a_protocol_without_any_result_is_named_not_dropped(tmp_path: Path, caps
 
 
 
+def test_a_grid_joins_the_finished_cells_of_another_to_its_boards(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows run elsewhere (another machine, another budget) join a board through ``[join]``:
+    they are paired seed by seed with its rows, named by their grid's label, never run from the
+    joining grid, and their missing cells are listed; two results for one row and seed are an
+    error, not a silent pick."""
+    other = tmp_path / "other.toml"
+    other.write_text(GRID.format(seeds=[0, 1], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["fedmf"]')
+                     + 'label = "elsewhere"\n')
+    assert _bench([str(other), "-o", str(tmp_path / "other-out")]) == 0
+    (tmp_path / "other-out" / "cells" / next((tmp_path / "other-out" / "cells").glob("*.json")).name).unlink()
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0, 1], rounds=1, workers=1) + '\n[join]\n"other.toml" = "other-out"\n')
+    capsys.readouterr()
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "4 cells: 4 run, 0 cached, 0 failed" in printed  # the joined grid's missing cell is not run here
+    assert len(list((tmp_path / "other-out" / "cells").glob("*.json"))) == 1
+    board = (tmp_path / "out" / "leaderboard.md").read_text()
+    (kept,) = [json.loads(p.read_text()) for p in (tmp_path / "other-out" / "cells").glob("*.json")]
+    assert f"| fedmf (elsewhere) | 1 | {kept['test']['hr@10']:.4f} |" in board
+    assert "(in other.toml)" in board and "fedmf (leak-free) seed" in board
+    # both seeds of the joined row, paired against the best
+    assert _bench([str(other), "-o", str(tmp_path / "other-out")]) == 0
+    assert _bench([str(grid), "-o", str(tmp_path / "out"), "--report-only"]) == 0
+    csv = (tmp_path / "out" / "leaderboard-synthetic_60x500-loo-sampled.csv").read_text()
+    rows = {line.split(",")[1]: line for line in csv.splitlines()[1:]}
+    assert set(rows) == {"fedmf", "pfedrec", "fedmf (elsewhere)"} and ",2," in rows["fedmf (elsewhere)"]
+    assert "(in other.toml)" not in (tmp_path / "out" / "leaderboard.md").read_text()
+    # without a label, the joined grid's fedmf is this grid's fedmf: one row cannot hold both
+    other.write_text(other.read_text().replace('label = "elsewhere"\n', ""))
+    assert _bench([str(grid), "-o", str(tmp_path / "out"), "--report-only"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "fedmf seed 0 on synthetic:60x500 · loo-sampled has a result in this grid and in other.toml" in said
+    grid.write_text(grid.read_text().replace('"other-out"', "3"))
+    with pytest.raises(FedrecError, match='join."other.toml" must be the folder its cells are in, not 3'):
+        load_grid(grid)
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "benchmarks").glob("*.toml")), ids=lambda p: p.name)
 def test_the_shipped_grids_load(path: Path) -> None:
     """Every grid docs/leaderboard.md runs parses, names known algorithms and protocols, and

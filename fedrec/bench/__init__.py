@@ -3,6 +3,7 @@
 from fedrec.bench.grid import (
     Cell,
     Grid,
+    board_cells,
     cell_results,
     load_grid,
     missing_cells,
@@ -12,6 +13,6 @@ from fedrec.bench.grid import (
 from fedrec.bench.leaderboard import Board, boards, to_markdown, write
 
 __all__ = [
-    "Board", "Cell", "Grid", "boards", "cell_results", "load_grid", "missing_cells", "run_grid",
+    "Board", "Cell", "Grid", "board_cells", "boards", "cell_results", "load_grid", "missing_cells", "run_grid",
     "stale_cells", "to_markdown", "write",
 ]

@@ -23,8 +23,20 @@ The file::
     checkpoint_every = 10   # optional: a cell saves itself every N rounds (epochs) to
                             # OUT/cells/<key>.ckpt, so a killed grid loses at most N of each
 
+    label = "defaults"      # optional: shown after each method's name on boards, "pfedrec (defaults)"
+
     [tuned]                 # optional: `fedrec tune` configs, by "ALGO" or "ALGO@DATASET"
     "pfedrec@lastfm-2k" = "configs/pfedrec-lastfm-2k.json"
+
+    [join]                  # optional: other grids' finished cells on this grid's boards
+    "other-grid.toml" = "results/other-grid"   # bench file = the folder its cells are in
+
+Paths are relative to the bench file. A joined grid's cells are never run from here (it may have
+run on a GPU machine, or under another budget): its finished cells become rows of the boards,
+paired seed by seed with the rest, and its missing ones are listed under them. That is how a board
+gathers rows that ran at different times and places without copying result files; a grid's own
+``label`` keeps its rows apart from a joined grid's rows of the same algorithm. Joins do not
+chain: a joined grid's own ``[join]`` is not read.
 """
 
 from __future__ import annotations
@@ -45,7 +57,8 @@ if TYPE_CHECKING:
     from fedrec.progress import RoundNote
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
-             "checkpoint_every"}
+             "checkpoint_every", "label"}
+TABLES = ("grid", "tuned", "join")
 
 
 @dataclass(frozen=True)
@@ -100,12 +113,16 @@ class Grid:
     workers: int
     data_dir: str | None
     checkpoint_every: int = 0  # how often a cell saves itself (not part of its key)
+    label: str = ""  # shown after each method's name on boards (not part of a cell's key)
+    #: grids whose finished cells join this one's boards: (name, grid, the folder of its cells)
+    joined: list[tuple[str, Grid, Path]] = dataclasses.field(default_factory=list)
 
 
-def load_grid(path: str | Path, *, check_device: bool = True) -> Grid:
+def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True) -> Grid:
     """Parse and check a bench file (unknown keys, algorithms, protocols and policies are one
     clear error each, before anything runs). ``check_device`` False keeps a named device this
-    machine lacks, to report cells a GPU machine ran (``auto`` is always this machine's)."""
+    machine lacks, to report cells a GPU machine ran (``auto`` is always this machine's).
+    ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
     from fedrec.protocols.protocol import NEGATIVE_POLICIES, get_protocol
     from fedrec.tune import read_config
@@ -118,9 +135,13 @@ def load_grid(path: str | Path, *, check_device: bool = True) -> Grid:
     grid = blob.get("grid")
     if not isinstance(grid, dict):
         raise FedrecError(f"{p}: no [grid] table")
-    unknown = sorted(set(grid) - GRID_KEYS) + sorted(set(blob) - {"grid", "tuned"})
+    unknown = sorted(set(grid) - GRID_KEYS) + sorted(set(blob) - set(TABLES))
     if unknown:
-        raise FedrecError(f"{p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(GRID_KEYS))}, [tuned]")
+        raise FedrecError(f"{p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(GRID_KEYS))}, "
+                          "[tuned], [join]")
+    label = grid.get("label", "")
+    if not isinstance(label, str):
+        raise FedrecError(f"{p}: grid.label must be text, not {label!r}")
     lists = {}
     for key in ("algorithms", "datasets", "protocols", "negatives", "seeds"):
         value = grid.get(key, ["leak-free"] if key == "negatives" else None)
@@ -165,8 +186,14 @@ def load_grid(path: str | Path, *, check_device: bool = True) -> Grid:
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
                                           tuple(sorted(engine.items())), model, device))
+    joined = []
+    for name, folder in (blob.get("join", {}) if join else {}).items():
+        if not isinstance(folder, str):
+            raise FedrecError(f"{p}: join.\"{name}\" must be the folder its cells are in, not {folder!r}")
+        other = load_grid(p.parent / name, check_device=False, join=False)
+        joined.append((name, other, p.parent / folder))
     return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"),
-                grid.get("checkpoint_every", 0))
+                grid.get("checkpoint_every", 0), label, joined)
 
 
 def cell_path(out: Path, cell: Cell) -> Path:
@@ -240,10 +267,33 @@ def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
 
 
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
-    """The results JSON of every finished cell of ``grid``."""
+    """The results JSON of every finished cell of ``grid`` (with its ``label``, when it has one:
+    the boards name rows by it)."""
     found = []
     for cell in grid.cells:
         path = cell_path(Path(out), cell)
         if path.exists():
-            found.append(json.loads(path.read_text()))
+            found.append({**json.loads(path.read_text()), **({"label": grid.label} if grid.label else {})})
     return found
+
+
+def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
+    """What the boards of ``grid`` show: the finished cells of it and of the grids it joins, and
+    the cells of either without a result (a joined one says which grid it is from). Two results
+    for one row and seed, one here and one joined, are an error: the board could show only one."""
+    from fedrec.bench.leaderboard import method_name
+
+    results, missing = cell_results(grid, out), missing_cells(grid, out)
+    source = {}
+    for name, other, folder in [("this grid", grid, Path(out))] + grid.joined:
+        found = results if other is grid else cell_results(other, folder)
+        for r in found:
+            row = (r["dataset"], r["protocol"], method_name(r, one_policy=False), int(r["seed"]))
+            if row in source:
+                raise FedrecError(f"{r['algorithm']} seed {r['seed']} on {r['dataset']} · {r['protocol']} has a result "
+                                  f"in {source[row]} and in {name}; a grid.label in one of them keeps their rows apart")
+            source[row] = name
+        if other is not grid:
+            results += found
+            missing += [(cell, f"{why} (in {name})") for cell, why in missing_cells(other, folder)]
+    return results, missing

@@ -68,6 +68,14 @@ def boards(results: list[dict[str, Any]], missing: Iterable[tuple[Any, str]] = (
     return made
 
 
+def method_name(result: dict[str, Any], one_policy: bool) -> str:
+    """A row's name: the algorithm, then its grid's label and (where a board mixes them) its
+    negative policy, "pfedrec (defaults; legacy)"."""
+    tags = [result.get("label") or "", "" if one_policy else result["data"]["negatives"]]
+    tags = [t for t in tags if t]
+    return result["algorithm"] + (f" ({'; '.join(tags)})" if tags else "")
+
+
 def stopping(result: dict[str, Any]) -> str:
     """How a run's training was bounded, in words ("up to 100 rounds, stops after 10 evaluations
     without a better validation figure"); empty when its config does not say."""
@@ -88,7 +96,7 @@ def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
     rules: dict[str, set[str]] = defaultdict(set)
     one_policy = len({r["data"]["negatives"] for r in runs}) == 1  # else a method is per policy
     for r in runs:
-        method = r["algorithm"] if one_policy else f"{r['algorithm']} ({r['data']['negatives']})"
+        method = method_name(r, one_policy)
         by_method[method][int(r["seed"])] = r["test"]
         rules[method].add(stopping(r))
     rows = []

@@ -21,10 +21,9 @@ def bench_command(
     """Run GRID_FILE's cells that OUT lacks, then write a leaderboard per data set and protocol
     (Markdown, CSV, LaTeX, PNG) with paired significance against the best method."""
     from fedrec.bench import (
+        board_cells,
         boards,
-        cell_results,
         load_grid,
-        missing_cells,
         run_grid,
         stale_cells,
         to_markdown,
@@ -62,8 +61,7 @@ def bench_command(
             counts = run_grid(grid, out, on_cell=on_cell, on_progress=on_progress)
         console.print(f"{len(grid.cells)} cells: {counts['done']} run, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
-    results = cell_results(grid, out)
-    missing = missing_cells(grid, out)
+    results, missing = board_cells(grid, out)
     summary = []
     made = boards(results, missing)
     for board in made:
