@@ -327,7 +327,10 @@ def test_a_grid_joins_the_finished_cells_of_another_to_its_boards(tmp_path: Path
     assert _bench([str(grid), "-o", str(tmp_path / "out"), "--report-only"]) == 2
     said = " ".join(capsys.readouterr().err.split())
     assert "fedmf seed 0 on synthetic:60x500 · loo-sampled has a result in this grid and in other.toml" in said
-    grid.write_text(grid.read_text().replace('"other-out"', "3"))
+    grid.write_text(grid.read_text().replace('"other-out"', '"other-ot"'))
+    with pytest.raises(FedrecError, match='join."other.toml": .*other-ot is not a folder of results'):
+        load_grid(grid)
+    grid.write_text(grid.read_text().replace('"other-ot"', "3"))
     with pytest.raises(FedrecError, match='join."other.toml" must be the folder its cells are in, not 3'):
         load_grid(grid)
 

@@ -190,6 +190,8 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     for name, folder in (blob.get("join", {}) if join else {}).items():
         if not isinstance(folder, str):
             raise FedrecError(f"{p}: join.\"{name}\" must be the folder its cells are in, not {folder!r}")
+        if not (p.parent / folder).is_dir():  # a mistyped folder would list every cell as "not run"
+            raise FedrecError(f"{p}: join.\"{name}\": {p.parent / folder} is not a folder of results")
         other = load_grid(p.parent / name, check_device=False, join=False)
         joined.append((name, other, p.parent / folder))
     return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"),
