@@ -25,6 +25,7 @@ from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activi
 from fedrec.federated.engine import chunk_bounds, train_cohort
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.federated.state import FamilyState
+from fedrec.federated.uncopied import MAX_STEPS
 from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -91,18 +92,26 @@ def _reference_client(spec: MetaMFSpec, state: FamilyState, cohort: CohortBatche
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0])
-def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) -> None:
+@pytest.mark.parametrize("uncopied", [False, True], ids=["copies", "uncopied"])
+def test_lockstep_round_matches_per_client_reference(split: Split, clip: float, uncopied: bool) -> None:
     """One vectorised round equals each client trained alone (clip: each client's gradient
-    clipped per step, ``--set clip``; 1.0 binds in some steps and not in others)."""
+    clipped per step, ``--set clip``; 1.0 binds in some steps and not in others), whether each
+    client trains its own copies of the shared weights or the one shared copy with its earlier
+    steps carried as outer products (`FamilyState.train_uncopied`; its uploads come summed)."""
     spec = dataclasses.replace(_spec(split), clip=clip)
     state, before = _state(spec, split), _state(spec, split)
-    cohort = _cohort(split)
+    batch = 16 if uncopied else BATCH  # at most MAX_STEPS steps
+    cohort = _cohort(split, batch)
     assert len({s.n_active for s in cohort.steps}) > 2, "batch counts must differ across clients"
-    up = _round(state, cohort)
-    assert up.shared_sum is None  # clients take several steps: each its own copies
-    clipped = _matches_reference(spec, before, state, cohort, up)
+    assert len(cohort.steps) > 4 and cohort.steps_per_epoch < len(cohort.steps), "several batches and epochs"
+    assert len(cohort.steps) <= MAX_STEPS or not uncopied
+    up = _round(state, cohort, uncopied)
+    assert (up.shared_sum is not None) == uncopied and (up.shared == {}) == uncopied
+    clipped = _matches_reference(spec, before, state, cohort, up, batch)
     if clip:
         assert 0.1 < np.mean(clipped) < 0.9, f"the clip must bind in some steps only: {np.mean(clipped):.2f}"
+    if uncopied:
+        return
 
     # evaluation scores every user with its own generated model and the shared weights
     users = np.array([0, 7, 13])
@@ -114,10 +123,11 @@ def test_lockstep_round_matches_per_client_reference(split: Split, clip: float) 
         np.testing.assert_allclose(got[i], want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def _round(state: FamilyState, cohort: CohortBatches, one_step: bool = False) -> Any:
-    """One round of ``cohort`` on ``state`` (``one_step``: by `FamilyState.one_step`); its upload."""
+def _round(state: FamilyState, cohort: CohortBatches, uncopied: bool = False) -> Any:
+    """One round of ``cohort`` on ``state`` (``uncopied``: by `FamilyState.train_uncopied`); its
+    upload."""
     acc = state.begin_round(1)
-    up = state.one_step(cohort, UploadPath()) if one_step else state.local_update(cohort, UploadPath())
+    up = state.train_uncopied(cohort, UploadPath()) if uncopied else state.local_update(cohort, UploadPath())
     state.accumulate(acc, up)
     state.aggregate(acc, UploadPath(), torch.Generator())
     return up
@@ -149,17 +159,18 @@ def _matches_reference(spec: MetaMFSpec, before: FamilyState, state: FamilyState
 
 @pytest.mark.parametrize("clip", [0.0, 3.0])
 def test_one_step_clients_train_without_copies_as_with_them(split: Split, clip: float) -> None:
-    """Clients that each take one step train from the one shared copy (`FamilyState.one_step`):
+    """Clients that each take one step train from the one shared copy (`FamilyState.train_uncopied`):
     the round equals each client trained alone, as the per-client copies' round does, and counts
     the same bytes; with a clip too (each client's gradient norm taken from its products' inputs
     and output gradients; 3.0 binds for some clients only). Its uploads are summed, so it has no
-    per-client upload; it is closed where one is kept, and declines a client with two steps."""
+    per-client upload; it is closed where one is kept, and declines a cohort of more steps than
+    `MAX_STEPS`."""
     spec = dataclasses.replace(_spec(split), clip=clip)
     cohort = _cohort(split, batch=256, epochs=1)
     assert len(cohort.steps) == 1 and len(cohort.clients) > 10
     before, summed, copied = (_state(spec, split) for _ in range(3))
-    assert summed.one_step_open(summed=True) and not summed.one_step_open(summed=False)
-    up = _round(summed, cohort, one_step=True)
+    assert summed.uncopied_open(summed=True) and not summed.uncopied_open(summed=False)
+    up = _round(summed, cohort, uncopied=True)
     assert up.shared_sum is not None and up.shared == {}
     clipped = _matches_reference(spec, before, summed, cohort, up, batch=256, epochs=1)
     if clip:
@@ -169,12 +180,15 @@ def test_one_step_clients_train_without_copies_as_with_them(split: Split, clip: 
     assert up.loss_sum == pytest.approx(kept.loss_sum, rel=1e-6)
     with pytest.raises(ValueError, match="summed"):
         up.per_client()
-    assert _state(spec, split).one_step(_cohort(split), UploadPath()) is None  # several steps
+    long = _cohort(split, batch=1, epochs=2)
+    assert len(long.steps) > MAX_STEPS
+    assert _state(spec, split).train_uncopied(long, UploadPath()) is None
 
 
 def _train_round(state: FamilyState, split: Split, keep: list[Any] | None, budget_mb: float = 128) -> Any:
-    """Round 1 of every client through the engine (`train_cohort`); the round's sums."""
-    cfg = dataclasses.replace(federated_config("metamf"), batch_size=64, negatives=4, memory_budget_mb=budget_mb)
+    """Round 1 of every client through the engine (`train_cohort`), batches of 2 (so that the
+    most active clients take more than `MAX_STEPS` steps); the round's sums."""
+    cfg = dataclasses.replace(federated_config("metamf"), batch_size=2, negatives=4, memory_budget_mb=budget_mb)
     acc = state.begin_round(1)
     rows = order_by_activity(split.train, np.arange(split.n_users))
     train_cohort(state, state.spec, cfg, split.train, split.sampler, rows, rows, 0, 1, UploadPath(), acc, keep=keep)
@@ -182,20 +196,21 @@ def _train_round(state: FamilyState, split: Split, keep: list[Any] | None, budge
     return acc
 
 
-def test_the_engine_trains_one_step_clients_without_copies_unless_it_keeps_uploads(
+def test_the_engine_trains_clients_without_copies_unless_it_keeps_uploads(
         split: Split, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`train_cohort` sends the clients with one batch (a suffix of the activity order) to
-    `FamilyState.one_step` in chunks charged their activations alone, the others to the copies;
-    keeping per-client uploads (robust rules, audits) sends every client to the copies. Both
-    rounds agree (to round-off: the sums run in another order). A client whose gradient is not
-    finite sends its chunk to the copies, sized for them, which reject that client alone."""
+    """`train_cohort` sends the clients of at most `MAX_STEPS` steps (a suffix of the activity
+    order) to `FamilyState.train_uncopied` in chunks charged their activations and history
+    alone, the others to the copies; keeping per-client uploads (robust rules, audits) sends
+    every client to the copies. Both rounds agree (to round-off: the sums run in another order).
+    A client whose gradient is not finite sends its chunk to the copies, sized for them, which
+    reject that client alone."""
     spec = _spec(split)
-    one_step_chunks: list[int] = []
-    real = FamilyState.one_step
+    uncopied_chunks: list[int] = []
+    real = FamilyState.train_uncopied
 
     def spy(self, cohort, path):  # type: ignore[no-untyped-def]
         up = real(self, cohort, path)
-        one_step_chunks.append(len(cohort.clients) if up is not None else -len(cohort.clients))
+        uncopied_chunks.append(len(cohort.clients) if up is not None else -len(cohort.clients))
         return up
     copied_chunks: list[int] = []
     real_copies = FamilyState.local_update
@@ -203,32 +218,33 @@ def test_the_engine_trains_one_step_clients_without_copies_unless_it_keeps_uploa
     def copies(self, cohort, *args):  # type: ignore[no-untyped-def]
         copied_chunks.append(len(cohort.clients))
         return real_copies(self, cohort, *args)
-    monkeypatch.setattr(FamilyState, "one_step", spy)
+    monkeypatch.setattr(FamilyState, "train_uncopied", spy)
     monkeypatch.setattr(FamilyState, "local_update", copies)
     fast, copied = _state(spec, split), _state(spec, split)
-    counts = np.diff(split.train.indptr) * 5
-    assert (counts > 64).any() and (counts <= 64).any()
+    steps = -(-np.diff(split.train.indptr) * 5 // 2)
+    assert (steps > MAX_STEPS).any() and (steps <= MAX_STEPS).any() and (steps > 1).sum() > 10
     acc = _train_round(fast, split, None)
-    assert one_step_chunks == [int((counts <= 64).sum())] and acc.n == split.n_users
-    one_step_chunks.clear()
+    assert uncopied_chunks == [int((steps <= MAX_STEPS).sum())] and acc.n == split.n_users
+    assert sum(copied_chunks) == int((steps > MAX_STEPS).sum())
+    uncopied_chunks.clear()
     _train_round(copied, split, [])
-    assert one_step_chunks == []
+    assert uncopied_chunks == []
     for name, t in fast.shared.items():
         torch.testing.assert_close(t, copied.shared[name], **TOL)
     torch.testing.assert_close(fast.items, copied.items, **TOL)
     torch.testing.assert_close(fast.private["user"], copied.private["user"], **TOL)
 
     fast, copied = _state(spec, split), _state(spec, split)
-    one_step_chunks.clear()
+    uncopied_chunks.clear()
     copied_chunks.clear()
-    bad = int(np.flatnonzero(counts <= 64)[0])
+    bad = int(np.flatnonzero(steps <= MAX_STEPS)[0])
     for st in (fast, copied):
         st.private["user"][bad] = float("nan")
     weights = 3 * sum(t.numel() for t in fast.shared.values()) * 4 / 2**20  # two clients' copies a chunk
     acc = _train_round(fast, split, None, budget_mb=weights * 2.5)
     assert max(copied_chunks) <= 2  # the declined chunk went to the copies in chunks of their size
     kept = _train_round(copied, split, [], budget_mb=weights * 2.5)
-    assert sum(n < 0 for n in one_step_chunks) == 1 and len(one_step_chunks) > 1  # its chunk declined
+    assert sum(n < 0 for n in uncopied_chunks) == 1 and len(uncopied_chunks) > 1  # its chunk declined
     assert acc.rejected == kept.rejected == 1
     for name, t in fast.shared.items():
         assert torch.isfinite(t).all()
@@ -243,7 +259,7 @@ def test_chunks_fit_the_budget_with_the_weight_copies(split: Split) -> None:
     assert weights == 473_617 * 4  # the official sizes
     assert spec.bytes_per_client == 3 * weights
     assert spec.bytes_per_sample < 1024  # activations only
-    assert spec.bytes_per_one_step_client < spec.bytes_per_client / 50  # no copies
+    assert spec.bytes_per_uncopied_client + MAX_STEPS * spec.bytes_per_uncopied_step < spec.bytes_per_client / 3  # no copies
     samples = np.array([5000, 500, 5, 5])  # a heavy client does not crowd the others out
     assert chunk_bounds(samples, spec.bytes_per_sample, 7 * weights / 2**20, spec.bytes_per_client) == [(0, 2), (2, 4)]
 

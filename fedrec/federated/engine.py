@@ -30,6 +30,7 @@ from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import FamilySpec, client_params
 from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
+from fedrec.federated.uncopied import MAX_STEPS
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
@@ -255,20 +256,21 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     # rows and activations are per sample; the steps' index arrays (16 bytes a slot) per epoch
     per_sample = spec.bytes_per_sample + (16 * cfg.local_epochs if spec.bytes_per_sample else 0)
     budget = cfg.chunk_budget_mb()
-    # clients that take one step (one batch, one epoch) train without copies of the shared
-    # weights where the state can (`FamilyState.one_step`): a suffix of the activity order,
-    # charged their activations only, so it is chunked apart from the clients before it
-    one = np.zeros(len(rows), bool)
-    if cfg.local_epochs == 1 and state.one_step_open(summed=keep is None):
-        one = samples <= cfg.batch_size
-    first = int(np.argmax(one)) if one.any() else len(one)
-    assert one[first:].all(), "clients must come in decreasing activity (`order_by_activity`)"
+    # clients of at most MAX_STEPS local steps train without copies of the shared weights where
+    # the state can (`FamilyState.train_uncopied`): a suffix of the activity order, charged their
+    # activations and their steps' history only, so it is chunked apart from the clients before it
+    steps = cfg.local_epochs * -(-samples // cfg.batch_size)
+    uncopied = np.zeros(len(rows), bool)
+    if state.uncopied_open(summed=keep is None):
+        uncopied = steps <= MAX_STEPS
+    first = int(np.argmax(uncopied)) if uncopied.any() else len(uncopied)
+    assert uncopied[first:].all(), "clients must come in decreasing activity (`order_by_activity`)"
 
-    def chunk(a: int, b: int, one_step: bool) -> None:
+    def chunk(a: int, b: int, without_copies: bool) -> None:
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
-        up = state.one_step(batches, path) if one_step else None
-        if one_step and up is None:  # a gradient not finite: the copies, in chunks sized for them
+        up = state.train_uncopied(batches, path) if without_copies else None
+        if without_copies and up is None:  # a gradient not finite: the copies, in chunks sized for them
             for a2, b2 in chunk_bounds(samples[a:b], per_sample, budget, spec.bytes_per_client):
                 chunk(a + a2, a + b2, False)
             return
@@ -285,8 +287,9 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
 
     for a, b in chunk_bounds(samples[:first], per_sample, budget, spec.bytes_per_client):
         chunk(a, b, False)
-    if first < len(rows):  # (a spec whose state has no one-step path need not size it)
-        for a, b in chunk_bounds(samples[first:], per_sample, budget, spec.bytes_per_one_step_client):
+    if first < len(rows):  # (a spec whose state has no uncopied path need not size it)
+        per_client = spec.bytes_per_uncopied_client + int(steps[first]) * spec.bytes_per_uncopied_step
+        for a, b in chunk_bounds(samples[first:], per_sample, budget, per_client):
             chunk(first + a, first + b, True)
 
 

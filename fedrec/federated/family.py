@@ -34,7 +34,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,19 +44,10 @@ from fedrec.core.device import here
 from fedrec.federated import draws
 from fedrec.federated.scores import ScoreFunction, get_score
 
+if TYPE_CHECKING:
+    from fedrec.federated.uncopied import SharedTape
+
 ITEMS = "items"
-
-
-class SharedProduct(NamedTuple):
-    """One product of a shared weight with per-client inputs, ``out = x @ p[weight] (+ p[bias])``
-    (``x``, ``out``: ``(C, in)``, ``(C, out)``), as a score function records it for
-    `FamilyState.one_step`: a client's gradient of the weight is the outer product of its ``x``
-    row and its gradient of ``out``, so its norm and the clipped sum over clients need no copy."""
-
-    weight: str
-    bias: str | None
-    x: torch.Tensor
-    out: torch.Tensor
 
 
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
@@ -77,7 +68,7 @@ class FamilySpec:
     clip: float = 0.0
     #: the score function also takes shared weights without a client axis (one copy read by
     #: every client, not one a client) and records their products (`logits_taped`), which
-    #: `FamilyState.one_step` needs
+    #: `FamilyState.train_uncopied` needs
     shares_unbatched: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
@@ -124,11 +115,10 @@ class FamilySpec:
 
         return ServerOptimizer()
 
-    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor,
-                     tape: list[SharedProduct] | None) -> torch.Tensor:
+    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor, tape: SharedTape | None) -> torch.Tensor:
         """Logits ``(C, B)`` of item rows ``v`` with the shared weights in ``p`` unbatched, each
-        product of one recorded in ``tape`` (`SharedProduct`); a spec that ``shares_unbatched``
-        provides it."""
+        product of one passed through ``tape`` (`fedrec.federated.uncopied.SharedTape.product`);
+        a spec that ``shares_unbatched`` provides it."""
         raise NotImplementedError(f"{type(self).__name__} does not share unbatched weights")
 
     @property
@@ -148,9 +138,16 @@ class FamilySpec:
         return 0
 
     @property
-    def bytes_per_one_step_client(self) -> int:
-        """`bytes_per_client` for a client trained by `FamilyState.one_step` (no copies)."""
+    def bytes_per_uncopied_client(self) -> int:
+        """`bytes_per_client` for a client trained by `FamilyState.train_uncopied` (no copies),
+        less its history (`bytes_per_uncopied_step`)."""
         return self.bytes_per_client
+
+    @property
+    def bytes_per_uncopied_step(self) -> int:
+        """What each local step adds to a client's working set in `FamilyState.train_uncopied`:
+        its products' inputs and output gradients (`fedrec.federated.uncopied.SharedHistory`)."""
+        return 0
 
     @property
     def item_width(self) -> int:

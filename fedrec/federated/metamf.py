@@ -46,11 +46,12 @@ V is N(0, item_std²) like every item table here.
 
 **Memory.** The shared weights (473,617 floats at the defaults: 1.9 MB) are copied per client for
 its local steps, and each step's gradient is as large: about 3 copies per client, which dwarf the
-per-sample activations. A chunk whose clients each take one step, and whose uploads the server
-only sums, makes no copies (`FamilyState.one_step`: the products read the one shared weight,
-`_per_client`), and is charged ``bytes_per_one_step_client`` a client; on Ciao, where most
-clients have one batch, that took a round's training from 15-22 s to 1.1-1.8 s on one thread
-(session 49). The engine charges a chunk ``bytes_per_client`` a client (the copies)
+per-sample activations. A chunk whose uploads the server only sums makes no copies
+(`FamilyState.train_uncopied`: the products read the one shared weight, `_per_client`, corrected
+by each client's earlier steps, `fedrec.federated.uncopied`), and is charged
+``bytes_per_uncopied_client`` a client and ``bytes_per_uncopied_step`` a step of its history; on
+Ciao, where most clients have one batch, that took a round's training from 15-22 s to 1.1-1.8 s
+on one thread (session 49, for clients of one step; session 50 carries several). The engine charges a chunk ``bytes_per_client`` a client (the copies)
 and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
 the smallest client instead, so a client with many samples was charged many times its copies:
 on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
@@ -68,7 +69,8 @@ import torch.nn.functional as F
 
 from fedrec.core.device import here
 from fedrec.federated import draws
-from fedrec.federated.family import FamilySpec, SharedProduct, client_params
+from fedrec.federated.family import FamilySpec, client_params
+from fedrec.federated.uncopied import SharedTape
 
 # generated blocks: each has its own hidden layer h_k = relu(c_u H_k + a_k)
 BLOCKS = ("layer1", "layer2", "items")
@@ -129,11 +131,20 @@ class MetaMFSpec(FamilySpec):
         return 3 * sum(int(np.prod(s)) for s in self.score_shapes().values()) * FLOAT
 
     @property
-    def bytes_per_one_step_client(self) -> int:
-        """A client trained without copies (`FamilyState.one_step`): its memory read, hidden
-        layers and generated weights, their gradients and autograd's saved inputs."""
+    def bytes_per_uncopied_client(self) -> int:
+        """A client trained without copies (`FamilyState.train_uncopied`): its memory read,
+        hidden layers and generated weights, their gradients and autograd's saved inputs."""
         generated = sum(int(np.prod(s)) for s in self.generated_shapes().values())
         return 3 * (self.dim + self.memory + len(BLOCKS) * self.hidden + generated) * FLOAT
+
+    @property
+    def bytes_per_uncopied_step(self) -> int:
+        """A step of a client's history there: each product's input and output gradient (the
+        memory read, three hidden layers, five generated blocks)."""
+        generated = sum(int(np.prod(s)) for s in self.generated_shapes().values())
+        ins = self.dim + len(BLOCKS) * self.memory + len(self.generated_shapes()) * self.hidden
+        outs = self.memory + len(BLOCKS) * self.hidden + generated
+        return (ins + outs) * FLOAT
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
@@ -162,16 +173,13 @@ class MetaMFSpec(FamilySpec):
         an expanded view) or without (one weight for every client: `_per_client`)."""
         return self.logits_taped(p, v, None)
 
-    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor,
-                     tape: list[SharedProduct] | None) -> torch.Tensor:
-        """`logits`, recording in ``tape`` every product of a shared weight (all of them take
+    def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor, tape: SharedTape | None) -> torch.Tensor:
+        """`logits`, passing every product of a shared weight through ``tape`` (all of them take
         a per-client input: the user vector, its memory read or a hidden layer)."""
 
         def product(x: torch.Tensor, weight: str, bias: str | None = None) -> torch.Tensor:
             out = _per_client(x, p[weight], None if bias is None else p[bias])
-            if tape is not None:
-                tape.append(SharedProduct(weight, bias, x, out))
-            return out
+            return out if tape is None else tape.product(weight, bias, x, out)
 
         c = product(p["user"], "memory")
         h = {b: F.relu(product(c, f"{b}.hidden_w", f"{b}.hidden_b")) for b in BLOCKS}

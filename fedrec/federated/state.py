@@ -3,8 +3,9 @@
 `FamilyState` is the batched kernel of the item-embedding family: `local_update` trains a cohort
 (all its clients at once) and returns their uploads; `aggregate` folds uploads into the
 global state; `scores` serves evaluation. Shared weights are copied per client for its local
-steps, except where every client of a chunk takes one step and only the uploads' sum is wanted
-(`FamilyState.one_step`). Private parameters live in one ``(n_clients, ...)``
+steps, except where the score function's products allow each client's steps to be carried as
+outer products and only the uploads' sum is wanted (`FamilyState.train_uncopied`,
+`fedrec.federated.uncopied`). Private parameters live in one ``(n_clients, ...)``
 store per name, gathered for a cohort and scattered back after training.
 """
 
@@ -23,7 +24,6 @@ from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
     ITEMS,
     FamilySpec,
-    SharedProduct,
     batch_loss,
     client_params,
     init_params,
@@ -34,6 +34,7 @@ from fedrec.federated.family import (
 from fedrec.federated.optim import clip_scale
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.server_opt import ServerOptimizer
+from fedrec.federated.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 
 
@@ -44,17 +45,6 @@ def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     with a 2-D index (measured in torch 2.13: 1.3 ms against 27 ms for 240k rows of 32).
     """
     return table.index_select(0, idx.reshape(-1)).view(*idx.shape, table.shape[1])
-
-
-def _squared_norms(tape: list[SharedProduct], outs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Each client's squared norm of its gradients of the shared weights in ``tape``, given its
-    gradients ``outs`` of their outputs: |x_c|^2 |d_c|^2 for a weight (the norm of the outer
-    product x_c^T d_c) and |d_c|^2 for its bias, in float64 as `clip_scale` sums them."""
-    sq = torch.zeros(outs[0].shape[0], dtype=torch.float64)
-    for t, d in zip(tape, outs, strict=True):
-        d2 = d.square().sum(1).double()
-        sq += t.x.detach().square().sum(1).double() * d2 + (d2 if t.bias is not None else 0.0)
-    return sq
 
 
 @dataclass
@@ -71,7 +61,7 @@ class CohortUpload:
     client_batches: int
     #: pseudo rows (`fedrec.federated.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
     padding: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
-    #: the clients' shared weights already summed (`FamilyState.one_step`; every client
+    #: the clients' shared weights already summed (`FamilyState.train_uncopied`; every client
     #: accepted), in place of ``shared``'s one copy a client
     shared_sum: dict[str, torch.Tensor] | None = None
 
@@ -127,8 +117,8 @@ class CohortState(Protocol):
     def begin_round(self, r: int) -> Accumulator: ...
     def local_update(self, cohort: CohortBatches, path: UploadPath,
                      fresh_user: torch.Tensor | None = None) -> CohortUpload: ...
-    def one_step_open(self, summed: bool) -> bool: ...
-    def one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None: ...
+    def uncopied_open(self, summed: bool) -> bool: ...
+    def train_uncopied(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None: ...
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None: ...
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None: ...
     def scores(self, clients: np.ndarray, items: np.ndarray | None) -> np.ndarray: ...
@@ -224,73 +214,70 @@ class FamilyState:
         start = self.items.index_select(0, torch.as_tensor(cohort.row_items))
         return start, {k: self.private[k][clients] for k in self.spec.private_names()}
 
-    def one_step_open(self, summed: bool) -> bool:
-        """Whether `one_step` can train a chunk of clients that each take one step: only the
-        sum of their uploads is wanted (``summed``: no per-client upload is kept), the score
-        function takes the shared weights without copies, and a step is one plain phase (no
-        reconstruction, no dual step)."""
+    def uncopied_open(self, summed: bool) -> bool:
+        """Whether `train_uncopied` can train a chunk of clients: only the sum of their uploads
+        is wanted (``summed``: no per-client upload is kept), the score function takes the shared
+        weights without copies, and a step is one plain phase (no reconstruction, no dual step)."""
         spec = self.spec
         return (summed and spec.shares_unbatched and bool(self.shared) and len(spec.phases()) == 1
                 and not spec.reconstruct and not spec.dual)
 
-    def one_step(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
-        """Train a cohort whose clients each take one step, without copying the shared weights
-        (the caller has checked `one_step_open`).
+    def train_uncopied(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
+        """Train a cohort without copying the shared weights per client (the caller has checked
+        `uncopied_open`; `fedrec.federated.uncopied` says why it holds).
 
-        Every client starts the round from the same shared weights W, so its one step reads W
-        itself and its upload is W - lr s_c g_c (s_c: its clip factor, 1 without a clip). The
-        server only sums the uploads, and the sum, n W - lr sum_c s_c g_c, needs no client's own
-        g_c: every product of a shared weight takes a per-client input x_c (`SharedProduct`), so
-        g_c is the outer product x_c^T d_c with d_c the client's gradient of the product's output,
-        its norm is |x_c| |d_c|, and sum_c s_c g_c = X^T diag(s) D, one matrix product. MetaMF on
+        Each step's products read the one shared W, corrected by the client's earlier steps of
+        the round (`SharedHistory`); the clients' private parameters and item rows step as in
+        `local_update`, and the round's shared upload is their sum, ``n W - lr Xᵀ D``. MetaMF on
         Ciao, where most clients have one batch, spent most of a round on the copies: their
         products, gradients and updates (docs/scale.md). Returns None, having changed nothing,
-        if a client takes more than one step, or if any gradient or updated row is not finite:
-        the per-client copies then reject just those clients (a sum cannot say whose it was).
+        if the cohort takes more than `MAX_STEPS` steps, or if any gradient or updated row is not
+        finite: the per-client copies then reject just those clients (a sum cannot say whose it
+        was).
         """
         spec = self.spec
-        if len(cohort.steps) != 1 or cohort.steps[0].n_active != len(cohort.clients):
+        if len(cohort.steps) > MAX_STEPS:
             return None
         start, params = self._download(cohort)
         rows = start.clone()
-        s = cohort.steps[0]
-        idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
         names = spec.phases()[0]
         items = ITEMS in names
         mine = [k for k in names if k != ITEMS and k not in self.shared]
-        leaves = {k: params[k].detach().requires_grad_(True) for k in mine}
-        v = gather_rows(rows, idx).requires_grad_(items)
-        tape: list[SharedProduct] = []
-        with torch.enable_grad():
-            loss = mean_loss(spec, spec.logits_taped({**params, **leaves, **self.shared}, v, tape), y, m)
-            wrt = [*leaves.values(), *([v] if items else []), *(t.out for t in tape)]
-            got = torch.autograd.grad(loss, wrt)
-        grads = dict(zip([*leaves, *([ITEMS] if items else [])], got, strict=False))
-        outs = got[len(grads):]
-        if not all(torch.isfinite(g).all() for g in got):
-            return None
-        n = len(cohort.clients)
-        if spec.clip > 0:
-            scale = self._clip(grads, idx, extra_sq=_squared_norms(tape, outs))
-            outs = tuple(d * scale[:, None] for d in outs)
-        shared_sum = {k: w * n for k, w in self.shared.items()}
-        for t, d in zip(tape, outs, strict=True):  # sum_c s_c g_c of each shared weight
-            shared_sum[t.weight].addmm_(t.x.detach().T, d, alpha=-self.lr_of(t.weight))
-            if t.bias is not None:
-                shared_sum[t.bias].sub_(d.sum(0), alpha=self.lr_of(t.bias))
-        for k in mine:  # after the sums: a product's input may be a private leaf (the user vector)
-            params[k].sub_(grads[k], alpha=self.lr_of(k))
-        if items:
-            self._apply_item_step(rows, idx, grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item))
+        history = SharedHistory(len(cohort.clients), len(cohort.steps), self.lr_of)
+        loss_sum = 0.0
+        for s in cohort.steps:
+            idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
+            n = idx.shape[0]  # the clients still training this step (a prefix, by batch count)
+            leaves = {k: params[k][:n].detach().requires_grad_(True) for k in mine}
+            v = gather_rows(rows, idx).requires_grad_(items)
+            tape = SharedTape(history)
+            with torch.enable_grad():
+                loss = mean_loss(spec, spec.logits_taped({**params, **leaves, **self.shared}, v, tape), y, m)
+                wrt = [*leaves.values(), *([v] if items else []), *(t.out for t in tape.products)]
+                got = torch.autograd.grad(loss, wrt)
+            grads = dict(zip([*leaves, *([ITEMS] if items else [])], got, strict=False))
+            outs = got[len(grads):]
+            if not all(torch.isfinite(g).all() for g in got):
+                return None
+            if spec.clip > 0:
+                scale = self._clip(grads, idx, extra_sq=squared_norms(tape, outs))
+                outs = tuple(d * scale[:, None] for d in outs)
+            history.add(tape.products, outs)  # copies the inputs before a private leaf steps
+            for k in mine:
+                params[k][:n].sub_(grads[k], alpha=self.lr_of(k))
+            if items:
+                self._apply_item_step(rows, idx, grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item))
+            loss_sum += float(loss.detach())
+        shared_sum = history.summed(self.shared)
         if not (torch.isfinite(rows).all() and all(torch.isfinite(t).all() for t in shared_sum.values())):
             return None
-        return self._finish(cohort, params, start, rows, path, float(loss.detach()), shared_sum)
+        return self._finish(cohort, params, start, rows, path, loss_sum, shared_sum)
 
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
                 rows: torch.Tensor, path: UploadPath, loss_sum: float,
                 shared_sum: dict[str, torch.Tensor] | None = None) -> CohortUpload:
         """Keep the private parameters; encode the item upload through ``path``; count bytes.
-        ``shared_sum``: the clients' shared weights, summed (`one_step`), in place of their
+        ``shared_sum``: the clients' shared weights, summed (`train_uncopied`), in place of their
         copies in ``params``."""
         c = len(cohort.clients)
         clients = torch.as_tensor(cohort.clients)
@@ -348,7 +335,7 @@ class FamilyState:
         """Scale each active client's gradient to L2 norm <= ``spec.clip`` in place, as
         ``clip_grad_norm_`` on that client's model alone: a row drawn twice in its batch counts
         once, with the sum of its slots' gradients (``grads[ITEMS]`` holds one per slot).
-        ``extra_sq``: each client's squared norm of gradients not in ``grads`` (`one_step`'s
+        ``extra_sq``: each client's squared norm of gradients not in ``grads`` (`train_uncopied`'s
         shared weights); returns the factors."""
         n = idx.shape[0]
         parts: list[tuple[torch.Tensor, torch.Tensor | None]] = [(g[:n], None) for k, g in grads.items() if k != ITEMS]
@@ -403,7 +390,7 @@ class FamilyState:
             ptr, p_items, p_rows = up.padding
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(ptr)))
             acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
-        if up.shared_sum is not None:  # summed by `one_step`, which accepts every client or none
+        if up.shared_sum is not None:  # summed by `train_uncopied`, which accepts every client or none
             assert everyone, "a summed upload has every client accepted"
             for k, v in up.shared_sum.items():
                 acc.shared_sum[k] += v
