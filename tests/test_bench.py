@@ -330,6 +330,10 @@ def test_a_grid_joins_the_finished_cells_of_another_to_its_boards(tmp_path: Path
     grid.write_text(grid.read_text().replace('"other-out"', '"other-ot"'))
     with pytest.raises(FedrecError, match='join."other.toml": .*other-ot is not a folder of results'):
         load_grid(grid)
+    grid.write_text(grid.read_text().replace('"other.toml" = "other-ot"', '"othre.toml" = "other-out"'))
+    with pytest.raises(FedrecError, match='join."othre.toml": .*othre.toml: not a readable bench file'):
+        load_grid(grid)
+    grid.write_text(grid.read_text().replace('"othre.toml" = "other-out"', '"other.toml" = "other-ot"'))
     grid.write_text(grid.read_text().replace('"other-ot"', "3"))
     with pytest.raises(FedrecError, match='join."other.toml" must be the folder its cells are in, not 3'):
         load_grid(grid)

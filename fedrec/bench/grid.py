@@ -192,7 +192,10 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
             raise FedrecError(f"{p}: join.\"{name}\" must be the folder its cells are in, not {folder!r}")
         if not (p.parent / folder).is_dir():  # a mistyped folder would list every cell as "not run"
             raise FedrecError(f"{p}: join.\"{name}\": {p.parent / folder} is not a folder of results")
-        other = load_grid(p.parent / name, check_device=False, join=False)
+        try:
+            other = load_grid(p.parent / name, check_device=False, join=False)
+        except FedrecError as e:
+            raise FedrecError(f"{p}: join.\"{name}\": {e}") from None
         joined.append((name, other, p.parent / folder))
     return Grid(cells, grid.get("workers", os.cpu_count() or 1), grid.get("data_dir"),
                 grid.get("checkpoint_every", 0), label, joined)

@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from fedrec.federated.uncopied import SharedTape
 
 ITEMS = "items"
-
-
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
 LOSSES = ("bce", "mse")
 

@@ -51,8 +51,8 @@ per-sample activations. A chunk whose uploads the server only sums makes no copi
 by each client's earlier steps, `fedrec.federated.uncopied`), and is charged
 ``bytes_per_uncopied_client`` a client and ``bytes_per_uncopied_step`` a step of its history; on
 Ciao, where most clients have one batch, that took a round's training from 15-22 s to 1.1-1.8 s
-on one thread (session 49, for clients of one step; session 50 carries several). The engine charges a chunk ``bytes_per_client`` a client (the copies)
-and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
+on one thread (session 49, for clients of one step; session 50 carries up to 32 steps). The
+engine charges a chunk of copies ``bytes_per_client`` a client and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
 the smallest client instead, so a client with many samples was charged many times its copies:
 on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
 median of one client each a round, and the engine stepped them one by one.
@@ -134,17 +134,20 @@ class MetaMFSpec(FamilySpec):
     def bytes_per_uncopied_client(self) -> int:
         """A client trained without copies (`FamilyState.train_uncopied`): its memory read,
         hidden layers and generated weights, their gradients and autograd's saved inputs."""
-        generated = sum(int(np.prod(s)) for s in self.generated_shapes().values())
-        return 3 * (self.dim + self.memory + len(BLOCKS) * self.hidden + generated) * FLOAT
+        return 3 * (self.dim + self.memory + len(BLOCKS) * self.hidden + self._generated_floats) * FLOAT
 
     @property
     def bytes_per_uncopied_step(self) -> int:
         """A step of a client's history there: each product's input and output gradient (the
         memory read, three hidden layers, five generated blocks)."""
-        generated = sum(int(np.prod(s)) for s in self.generated_shapes().values())
         ins = self.dim + len(BLOCKS) * self.memory + len(self.generated_shapes()) * self.hidden
-        outs = self.memory + len(BLOCKS) * self.hidden + generated
+        outs = self.memory + len(BLOCKS) * self.hidden + self._generated_floats
         return (ins + outs) * FLOAT
+
+    @property
+    def _generated_floats(self) -> int:
+        """Floats the hypernetwork generates for one user (`generated_shapes`)."""
+        return sum(int(np.prod(s)) for s in self.generated_shapes().values())
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
