@@ -338,6 +338,32 @@ def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
     assert off and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in off.values())
 
 
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OS may give a just-closed port to the next bind(0); free_port must skip it, since the
+    child process that will bind the first one may not have started yet."""
+    import socket
+
+    from fedrec.flower.launch import free_port
+
+    offered = iter([1, 1, 1, 2])  # what the fake OS picks; ports no real bind(0) returns
+
+    class Fake:
+        def __enter__(self) -> Fake:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(offered)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(socket, "socket", Fake)
+    assert [free_port(), free_port()] == [1, 2]
+
+
 def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
     """Free ports, not fixed ones: two deployments on one host both start and stay up."""
     import socket

@@ -89,13 +89,25 @@ def simulate(run: RunConfig, nodes: int, *, ray_address: str | None = None, node
     run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=backend)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it), never one this
+    process handed out before.
+
+    The OS freely gives a just-closed port to the next ``bind(0)``, and a port handed out here is
+    only bound later by a child process; without the record two deployments started one after the
+    other could be given the same port (a CI run once saw it)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class Loopback:
