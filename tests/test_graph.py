@@ -30,6 +30,7 @@ from fedrec.federated.graph_spec import GraphSpec
 from fedrec.federated.upload import UploadPath
 from fedrec.federated.user_graph import (
     FactoredGraph,
+    Gram,
     graph_nnz,
     neighbour_graph,
     public_graph,
@@ -236,6 +237,22 @@ def test_server_step_does_not_depend_on_the_block_size(split: Split, monkeypatch
         torch.testing.assert_close(a_items, b_items, **TOL)
         if a_table is not None:
             torch.testing.assert_close(a_table, b_table, **TOL)
+
+
+@pytest.mark.parametrize("blas", [True, False], ids=["cpu-syrk", "halves"])
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_gram_over_column_blocks_is_the_whole_product(n: int, blas: bool) -> None:
+    """GPFedRec's Gram matrix, accumulated block by block in one triangle (BLAS syrk on the
+    CPU; two halves elsewhere), is x xᵀ of the whole table, symmetric."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 90, generator=gen, dtype=torch.float64) + 3.0
+    gram = Gram(n)
+    gram._cpu = blas  # the halves path is the one a GPU takes
+    for block in x.split([40, 1, 49], dim=1):
+        gram.add(block.contiguous())
+    out = gram.result()
+    torch.testing.assert_close(out, x @ x.T, rtol=1e-13, atol=1e-12)
+    assert torch.equal(out, out.T)
 
 
 def test_legacy_distance_picks_the_least_similar_users() -> None:

@@ -65,8 +65,8 @@ from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 from fedrec.federated.user_graph import (
+    Gram,
     Graph,
-    add_gram,
     graph_nnz,
     neighbour_graph,
     public_graph,
@@ -273,10 +273,10 @@ class GraphState(FamilyState):
         if self.graph.gpfedrec:
             # float64: the tables of one round differ in few rows, so their cosines sit within
             # ~1e-5 of each other and float32 sums (1e-7) would pick neighbours at random
-            gram = torch.zeros((n, n), dtype=torch.float64)
+            gram = Gram(n, self.items.device)
             for k in range(len(blocks)):
-                add_gram(gram, uploaded(k).view(n, -1).double())
-            g, stats = neighbour_graph(gram, self.graph.similarity, self.graph.threshold)
+                gram.add(uploaded(k).view(n, -1).double())
+            g, stats = neighbour_graph(gram.result(), self.graph.similarity, self.graph.threshold)
             self.extra.update(stats)
             assert self.table is not None
             for k, (a, b, _) in enumerate(blocks):

@@ -125,13 +125,40 @@ def neighbour_graph(gram: torch.Tensor, similarity: str, threshold: float) -> tu
     return g, stats
 
 
-def add_gram(gram: torch.Tensor, x: torch.Tensor) -> None:
-    """``gram += x xᵀ`` computing the upper half only (3/4 of the work of a full product):
-    torch has no symmetric rank-k update, so the rows are split in two halves."""
-    h = x.shape[0] // 2
-    top, bottom = x[:h], x[h:]
-    gram[:h, :h].addmm_(top, top.T)
-    gram[h:, h:].addmm_(bottom, bottom.T)
-    cross = top @ bottom.T
-    gram[:h, h:] += cross
-    gram[h:, :h] += cross.T
+class Gram:
+    """``Σ x xᵀ`` over the column blocks ``x`` (``(n, w)``, float64) of every user's table.
+
+    On the CPU each block is one symmetric rank-k update (BLAS ``dsyrk``, through SciPy, with as
+    many threads as PyTorch uses): it computes one triangle, half the multiplications of the
+    full product, and measured 2x faster than the three products torch needs for the same
+    triangle (1,600 users, 2,048 columns, one thread: 0.12 s against 0.24 s a block). torch has no
+    such kernel, so on another device (a GPU) the upper half is computed by splitting the rows
+    in two halves (3/4 of the full product's work). The two differ from ``x xᵀ`` by round-off in
+    the last bits of float64 only (the sums run in another order).
+    """
+
+    def __init__(self, n: int, device: torch.device | str | None = None) -> None:
+        self.value = torch.zeros((n, n), dtype=torch.float64, device=device)
+        self._cpu = self.value.device.type == "cpu"
+
+    def add(self, x: torch.Tensor) -> None:
+        if self._cpu:
+            from scipy.linalg import blas
+            from threadpoolctl import threadpool_limits
+
+            # gram.T is Fortran-ordered, so BLAS updates it in place; its upper triangle is the
+            # gram's lower one. x.T is Fortran-ordered (w, n): trans=1 gives (x.T)ᵀ x.T = x xᵀ.
+            with threadpool_limits(torch.get_num_threads(), user_api="blas"):
+                blas.dsyrk(1.0, x.numpy().T, beta=1.0, c=self.value.numpy().T, trans=1, lower=0,
+                           overwrite_c=1)
+            return
+        h = x.shape[0] // 2
+        top, bottom = x[:h], x[h:]
+        self.value[:h, :h].addmm_(top, top.T)
+        self.value[h:, h:].addmm_(bottom, bottom.T)
+        self.value[h:, :h].addmm_(bottom, top.T)
+
+    def result(self) -> torch.Tensor:
+        """The whole symmetric matrix (its lower triangle mirrored)."""
+        low = torch.tril(self.value)
+        return low + torch.tril(self.value, -1).T
