@@ -52,7 +52,7 @@ def dense_floor(n_users: int, n_items: int, dim: int, products: int) -> tuple[fl
     products take at this machine's measured float32 matrix rate, and that rate (GFLOP/s).
 
     The graph servers cannot do less: GPFedRec needs the Gram matrix of all uploaded tables and
-    the graph times all tables (two such products; fedrec's Gram is the upper half, 3/4 of one),
+    the graph times all tables (two such products; fedrec's Gram is one triangle: half of one on the CPU, 3/4 on a GPU),
     GFed-PP needs Ã times all tables (one). The rate is timed on 32 MB column blocks, as the
     server step runs."""
     width = max(1, (32 << 20) // (n_users * 4))

@@ -338,16 +338,20 @@ def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
     assert off and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in off.values())
 
 
-def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The OS may give a just-closed port to the next bind(0); free_port must skip it, since the
-    child process that will bind the first one may not have started yet."""
+def test_free_port_skips_ports_handed_out_or_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port handed out before is bound later by a child process, so free_port must not give it
+    again; nor one another process holds."""
     import socket
 
-    from fedrec.flower.launch import free_port
+    from fedrec.flower import launch
 
-    offered = iter([1, 1, 1, 2])  # what the fake OS picks; ports no real bind(0) returns
+    picks = iter([5001, 5001, 5002, 5003])  # the random draws
 
-    class Fake:
+    class Draws:
+        def choice(self, _: range) -> int:
+            return next(picks)
+
+    class Fake:  # a host where 5002 is taken
         def __enter__(self) -> Fake:
             return self
 
@@ -355,13 +359,27 @@ def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch)
             pass
 
         def bind(self, address: tuple[str, int]) -> None:
-            self.port = next(offered)
+            if address[1] == 5002:
+                raise OSError("address in use")
+            self.port = address[1]
 
         def getsockname(self) -> tuple[str, int]:
-            return ("127.0.0.1", self.port)
+            return ("0.0.0.0", self.port)
 
+    monkeypatch.setattr(launch, "_RNG", Draws())
+    monkeypatch.setattr(launch, "_HANDED_OUT", set())
     monkeypatch.setattr(socket, "socket", Fake)
-    assert [free_port(), free_port()] == [1, 2]
+    assert [launch.free_port(), launch.free_port()] == [5001, 5003]
+
+
+def test_free_ports_lie_below_the_kernels_own_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ports the kernel never gives to a bind(0) or an outgoing connection, all different."""
+    from fedrec.flower import launch
+
+    monkeypatch.setattr(launch, "_HANDED_OUT", set())
+    ports = [launch.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(p in launch._quiet_ports() for p in ports)
 
 
 def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:

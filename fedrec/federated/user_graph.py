@@ -132,9 +132,10 @@ class Gram:
     many threads as PyTorch uses): it computes one triangle, half the multiplications of the
     full product, and measured 2x faster than the three products torch needs for the same
     triangle (1,600 users, 2,048 columns, one thread: 0.12 s against 0.24 s a block). torch has no
-    such kernel, so on another device (a GPU) the upper half is computed by splitting the rows
+    such kernel, so on another device (a GPU) the lower triangle is computed from the rows split
     in two halves (3/4 of the full product's work). The two differ from ``x xᵀ`` by round-off in
-    the last bits of float64 only (the sums run in another order).
+    the last bits of float64 only (the sums run in another order). Only ``value``'s lower
+    triangle is kept; `result` mirrors it.
     """
 
     def __init__(self, n: int, device: torch.device | str | None = None) -> None:
@@ -148,9 +149,11 @@ class Gram:
 
             # gram.T is Fortran-ordered, so BLAS updates it in place; its upper triangle is the
             # gram's lower one. x.T is Fortran-ordered (w, n): trans=1 gives (x.T)ᵀ x.T = x xᵀ.
+            c = self.value.cpu().numpy().T
             with threadpool_limits(torch.get_num_threads(), user_api="blas"):
-                blas.dsyrk(1.0, x.numpy().T, beta=1.0, c=self.value.numpy().T, trans=1, lower=0,
-                           overwrite_c=1)
+                out = blas.dsyrk(1.0, x.cpu().numpy().T, beta=1.0, c=c, trans=1, lower=0, overwrite_c=1)
+            if out is not c:  # a copy would drop the update silently
+                raise RuntimeError("dsyrk did not update the Gram matrix in place")
             return
         h = x.shape[0] // 2
         top, bottom = x[:h], x[h:]

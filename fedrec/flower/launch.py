@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -90,24 +91,46 @@ def simulate(run: RunConfig, nodes: int, *, ray_address: str | None = None, node
 
 
 _HANDED_OUT: set[int] = set()
+_RNG = random.Random()  # seeded by the OS: two test runs on one host pick different ports
+
+
+def _quiet_ports() -> range:
+    """Ports the kernel never hands out by itself: those below its ephemeral range
+    (``ip_local_port_range``, 32768 unless configured) and above 20,000 less than that."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12768), low)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it), never one this
-    process handed out before.
+    """A TCP port free on every address now, never one this process handed out before.
 
-    The OS freely gives a just-closed port to the next ``bind(0)``, and a port handed out here is
-    only bound later by a child process; without the record two deployments started one after the
-    other could be given the same port (a CI run once saw it)."""
+    A port handed out here is bound later by a child process (a SuperLink, a SuperNode, a Ray
+    node). The kernel gives ports of its ephemeral range to every ``bind(0)`` and outgoing
+    connection, a just-closed one included, so a port picked there can be taken by another
+    process (or by this one's next pick) before the child binds it: a CI run once saw two
+    loopback deployments given the same port. So the port is drawn at random below that range,
+    where only a process that names its port can take it, checked free, and recorded.
+    """
     import socket
 
-    while True:
+    quiet = _quiet_ports()
+    for _ in range(1000):
+        port = _RNG.choice(quiet) if len(quiet) > 1000 else 0
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("0.0.0.0", port))  # noqa: S104 (a probe, closed at once)
+            except OSError:
+                continue
             port = int(s.getsockname()[1])
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+    raise FedrecError("found no free TCP port in 1,000 tries")
 
 
 class Loopback:
@@ -125,6 +148,7 @@ class Loopback:
         # free ports unless given, so two deployments (or test runs) on one host do not collide
         self.port = port if port is not None else free_port()
         self.node_ports = node_ports if node_ports is not None else [free_port() for _ in range(nodes)]
+        _HANDED_OUT.update([self.port, *self.node_ports])  # given ones too: free_port skips them
         if len(self.node_ports) != nodes:
             raise FedrecError(f"{nodes} SuperNodes need {nodes} ports, got {len(self.node_ports)}")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
