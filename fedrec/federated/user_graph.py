@@ -10,6 +10,8 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.linalg import blas
+from threadpoolctl import threadpool_limits
 
 
 def public_users(n_users: int, ratio: float, seed: int) -> np.ndarray:
@@ -144,9 +146,6 @@ class Gram:
 
     def add(self, x: torch.Tensor) -> None:
         if self._cpu:
-            from scipy.linalg import blas
-            from threadpoolctl import threadpool_limits
-
             # gram.T is Fortran-ordered, so BLAS updates it in place; its upper triangle is the
             # gram's lower one. x.T is Fortran-ordered (w, n): trans=1 gives (x.T)ᵀ x.T = x xᵀ.
             c = self.value.cpu().numpy().T
