@@ -18,16 +18,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec import tensorfile
 from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
-from fedrec.files import atomic_write, check_writable
+from fedrec.files import check_writable
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult
 from fedrec.train.centralised import TrainConfig
 
-FORMAT = "fedrec-run/1"
+#: the layout of a run file's tree (`fedrec.tensorfile`); "fedrec-run/1" was the pickled one
+KIND, FORMAT = "run", 2
+#: what to do with a run file an older fedrec pickled
+LEGACY = ("Train it again with --save (or Run.save), or, if you trust where it came from, "
+          "convert it once: fedrec convert FILE")
 
 
 class Run:
@@ -88,10 +93,11 @@ class Run:
         return self.split.data.item_ids[order].tolist()
 
     def save(self, path: str | Path) -> Path:
-        """Write the run (configuration, results, server and client state) to one file."""
-        blob = {"format": FORMAT, "config": asdict(self.config), "result": self.result.to_dict(),
+        """Write the run (configuration, results, server and client state) to one file
+        (`fedrec.tensorfile`: tensors and JSON, nothing that runs when read)."""
+        blob = {"config": asdict(self.config), "result": self.result.to_dict(),
                 "state": self.model.state_dict(), "data": data_signature(self.split)}
-        return atomic_write(check_writable(path, "run file"), lambda tmp: torch.save(blob, tmp))
+        return tensorfile.save(check_writable(path, "run file"), blob, KIND, FORMAT)
 
 
 def data_signature(split: Split) -> dict[str, Any]:
@@ -119,14 +125,11 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     data set is prepared again from the configuration (from the registry's cache, or
     ``data_dir``), so the split and id maps are the ones it trained on."""
     check_device(device)
-    try:
-        blob = torch.load(Path(path), weights_only=False, map_location=device)
-    except FileNotFoundError as e:
-        raise FedrecError(f"{path}: no such run file") from e
-    except Exception as e:
-        raise FedrecError(f"{path}: not a fedrec run file ({type(e).__name__})") from e
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT or not {"config", "result", "state"} <= set(blob):
-        raise FedrecError(f"{path}: not a fedrec run file")
+    blob = tensorfile.load(path, KIND, FORMAT, what="run file", device=device, legacy=LEGACY)
+    if not isinstance(blob, dict) or not {"config", "result", "state"} <= set(blob):
+        raise FedrecError(f"{path}: not a fedrec run file (it lacks a config, result or state)")
+    if not isinstance(blob["config"], dict) or not isinstance(blob["result"], dict):
+        raise FedrecError(f"{path}: not a fedrec run file (its config or result is not a table)")
     config = RunConfig.from_dict(blob["config"])
     config.federated.device = config.train.device = device
     if data_dir is not None:
@@ -138,7 +141,11 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
                           "trained on (users, items or training interactions differ)")
     with on(device):
         _, model = build_trainable(config, split)
-        model.load_state_dict(blob["state"])
+        try:
+            model.load_state_dict(blob["state"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise FedrecError(f"{path}: its state does not fit {config.algorithm} under its "
+                              f"config ({type(e).__name__}: {str(e)[:120]})") from None
     res = dict(blob["result"])
     res["history"] = [RoundRecord(**h) for h in res["history"]]
     known = {f.name for f in fields(RunResult)}

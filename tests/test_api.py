@@ -109,16 +109,17 @@ def test_config_holds_the_parsed_options():
 
 
 def test_load_refuses_other_data_and_broken_files(tmp_path):
-    import torch
+    from fedrec import tensorfile
+    from fedrec.api import FORMAT, KIND
 
     path = fedrec.run("fedmf", dataset="synthetic:150x300", rounds=1).save(tmp_path / "r.fedrec")
-    blob = torch.load(path, weights_only=False)
+    blob = tensorfile.load(path, KIND, FORMAT)
     blob["config"]["dataset"] = "synthetic:160x300"  # another data set under the same model
-    torch.save(blob, tmp_path / "other.fedrec")
+    tensorfile.save(tmp_path / "other.fedrec", blob, KIND, FORMAT)
     with pytest.raises(FedrecError, match="not the one the run was trained on"):
         fedrec.load(tmp_path / "other.fedrec")
     del blob["state"]
-    torch.save(blob, tmp_path / "broken.fedrec")
+    tensorfile.save(tmp_path / "broken.fedrec", blob, KIND, FORMAT)
     with pytest.raises(FedrecError, match="not a fedrec run file"):
         fedrec.load(tmp_path / "broken.fedrec")
 

@@ -19,13 +19,18 @@ from typing import Any
 
 import torch
 
+from fedrec import tensorfile
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
-from fedrec.files import atomic_write
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
-FORMAT = 2
+#: the layout of a checkpoint's tree (`fedrec.tensorfile`); 2 was the last pickled one
+FORMAT = 3
+KIND = "checkpoint"
+#: what to do with a checkpoint an older fedrec pickled
+LEGACY = ("Drop --resume (or remove it) to train afresh, or, if you trust where it came from, "
+          "convert it once: fedrec convert FILE")
 #: options that may change on resume: how long to go on, and when to stop, evaluate or save
 FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir",
                   "memory_budget_mb"})  # figures do not depend on the chunk size (tested)
@@ -48,24 +53,30 @@ def save(path: Path, r: int, algorithm: Trainable, out: TrainOutcome, fingerprin
     """Write the run after round ``r`` atomically (a unique temporary file renamed into place);
     ``seconds``: its training time so far, over every process that worked on it."""
     blob = {
-        "format": FORMAT, "round": r, "fingerprint": fingerprint, "state": algorithm.state_dict(),
+        "round": r, "fingerprint": fingerprint, "state": algorithm.state_dict(),
         "best_state": best_state, "history": [asdict(h) for h in out.history],
         "best_round": out.best_round, "valid_at_best": out.valid_at_best, "test": out.test,
         "extra": out.extra, "seconds": seconds, "resumed_at": out.resumed_at,
     }
-    atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    tensorfile.save(path, blob, KIND, FORMAT)
 
 
 def peek(path: Path) -> dict[str, Any]:
     """A checkpoint's round and history (a list of `RoundRecord` fields), without loading its
     state into anything: a Flower server tells its nodes which round's client state to restore
     before it builds its role, and a resumed tuning trial re-reports its rounds to the pruner."""
-    try:
-        blob = torch.load(path, weights_only=False, map_location="cpu")
-        return {"round": int(blob["round"]), "history": list(blob["history"])}
-    except Exception as e:
-        raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
-                          "remove it or drop --resume") from e
+    blob = read(path)
+    return {"round": int(blob["round"]), "history": list(blob["history"])}
+
+
+def read(path: Path, device: str | torch.device | None = None) -> dict[str, Any]:
+    """A checkpoint's whole tree (`save`), its tensors on ``device``; one line for a file
+    that is not a checkpoint of this fedrec, a damaged one or an older fedrec's pickle."""
+    blob = tensorfile.load(path, KIND, FORMAT, what="checkpoint", device=device, legacy=LEGACY)
+    if not isinstance(blob, dict) or not {"round", "history", "fingerprint", "state"} <= set(blob):
+        raise FedrecError(f"{path}: not a fedrec checkpoint (its contents lack a round, history or "
+                          "state); remove it or drop --resume")
+    return blob
 
 
 def peek_round(path: Path) -> int:
@@ -77,14 +88,8 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
          rounds: int) -> tuple[int, dict[str, Any] | None]:
     """Continue from ``path``: check it, load the state into ``algorithm`` and the history into
     ``out``; returns the round it was written after and the state at the best round (if kept)."""
-    try:
-        # onto the run's device (`fedrec.core.device.on`), whichever device wrote it
-        blob = torch.load(path, weights_only=False, map_location=torch.get_default_device())
-    except Exception as e:  # truncated, garbage, or another program's file
-        raise FedrecError(f"{path}: not a readable fedrec checkpoint ({type(e).__name__}); "
-                          "remove it or drop --resume") from e
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise FedrecError(f"{path}: not a checkpoint of this fedrec version; remove it or drop --resume")
+    # onto the run's device (`fedrec.core.device.on`), whichever device wrote it
+    blob = read(path, torch.get_default_device())
     mine, theirs = flatten(fingerprint), flatten(blob["fingerprint"])
     changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if changed:

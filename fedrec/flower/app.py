@@ -83,14 +83,17 @@ def _keep(node: Any, context: Context, fixed: dict[str, Any] | None, r: int) -> 
     if folder is None:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    _save_bytes(folder / f"r{r:06d}.pt", raw)
-    for old in sorted(folder.glob("r*.pt"))[:-2]:  # the last two: a crash loses at most a round
+    _save_bytes(folder / f"r{r:06d}.state", raw)
+    for old in sorted(folder.glob("r*.state"))[:-2]:  # the last two: a crash loses at most a round
         old.unlink()
 
 
 def _restore(node: Any, context: Context, fixed: dict[str, Any] | None, r: int) -> None:
     folder = _state_dir(context, fixed)
-    saved = sorted(p for p in folder.glob("r*.pt") if int(p.stem[1:]) <= r) if folder else []
+    saved = sorted(p for p in folder.glob("r*.state") if int(p.stem[1:]) <= r) if folder else []
+    if not saved and folder is not None and any(folder.glob("r*.pt")):
+        raise FedrecError(f"{folder}: holds client state an older fedrec pickled (r*.pt), which "
+                          "this fedrec does not read; remove those files and train afresh")
     if not saved:
         log.warning("resuming after round %d without saved client state: the clients start afresh", r)
         return

@@ -14,7 +14,6 @@ the mean.
 
 from __future__ import annotations
 
-import io
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -32,7 +31,9 @@ from fedrec.flower.roles import (
     check_deployable,
     grouped_share,
     log,
+    pack_state,
     stage_metrics,
+    unpack_state,
     wire_ids,
 )
 from fedrec.models.autoencoder import ROW_TABLES, init_params
@@ -58,12 +59,10 @@ class AENode:
         self.valid, self.test, self.protocol = data.valid, data.test, split.protocol
 
     def private_state(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save({"priv": self.state.priv}, buf)
-        return buf.getvalue()
+        return pack_state({"priv": self.state.priv})
 
     def load_private_state(self, raw: bytes) -> None:
-        self.state.priv = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")["priv"]
+        self.state.priv = unpack_state(raw)["priv"]
 
     def hello(self, resume_round: int = 0) -> Payload:
         st = self.state

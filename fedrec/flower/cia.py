@@ -22,7 +22,6 @@ the byte counts are what each client sends, as in the simulator.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
@@ -40,7 +39,9 @@ from fedrec.flower.roles import (
     check_deployable,
     grouped_share,
     log,
+    pack_state,
     stage_metrics,
+    unpack_state,
 )
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
@@ -67,13 +68,11 @@ class CIANode:
         self.applied = 0  # the last round whose server step this node's clients took
 
     def private_state(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save({**self.state.client_state(), "global_filter": self.state._global_filter,
-                    "applied": self.applied}, buf)
-        return buf.getvalue()
+        return pack_state({**self.state.client_state(), "global_filter": self.state._global_filter,
+                           "applied": self.applied})
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
+        blob = unpack_state(raw)
         self.state._global_filter, self.applied = blob.pop("global_filter"), blob.pop("applied")
         self.state.load_client_state(blob)
 

@@ -6,7 +6,6 @@ replies with sums of row deltas; the server folds the nodes' sums into the engin
 
 from __future__ import annotations
 
-import io
 import math
 import secrets
 from typing import Any
@@ -26,8 +25,10 @@ from fedrec.flower.roles import (
     fold_counts,
     log,
     node_users,
+    pack_state,
     shown_ids,
     stage_metrics,
+    unpack_state,
     wire_ids,
 )
 from fedrec.protocols.protocol import Split
@@ -55,14 +56,10 @@ class NodeRole:
 
     # private state: what the state declares its clients hold
     def private_state(self) -> bytes:
-        blob = self.state.client_state_dict()
-        buf = io.BytesIO()
-        torch.save(blob, buf)
-        return buf.getvalue()
+        return pack_state(self.state.client_state_dict())
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
-        self.state.load_client_state_dict(blob)
+        self.state.load_client_state_dict(unpack_state(raw))
 
     def hello(self, resume_round: int = 0) -> Payload:
         """Who this node is, and the rows it needs next (after ``resume_round`` on a resume)."""

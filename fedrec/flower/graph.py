@@ -20,7 +20,6 @@ graph step (equal in distribution, tested).
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
@@ -32,7 +31,15 @@ from fedrec.experiment import RunConfig
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import train_cohort
 from fedrec.flower.family import NodeRole, ServerRole
-from fedrec.flower.roles import Payload, ServerBase, fold_counts, log, wire_ids
+from fedrec.flower.roles import (
+    Payload,
+    ServerBase,
+    fold_counts,
+    log,
+    pack_state,
+    unpack_state,
+    wire_ids,
+)
 from fedrec.results import RoundRecord
 
 
@@ -50,13 +57,11 @@ class GraphNode(NodeRole):
     # scores with them): on a node they are the clients' state, though the simulator's state
     # counts them the server's (which also holds them)
     def private_state(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save({**self.state.client_state_dict(), "table": self.state.table,
-                    "decay": self.state.decay}, buf)
-        return buf.getvalue()
+        return pack_state({**self.state.client_state_dict(), "table": self.state.table,
+                           "decay": self.state.decay})
 
     def load_private_state(self, raw: bytes) -> None:
-        blob = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
+        blob = unpack_state(raw)
         self.state.table, self.state.decay = blob.pop("table"), blob.pop("decay")
         self.state.load_client_state_dict(blob)
 

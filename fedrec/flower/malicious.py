@@ -13,7 +13,6 @@ so an attacked deployment ends with the simulator's figures (tested).
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
-from fedrec.flower.roles import Payload, check_deployable, wire_ids
+from fedrec.flower.roles import Payload, check_deployable, pack_state, unpack_state, wire_ids
 from fedrec.protocols.protocol import Split
 from fedrec.security.adversary import Security
 
@@ -79,13 +78,11 @@ class MaliciousNode:
         return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
 
     def private_state(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save(self.security.attack.state() if self.security.attack else {}, buf)
-        return buf.getvalue()
+        return pack_state(self.security.attack.state() if self.security.attack else {})
 
     def load_private_state(self, raw: bytes) -> None:
         assert self.security.attack is not None
-        self.security.attack.load_state(torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu"))
+        self.security.attack.load_state(unpack_state(raw))
 
     def train_secure(self, msg: Payload) -> Any:
         raise FedrecError("secure aggregation with a malicious node is not wired")

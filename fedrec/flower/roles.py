@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec import tensorfile
 from fedrec.algorithms import get_algorithm
 from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
@@ -255,6 +256,24 @@ def combine_metrics(parts: list[dict[str, float]], protocol: Protocol) -> dict[s
             out[f"f1@{k}"] = 2 * p * r / (p + r) if p + r > 0 else 0.0
     out["users"] = float(total)
     return out
+
+
+#: the layout of a node's private state (`fedrec.tensorfile`, kind ``node-state``)
+NODE_STATE = 1
+
+
+def pack_state(blob: dict[str, Any]) -> bytes:
+    """A node's private state as bytes for its context and ``--client-state-dir``."""
+    return tensorfile.dumps(blob, "node-state", NODE_STATE)
+
+
+def unpack_state(raw: bytes, source: str = "the node's saved state") -> dict[str, Any]:
+    """The state `pack_state` wrote; one line (`FedrecError`) for anything else."""
+    blob = tensorfile.loads(raw, "node-state", NODE_STATE, source=source, what="node state",
+                            legacy="Remove the --client-state-dir files of older fedrec runs")
+    if not isinstance(blob, dict):
+        raise FedrecError(f"{source}: not a node state (not a table)")
+    return blob
 
 
 def wire_ids(ids: np.ndarray) -> np.ndarray:

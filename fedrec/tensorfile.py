@@ -1,0 +1,324 @@
+"""The one format of everything fedrec writes with tensors in it: run files (`fedrec.api`),
+checkpoints (`fedrec.core.checkpoint`) and the clients' private state a Flower node keeps (in
+its context and under ``--client-state-dir``). Reading one never runs code.
+
+A file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file: an 8-byte header
+length, a JSON header, then raw tensor bytes. Its header's metadata holds, as strings:
+
+* ``fedrec``: this container's version (`CONTAINER`);
+* ``kind`` and ``version``: what the file is (``run``, ``checkpoint``, ``node-state``) and the
+  version of that kind's layout, checked by the reader;
+* ``tree``: the nested structure (dicts, lists, numbers, strings) as JSON, each tensor or
+  NumPy array named by reference (the tags are listed at `encode`);
+* ``sha256``: a checksum of kind, version, tree and every tensor's name, dtype, shape and
+  bytes, so a damaged or truncated file is refused instead of half-read.
+
+Why not ``torch.load(..., weights_only=True)``: its unpickler still interprets a program (a
+pickle) under an allow-list, and fedrec's states hold NumPy arrays, tuples and int-keyed dicts
+that would each widen that list; safetensors reads tensors as bytes plus a JSON header, and
+JSON cannot name a callable. The checksum is for integrity, not authenticity: anyone can
+recompute it, so a file from someone else is safe to *read* but its *figures* are theirs.
+
+Files written by older fedrec versions were pickles (``torch.save``); they are refused with a
+line that says how to convert (`fedrec.cli` ``convert``, `convert_legacy`) or rebuild them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.files import atomic_write
+
+CONTAINER = "1"
+#: NumPy dtype kinds a file may hold: bool, signed and unsigned integers, floats, complex
+_ARRAY_KINDS = frozenset("biufc")
+_TAGS = frozenset({"$tensor", "$array", "$tuple", "$map", "$scalar", "$float"})
+#: how torch.save's zip file and a bare pickle (protocol 2 to 5) begin
+_PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+class TensorFileError(FedrecError):
+    """A file or message that is not a readable fedrec tensor file of the kind asked for."""
+
+
+def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
+    """``tree`` as JSON text and the tensors it refers to.
+
+    JSON values stand for themselves. What JSON lacks is a one-key object with a ``$`` tag:
+    ``{"$tensor": NAME}`` (``"parameter": true`` for an `nn.Parameter`, ``"grad": true`` for
+    one that requires grad), ``{"$array": NAME, "dtype": "<i8"}`` (a NumPy array),
+    ``{"$tuple": [...]}``, ``{"$map": [[key, value], ...]}`` (a dict with keys other than
+    strings, or a string key starting with ``$``), ``{"$scalar": v, "dtype": "float64"}`` (a
+    NumPy scalar) and ``{"$float": "nan" | "inf" | "-inf"}``, so the text is strict JSON.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def tensor(t: torch.Tensor) -> str:
+        if t.layout != torch.strided:
+            raise TypeError(f"cannot store a {t.layout} tensor")
+        name = f"t{len(tensors)}"
+        tensors[name] = t.detach().cpu().contiguous()
+        return name
+
+    def enc(x: Any) -> Any:
+        if x is None or isinstance(x, (bool, int, str)):
+            return x
+        if isinstance(x, float):
+            return x if math.isfinite(x) else {"$float": repr(x)}
+        if isinstance(x, torch.Tensor):
+            out: dict[str, Any] = {"$tensor": tensor(x)}
+            if isinstance(x, torch.nn.Parameter):
+                out["parameter"] = True
+            if x.requires_grad:
+                out["grad"] = True
+            return out
+        if isinstance(x, np.ndarray):
+            if x.dtype.kind not in _ARRAY_KINDS:
+                raise TypeError(f"cannot store a NumPy array of dtype {x.dtype}")
+            native = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+            return {"$array": tensor(torch.from_numpy(native)), "dtype": native.dtype.str}
+        if isinstance(x, np.generic):
+            if x.dtype.kind not in _ARRAY_KINDS:
+                raise TypeError(f"cannot store a NumPy scalar of dtype {x.dtype}")
+            return {"$scalar": enc(x.item()), "dtype": x.dtype.name}
+        if isinstance(x, tuple):
+            return {"$tuple": [enc(v) for v in x]}
+        if isinstance(x, list):
+            return [enc(v) for v in x]
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in x):
+                return {k: enc(v) for k, v in x.items()}
+            return {"$map": [[enc(k), enc(v)] for k, v in x.items()]}
+        raise TypeError(f"cannot store a {type(x).__name__}")
+
+    text = json.dumps(enc(tree), allow_nan=False, separators=(",", ":"))
+    return text, tensors
+
+
+def decode(text: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """The tree `encode` wrote; ``ValueError`` for anything it would not have written."""
+    used: set[str] = set()
+
+    def named(name: Any) -> torch.Tensor:
+        if not isinstance(name, str) or name not in tensors or name in used:
+            raise ValueError(f"tree names tensor {name!r}, which the file lacks or names twice")
+        used.add(name)
+        return tensors[name]
+
+    def dec(x: Any) -> Any:
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        tags = [k for k in x if k.startswith("$")]
+        if not tags:
+            return {k: dec(v) for k, v in x.items()}
+        if len(tags) != 1 or tags[0] not in _TAGS:
+            raise ValueError(f"unknown tag {tags}")
+        tag, body = tags[0], x[tags[0]]
+        if tag == "$tensor":
+            t = named(body)
+            if x.get("parameter"):
+                return torch.nn.Parameter(t, requires_grad=bool(x.get("grad")))
+            return t.requires_grad_() if x.get("grad") else t
+        if tag == "$array":
+            dtype = np.dtype(str(x.get("dtype")))
+            if dtype.kind not in _ARRAY_KINDS:
+                raise ValueError(f"array dtype {dtype} is not allowed")
+            a = named(body).numpy()
+            if a.dtype != dtype:
+                raise ValueError(f"array stored as {a.dtype}, tree says {dtype}")
+            return a
+        if tag == "$tuple":
+            return tuple(dec(v) for v in _list(body))
+        if tag == "$map":
+            return {_key(dec(k)): dec(v) for k, v in (_pair(p) for p in _list(body))}
+        if tag == "$scalar":
+            dtype = np.dtype(str(x.get("dtype")))
+            if dtype.kind not in _ARRAY_KINDS:
+                raise ValueError(f"scalar dtype {dtype} is not allowed")
+            return dtype.type(dec(body))
+        if body not in ("nan", "inf", "-inf"):  # $float
+            raise ValueError(f"bad float {body!r}")
+        return float(body)
+
+    out = dec(json.loads(text, parse_constant=_no_constant))
+    if used != set(tensors):
+        raise ValueError(f"{len(set(tensors) - used)} tensors are not named by the tree")
+    return out
+
+
+def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of kind, version, tree and every tensor (name, dtype, shape, bytes, by name)."""
+    h = hashlib.sha256()
+    for part in (kind, str(version), text):
+        h.update(len(part.encode()).to_bytes(8, "little") + part.encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        if t.numel() == 0:
+            continue
+        # a flat copy when the flat view's stride is not 1 (a size-1 dimension may carry any)
+        flat = t.detach().cpu().reshape(-1)
+        flat = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
+        h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def _metadata(tree: Any, kind: str, version: int) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    text, tensors = encode(tree)
+    meta = {"fedrec": CONTAINER, "kind": kind, "version": str(version), "tree": text,
+            "sha256": checksum(kind, version, text, tensors)}
+    return meta, tensors
+
+
+def dumps(tree: Any, kind: str, version: int) -> bytes:
+    """``tree`` as the bytes of a tensor file (for a message or a Flower context)."""
+    from safetensors.torch import save
+
+    meta, tensors = _metadata(tree, kind, version)
+    return save(tensors, metadata=meta)
+
+
+def save(path: str | Path, tree: Any, kind: str, version: int) -> Path:
+    """Write ``tree`` to ``path`` atomically (`fedrec.files.atomic_write`)."""
+    from safetensors.torch import save_file
+
+    meta, tensors = _metadata(tree, kind, version)
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def loads(raw: bytes, kind: str, version: int, *, source: str = "message", what: str | None = None,
+          device: str | torch.device | None = None, legacy: str = "") -> Any:
+    """The tree `dumps` wrote into ``raw``; `TensorFileError` (one line naming ``source``) for
+    anything else. ``what`` names the kind in messages; ``legacy``: what to do with a file an
+    older fedrec wrote as a pickle (appended to the refusal)."""
+    from safetensors.torch import load as load_tensors
+
+    what = what or kind
+    _refuse_pickle(raw[:9], len(raw), source, what, legacy)
+    try:
+        n = int.from_bytes(raw[:8], "little")
+        if len(raw) < 8 or not 2 <= n <= len(raw) - 8:
+            raise ValueError("too short for its header")
+        meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+        tensors = load_tensors(bytes(raw))
+    except Exception as e:
+        raise _not_ours(source, what, e) from None
+    return _check(meta, tensors, kind, version, source, what, device)
+
+
+def load(path: str | Path, kind: str, version: int, *, what: str | None = None,
+         device: str | torch.device | None = None, legacy: str = "") -> Any:
+    """The tree `save` wrote to ``path``, its tensors on ``device`` (default: the CPU)."""
+    from safetensors import safe_open
+
+    what = what or kind
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = f.seek(0, 2)
+    except FileNotFoundError:
+        raise TensorFileError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise TensorFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    _refuse_pickle(head, size, str(path), what, legacy)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as e:
+        raise _not_ours(str(path), what, e) from None
+    return _check(meta, tensors, kind, version, str(path), what, device)
+
+
+def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, version: int,
+           source: str, what: str, device: str | torch.device | None) -> Any:
+    if meta.get("fedrec") != CONTAINER or "tree" not in meta:
+        raise TensorFileError(f"{source}: not a fedrec {what} (a safetensors file of another program)")
+    if meta.get("kind") != kind:
+        raise TensorFileError(f"{source}: a fedrec {meta.get('kind')!r} file, not a {what}")
+    if meta.get("version") != str(version):
+        raise TensorFileError(f"{source}: a {what} of layout version {meta.get('version')}; this "
+                              f"fedrec reads version {version} (write it again with this fedrec)")
+    if meta.get("sha256") != checksum(kind, version, meta["tree"], tensors):
+        raise TensorFileError(f"{source}: damaged {what} (its contents do not match their checksum)")
+    if device is not None and torch.device(device).type != "cpu":
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+    try:
+        return decode(meta["tree"], tensors)
+    except (ValueError, TypeError, KeyError) as e:
+        raise TensorFileError(f"{source}: not a fedrec {what} ({e})") from None
+
+
+def _refuse_pickle(head: bytes, size: int, source: str, what: str, legacy: str) -> None:
+    """Refuse a pickle with a line that says what to do. ``head``: the first 9 bytes; a
+    safetensors file (a header length that fits, then ``{``) may begin like a pickle."""
+    safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
+    if not safetensors and head.startswith(_PICKLE_MAGIC):
+        raise TensorFileError(
+            f"{source}: a pickle (the format older fedrec versions wrote), which can run code when "
+            f"read; fedrec no longer reads {what}s in it" + (f". {legacy}" if legacy else ""))
+
+
+def _not_ours(source: str, what: str, e: Exception) -> TensorFileError:
+    reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    return TensorFileError(f"{source}: not a fedrec {what} (not a safetensors file: {reason})")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _list(x: Any) -> list[Any]:
+    if not isinstance(x, list):
+        raise ValueError("a tag's body is not a list")
+    return x
+
+
+def _pair(p: Any) -> tuple[Any, Any]:
+    if not isinstance(p, list) or len(p) != 2:
+        raise ValueError("a $map entry is not a [key, value] pair")
+    return p[0], p[1]
+
+
+def _key(k: Any) -> Any:
+    hash(k)  # TypeError for a list or dict key: not written by `encode`
+    return k
+
+
+def legacy_globals() -> list[Callable[..., Any] | type]:
+    """What `convert_legacy` lets PyTorch's restricted unpickler build besides tensors: NumPy
+    arrays and scalars of the dtype kinds `encode` stores, and nothing else (no object
+    arrays, no callables of any other module)."""
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    kinds = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *kinds]
+
+
+def read_legacy(path: str | Path) -> Any:
+    """A pickle an older fedrec wrote (``torch.save``), read with PyTorch's restricted
+    unpickler (``weights_only=True``) allowing only `legacy_globals`: a pickle that asks
+    for anything else (a function call, an object of another class) is refused, not run."""
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(legacy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise TensorFileError(f"{path}: no such file") from None
+    except Exception as e:
+        reason = str(e).strip().splitlines()
+        reason = next((ln for ln in reason if "Unsupported global" in ln), reason[0] if reason else "")
+        raise TensorFileError(f"{path}: not a file older fedrec versions wrote, or one that asks "
+                              f"for more than tensors and arrays ({reason.strip()[:160]})") from None
