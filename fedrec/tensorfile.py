@@ -70,6 +70,10 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
         return name
 
     def enc(x: Any) -> Any:
+        if isinstance(x, np.generic):  # before float: np.float64 is a float
+            if x.dtype.kind not in _ARRAY_KINDS:
+                raise TypeError(f"cannot store a NumPy scalar of dtype {x.dtype}")
+            return {"$scalar": enc(x.item()), "dtype": x.dtype.name}
         if x is None or isinstance(x, (bool, int, str)):
             return x
         if isinstance(x, float):
@@ -86,10 +90,6 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
                 raise TypeError(f"cannot store a NumPy array of dtype {x.dtype}")
             native = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
             return {"$array": tensor(torch.from_numpy(native)), "dtype": native.dtype.str}
-        if isinstance(x, np.generic):
-            if x.dtype.kind not in _ARRAY_KINDS:
-                raise TypeError(f"cannot store a NumPy scalar of dtype {x.dtype}")
-            return {"$scalar": enc(x.item()), "dtype": x.dtype.name}
         if isinstance(x, tuple):
             return {"$tuple": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -236,7 +236,9 @@ def load(path: str | Path, kind: str, version: int, *, what: str | None = None,
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+            # copies: a tensor safetensors hands out may map the file, which a later write to
+            # the same path (in place, not renamed) would pull from under it
+            tensors = {k: f.get_tensor(k).clone() for k in f.keys()}  # noqa: SIM118 (not a dict)
     except Exception as e:
         raise _not_ours(str(path), what, e) from None
     return _check(meta, tensors, kind, version, str(path), what, device)
@@ -298,13 +300,13 @@ def _key(k: Any) -> Any:
 
 
 def legacy_globals() -> list[Callable[..., Any] | type]:
-    """What `convert_legacy` lets PyTorch's restricted unpickler build besides tensors: NumPy
-    arrays and scalars of the dtype kinds `encode` stores, and nothing else (no object
-    arrays, no callables of any other module)."""
+    """What `read_legacy` lets PyTorch's restricted unpickler build besides tensors and
+    containers: NumPy arrays and scalars of the dtype kinds `encode` stores (``bytes`` holds a
+    scalar's value), and nothing else (no object arrays, no callable of any other module)."""
     from numpy._core.multiarray import _reconstruct, scalar
 
     kinds = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *kinds]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *kinds]
 
 
 def read_legacy(path: str | Path) -> Any:
@@ -313,12 +315,23 @@ def read_legacy(path: str | Path) -> Any:
     for anything else (a function call, an object of another class) is refused, not run."""
     path = Path(path)
     try:
-        with torch.serialization.safe_globals(legacy_globals()):
-            return torch.load(path, weights_only=True, map_location="cpu")
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = f.seek(0, 2)
     except FileNotFoundError:
         raise TensorFileError(f"{path}: no such file") from None
+    except OSError as e:
+        raise TensorFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
+        raise TensorFileError(f"{path}: already in the safe format; nothing to convert")
+    if not head.startswith(_PICKLE_MAGIC):
+        raise TensorFileError(f"{path}: not a file an older fedrec wrote (not a pickle)")
+    try:
+        with torch.serialization.safe_globals(legacy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
-        reason = str(e).strip().splitlines()
-        reason = next((ln for ln in reason if "Unsupported global" in ln), reason[0] if reason else "")
-        raise TensorFileError(f"{path}: not a file older fedrec versions wrote, or one that asks "
-                              f"for more than tensors and arrays ({reason.strip()[:160]})") from None
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
+        reason = reason.split(" was not an allowed global")[0].replace("WeightsUnpickler error: ", "")
+        raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
+                              f"damaged ({reason[:160]})") from None

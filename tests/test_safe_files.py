@@ -1,0 +1,259 @@
+"""Nothing a file sends runs code: run files, checkpoints and node state are `fedrec.tensorfile`
+files (safetensors + a JSON tree), and a crafted, truncated, foreign, damaged or older-format
+file ends in one line and exit 2 with nothing in it run."""
+
+from __future__ import annotations
+
+import ast
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import fedrec
+from fedrec import tensorfile
+from fedrec.api import FORMAT, KIND
+from fedrec.cli import main
+from fedrec.core import checkpoint
+from fedrec.errors import FedrecError
+from fedrec.flower.roles import pack_state, unpack_state
+
+PACKAGE = Path(fedrec.__file__).parent
+SYN = "synthetic:150x300"
+
+
+class Plant:
+    """A pickle that creates ``path`` when unpickled: what a crafted file would do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return open, (str(self.path), "w")
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(done.value.code or 0), captured.err + captured.out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+    """A trained FedMF run saved to a file, and user 3's top ten."""
+    run = fedrec.run("fedmf", dataset=SYN, rounds=2)
+    path = run.save(tmp_path_factory.mktemp("runs") / "r.fedrec")
+    return path, run.recommend("3")
+
+
+def test_every_kind_of_value_a_state_holds_comes_back_as_it_was() -> None:
+    param = torch.nn.Parameter(torch.randn(3, 2))
+    tree = {
+        "f32": torch.randn(4, 3), "bf16": torch.randn(5).to(torch.bfloat16), "scalar": torch.tensor(7),
+        "empty": torch.zeros(0, 4, dtype=torch.int64), "strided": torch.arange(12.0).reshape(3, 4)[:, ::2],
+        "expanded": torch.zeros(3, 1).expand(3, 4), "bool": torch.tensor([True, False]),
+        "param": param, "grad": torch.ones(2, requires_grad=True),
+        "arrays": [np.arange(5, dtype=np.int64), np.zeros((2, 2), np.float32), np.array([1, 2], np.uint16),
+                   np.array([1.5], ">f8")],
+        "np_scalars": (np.float64(0.25), np.int32(-3), np.bool_(True)),
+        "floats": [math.nan, math.inf, -math.inf, 1e-300, 0.1], "ints": [0, -1, 2**70], "none": None,
+        "text": "ümlaut $tensor", "tuple": (1, (2, "x")), "int_keys": {0: {"step": torch.tensor(3.0)}, 1: "b"},
+        "dollar": {"$tensor": "not a tag", "plain": 1}, "nested": {"a": [{"b": ()}]},
+    }
+    back = tensorfile.loads(tensorfile.dumps(tree, "test", 1), "test", 1)
+    assert set(back) == set(tree)
+    for key in ("f32", "bf16", "scalar", "empty", "strided", "expanded", "bool", "grad"):
+        assert back[key].dtype == tree[key].dtype and torch.equal(back[key], tree[key]), key
+    assert isinstance(back["param"], torch.nn.Parameter) and back["param"].requires_grad
+    assert torch.equal(back["param"], param) and back["grad"].requires_grad
+    assert not back["f32"].requires_grad
+    for a, b in zip(back["arrays"], tree["arrays"], strict=True):
+        assert isinstance(a, np.ndarray) and a.dtype.kind == b.dtype.kind and np.array_equal(a, b)
+    assert [type(v) for v in back["np_scalars"]] == [np.float64, np.int32, np.bool_]
+    assert back["np_scalars"] == tree["np_scalars"]
+    assert math.isnan(back["floats"][0]) and back["floats"][1:] == tree["floats"][1:]
+    assert back["ints"] == tree["ints"] and back["text"] == tree["text"] and back["none"] is None
+    assert back["tuple"] == (1, (2, "x")) and isinstance(back["tuple"][1], tuple)
+    assert list(back["int_keys"]) == [0, 1] and torch.equal(back["int_keys"][0]["step"], torch.tensor(3.0))
+    assert back["dollar"] == tree["dollar"] and back["nested"] == tree["nested"]
+
+
+def test_what_a_file_cannot_hold_is_refused_when_written() -> None:
+    for bad in ({"a": {1, 2}}, {"a": np.array(["x"], dtype=object)}, {"a": object()},
+                {"a": torch.zeros(3).to_sparse()}):
+        with pytest.raises(TypeError, match="cannot store"):
+            tensorfile.dumps(bad, "test", 1)
+
+
+def test_the_tree_names_only_tensors_the_file_holds() -> None:
+    t = {"t0": torch.zeros(2)}
+    assert torch.equal(tensorfile.decode('{"a":{"$tensor":"t0"}}', t)["a"], torch.zeros(2))
+    for text, why in (('{"a":{"$tensor":"t1"}}', "lacks"), ('[{"$tensor":"t0"},{"$tensor":"t0"}]', "twice"),
+                      ('{"a":1}', "not named"), ('{"$call":"os.system"}', "unknown tag"),
+                      ('{"$tensor":"t0","$tuple":[]}', "unknown tag"), ('[NaN]', "not JSON"),
+                      ('{"$array":"t0","dtype":"O"}', "not allowed"), ('{"$map":[[[1],2]]}', "unhashable")):
+        with pytest.raises((ValueError, TypeError), match=why):
+            tensorfile.decode(text, dict(t))
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+def test_a_crafted_pickle_runs_nothing_on_any_read_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        how: str) -> None:
+    marker = tmp_path / "planted"
+    evil = tmp_path / "evil.fedrec"
+    blob = {"format": "fedrec-run/1", "config": {}, "result": {}, "state": Plant(marker)}
+    if how == "torch.save":
+        torch.save(blob, evil)
+    else:
+        evil.write_bytes(pickle.dumps(blob, protocol=4))
+    code, said = _cli(["recommend", str(evil), "--user", "1"], capsys)
+    assert code == 2 and said.count("\n") == 1 and "a pickle" in said and "fedrec convert" in said
+    with pytest.raises(FedrecError, match="a pickle"):
+        fedrec.load(evil)
+    with pytest.raises(FedrecError, match="a pickle"):
+        checkpoint.peek(evil)
+    with pytest.raises(FedrecError, match="a pickle"):
+        unpack_state(evil.read_bytes())
+    code, said = _cli(["convert", str(evil), "-o", str(tmp_path / "converted.fedrec")], capsys)
+    assert code == 2 and "refused" in said and not (tmp_path / "converted.fedrec").exists()
+    # a run resumed from a crafted checkpoint at its checkpoint's path
+    out = tmp_path / "run.json"
+    evil.rename(out.with_suffix(".ckpt"))
+    code, said = _cli(["run", "fedmf", "-d", SYN, "--rounds", "2", "-q", "--out", str(out),
+                       "--checkpoint-every", "1", "--resume"], capsys)
+    assert code == 2 and "a pickle" in said and not out.exists()
+    assert not marker.exists()
+    # the control: the same file, unpickled as older fedrec did, does plant the file
+    crafted = out.with_suffix(".ckpt")
+    if how == "torch.save":
+        torch.load(crafted, weights_only=False)
+    else:
+        pickle.loads(crafted.read_bytes())
+    assert marker.exists()
+
+
+def test_truncated_foreign_damaged_and_mislabelled_files_are_one_line(
+        saved: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import save_file
+
+    path, _ = saved
+    raw = path.read_bytes()
+    cases: dict[str, tuple[bytes, str]] = {
+        "truncated": (raw[: len(raw) // 2], "not a fedrec run file"),
+        "header-only": (raw[:5], "not a fedrec run file"),
+        "empty": (b"", "not a fedrec run file"),
+        "text": (b"user,item\n1,2\n", "not a fedrec run file"),
+        "damaged": (raw[:-9] + bytes([raw[-9] ^ 0xFF]) + raw[-8:], "damaged run file"),
+    }
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"weight": torch.zeros(2, 2)}, foreign)
+    cases["foreign"] = (foreign.read_bytes(), "a safetensors file of another program")
+    ckpt = tmp_path / "c.ckpt"
+    tensorfile.save(ckpt, {"round": 1}, checkpoint.KIND, checkpoint.FORMAT)
+    cases["a checkpoint"] = (ckpt.read_bytes(), "a fedrec 'checkpoint' file, not a run file")
+    newer = tmp_path / "newer"
+    tensorfile.save(newer, tensorfile.load(path, KIND, FORMAT), KIND, FORMAT + 1)
+    cases["newer"] = (newer.read_bytes(), f"layout version {FORMAT + 1}; this fedrec reads version {FORMAT}")
+    for name, (content, says) in cases.items():
+        bad = tmp_path / f"{name}.fedrec"
+        bad.write_bytes(content)
+        code, said = _cli(["recommend", str(bad), "--user", "3"], capsys)
+        assert code == 2 and says in said and said.count("\n") == 1, (name, said)
+    code, said = _cli(["recommend", str(tmp_path / "missing.fedrec"), "--user", "3"], capsys)
+    assert code == 2 and "no such run file" in said
+
+
+def test_a_damaged_node_state_or_checkpoint_is_refused(tmp_path: Path) -> None:
+    raw = pack_state({"items": torch.randn(4, 3), "seen": np.arange(3)})
+    assert torch.equal(unpack_state(raw)["items"], tensorfile.loads(raw, "node-state", 1)["items"])
+    flipped = raw[:-1] + bytes([raw[-1] ^ 1])
+    with pytest.raises(FedrecError, match="damaged node state"):
+        unpack_state(flipped)
+    with pytest.raises(FedrecError, match="not a fedrec node state"):
+        unpack_state(raw[:40])
+    bad = tmp_path / "c.ckpt"
+    bad.write_bytes(b"\x80\x04garbage")
+    with pytest.raises(FedrecError, match="a pickle"):
+        checkpoint.peek(bad)
+
+
+def test_an_older_run_file_converts_once_and_recommends_the_same(
+        saved: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run file laid out as older fedrec pickled it (``torch.save`` of its dict with
+    ``format: fedrec-run/1``) is refused by every reader, then converted by `fedrec convert`."""
+    path, top = saved
+    old = tmp_path / "old.fedrec"
+    torch.save({"format": "fedrec-run/1", **tensorfile.load(path, KIND, FORMAT)}, old)
+    code, said = _cli(["recommend", str(old), "--user", "3"], capsys)
+    assert code == 2 and "fedrec convert" in said
+    code, said = _cli(["convert", str(old)], capsys)
+    assert code == 0 and f"wrote run file {old}" in said
+    code, said = _cli(["recommend", str(old), "--user", "3"], capsys)
+    assert code == 0 and said.split("\t")[1].split() == [str(i) for i in top]
+    code, said = _cli(["convert", str(old)], capsys)
+    assert code == 2 and "already in the safe format" in said
+
+
+def test_an_older_checkpoint_converts_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run.json"
+    args = ["run", "fedmf", "-d", SYN, "-q", "--out", str(out), "--checkpoint-every", "1"]
+    assert _cli([*args, "--rounds", "2"], capsys)[0] == 0
+    ckpt = out.with_suffix(".ckpt")
+    torch.save({"format": 2, **checkpoint.read(ckpt)}, ckpt)
+    code, said = _cli([*args, "--rounds", "3", "--resume"], capsys)
+    assert code == 2 and "fedrec convert" in said
+    assert _cli(["convert", str(ckpt)], capsys)[0] == 0
+    assert _cli([*args, "--rounds", "3", "--resume"], capsys)[0] == 0
+    assert checkpoint.peek(ckpt)["round"] == 3
+
+
+# --- no read path can run code: checked on the package's syntax, not its text --------------
+
+#: modules whose loaders run code from their input
+UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
+
+
+def _unsafe_calls(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"import {n}" for n in names if n.split(".")[0] in UNSAFE_MODULES]
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+        kw = {k.arg: k.value for k in node.keywords}
+        if isinstance(func, ast.Name) and name in ("eval", "exec", "compile", "__import__"):
+            found.append(f"{name}()")
+        if name == "load" and owner == "torch":
+            safe = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+            if not safe:
+                found.append("torch.load without weights_only=True")
+        if name == "load" and owner in ("np", "numpy"):
+            if not (isinstance(kw.get("allow_pickle"), ast.Constant) and kw["allow_pickle"].value is False):
+                found.append("np.load without allow_pickle=False")
+        if owner == "yaml" and name in ("load", "unsafe_load", "full_load", "load_all"):
+            found.append(f"yaml.{name}")
+        if name in ("read_pickle", "to_pickle"):
+            found.append(name)
+        if name == "allow_pickle" or ("allow_pickle" in kw and getattr(kw["allow_pickle"], "value", None) is True):
+            found.append("allow_pickle=True")
+    return found
+
+
+def test_no_read_path_in_the_package_can_run_code() -> None:
+    found = {str(p.relative_to(PACKAGE)): _unsafe_calls(ast.parse(p.read_text()))
+             for p in sorted(PACKAGE.rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+    # the scan finds what it looks for
+    probe = ("import pickle\nfrom marshal import loads\neval('1')\ntorch.load(p)\n"
+             "torch.load(p, weights_only=False)\nnp.load(p)\nyaml.load(s)\npd.read_pickle(p)\n")
+    assert len(_unsafe_calls(ast.parse(probe))) == 8
+    assert _unsafe_calls(ast.parse("torch.load(p, weights_only=True)\nmodel.eval()\n")) == []
