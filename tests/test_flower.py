@@ -220,12 +220,48 @@ def loopback(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield deployment
 
 
-def test_loopback_deployment_matches_the_simulator(loopback: Any) -> None:
+def test_secure_loopback_matches_the_simulator_and_refuses_an_unregistered_node(loopback: Any) -> None:
+    """The default deployment (TLS, registered SuperNodes only) ends with the simulator's
+    figures, while a SuperNode with a key the SuperLink never registered is turned away."""
+    from fedrec.flower.tls import write_node_key
+
+    assert loopback.credentials is not None and "--enable-supernode-auth" in loopback.credentials.superlink_args()
+    key = loopback.workdir / "intruder.key"
+    write_node_key(key, key.with_suffix(".pub"))
+    intruder = loopback.start_node(0, key=key, name="intruder")
     run = _run("pfedrec", rounds=2)
     out = loopback.workdir / "equivalence.json"
     proc = loopback.submit(run, out=out, timeout=120)
     assert proc.returncode == 0 and out.exists(), (loopback.workdir / "logs" / "flwr-run.log").read_text()[-3000:]
     _same_outcome(_flower_out(out), _simulate(run))
+    assert intruder.wait(timeout=60) != 0
+    assert "Failed to activate SuperNode" in (loopback.workdir / "logs" / "intruder.log").read_text()
+
+
+def test_the_secure_superlink_speaks_only_tls_with_its_own_ca(loopback: Any) -> None:
+    """A plaintext request gets no answer, a TLS client that does not trust the deployment's
+    CA fails the handshake, one that does completes it, and a plaintext SuperNode never joins."""
+    import http.client
+    import ssl
+
+    host, port = "127.0.0.1", loopback.port
+    plain = http.client.HTTPConnection(host, port, timeout=10)
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        plain.request("GET", "/")
+        plain.getresponse()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        http.client.HTTPSConnection(host, port, timeout=10, context=ssl.create_default_context()).connect()
+    trusted = http.client.HTTPSConnection(
+        host, port, timeout=10, context=ssl.create_default_context(cafile=str(loopback.credentials.ca)))
+    trusted.connect()  # the certificate names 127.0.0.1 and chains to the deployment's CA
+    trusted.close()
+    from fedrec.flower.launch import free_port
+
+    node = loopback.spawn("plaintext-node", [
+        "flower-supernode", "--insecure", "--superlink", loopback.address, "--max-retries", "1",
+        "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=3"])
+    assert node.wait(timeout=60) != 0
+    assert "Giving up reconnection" in (loopback.workdir / "logs" / "plaintext-node.log").read_text()
 
 
 def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
@@ -389,7 +425,9 @@ def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
 
     from fedrec.flower.launch import Loopback
 
-    with Loopback(2, workdir=tmp_path / "a") as a, Loopback(2, workdir=tmp_path / "b") as b:
+    # one secure and one --insecure: both kinds start and serve
+    with Loopback(2, workdir=tmp_path / "a") as a, Loopback(2, workdir=tmp_path / "b", insecure=True) as b:
+        assert a.credentials is not None and b.credentials is None
         ports = {a.port, b.port, *a.node_ports, *b.node_ports}
         assert len(ports) == 6
         time.sleep(2)  # let every process bind (a clash would end one)

@@ -44,7 +44,9 @@ def flower_command(
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
-    app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write."),
+    app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials go beside it, in APP_DIR-credentials)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Loopback and app: plaintext and no node authentication (anyone who reaches the port can join as a node). Default: TLS with a CA made for the deployment, and only registered SuperNodes."),
+    tls_host: list[str] = typer.Option([], "--tls-host", help="App mode: a host name or IP address the SuperLink is reached at, for its certificate; repeatable (default: 127.0.0.1 and localhost)."),
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),
     device: str = typer.Option("cpu", help="Where nodes train their clients (cpu, cuda, cuda:1); the server aggregates on the CPU."),
     ray_address: str | None = typer.Option(None, help="Simulation: an existing Ray cluster (its head's HOST:PORT, or auto) whose machines run the nodes; see docs/scale.md."),
@@ -70,6 +72,10 @@ def flower_command(
                                         ("--node-gpus", node_gpus != 0.0)) if given]
     if ray_set and mode != "simulation":
         raise FedrecError(f"{', '.join(ray_set)} only apply to --mode simulation (Ray)")
+    if insecure and mode == "simulation":
+        raise FedrecError("--insecure applies to --mode loopback and app (the simulation engine has no network)")
+    if tls_host and (mode != "app" or insecure):
+        raise FedrecError("--tls-host applies to a secure --mode app (loopback's SuperLink is 127.0.0.1)")
     if node_cpus < 1 or node_gpus < 0:
         raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
     if ray_address is not None:
@@ -89,25 +95,57 @@ def flower_command(
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}-flower.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if insecure:
+        _warn_insecure()
     if mode == "app":
-        app_dir.mkdir(parents=True, exist_ok=True)
-        launch.write_app(app_dir, launch.options(run, nodes, out=out, **kw))
-        console.print(f"wrote {app_dir / 'pyproject.toml'}; start {nodes} SuperNodes with "
-                      f"--node-config \"partition-id=I num-partitions={nodes}\", then "
-                      f"`flwr run {app_dir} <federation> --stream`; the ServerApp writes {out.resolve()}")
+        _write_app(app_dir, nodes, launch.options(run, nodes, out=out, **kw), insecure, tls_host, out)
         return
     start = time.perf_counter()
     if mode == "simulation":
         launch.simulate(run, nodes, out=out, ray_address=ray_address, node_cpus=node_cpus,
                         node_gpus=node_gpus, **kw)
     else:
-        with launch.Loopback(nodes, workdir=workdir) as deployment:
-            console.print(f"SuperLink on {deployment.address}, {nodes} SuperNodes; logs in "
+        with launch.Loopback(nodes, workdir=workdir, insecure=insecure) as deployment:
+            how = "plaintext, unauthenticated" if insecure else "TLS, registered SuperNodes only"
+            console.print(f"SuperLink on {deployment.address} ({how}), {nodes} SuperNodes; logs in "
                           f"{deployment.workdir / 'logs'}")
             deployment.submit(run, out=out, **kw)
     if not out.exists():
         raise FedrecError(f"the run wrote no results ({out}); see the Flower logs")
     _summary(json.loads(out.read_text()), out, time.perf_counter() - start)
+
+
+def _warn_insecure() -> None:
+    Console(stderr=True).print(
+        "[bold yellow]warning:[/] --insecure: the SuperLink speaks plaintext and admits any "
+        "SuperNode; anyone who can reach its port can read the item rows sent down and send uploads",
+        highlight=False)
+
+
+def _write_app(app_dir: Path, nodes: int, opts: dict, insecure: bool,  # type: ignore[type-arg]
+               tls_host: list[str], out: Path) -> None:
+    """App mode: the app directory, the deployment's credentials beside it (unless insecure;
+    never inside it, since `flwr run` ships the app directory to the SuperLink), and the
+    commands that deploy it by hand."""
+    from fedrec.files import check_folder
+    from fedrec.flower import launch
+    from fedrec.flower.tls import LOOPBACK_HOSTS, make_credentials
+
+    creds_dir = app_dir.parent / f"{app_dir.name}-credentials"
+    check_folder(app_dir, "--app-dir")
+    creds = None
+    if not insecure:
+        check_folder(creds_dir, "credentials folder")
+        creds = make_credentials(creds_dir, nodes, tuple(tls_host) or LOOPBACK_HOSTS)
+    app_dir.mkdir(parents=True, exist_ok=True)
+    launch.write_app(app_dir, opts)
+    console.print(f"wrote {app_dir / 'pyproject.toml'}" + (
+        f" and the deployment's CA, SuperLink certificate and {nodes} SuperNode keys in {creds.folder}"
+        if creds else ""))
+    console.print(f"deploy it by hand (each long-running command in its own terminal); the "
+                  f"ServerApp writes {out.resolve()}:")
+    for line in launch.by_hand(app_dir, nodes, creds):
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _summary(result: dict, out: Path, seconds: float) -> None:  # type: ignore[type-arg]

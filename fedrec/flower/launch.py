@@ -5,6 +5,10 @@ The deployment is what a real one runs, on one machine: `flower-superlink` serve
 SuperNodes and the run; each `flower-supernode` holds one partition of the users (node config
 ``partition-id`` / ``num-partitions``); `flwr run` submits the app (`fedrec.flower.app`) with
 the run's options in its run config. Telemetry and runtime dependency installation are off.
+
+It is secure unless told otherwise: the SuperLink speaks TLS with a certificate from a CA made
+for the deployment and admits only SuperNodes whose public keys were registered with it
+(`fedrec.flower.tls`); ``insecure=True`` runs everything in plaintext, unauthenticated.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.flower.records import RUN_KEY, run_to_json
 from fedrec.flower.secagg import RANGE
+from fedrec.flower.tls import Credentials, make_credentials
 
 QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 
@@ -138,12 +143,14 @@ class Loopback:
 
     Use as a context manager; `submit` runs fedrec on it through `flwr run`, `kill_node`
     SIGKILLs one SuperNode (fault tests), leaving the context stops everything. Logs are in
-    ``workdir/logs``.
+    ``workdir/logs``. Secure unless ``insecure``: TLS with a CA and SuperLink certificate and
+    one registered key pair per SuperNode, all in ``workdir/credentials``.
     """
 
     def __init__(self, nodes: int, workdir: str | Path | None = None, port: int | None = None,
-                 node_ports: list[int] | None = None) -> None:
-        self.nodes = nodes
+                 node_ports: list[int] | None = None, insecure: bool = False) -> None:
+        self.nodes, self.insecure = nodes, insecure
+        self.credentials: Credentials | None = None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrec-flower-"))
         # free ports unless given, so two deployments (or test runs) on one host do not collide
         self.port = port if port is not None else free_port()
@@ -163,30 +170,70 @@ class Loopback:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> Loopback:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start(self) -> None:
+        """Start the SuperLink, register the SuperNodes' keys (secure), start the SuperNodes."""
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
+        if self.insecure:
+            trust, link = "insecure = true", ["--insecure"]
+        else:
+            self.credentials = make_credentials(self.workdir / "credentials", self.nodes)
+            trust, link = f"root-certificates = {_toml(str(self.credentials.ca))}", self.credentials.superlink_args()
         (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "{self.address}"\ninsecure = true\n')
-        # one HTTP port serves the SuperLink's APIs (Flower 1.41); each SuperNode has its own
-        self._start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "{self.address}"\n{trust}\n')
+        # one HTTPS port serves the SuperLink's APIs (Flower 1.41); each SuperNode has its own
+        self.spawn("superlink", ["flower-superlink", *link, "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
         self._wait_port(self.port)
         for i in range(self.nodes):
-            self._start(f"supernode{i}", [
-                "flower-supernode", "--insecure", "--superlink", self.address,
-                "--port", str(self.node_ports[i]),
-                "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
-        return self
+            if self.credentials is not None:  # a node started before its key is known is refused
+                self.register(self.credentials.node_public(i), f"node{i}")
+            self.start_node(i)
+
+    def register(self, public_key: Path, name: str) -> int:
+        """Register a SuperNode's public key with the SuperLink (`flwr supernode register`);
+        returns the node id the SuperLink gives it."""
+        done = subprocess.run([str(self.bin / "flwr"), "supernode", "register", str(public_key), "loopback",
+                               "--name", name, "--format", "json"], env=self.env, cwd=self.workdir,
+                              capture_output=True, text=True, timeout=120)
+        text = done.stdout + done.stderr
+        try:
+            return int(json.loads(text[text.index("{"):text.rindex("}") + 1])["node-id"])
+        except (ValueError, KeyError, TypeError):
+            raise FedrecError(f"the SuperLink did not register {public_key.name}: "
+                              f"{' '.join(text.split())[-300:]}") from None
+
+    def start_node(self, i: int, key: Path | None = None, name: str | None = None) -> subprocess.Popen[bytes]:
+        """Start a SuperNode for partition ``i``, authenticating with ``key`` (default: the
+        registered key of node ``i``); its log is ``logs/NAME.log`` (default ``supernode{i}``)."""
+        name = name or f"supernode{i}"
+        if self.credentials is None:
+            auth = ["--insecure"]
+        else:
+            auth = self.credentials.supernode_args(key or self.credentials.node_key(i))
+        port = self.node_ports[i] if name == f"supernode{i}" else free_port()
+        return self.spawn(name, ["flower-supernode", *auth, "--superlink", self.address, "--port", str(port),
+                                  "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _start(self, name: str, cmd: list[str]) -> None:
+    def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` (a program of the venv's bin, then its arguments) in its own process
+        group as ``name``, logging to ``logs/NAME.log``; stopped with the deployment."""
         log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (kept by the process)
         cmd[0] = str(self.bin / cmd[0])
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                             cwd=self.workdir, start_new_session=True)
+        return self.procs[name]
 
     def _wait_port(self, port: int, timeout: float = 60.0) -> None:
         import socket
@@ -234,6 +281,30 @@ class Loopback:
         if wait:
             proc.wait()
         return proc
+
+
+def by_hand(app: Path, nodes: int, credentials: Credentials | None, port: int = 8000,
+            federation: str = "fedrec") -> list[str]:
+    """The shell commands that deploy ``app`` by hand with Flower's own tools: a SuperLink,
+    the federation's entry in ``FLWR_HOME/config.toml``, the nodes' keys registered, ``nodes``
+    SuperNodes and `flwr run` (secure with ``credentials``, plaintext without)."""
+    if credentials is None:
+        host, link, trust, auth = "127.0.0.1", ["--insecure"], "insecure = true", lambda i: ["--insecure"]
+    else:
+        host, link = credentials.hosts[0], credentials.superlink_args()
+        trust = f"root-certificates = {_toml(str(credentials.ca))}"
+        auth = lambda i: credentials.supernode_args(credentials.node_key(i))  # noqa: E731
+    address = f"{host}:{port}"
+    entry = f'[superlink.{federation}]\\naddress = "{address}"\\n{trust}\\n'.replace('"', '\\"')
+    lines = ["export PATH=$PWD/.venv/bin:$PATH FLWR_TELEMETRY_ENABLED=0",
+             " ".join(["flower-superlink", *link, "--disable-runtime-dependency-installation",
+                       "--host", host, "--port", str(port)]),
+             f'mkdir -p ~/.flwr && printf "{entry}" >> ~/.flwr/config.toml']
+    if credentials is not None:
+        lines += [f"flwr supernode register {credentials.node_public(i)} {federation}" for i in range(nodes)]
+    lines += [" ".join(["flower-supernode", *auth(i), "--superlink", address, "--port", str(9100 + i),
+                        "--node-config", f'"partition-id={i} num-partitions={nodes}"']) for i in range(nodes)]
+    return [*lines, f"flwr run {app} {federation} --stream"]
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
