@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import pickle
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,9 +77,11 @@ def protocol_of(algorithm: str) -> str:
 
 
 def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
-    """The workload's split. Synthetic splits are kept as pickles in ``cache`` when given: a
-    10^6-user split takes minutes to draw (its evaluation negatives most), so a GPU lease
-    prepares it beside the tests (``--prepare``) and the timed rows load it in seconds."""
+    """The workload's split. Synthetic splits are kept in ``cache`` when given (as
+    `fedrec.tensorfile` files: arrays and JSON, nothing that runs when read): a 10^6-user split
+    takes minutes to draw (its evaluation negatives most), so a GPU lease prepares it beside
+    the tests (``--prepare``) and the timed rows load it in seconds."""
+    from fedrec import tensorfile
     from fedrec.data.preprocess import PreprocessConfig, preprocess
     from fedrec.data.synthetic import synthetic
     from fedrec.experiment import RunConfig, prepare_split
@@ -91,25 +90,53 @@ def split_of(w: Workload, seed: int, cache: str | None = None) -> Any:
     protocol = w.protocol or protocol_of(w.algorithm)
     if w.data == "ml-100k":
         return prepare_split(RunConfig(algorithm=w.algorithm, dataset="ml-100k", seed=seed, protocol=protocol))
-    kept = Path(cache) / f"{w.data}-cap{MOST_ACTIVE_SHARE:.4f}-{protocol}-s{seed}.pkl" if cache else None
+    kept = Path(cache) / f"{w.data}-cap{MOST_ACTIVE_SHARE:.4f}-{protocol}-s{seed}.split" if cache else None
     if kept is not None and kept.is_file():
-        with kept.open("rb") as f:
-            return pickle.load(f)
+        return _split_from_tree(tensorfile.load(kept, "bench-split", 1))
     users, items, events = (int(x) for x in w.data.split("x"))
     # ML-1M's most active user rated 62% of its items; the cap leaves every user the items
     # the sampled protocol draws evaluation negatives from (an uncapped heavy tail fills some)
     x = synthetic(users, items, mean_interactions=events / users, seed=seed,
                   max_interactions=int(MOST_ACTIVE_SHARE * items))
     split = make_split(preprocess(x, PreprocessConfig(implicit=True)), protocol, seed=seed)
-    if kept is not None:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        # a file of this process's own, then one atomic rename: a reader sees the whole pickle
-        # or none (and draws its own), and two writers of the same split cannot mix
-        fd, part = tempfile.mkstemp(dir=kept.parent, prefix=kept.name, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(split, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(part, kept)
+    if kept is not None:  # written atomically: a reader sees the whole split or none
+        tensorfile.save(kept, _split_tree(split), "bench-split", 1)
     return split
+
+
+def _csr_tree(m: Any) -> Any:
+    return None if m is None else {"indptr": m.indptr, "indices": m.indices, "data": m.data, "shape": m.shape}
+
+
+def _csr_of(t: Any) -> Any:
+    import scipy.sparse as sp
+
+    return None if t is None else sp.csr_matrix((t["data"], t["indices"], t["indptr"]), shape=tuple(t["shape"]))
+
+
+def _split_tree(split: Any) -> dict[str, Any]:
+    """A synthetic split as a tree `fedrec.tensorfile` stores (its ids are integers)."""
+    def stage(e: Any) -> dict[str, Any]:
+        return {"users": e.users, "targets": _csr_tree(e.targets), "candidates": e.candidates,
+                "exclude": _csr_tree(e.exclude)}
+
+    return {"protocol": split.protocol.name, "negatives": split.negatives, "label": split.label,
+            "data": dict(vars(split.data)), "train": _csr_tree(split.train), "valid": stage(split.valid),
+            "test": stage(split.test), "sampler": dict(vars(split.sampler))}
+
+
+def _split_from_tree(t: dict[str, Any]) -> Any:
+    from fedrec.data.interactions import Interactions
+    from fedrec.protocols.negatives import ComplementSampler
+    from fedrec.protocols.protocol import EvalSet, Split, get_protocol
+
+    def stage(e: dict[str, Any]) -> Any:
+        return EvalSet(e["users"], _csr_of(e["targets"]), e["candidates"], _csr_of(e["exclude"]))
+
+    sampler = object.__new__(ComplementSampler)  # its arrays as drawn: rebuilding them costs minutes
+    sampler.__dict__.update(t["sampler"])
+    return Split(get_protocol(t["protocol"]), Interactions(**t["data"]), t["label"], _csr_of(t["train"]),
+                 stage(t["valid"]), stage(t["test"]), t["negatives"], sampler)
 
 
 def _peaks(device: str) -> tuple[float, float | None]:
@@ -225,7 +252,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--cpu-all", action="store_true", help="also the big workloads on the CPU")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split-cache", default=None, help="keep synthetic splits as pickles in this folder")
+    ap.add_argument("--split-cache", default=None, help="keep synthetic splits in this folder")
     ap.add_argument("--prepare", action="store_true",
                     help="only draw the chosen workloads' synthetic splits into --split-cache")
     ap.add_argument("--list", action="store_true")
