@@ -435,3 +435,68 @@ def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
         for port in (a.port, b.port):
             with socket.socket() as s:
                 assert s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_credentials_chain_to_their_ca_name_their_hosts_and_keep_keys_private(tmp_path: Path) -> None:
+    import ipaddress
+    import stat
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    from fedrec.flower.tls import make_credentials
+
+    creds = make_credentials(tmp_path / "c", 2, hosts=("10.1.2.3", "fl.example.org"))
+    ca = x509.load_pem_x509_certificate(creds.ca.read_bytes())
+    cert = x509.load_pem_x509_certificate(creds.superlink_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.1.2.3")]
+    assert sans.get_values_for_type(x509.DNSName) == ["fl.example.org"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    for i in range(2):
+        key = load_ssh_private_key(creds.node_key(i).read_bytes(), password=None)
+        assert key.public_key() == load_ssh_public_key(creds.node_public(i).read_bytes())
+        assert creds.node_public(i).read_text().startswith("ecdsa-sha2-nistp384 ")
+    for private in (creds.superlink_key, creds.node_key(0), creds.node_key(1)):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert sorted(p.name for p in creds.folder.iterdir()) == [
+        "ca.pem", "node0.key", "node0.pub", "node1.key", "node1.pub", "superlink.key", "superlink.pem"]
+
+
+def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The app directory holds no key (`flwr run` ships it to the SuperLink); the deployment
+    folder beside it holds the credentials and a Flower config that trusts the CA; the printed
+    commands register every node's key before any SuperNode starts. `--insecure` warns."""
+    import tomllib
+
+    from fedrec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def cli(*args: str) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as done:
+            main(["flower", "pfedrec", "--mode", "app", "--nodes", "2", "--rounds", "1", "-d", "synthetic:60x300",
+                  *args])
+        captured = capsys.readouterr()
+        return int(done.value.code or 0), captured.out + captured.err
+
+    code, said = cli("--app-dir", "app", "--tls-host", "10.1.2.3")
+    assert code == 0, said
+    assert sorted(p.name for p in (tmp_path / "app").iterdir()) == ["pyproject.toml"]
+    deployment = tmp_path / "app-deployment"
+    config = tomllib.loads((deployment / "flwr-home" / "config.toml").read_text())
+    assert config["superlink"]["fedrec"] == {"address": "10.1.2.3:8000",
+                                            "root-certificates": str(deployment / "credentials" / "ca.pem")}
+    commands = [" ".join(line.split()) for line in said.splitlines() if line.startswith("  ")]
+    registers = [i for i, c in enumerate(commands) if c.startswith("flwr supernode register")]
+    nodes = [i for i, c in enumerate(commands) if c.startswith("flower-supernode")]
+    assert len(registers) == len(nodes) == 2 and max(registers) < min(nodes)
+    assert all("--auth-supernode-private-key" in commands[i] for i in nodes)
+    assert "--enable-supernode-auth" in next(c for c in commands if c.startswith("flower-superlink"))
+    code, said = cli("--app-dir", "plain", "--insecure")
+    assert code == 0 and "warning: --insecure" in said and not (tmp_path / "plain-deployment" / "credentials").exists()
+    assert "insecure = true" in (tmp_path / "plain-deployment" / "flwr-home" / "config.toml").read_text()
+    code, said = cli("--app-dir", "x", "--mode", "loopback", "--tls-host", "h")
+    assert code == 2 and "--tls-host applies to a secure --mode app" in said

@@ -44,7 +44,7 @@ def flower_command(
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
-    app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials go beside it, in APP_DIR-credentials)."),
+    app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials and Flower config go beside it, in APP_DIR-deployment)."),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback and app: plaintext and no node authentication (anyone who reaches the port can join as a node). Default: TLS with a CA made for the deployment, and only registered SuperNodes."),
     tls_host: list[str] = typer.Option([], "--tls-host", help="App mode: a host name or IP address the SuperLink is reached at, for its certificate; repeatable (default: 127.0.0.1 and localhost)."),
     workdir: Path | None = typer.Option(None, help="Loopback: folder for logs and Flower's home (default: a temporary one)."),
@@ -124,27 +124,29 @@ def _warn_insecure() -> None:
 
 def _write_app(app_dir: Path, nodes: int, opts: dict, insecure: bool,  # type: ignore[type-arg]
                tls_host: list[str], out: Path) -> None:
-    """App mode: the app directory, the deployment's credentials beside it (unless insecure;
-    never inside it, since `flwr run` ships the app directory to the SuperLink), and the
-    commands that deploy it by hand."""
+    """App mode: the app directory; beside it (never inside: `flwr run` ships the app
+    directory to the SuperLink) APP_DIR-deployment/ with the deployment's credentials (unless
+    insecure) and its FLWR_HOME; then the commands that deploy it by hand."""
     from fedrec.files import check_folder
     from fedrec.flower import launch
     from fedrec.flower.tls import LOOPBACK_HOSTS, make_credentials
 
-    creds_dir = app_dir.parent / f"{app_dir.name}-credentials"
+    deployment = app_dir.parent / f"{app_dir.name}-deployment"
     check_folder(app_dir, "--app-dir")
-    creds = None
-    if not insecure:
-        check_folder(creds_dir, "credentials folder")
-        creds = make_credentials(creds_dir, nodes, tuple(tls_host) or LOOPBACK_HOSTS)
+    check_folder(deployment, "deployment folder")
+    creds = None if insecure else make_credentials(deployment / "credentials", nodes,
+                                                   tuple(tls_host) or LOOPBACK_HOSTS)
+    home = (deployment / "flwr-home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    host = "127.0.0.1" if creds is None else creds.hosts[0]
+    (home / "config.toml").write_text(launch.federation_config("fedrec", f"{host}:8000", creds))
     app_dir.mkdir(parents=True, exist_ok=True)
     launch.write_app(app_dir, opts)
-    console.print(f"wrote {app_dir / 'pyproject.toml'}" + (
-        f" and the deployment's CA, SuperLink certificate and {nodes} SuperNode keys in {creds.folder}"
-        if creds else ""))
-    console.print(f"deploy it by hand (each long-running command in its own terminal); the "
-                  f"ServerApp writes {out.resolve()}:")
-    for line in launch.by_hand(app_dir, nodes, creds):
+    console.print(f"wrote {app_dir / 'pyproject.toml'}, and in {deployment}: " + (
+        f"the deployment's CA, SuperLink certificate and {nodes} SuperNode keys (credentials/), "
+        if creds else "") + "Flower's config naming the federation 'fedrec' (flwr-home/)")
+    console.print(f"deploy it by hand; the ServerApp writes {out.resolve()}:")
+    for line in launch.by_hand(app_dir, nodes, creds, home):
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 

@@ -182,13 +182,11 @@ class Loopback:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
-        if self.insecure:
-            trust, link = "insecure = true", ["--insecure"]
-        else:
+        link = ["--insecure"]
+        if not self.insecure:
             self.credentials = make_credentials(self.workdir / "credentials", self.nodes)
-            trust, link = f"root-certificates = {_toml(str(self.credentials.ca))}", self.credentials.superlink_args()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "{self.address}"\n{trust}\n')
+            link = self.credentials.superlink_args()
+        (home / "config.toml").write_text(federation_config("loopback", self.address, self.credentials))
         # one HTTPS port serves the SuperLink's APIs (Flower 1.41); each SuperNode has its own
         self.spawn("superlink", ["flower-superlink", *link, "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
@@ -283,28 +281,41 @@ class Loopback:
         return proc
 
 
-def by_hand(app: Path, nodes: int, credentials: Credentials | None, port: int = 8000,
+def federation_config(name: str, address: str, credentials: Credentials | None) -> str:
+    """``FLWR_HOME/config.toml`` naming one federation, ``name`` (the default), at ``address``:
+    trusting the deployment's CA, or plaintext without ``credentials``."""
+    trust = "insecure = true" if credentials is None else f"root-certificates = {_toml(str(credentials.ca))}"
+    return f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{trust}\n'
+
+
+def by_hand(app: Path, nodes: int, credentials: Credentials | None, home: Path, port: int = 8000,
             federation: str = "fedrec") -> list[str]:
-    """The shell commands that deploy ``app`` by hand with Flower's own tools: a SuperLink,
-    the federation's entry in ``FLWR_HOME/config.toml``, the nodes' keys registered, ``nodes``
-    SuperNodes and `flwr run` (secure with ``credentials``, plaintext without)."""
-    if credentials is None:
-        host, link, trust, auth = "127.0.0.1", ["--insecure"], "insecure = true", lambda i: ["--insecure"]
-    else:
-        host, link = credentials.hosts[0], credentials.superlink_args()
-        trust = f"root-certificates = {_toml(str(credentials.ca))}"
-        auth = lambda i: credentials.supernode_args(credentials.node_key(i))  # noqa: E731
+    """The shell commands (with comments) that deploy ``app`` by hand with Flower's own tools:
+    a SuperLink, the nodes' keys registered (secure), ``nodes`` SuperNodes, then `flwr run`.
+    ``home`` is the deployment's ``FLWR_HOME``, whose ``config.toml`` (`federation_config`)
+    names the federation; it is written beside the app, not appended to the user's own."""
+    host = "127.0.0.1" if credentials is None else credentials.hosts[0]
     address = f"{host}:{port}"
-    entry = f'[superlink.{federation}]\\naddress = "{address}"\\n{trust}\\n'.replace('"', '\\"')
-    lines = ["export PATH=$PWD/.venv/bin:$PATH FLWR_TELEMETRY_ENABLED=0",
+    link = ["--insecure"] if credentials is None else credentials.superlink_args()
+    bin_dir = Path(sys.executable).parent
+    lines = ["# in every terminal (the SuperLink and SuperNodes start flower-superexec by name):",
+             f"export PATH={bin_dir}:$PATH FLWR_HOME={home} FLWR_TELEMETRY_ENABLED=0",
+             f"# 1. the SuperLink; wait until it logs 'Starting the SuperLink ... API on {address}'",
              " ".join(["flower-superlink", *link, "--disable-runtime-dependency-installation",
-                       "--host", host, "--port", str(port)]),
-             f'mkdir -p ~/.flwr && printf "{entry}" >> ~/.flwr/config.toml']
+                       "--host", host, "--port", str(port)])]
     if credentials is not None:
-        lines += [f"flwr supernode register {credentials.node_public(i)} {federation}" for i in range(nodes)]
-    lines += [" ".join(["flower-supernode", *auth(i), "--superlink", address, "--port", str(9100 + i),
-                        "--node-config", f'"partition-id={i} num-partitions={nodes}"']) for i in range(nodes)]
-    return [*lines, f"flwr run {app} {federation} --stream"]
+        lines += ["# 2. register every SuperNode's public key (a SuperNode whose key is not registered "
+                  "yet is refused and exits)",
+                  *(f"flwr supernode register {credentials.node_public(i)} {federation}" for i in range(nodes))]
+    step = 3 if credentials is not None else 2
+    lines.append(f"# {step}. each SuperNode in its own terminal" + (
+        " (on another machine: copy it ca.pem and its own nodeI.key only)" if credentials else ""))
+    for i in range(nodes):
+        auth = ["--insecure"] if credentials is None else credentials.supernode_args(credentials.node_key(i))
+        lines.append(" ".join(["flower-supernode", *auth, "--superlink", address, "--port", str(9100 + i),
+                               "--node-config", f'"partition-id={i} num-partitions={nodes}"']))
+    return [*lines, f"# {step + 1}. the run (streams the ServerApp's log)",
+            f"flwr run {app.resolve()} {federation} --stream"]
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
