@@ -89,7 +89,7 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
             if x.dtype.kind not in _ARRAY_KINDS:
                 raise TypeError(f"cannot store a NumPy array of dtype {x.dtype}")
             native = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
-            return {"$array": tensor(torch.from_numpy(native)), "dtype": native.dtype.str}
+            return {"$array": tensor(torch.as_tensor(native, device="cpu")), "dtype": native.dtype.str}
         if isinstance(x, tuple):
             return {"$tuple": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -104,8 +104,10 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
     return text, tensors
 
 
-def decode(text: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """The tree `encode` wrote; ``ValueError`` for anything it would not have written."""
+def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.device | None = None) -> Any:
+    """The tree `encode` wrote, its tensors on ``device`` (default: where they are; NumPy arrays
+    stay on the host); ``ValueError`` for anything `encode` would not have written."""
+    move = device is not None and torch.device(device).type != "cpu"
     used: set[str] = set()
 
     def named(name: Any) -> torch.Tensor:
@@ -126,7 +128,7 @@ def decode(text: str, tensors: dict[str, torch.Tensor]) -> Any:
             raise ValueError(f"unknown tag {tags}")
         tag, body = tags[0], x[tags[0]]
         if tag == "$tensor":
-            t = named(body)
+            t = named(body).to(device) if move else named(body)
             if x.get("parameter"):
                 return torch.nn.Parameter(t, requires_grad=bool(x.get("grad")))
             return t.requires_grad_() if x.get("grad") else t
@@ -134,7 +136,7 @@ def decode(text: str, tensors: dict[str, torch.Tensor]) -> Any:
             dtype = np.dtype(str(x.get("dtype")))
             if dtype.kind not in _ARRAY_KINDS:
                 raise ValueError(f"array dtype {dtype} is not allowed")
-            a = named(body).numpy()
+            a = named(body).cpu().numpy()
             if a.dtype != dtype:
                 raise ValueError(f"array stored as {a.dtype}, tree says {dtype}")
             return a
@@ -170,7 +172,7 @@ def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor
         # a flat copy when the flat view's stride is not 1 (a size-1 dimension may carry any)
         flat = t.detach().cpu().reshape(-1)
         flat = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
-        h.update(memoryview(flat.view(torch.uint8).numpy()))
+        h.update(memoryview(flat.view(torch.uint8).cpu().numpy()))
     return h.hexdigest()
 
 
@@ -255,10 +257,8 @@ def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, ve
                               f"fedrec reads version {version} (write it again with this fedrec)")
     if meta.get("sha256") != checksum(kind, version, meta["tree"], tensors):
         raise TensorFileError(f"{source}: damaged {what} (its contents do not match their checksum)")
-    if device is not None and torch.device(device).type != "cpu":
-        tensors = {k: v.to(device) for k, v in tensors.items()}
     try:
-        return decode(meta["tree"], tensors)
+        return decode(meta["tree"], tensors, device)
     except (ValueError, TypeError, KeyError) as e:
         raise TensorFileError(f"{source}: not a fedrec {what} ({e})") from None
 

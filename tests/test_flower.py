@@ -442,7 +442,10 @@ def test_credentials_chain_to_their_ca_name_their_hosts_and_keep_keys_private(tm
     import stat
 
     from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
 
     from fedrec.flower.tls import make_credentials
 

@@ -83,6 +83,12 @@ def test_every_kind_of_value_a_state_holds_comes_back_as_it_was() -> None:
     assert back["dollar"] == tree["dollar"] and back["nested"] == tree["nested"]
 
 
+def test_tensors_go_to_the_device_asked_for_and_arrays_stay_on_the_host() -> None:
+    raw = tensorfile.dumps({"t": torch.ones(2), "a": np.arange(3)}, "test", 1)
+    back = tensorfile.loads(raw, "test", 1, device="meta")  # a device every build has
+    assert back["t"].device.type == "meta" and isinstance(back["a"], np.ndarray)
+
+
 def test_what_a_file_cannot_hold_is_refused_when_written() -> None:
     for bad in ({"a": {1, 2}}, {"a": np.array(["x"], dtype=object)}, {"a": object()},
                 {"a": torch.zeros(3).to_sparse()}):
