@@ -437,6 +437,57 @@ def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
                 assert s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def test_the_superlink_serves_its_control_api_to_its_own_host_only(loopback: Any) -> None:
+    """Flower's Control API (submit an app, register a node key) has no authentication; the
+    SuperLink fedrec starts answers it only to its own host. From 127.0.0.2 (another address
+    of this machine, standing for another host) Control and Runtime are 403 and Fleet is not."""
+    import http.client
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(loopback.credentials.ca))
+
+    def status(path: str, source: str) -> int:
+        conn = http.client.HTTPSConnection("127.0.0.1", loopback.port, timeout=10, context=context,
+                                           source_address=(source, 0))
+        try:
+            conn.request("POST", path, body=b"{}", headers={"content-type": "application/json"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    for path in ("/v1/control/list-nodes", "/v1/control/start-run", "/v1/runtime/acquire-task", "/docs"):
+        assert status(path, "127.0.0.2") == 403, path
+    # reaches Flower, which wants protobuf (415); `flwr supernode register` went through here
+    assert status("/v1/control/list-nodes", "127.0.0.1") == 415
+    assert status("/v1/fleet/activate-node", "127.0.0.2") == 415
+
+
+def test_the_guard_parses_its_addresses_and_refuses_other_paths() -> None:
+    import asyncio
+
+    from fedrec.flower.superlink import guard, split_args
+
+    assert split_args(["--host", "10.0.0.5", "--port", "8000"]) == (
+        ["127.0.0.1", "::1", "10.0.0.5"], ["--host", "10.0.0.5", "--port", "8000"])
+    assert split_args(["--control-from", "10.0.0.9,10.0.0.8", "--insecure"]) == (["10.0.0.9", "10.0.0.8"], ["--insecure"])
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    guarded = guard(app, ["127.0.0.1"])
+    for path, peer in (("/v1/fleet/pull", "10.1.1.1"), ("/v1/control/x", "::ffff:127.0.0.1"),
+                       ("/v1/control/x", "10.1.1.1"), ("/v1/new-api/x", "10.1.1.1"), ("/v1/fleet", "10.1.1.1")):
+        asyncio.run(guarded({"type": "http", "path": path, "client": (peer, 1)}, None, send))
+    assert reached == ["/v1/fleet/pull", "/v1/control/x"]
+    assert [m["status"] for m in sent if "status" in m] == [403, 403, 403]
+
+
 def test_credentials_chain_to_their_ca_name_their_hosts_and_keep_keys_private(tmp_path: Path) -> None:
     import ipaddress
     import stat
@@ -497,7 +548,7 @@ def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monk
     nodes = [i for i, c in enumerate(commands) if c.startswith("flower-supernode")]
     assert len(registers) == len(nodes) == 2 and max(registers) < min(nodes)
     assert all("--auth-supernode-private-key" in commands[i] for i in nodes)
-    assert "--enable-supernode-auth" in next(c for c in commands if c.startswith("flower-superlink"))
+    assert "--enable-supernode-auth" in next(c for c in commands if c.startswith("fedrec-superlink"))
     code, said = cli("--app-dir", "plain", "--insecure")
     assert code == 0 and "warning: --insecure" in said and not (tmp_path / "plain-deployment" / "credentials").exists()
     assert "insecure = true" in (tmp_path / "plain-deployment" / "flwr-home" / "config.toml").read_text()

@@ -8,7 +8,9 @@ the run's options in its run config. Telemetry and runtime dependency installati
 
 It is secure unless told otherwise: the SuperLink speaks TLS with a certificate from a CA made
 for the deployment and admits only SuperNodes whose public keys were registered with it
-(`fedrec.flower.tls`); ``insecure=True`` runs everything in plaintext, unauthenticated.
+(`fedrec.flower.tls`); ``insecure=True`` runs everything in plaintext, unauthenticated. Either
+way the SuperLink is `fedrec-superlink` (`fedrec.flower.superlink`), which serves Flower's
+unauthenticated Control API to its own host only.
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ class Loopback:
             link = self.credentials.superlink_args()
         (home / "config.toml").write_text(federation_config("loopback", self.address, self.credentials))
         # one HTTPS port serves the SuperLink's APIs (Flower 1.41); each SuperNode has its own
-        self.spawn("superlink", ["flower-superlink", *link, "--disable-runtime-dependency-installation",
+        self.spawn("superlink", ["fedrec-superlink", *link, "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
         self._wait_port(self.port)
         for i in range(self.nodes):
@@ -300,8 +302,9 @@ def by_hand(app: Path, nodes: int, credentials: Credentials | None, home: Path, 
     bin_dir = Path(sys.executable).parent
     lines = ["# in every terminal (the SuperLink and SuperNodes start flower-superexec by name):",
              f"export PATH={bin_dir}:$PATH FLWR_HOME={home} FLWR_TELEMETRY_ENABLED=0",
-             f"# 1. the SuperLink; wait until it logs 'Starting the SuperLink ... API on {address}'",
-             " ".join(["flower-superlink", *link, "--disable-runtime-dependency-installation",
+             f"# 1. the SuperLink (Flower's, serving its Control API to this machine only: run the "
+             f"flwr commands here); wait until it logs 'Starting the SuperLink ... API on {address}'",
+             " ".join(["fedrec-superlink", *link, "--disable-runtime-dependency-installation",
                        "--host", host, "--port", str(port)])]
     if credentials is not None:
         lines += ["# 2. register every SuperNode's public key (a SuperNode whose key is not registered "
