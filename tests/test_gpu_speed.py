@@ -40,7 +40,7 @@ def test_a_row_stopped_at_its_budget_is_extrapolated_from_its_median_round() -> 
 
 def test_a_cached_split_is_the_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = gpu_speed.split_of(W, 0, str(tmp_path))
-    assert [p.suffix for p in tmp_path.iterdir()] == [".pkl"]  # no part file left behind
+    assert [p.suffix for p in tmp_path.iterdir()] == [".split"]  # no part file left behind
 
     def no_drawing(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached split must be read, not drawn again")
@@ -49,3 +49,8 @@ def test_a_cached_split_is_the_split(tmp_path: Path, monkeypatch: pytest.MonkeyP
     again = gpu_speed.split_of(W, 0, str(tmp_path))
     assert (first.train != again.train).nnz == 0
     np.testing.assert_array_equal(first.test.candidates, again.test.candidates)
+    # the training negatives' sampler, rebuilt from its stored arrays, draws the same
+    users = np.arange(first.n_users)
+    np.testing.assert_array_equal(first.sample_negatives(users, 3, np.random.default_rng(5)),
+                                  again.sample_negatives(users, 3, np.random.default_rng(5)))
+    assert (first.protocol, first.negatives) == (again.protocol, again.negatives)
