@@ -1,7 +1,7 @@
 """Converting the run files and checkpoints older fedrec versions pickled (``torch.save``)
 into `fedrec.tensorfile`'s format, once, for a user who trusts where they came from.
 
-The pickle is read by PyTorch's restricted unpickler with `tensorfile.legacy_globals` only
+The pickle is read by PyTorch's restricted unpickler with `legacy_globals` only
 (tensors, NumPy arrays and scalars): a pickle that asks for any other callable is refused
 before anything in it runs. The tree it holds must then be what older fedrec wrote (a run
 file's config, result and state; a checkpoint's round, fingerprint, state and history) and
@@ -10,8 +10,12 @@ be storable by `tensorfile.encode`; anything else is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from fedrec import tensorfile
 from fedrec.api import FORMAT as RUN_FORMAT
@@ -19,6 +23,7 @@ from fedrec.api import KIND as RUN_KIND
 from fedrec.core import checkpoint
 from fedrec.errors import FedrecError
 from fedrec.files import check_writable
+from fedrec.tensorfile import TensorFileError
 
 #: the ``format`` entry of the pickled layouts: a run file's and a checkpoint's
 OLD_RUN, OLD_CHECKPOINT = "fedrec-run/1", 2
@@ -30,7 +35,7 @@ def convert(src: str | Path, out: str | Path | None = None) -> tuple[Path, str]:
     ``checkpoint``). ``src`` is replaced only after it was read and converted in full."""
     src = Path(src)
     dst = check_writable(Path(out) if out is not None else src, "--out")
-    blob = tensorfile.read_legacy(src)
+    blob = read_legacy(src)
     kind, version, what = _layout(src, blob)
     tree = {k: v for k, v in blob.items() if k != "format"}
     try:
@@ -50,3 +55,34 @@ def _layout(src: Path, blob: Any) -> tuple[str, int, str]:
         return checkpoint.KIND, checkpoint.FORMAT, "checkpoint"
     raise FedrecError(f"{src}: not a run file or checkpoint of an older fedrec (format "
                       f"{blob.get('format')!r})")
+
+
+def legacy_globals() -> list[Callable[..., Any] | type]:
+    """What `read_legacy` lets PyTorch's restricted unpickler build besides tensors and
+    containers: NumPy arrays and scalars of the dtype kinds `encode` stores (``bytes`` holds a
+    scalar's value), and nothing else (no object arrays, no callable of any other module)."""
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    kinds = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *kinds]
+
+
+def read_legacy(path: str | Path) -> Any:
+    """A pickle an older fedrec wrote (``torch.save``), read with PyTorch's restricted
+    unpickler (``weights_only=True``) allowing only `legacy_globals`: a pickle that asks
+    for anything else (a function call, an object of another class) is refused, not run."""
+    path = Path(path)
+    head, size = tensorfile.sniff(path, "file")
+    if tensorfile.looks_like_safetensors(head, size):
+        raise TensorFileError(f"{path}: already in the safe format; nothing to convert")
+    if not tensorfile.looks_like_pickle(head, size):
+        raise TensorFileError(f"{path}: not a file an older fedrec wrote (not a pickle)")
+    try:
+        with torch.serialization.safe_globals(legacy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
+        reason = reason.split(" was not an allowed global")[0].replace("WeightsUnpickler error: ", "")
+        raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
+                              f"damaged ({reason[:160]})") from None

@@ -20,7 +20,7 @@ JSON cannot name a callable. The checksum is for integrity, not authenticity: an
 recompute it, so a file from someone else is safe to *read* but its *figures* are theirs.
 
 Files written by older fedrec versions were pickles (``torch.save``); they are refused with a
-line that says how to convert (`fedrec.cli` ``convert``, `convert_legacy`) or rebuild them.
+line that says how to rebuild them or convert them (`fedrec.legacy`, ``fedrec convert``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,14 +225,7 @@ def load(path: str | Path, kind: str, version: int, *, what: str | None = None,
 
     what = what or kind
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-            size = f.seek(0, 2)
-    except FileNotFoundError:
-        raise TensorFileError(f"{path}: no such {what}") from None
-    except OSError as e:
-        raise TensorFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    head, size = sniff(path, what)
     _refuse_pickle(head, size, str(path), what, legacy)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -263,11 +255,30 @@ def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, ve
         raise TensorFileError(f"{source}: not a fedrec {what} ({e})") from None
 
 
+def sniff(path: Path, what: str) -> tuple[bytes, int]:
+    """A file's first 9 bytes and its size; one line if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(9), f.seek(0, 2)
+    except FileNotFoundError:
+        raise TensorFileError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise TensorFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def looks_like_safetensors(head: bytes, size: int) -> bool:
+    """A header length that fits the file, then ``{`` (such a file may begin like a pickle)."""
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
+
+
+def looks_like_pickle(head: bytes, size: int) -> bool:
+    """torch.save's zip file or a bare pickle, and not a safetensors file."""
+    return head.startswith(_PICKLE_MAGIC) and not looks_like_safetensors(head, size)
+
+
 def _refuse_pickle(head: bytes, size: int, source: str, what: str, legacy: str) -> None:
-    """Refuse a pickle with a line that says what to do. ``head``: the first 9 bytes; a
-    safetensors file (a header length that fits, then ``{``) may begin like a pickle."""
-    safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
-    if not safetensors and head.startswith(_PICKLE_MAGIC):
+    """Refuse a pickle with a line that says what to do (``legacy``)."""
+    if looks_like_pickle(head, size):
         raise TensorFileError(
             f"{source}: a pickle (the format older fedrec versions wrote), which can run code when "
             f"read; fedrec no longer reads {what}s in it" + (f". {legacy}" if legacy else ""))
@@ -297,41 +308,3 @@ def _pair(p: Any) -> tuple[Any, Any]:
 def _key(k: Any) -> Any:
     hash(k)  # TypeError for a list or dict key: not written by `encode`
     return k
-
-
-def legacy_globals() -> list[Callable[..., Any] | type]:
-    """What `read_legacy` lets PyTorch's restricted unpickler build besides tensors and
-    containers: NumPy arrays and scalars of the dtype kinds `encode` stores (``bytes`` holds a
-    scalar's value), and nothing else (no object arrays, no callable of any other module)."""
-    from numpy._core.multiarray import _reconstruct, scalar
-
-    kinds = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *kinds]
-
-
-def read_legacy(path: str | Path) -> Any:
-    """A pickle an older fedrec wrote (``torch.save``), read with PyTorch's restricted
-    unpickler (``weights_only=True``) allowing only `legacy_globals`: a pickle that asks
-    for anything else (a function call, an object of another class) is refused, not run."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-            size = f.seek(0, 2)
-    except FileNotFoundError:
-        raise TensorFileError(f"{path}: no such file") from None
-    except OSError as e:
-        raise TensorFileError(f"{path}: cannot read it ({e.strerror or e})") from None
-    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
-        raise TensorFileError(f"{path}: already in the safe format; nothing to convert")
-    if not head.startswith(_PICKLE_MAGIC):
-        raise TensorFileError(f"{path}: not a file an older fedrec wrote (not a pickle)")
-    try:
-        with torch.serialization.safe_globals(legacy_globals()):
-            return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
-        reason = reason.split(" was not an allowed global")[0].replace("WeightsUnpickler error: ", "")
-        raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
-                              f"damaged ({reason[:160]})") from None
