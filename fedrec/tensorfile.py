@@ -60,12 +60,21 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
     NumPy scalar) and ``{"$float": "nan" | "inf" | "-inf"}``, so the text is strict JSON.
     """
     tensors: dict[str, torch.Tensor] = {}
+    named: dict[int, str] = {}  # id of a tensor met before -> its name: stored once, read back as one
+    storages: set[tuple[str, int]] = set()
 
     def tensor(t: torch.Tensor) -> str:
         if t.layout != torch.strided:
             raise TypeError(f"cannot store a {t.layout} tensor")
-        name = f"t{len(tensors)}"
-        tensors[name] = t.detach().cpu().contiguous()
+        if id(t) in named:
+            return named[id(t)]
+        stored = t.detach().cpu().contiguous()
+        where = (str(stored.device), stored.untyped_storage().data_ptr())
+        if where in storages and stored.numel():  # another view of a storage already stored
+            stored = stored.clone()
+        storages.add((str(stored.device), stored.untyped_storage().data_ptr()))
+        name = named[id(t)] = f"t{len(tensors)}"
+        tensors[name] = stored
         return name
 
     def enc(x: Any) -> Any:
@@ -108,10 +117,11 @@ def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.devi
     stay on the host); ``ValueError`` for anything `encode` would not have written."""
     move = device is not None and torch.device(device).type != "cpu"
     used: set[str] = set()
+    moved: dict[str, torch.Tensor] = {}
 
     def named(name: Any) -> torch.Tensor:
-        if not isinstance(name, str) or name not in tensors or name in used:
-            raise ValueError(f"tree names tensor {name!r}, which the file lacks or names twice")
+        if not isinstance(name, str) or name not in tensors:
+            raise ValueError(f"tree names tensor {name!r}, which the file lacks")
         used.add(name)
         return tensors[name]
 
@@ -127,7 +137,11 @@ def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.devi
             raise ValueError(f"unknown tag {tags}")
         tag, body = tags[0], x[tags[0]]
         if tag == "$tensor":
-            t = named(body).to(device) if move else named(body)
+            t = named(body)
+            if move:  # one copy on the device per stored tensor, shared as the tree shared it
+                if body not in moved:
+                    moved[body] = t.to(device)
+                t = moved[body]
             if x.get("parameter"):
                 return torch.nn.Parameter(t, requires_grad=bool(x.get("grad")))
             return t.requires_grad_() if x.get("grad") else t
