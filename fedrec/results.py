@@ -128,7 +128,32 @@ def environment() -> dict[str, str]:
     # then drift apart, so two results files that differ can be told apart by their machines
     out.update(cpu=cpu_model(), cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
                date=datetime.now(UTC).isoformat(timespec="seconds"),
-               platform=platform.platform(), command=shlex.join(sys.argv))
+               platform=platform.platform(), command=shlex.join(redacted(sys.argv)))
+    return out
+
+
+#: command-line options whose value is a secret (Flower's ServerApp gets a run token so)
+_SECRET = ("token", "secret", "password", "passphrase")
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` with the value of each secret-named option (``--token X``, ``--token=X``)
+    replaced, so a results file never carries a credential of the process that wrote it."""
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        name = a.split("=", 1)[0].lower()
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif a.startswith("-") and any(s in name for s in _SECRET):
+            if "=" in a:
+                out.append(f"{a.split('=', 1)[0]}=<redacted>")
+            else:
+                out.append(a)
+                hide = True
+        else:
+            out.append(a)
     return out
 
 

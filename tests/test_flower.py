@@ -465,11 +465,12 @@ def test_the_superlink_serves_its_control_api_to_its_own_host_only(loopback: Any
 def test_the_guard_parses_its_addresses_and_refuses_other_paths() -> None:
     import asyncio
 
-    from fedrec.flower.superlink import guard, split_args
+    from fedrec.flower.superlink import addresses, guard, split_args
 
     assert split_args(["--host", "10.0.0.5", "--port", "8000"]) == (
         ["127.0.0.1", "::1", "10.0.0.5"], ["--host", "10.0.0.5", "--port", "8000"])
     assert split_args(["--control-from", "10.0.0.9,10.0.0.8", "--insecure"]) == (["10.0.0.9", "10.0.0.8"], ["--insecure"])
+    assert addresses(["10.0.0.5", "localhost", "no-such-host.invalid"])[:2] == ["10.0.0.5", "127.0.0.1"]
     reached: list[str] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

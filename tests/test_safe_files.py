@@ -288,3 +288,13 @@ def test_tune_journals_are_json_lines_that_optuna_never_unpickles(tmp_path: Path
     storage = _journal_storage(tmp_path / "journal.log")
     assert isinstance(storage._backend, JournalFileBackend)
     assert not isinstance(storage._backend, BaseJournalSnapshot)
+
+
+def test_a_results_file_never_records_a_secret_of_its_command_line() -> None:
+    from fedrec.results import redacted
+
+    argv = ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token", "s3cr3t",
+            "--run-once", "--auth-secret=abc", "--tokens-file", "f", "--k", "v"]
+    assert redacted(argv) == ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token",
+                              "<redacted>", "--run-once", "--auth-secret=<redacted>", "--tokens-file",
+                              "<redacted>", "--k", "v"]

@@ -30,7 +30,7 @@ from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.flower.records import RUN_KEY, run_to_json
 from fedrec.flower.secagg import RANGE
-from fedrec.flower.tls import Credentials, make_credentials
+from fedrec.flower.tls import LOOPBACK_HOSTS, Credentials, make_credentials
 
 QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 
@@ -302,8 +302,8 @@ def by_hand(app: Path, nodes: int, credentials: Credentials | None, home: Path, 
     bin_dir = Path(sys.executable).parent
     lines = ["# in every terminal (the SuperLink and SuperNodes start flower-superexec by name):",
              f"export PATH={bin_dir}:$PATH FLWR_HOME={home} FLWR_TELEMETRY_ENABLED=0",
-             f"# 1. the SuperLink (Flower's, serving its Control API to this machine only: run the "
-             f"flwr commands here); wait until it logs 'Starting the SuperLink ... API on {address}'",
+             f"# 1. the SuperLink (fedrec-superlink: Flower's, its Control API served to this machine "
+             f"only, so run the flwr commands here); wait for 'Starting the SuperLink ... on {address}'",
              " ".join(["fedrec-superlink", *link, "--disable-runtime-dependency-installation",
                        "--host", host, "--port", str(port)])]
     if credentials is not None:
@@ -311,8 +311,9 @@ def by_hand(app: Path, nodes: int, credentials: Credentials | None, home: Path, 
                   "yet is refused and exits)",
                   *(f"flwr supernode register {credentials.node_public(i)} {federation}" for i in range(nodes))]
     step = 3 if credentials is not None else 2
+    remote = credentials is not None and host not in LOOPBACK_HOSTS
     lines.append(f"# {step}. each SuperNode in its own terminal" + (
-        " (on another machine: copy it ca.pem and its own nodeI.key only)" if credentials else ""))
+        " (on another machine: copy it ca.pem and its own nodeI.key only)" if remote else ""))
     for i in range(nodes):
         auth = ["--insecure"] if credentials is None else credentials.supernode_args(credentials.node_key(i))
         lines.append(" ".join(["flower-supernode", *auth, "--superlink", address, "--port", str(9100 + i),

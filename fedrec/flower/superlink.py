@@ -11,7 +11,8 @@ the wire and the Fleet API.
 
 This launcher is `flower-superlink` with one change: every path outside ``/v1/fleet/`` (the
 Fleet API the SuperNodes use) answers 403 unless the peer's address is allowed
-(``--control-from``; default the loopback addresses and the ``--host`` the SuperLink binds).
+(``--control-from``, addresses or host names; default the loopback addresses and the ``--host``
+the SuperLink binds).
 The operator then runs `flwr run` and `flwr supernode register` on the SuperLink's machine
 (or through an SSH tunnel to it), and the SuperNodes reach the Fleet API from anywhere. The
 check allow-lists the Fleet prefix, so a route a later Flower adds is closed until allowed.
@@ -84,17 +85,30 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return [a.strip() for a in allowed if a.strip()], rest
 
 
+def addresses(names: list[str]) -> list[str]:
+    """The IP addresses ``names`` stand for: an address as it is, a host name resolved (the
+    ``--host`` a SuperLink binds may be one); a name that does not resolve adds none."""
+    import socket
+
+    out: list[str] = []
+    for name in names:
+        try:
+            out.append(str(ipaddress.ip_address(name)))
+        except ValueError:
+            try:
+                out += sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None)})
+            except OSError:
+                continue
+    return out
+
+
 def main() -> None:
     """Console entry point: ``fedrec-superlink [--control-from ADDR,...] FLOWER-SUPERLINK-ARGS``."""
     import flwr
     import flwr.superlink.main as superlink_main
 
-    allowed, rest = split_args(sys.argv[1:])
-    try:
-        for a in allowed:
-            ipaddress.ip_address(a)
-    except ValueError as e:
-        sys.exit(f"fedrec-superlink: --control-from: {e} (give IP addresses)")
+    names, rest = split_args(sys.argv[1:])
+    allowed = addresses(names)
     version = getattr(flwr, "__version__", "")
     if not version.startswith(FLOWER) or not callable(getattr(superlink_main, "create_app", None)):
         sys.exit(f"fedrec-superlink: checked against Flower {FLOWER}x, found {version or 'unknown'}; "
