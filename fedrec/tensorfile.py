@@ -40,6 +40,7 @@ from fedrec.files import atomic_write
 CONTAINER = "1"
 #: NumPy dtype kinds a file may hold: bool, signed and unsigned integers, floats, complex
 _ARRAY_KINDS = frozenset("biufc")
+_SCALAR_KINDS = frozenset("biuf")  # a scalar's value goes through JSON, which has no complex
 _TAGS = frozenset({"$tensor", "$array", "$tuple", "$map", "$scalar", "$float"})
 #: how torch.save's zip file and a bare pickle (protocol 2 to 5) begin
 _PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -60,26 +61,27 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
     NumPy scalar) and ``{"$float": "nan" | "inf" | "-inf"}``, so the text is strict JSON.
     """
     tensors: dict[str, torch.Tensor] = {}
-    named: dict[int, str] = {}  # id of a tensor met before -> its name: stored once, read back as one
+    # a tensor or array of the tree met before -> its name: stored once, read back as one object
+    # (keyed by the tree's own objects, which live as long as the tree)
+    named: dict[int, str] = {}
     storages: set[tuple[str, int]] = set()
 
-    def tensor(t: torch.Tensor) -> str:
+    def tensor(owner: torch.Tensor | np.ndarray, t: torch.Tensor) -> str:
         if t.layout != torch.strided:
             raise TypeError(f"cannot store a {t.layout} tensor")
-        if id(t) in named:
-            return named[id(t)]
+        if id(owner) in named:
+            return named[id(owner)]
         stored = t.detach().cpu().contiguous()
-        where = (str(stored.device), stored.untyped_storage().data_ptr())
-        if where in storages and stored.numel():  # another view of a storage already stored
-            stored = stored.clone()
+        if (str(stored.device), stored.untyped_storage().data_ptr()) in storages and stored.numel():
+            stored = stored.clone()  # another view of a storage already stored: safetensors wants it apart
         storages.add((str(stored.device), stored.untyped_storage().data_ptr()))
-        name = named[id(t)] = f"t{len(tensors)}"
+        name = named[id(owner)] = f"t{len(tensors)}"
         tensors[name] = stored
         return name
 
     def enc(x: Any) -> Any:
         if isinstance(x, np.generic):  # before float: np.float64 is a float
-            if x.dtype.kind not in _ARRAY_KINDS:
+            if x.dtype.kind not in _SCALAR_KINDS:
                 raise TypeError(f"cannot store a NumPy scalar of dtype {x.dtype}")
             return {"$scalar": enc(x.item()), "dtype": x.dtype.name}
         if x is None or isinstance(x, (bool, int, str)):
@@ -87,7 +89,7 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
         if isinstance(x, float):
             return x if math.isfinite(x) else {"$float": repr(x)}
         if isinstance(x, torch.Tensor):
-            out: dict[str, Any] = {"$tensor": tensor(x)}
+            out: dict[str, Any] = {"$tensor": tensor(x, x)}
             if isinstance(x, torch.nn.Parameter):
                 out["parameter"] = True
             if x.requires_grad:
@@ -96,8 +98,8 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
         if isinstance(x, np.ndarray):
             if x.dtype.kind not in _ARRAY_KINDS:
                 raise TypeError(f"cannot store a NumPy array of dtype {x.dtype}")
-            native = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
-            return {"$array": tensor(torch.as_tensor(native, device="cpu")), "dtype": native.dtype.str}
+            native = np.require(x, dtype=x.dtype.newbyteorder("="), requirements="C")  # keeps 0-d
+            return {"$array": tensor(x, torch.as_tensor(native, device="cpu")), "dtype": native.dtype.str}
         if isinstance(x, tuple):
             return {"$tuple": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -117,7 +119,7 @@ def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.devi
     stay on the host); ``ValueError`` for anything `encode` would not have written."""
     move = device is not None and torch.device(device).type != "cpu"
     used: set[str] = set()
-    moved: dict[str, torch.Tensor] = {}
+    made: dict[str, Any] = {}
 
     def named(name: Any) -> torch.Tensor:
         if not isinstance(name, str) or name not in tensors:
@@ -136,30 +138,18 @@ def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.devi
         if len(tags) != 1 or tags[0] not in _TAGS:
             raise ValueError(f"unknown tag {tags}")
         tag, body = tags[0], x[tags[0]]
-        if tag == "$tensor":
+        if tag in ("$tensor", "$array"):
             t = named(body)
-            if move:  # one copy on the device per stored tensor, shared as the tree shared it
-                if body not in moved:
-                    moved[body] = t.to(device)
-                t = moved[body]
-            if x.get("parameter"):
-                return torch.nn.Parameter(t, requires_grad=bool(x.get("grad")))
-            return t.requires_grad_() if x.get("grad") else t
-        if tag == "$array":
-            dtype = np.dtype(str(x.get("dtype")))
-            if dtype.kind not in _ARRAY_KINDS:
-                raise ValueError(f"array dtype {dtype} is not allowed")
-            a = named(body).cpu().numpy()
-            if a.dtype != dtype:
-                raise ValueError(f"array stored as {a.dtype}, tree says {dtype}")
-            return a
+            if body not in made:  # one object per stored tensor, shared as the tree shared it
+                made[body] = _tensor(t, x, device if move else None) if tag == "$tensor" else _array(t, x)
+            return made[body]
         if tag == "$tuple":
             return tuple(dec(v) for v in _list(body))
         if tag == "$map":
             return {_key(dec(k)): dec(v) for k, v in (_pair(p) for p in _list(body))}
         if tag == "$scalar":
             dtype = np.dtype(str(x.get("dtype")))
-            if dtype.kind not in _ARRAY_KINDS:
+            if dtype.kind not in _SCALAR_KINDS:
                 raise ValueError(f"scalar dtype {dtype} is not allowed")
             return dtype.type(dec(body))
         if body not in ("nan", "inf", "-inf"):  # $float
@@ -170,6 +160,24 @@ def decode(text: str, tensors: dict[str, torch.Tensor], device: str | torch.devi
     if used != set(tensors):
         raise ValueError(f"{len(set(tensors) - used)} tensors are not named by the tree")
     return out
+
+
+def _tensor(t: torch.Tensor, tag: dict[str, Any], device: str | torch.device | None) -> torch.Tensor:
+    if device is not None:
+        t = t.to(device)
+    if tag.get("parameter"):
+        return torch.nn.Parameter(t, requires_grad=bool(tag.get("grad")))
+    return t.requires_grad_() if tag.get("grad") else t
+
+
+def _array(t: torch.Tensor, tag: dict[str, Any]) -> np.ndarray:
+    dtype = np.dtype(str(tag.get("dtype")))
+    if dtype.kind not in _ARRAY_KINDS:
+        raise ValueError(f"array dtype {dtype} is not allowed")
+    a = t.cpu().numpy()
+    if a.dtype != dtype:
+        raise ValueError(f"array stored as {a.dtype}, tree says {dtype}")
+    return a
 
 
 def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor]) -> str:
@@ -189,8 +197,15 @@ def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor
     return h.hexdigest()
 
 
+#: safetensors refuses a header over 100 MB; the tree must fit well inside
+MAX_TREE_BYTES = 64 << 20
+
+
 def _metadata(tree: Any, kind: str, version: int) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     text, tensors = encode(tree)
+    if len(text) > MAX_TREE_BYTES:
+        raise FedrecError(f"a {kind}'s structure takes {len(text):,} bytes of JSON, over the "
+                          f"{MAX_TREE_BYTES:,} a file's header holds (keep large values in tensors)")
     meta = {"fedrec": CONTAINER, "kind": kind, "version": str(version), "tree": text,
             "sha256": checksum(kind, version, text, tensors)}
     return meta, tensors
@@ -265,8 +280,9 @@ def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, ve
         raise TensorFileError(f"{source}: damaged {what} (its contents do not match their checksum)")
     try:
         return decode(meta["tree"], tensors, device)
-    except (ValueError, TypeError, KeyError) as e:
-        raise TensorFileError(f"{source}: not a fedrec {what} ({e})") from None
+    except (ValueError, TypeError, KeyError, OverflowError, RuntimeError, RecursionError) as e:
+        # RuntimeError: grad asked of an integer tensor; RecursionError: a tree nested too deep
+        raise TensorFileError(f"{source}: not a fedrec {what} ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def sniff(path: Path, what: str) -> tuple[bytes, int]:

@@ -92,6 +92,40 @@ def test_a_tensor_met_twice_is_stored_once_and_views_of_one_storage_apart() -> N
     assert on_meta["a"] is on_meta["b"]
 
 
+def test_many_arrays_each_keep_their_own_values() -> None:
+    """Temporary tensors made for arrays come and go during encoding; each array keeps its
+    own name (a name keyed on a freed object's id would hand one array another's data)."""
+    tree = {f"c{i}": {"owner": np.arange(3) + i, "rows": np.ones((3, 2), np.float32) * i} for i in range(40)}
+    tree["list"] = [np.full(2, i) for i in range(60)]
+    tree["zero_d"] = np.array(3.5)
+    shared = np.arange(4)
+    tree["twice"] = [shared, shared]
+    back = tensorfile.loads(tensorfile.dumps(tree, "test", 1), "test", 1)
+    for i in range(40):
+        assert np.array_equal(back[f"c{i}"]["owner"], np.arange(3) + i)
+        assert back[f"c{i}"]["rows"].dtype == np.float32 and np.all(back[f"c{i}"]["rows"] == i)
+    assert [int(a[0]) for a in back["list"]] == list(range(60))
+    assert back["zero_d"].shape == () and float(back["zero_d"]) == 3.5
+    assert back["twice"][0] is back["twice"][1]
+
+
+def test_a_crafted_tree_that_passes_the_checksum_is_still_one_error() -> None:
+    """Well-formed files (checksum recomputed) whose trees no `encode` would write."""
+    from safetensors.torch import save as raw_save
+
+    def crafted(text: str, tensors: dict[str, torch.Tensor]) -> bytes:
+        meta = {"fedrec": tensorfile.CONTAINER, "kind": "test", "version": "1", "tree": text,
+                "sha256": tensorfile.checksum("test", 1, text, tensors)}
+        return raw_save(tensors, metadata=meta)
+
+    ints = {"t0": torch.arange(3)}
+    for text, tensors in (("[" * 100_000 + "]" * 100_000, {}), ('{"$tensor":"t0","grad":true}', ints),
+                          ('{"$scalar":99999999999,"dtype":"int8"}', {}), ('{"$float":"1e5"}', {}),
+                          ('{"$array":"t0","dtype":"<f4"}', ints)):
+        with pytest.raises(FedrecError, match="not a fedrec test"):
+            tensorfile.loads(crafted(text, tensors), "test", 1)
+
+
 def test_tensors_go_to_the_device_asked_for_and_arrays_stay_on_the_host() -> None:
     raw = tensorfile.dumps({"t": torch.ones(2), "a": np.arange(3)}, "test", 1)
     back = tensorfile.loads(raw, "test", 1, device="meta")  # a device every build has
