@@ -128,9 +128,19 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     blob = tensorfile.load(path, KIND, FORMAT, what="run file", device=device, legacy=LEGACY)
     if not isinstance(blob, dict) or not {"config", "result", "state"} <= set(blob):
         raise FedrecError(f"{path}: not a fedrec run file (it lacks a config, result or state)")
-    if not isinstance(blob["config"], dict) or not isinstance(blob["result"], dict):
-        raise FedrecError(f"{path}: not a fedrec run file (its config or result is not a table)")
-    config = RunConfig.from_dict(blob["config"])
+    problem = tensorfile.mismatch(_SHAPE, blob)
+    if problem is not None:
+        raise FedrecError(f"{path}: not a fedrec run file ({problem})")
+    try:
+        config = RunConfig.from_dict(blob["config"])
+        config.validate()
+        problem = tensorfile.mismatch(asdict(RunConfig(algorithm=config.algorithm)), blob["config"], "config")
+    except FedrecError as e:
+        problem = f"config: {e}"
+    except (TypeError, ValueError, AttributeError) as e:
+        problem = f"config: {type(e).__name__}: {str(e)[:120]}"
+    if problem is not None:
+        raise FedrecError(f"{path}: not a fedrec run file ({problem})")
     config.federated.device = config.train.device = device
     if data_dir is not None:
         config.data_dir = data_dir
@@ -141,15 +151,26 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
                           "trained on (users, items or training interactions differ)")
     with on(device):
         _, model = build_trainable(config, split)
+        if problem := tensorfile.mismatch(model.state_dict(), blob["state"], "state"):
+            raise FedrecError(f"{path}: its state does not fit {config.algorithm} under its config ({problem})")
         try:
             model.load_state_dict(blob["state"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             raise FedrecError(f"{path}: its state does not fit {config.algorithm} under its "
                               f"config ({type(e).__name__}: {str(e)[:120]})") from None
     res = dict(blob["result"])
-    res["history"] = [RoundRecord(**h) for h in res["history"]]
     known = {f.name for f in fields(RunResult)}
-    return Run(config, RunResult(**{k: v for k, v in res.items() if k in known}), model, split)
+    try:
+        res["history"] = [RoundRecord(**h) for h in res["history"]]
+        result = RunResult(**{k: v for k, v in res.items() if k in known})
+    except (KeyError, TypeError) as e:
+        raise FedrecError(f"{path}: not a fedrec run file (result: {type(e).__name__}: {str(e)[:120]})") from None
+    return Run(config, result, model, split)
+
+
+#: the kind of each entry `Run.save` writes (`tensorfile.mismatch` compares a file with it)
+_SHAPE: dict[str, Any] = {"config": {}, "result": {"history": [], "test": {}, "best_round": 0},
+                          "state": {}, "data": {}}
 
 
 def _check_arguments(**given: tuple[Any, Any]) -> None:

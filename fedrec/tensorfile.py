@@ -180,6 +180,45 @@ def _array(t: torch.Tensor, tag: dict[str, Any]) -> np.ndarray:
     return a
 
 
+def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
+    """Where ``tree`` (read from a file) first differs in kind from ``reference`` (what the
+    code built itself), or None: a tensor or array of another dtype, rank or shape, a table
+    where a number was, and so on. Only places both hold are compared (an optimiser's state
+    fills in as it trains), and a tensor empty along its first dimension in ``reference``
+    (a store that grows with the clients trained) may hold any number of rows."""
+    if isinstance(reference, (torch.Tensor, np.ndarray)):
+        if type(tree) is not type(reference) and not (isinstance(reference, torch.Tensor)
+                                                      and isinstance(tree, torch.Tensor)):
+            return f"{where}: a {type(tree).__name__} where a {type(reference).__name__} was"
+        if tree.dtype != reference.dtype or tree.ndim != reference.ndim:
+            return f"{where}: {tree.dtype} of rank {tree.ndim} where {reference.dtype} of rank {reference.ndim}"
+        grows = reference.ndim > 0 and reference.shape[0] == 0
+        if tuple(tree.shape[1:] if grows else tree.shape) != tuple(reference.shape[1:] if grows else reference.shape):
+            return f"{where}: shape {tuple(tree.shape)} where {tuple(reference.shape)}"
+        return None
+    if isinstance(reference, dict):
+        if not isinstance(tree, dict):
+            return f"{where}: a {type(tree).__name__} where a table was"
+        for k in reference.keys() & tree.keys():
+            if found := mismatch(reference[k], tree[k], f"{where}.{k}" if where else str(k)):
+                return found
+        return None
+    if isinstance(reference, (list, tuple)):
+        if not isinstance(tree, (list, tuple)):
+            return f"{where}: a {type(tree).__name__} where a list was"
+        if len(tree) == len(reference):
+            for i, (a, b) in enumerate(zip(reference, tree, strict=True)):
+                if found := mismatch(a, b, f"{where}[{i}]"):
+                    return found
+        return None
+    if isinstance(reference, bool) or isinstance(reference, str):
+        return None if type(tree) is type(reference) else f"{where}: {tree!r} where a {type(reference).__name__} was"
+    if isinstance(reference, (int, float)):
+        ok = isinstance(tree, (int, float, np.integer, np.floating)) and not isinstance(tree, bool)
+        return None if ok else f"{where}: {tree!r} where a number was"
+    return None
+
+
 def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 of kind, version, tree and every tensor (name, dtype, shape, bytes, by name)."""
     h = hashlib.sha256()

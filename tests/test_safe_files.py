@@ -217,6 +217,64 @@ def test_truncated_foreign_damaged_and_mislabelled_files_are_one_line(
     assert code == 2 and "no such run file" in said
 
 
+def _mutate(blob: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A deep copy of ``blob`` with ``path`` (dotted) set to ``value`` (``...``: removed)."""
+    import copy
+
+    out = copy.deepcopy(blob)
+    *head, last = path.split(".")
+    node = out
+    for key in head:
+        node = node[key]
+    if value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return out
+
+
+RUN_FILE_CRAFTS = [("config.algorithm", ["x"]), ("config.dataset", 5), ("config.seed", "abc"),
+                   ("config.federated.lr", "x"), ("config.model", [1]), ("config.federated", 3),
+                   ("result.history", ...), ("result.history", 5), ("result.history", [{"bogus": 1}]),
+                   ("state.server.items", "text"), ("state.server.items", None), ("result", []),
+                   ("state.server.items", torch.zeros(3, 2)), ("state.clients.private.user", torch.zeros(7, 32))]
+
+
+def test_a_well_formed_run_file_with_crafted_contents_is_one_line(
+        saved: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files with a valid checksum whose contents no fedrec wrote: every one is refused in one
+    line naming the file, before anything is scored."""
+    path, _ = saved
+    blob = tensorfile.load(path, KIND, FORMAT)
+    assert "items" in blob["state"]["server"] and "user" in blob["state"]["clients"]["private"]
+    for i, (where, value) in enumerate(RUN_FILE_CRAFTS):
+        bad = tmp_path / f"craft{i}.fedrec"
+        tensorfile.save(bad, _mutate(blob, where, value), KIND, FORMAT)
+        code, said = _cli(["recommend", str(bad), "--user", "3"], capsys)
+        assert code == 2 and said.startswith("error:") and said.count("\n") == 1, (where, value, said)
+
+
+CHECKPOINT_CRAFTS = [("round", "x"), ("round", [1]), ("round", -1), ("history", 5), ("history", [{"bogus": 1}]),
+                     ("best_round", ...), ("resumed_at", 5), ("resumed_at", ["x"]), ("seconds", "x"),
+                     ("state.server", [1]), ("state.server.items", "text"), ("state.server.items", torch.zeros(2, 2)),
+                     ("best_state", {"server": {"items": torch.zeros(1)}})]
+
+
+def test_a_well_formed_checkpoint_with_crafted_contents_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run.json"
+    args = ["run", "fedmf", "-d", SYN, "-q", "--out", str(out), "--checkpoint-every", "1"]
+    assert _cli([*args, "--rounds", "2"], capsys)[0] == 0
+    ckpt = out.with_suffix(".ckpt")
+    blob = checkpoint.read(ckpt)
+    for where, value in CHECKPOINT_CRAFTS:
+        tensorfile.save(ckpt, _mutate(blob, where, value), checkpoint.KIND, checkpoint.FORMAT)
+        code, said = _cli([*args, "--rounds", "3", "--resume", "--overwrite"], capsys)
+        assert code == 2 and "error:" in said and "checkpoint" in said, (where, value, said)
+    tensorfile.save(ckpt, blob, checkpoint.KIND, checkpoint.FORMAT)  # the control: the real one resumes
+    assert _cli([*args, "--rounds", "3", "--resume"], capsys)[0] == 0
+
+
 def test_a_damaged_node_state_or_checkpoint_is_refused(tmp_path: Path) -> None:
     raw = pack_state({"items": torch.randn(4, 3), "seen": np.arange(3)})
     assert torch.equal(unpack_state(raw)["items"], tensorfile.loads(raw, "node-state", 1)["items"])

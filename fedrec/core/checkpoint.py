@@ -73,10 +73,31 @@ def read(path: Path, device: str | torch.device | None = None) -> dict[str, Any]
     """A checkpoint's whole tree (`save`), its tensors on ``device``; one line for a file
     that is not a checkpoint of this fedrec, a damaged one or an older fedrec's pickle."""
     blob = tensorfile.load(path, KIND, FORMAT, what="checkpoint", device=device, legacy=LEGACY)
-    if not isinstance(blob, dict) or not {"round", "history", "fingerprint", "state"} <= set(blob):
-        raise FedrecError(f"{path}: not a fedrec checkpoint (its contents lack a round, history or "
-                          "state); remove it or drop --resume")
+    problem = tensorfile.mismatch(SHAPE, blob) if isinstance(blob, dict) else "not a table"
+    if problem is None and not SHAPE.keys() <= blob.keys():
+        problem = f"no {', '.join(sorted(SHAPE.keys() - blob.keys()))}"
+    if problem is None:
+        problem = _history_problem(blob["history"])
+    if problem is None and (blob["round"] < 0 or any(not isinstance(r, int) for r in blob["resumed_at"])):
+        problem = "a negative round or a resumed round that is not a number"
+    if problem is not None:
+        raise FedrecError(f"{path}: not a fedrec checkpoint ({problem}); remove it or drop --resume")
     return blob
+
+
+#: the kind of each entry `save` writes (`tensorfile.mismatch` compares a file with it)
+SHAPE: dict[str, Any] = {"round": 0, "fingerprint": {}, "state": {}, "history": [], "best_round": 0,
+                         "test": {}, "extra": {}, "seconds": 0.0, "resumed_at": []}
+
+
+def _history_problem(history: list[Any]) -> str | None:
+    """Why ``history`` cannot be read as `RoundRecord` s, or None."""
+    for h in history:
+        try:
+            RoundRecord(**h)
+        except TypeError as e:
+            return f"history: {e}"
+    return None
 
 
 def peek_round(path: Path) -> int:
@@ -99,10 +120,17 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     if blob["round"] > rounds:
         raise FedrecError(f"{path}: checkpoint is at round {blob['round']}, past the {rounds} "
                           "rounds asked for; ask for at least as many rounds")
-    algorithm.load_state_dict(blob["state"])
+    for name, reference in (("state", algorithm.state_dict()), ("best_state", algorithm.state_dict())):
+        if blob.get(name) is not None and (problem := tensorfile.mismatch(reference, blob[name], name)):
+            raise FedrecError(f"{path}: its {name} does not fit this run ({problem}); remove it or drop --resume")
+    try:
+        algorithm.load_state_dict(blob["state"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        raise FedrecError(f"{path}: its state does not fit this run ({type(e).__name__}: "
+                          f"{str(e)[:120]}); remove it or drop --resume") from None
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
     out.extra = blob["extra"]
-    out.resumed_at = [*blob.get("resumed_at", []), int(blob["round"])]
-    out.earlier_seconds = float(blob.get("seconds", 0.0))
+    out.resumed_at = [*blob["resumed_at"], int(blob["round"])]
+    out.earlier_seconds = float(blob["seconds"])
     return int(blob["round"]), blob["best_state"]
