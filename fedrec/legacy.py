@@ -10,7 +10,6 @@ be storable by `tensorfile.encode`; anything else is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ def convert(src: str | Path, out: str | Path | None = None) -> tuple[Path, str]:
     in place of ``src``); returns the path written and what it is (``run file`` or
     ``checkpoint``). ``src`` is replaced only after it was read and converted in full."""
     src = Path(src)
-    dst = check_writable(Path(out) if out is not None else src, "--out")
+    dst = check_writable(Path(out) if out is not None else src, "--out", overwrite=out is None)
     blob = read_legacy(src)
     kind, version, what = _layout(src, blob)
     tree = {k: v for k, v in blob.items() if k != "format"}
@@ -57,14 +56,17 @@ def _layout(src: Path, blob: Any) -> tuple[str, int, str]:
                       f"{blob.get('format')!r})")
 
 
-def legacy_globals() -> list[Callable[..., Any] | type]:
+def legacy_globals() -> list[Any]:
     """What `read_legacy` lets PyTorch's restricted unpickler build besides tensors and
-    containers: NumPy arrays and scalars of the dtype kinds `encode` stores (``bytes`` holds a
-    scalar's value), and nothing else (no object arrays, no callable of any other module)."""
+    containers: NumPy arrays and scalars of the dtype kinds `tensorfile.encode` stores
+    (``bytes`` holds a scalar's value), under NumPy 2's module names and NumPy 1's (a file
+    written under NumPy 1 names ``numpy.core``), and nothing else: no object arrays, no
+    callable of any other module."""
     from numpy._core.multiarray import _reconstruct, scalar
 
     kinds = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *kinds]
+    numpy1 = [(_reconstruct, "numpy.core.multiarray._reconstruct"), (scalar, "numpy.core.multiarray.scalar")]
+    return [_reconstruct, scalar, *numpy1, np.ndarray, np.dtype, bytes, *kinds]
 
 
 def read_legacy(path: str | Path) -> Any:
@@ -81,8 +83,10 @@ def read_legacy(path: str | Path) -> Any:
         with torch.serialization.safe_globals(legacy_globals()):
             return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
+        # torch's message: advice (to load it unrestricted, which is the point not to) around
+        # one line from the restricted unpickler that names what the file asked for
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
-        reason = reason.split(" was not an allowed global")[0].replace("WeightsUnpickler error: ", "")
+        said = next((ln for ln in lines if ln.startswith("WeightsUnpickler error:")), "")
+        reason = said.replace("WeightsUnpickler error: ", "").split(" was not an allowed global")[0]
         raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
-                              f"damaged ({reason[:160]})") from None
+                              f"damaged ({(reason or type(e).__name__)[:160]})") from None

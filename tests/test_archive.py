@@ -58,6 +58,15 @@ def test_a_member_without_a_file_name_is_refused(tmp_path: Path, member: str) ->
         extract_members(zpath, [member], tmp_path)
 
 
+def test_two_members_of_one_name_or_one_named_as_the_archive_are_refused(tmp_path: Path) -> None:
+    zpath = _zip(tmp_path / "a.zip", {"x/u.data": b"1", "y/u.data": b"2", "in/a.zip": b"3"})
+    with pytest.raises(ArchiveError, match="two members would be written as u.data"):
+        extract_members(zpath, ["x/u.data", "y/u.data"], tmp_path)
+    with pytest.raises(ArchiveError, match="written over the archive a.zip"):
+        extract_members(zpath, ["in/a.zip"], tmp_path)
+    assert zpath.read_bytes()[:2] == b"PK" and _files_under(tmp_path) == {"a.zip"}
+
+
 def test_links_missing_members_and_non_zips_are_refused_leaving_nothing(tmp_path: Path) -> None:
     zpath = _zip(tmp_path / "a.zip", {"d/first.csv": b"1"}, links={"d/link": "/etc/passwd"})
     dest = tmp_path / "dest"

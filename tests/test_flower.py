@@ -470,6 +470,7 @@ def test_the_guard_parses_its_addresses_and_refuses_other_paths() -> None:
     assert split_args(["--host", "10.0.0.5", "--port", "8000"]) == (
         ["127.0.0.1", "::1", "10.0.0.5"], ["--host", "10.0.0.5", "--port", "8000"])
     assert split_args(["--control-from", "10.0.0.9,10.0.0.8", "--insecure"]) == (["10.0.0.9", "10.0.0.8"], ["--insecure"])
+    assert split_args(["--host=10.0.0.7"])[0] == ["127.0.0.1", "::1", "10.0.0.7"]
     assert addresses(["10.0.0.5", "localhost", "no-such-host.invalid"])[:2] == ["10.0.0.5", "127.0.0.1"]
     reached: list[str] = []
 
@@ -487,6 +488,8 @@ def test_the_guard_parses_its_addresses_and_refuses_other_paths() -> None:
         asyncio.run(guarded({"type": "http", "path": path, "client": (peer, 1)}, None, send))
     assert reached == ["/v1/fleet/pull", "/v1/control/x"]
     assert [m["status"] for m in sent if "status" in m] == [403, 403, 403]
+    asyncio.run(guarded({"type": "websocket", "path": "/v1/control/x", "client": ("10.1.1.1", 1)}, None, send))
+    assert sent[-1] == {"type": "websocket.close", "code": 1008} and len(reached) == 2
 
 
 def test_credentials_chain_to_their_ca_name_their_hosts_and_keep_keys_private(tmp_path: Path) -> None:

@@ -170,6 +170,8 @@ def test_a_crafted_pickle_runs_nothing_on_any_read_path(tmp_path: Path, capsys: 
         unpack_state(evil.read_bytes())
     code, said = _cli(["convert", str(evil), "-o", str(tmp_path / "converted.fedrec")], capsys)
     assert code == 2 and "refused" in said and not (tmp_path / "converted.fedrec").exists()
+    if how == "torch.save":  # the refusal names what the pickle asked for
+        assert "builtins.open" in said or "io.open" in said, said
     # a run resumed from a crafted checkpoint at its checkpoint's path
     out = tmp_path / "run.json"
     evil.rename(out.with_suffix(".ckpt"))
@@ -304,6 +306,29 @@ def test_an_older_run_file_converts_once_and_recommends_the_same(
     assert code == 0 and said.split("\t")[1].split() == [str(i) for i in top]
     code, said = _cli(["convert", str(old)], capsys)
     assert code == 2 and "already in the safe format" in said
+
+
+def test_a_file_pickled_under_numpy_1_converts(tmp_path: Path) -> None:
+    """NumPy 1 named its array builder ``numpy.core.multiarray``; such files convert too."""
+    import io
+    import zipfile
+
+    from fedrec.legacy import read_legacy
+
+    blob = {"format": "fedrec-run/1", "config": {}, "result": {},
+            "state": {"ids": np.arange(3), "s": np.float64(2.5), "t": torch.ones(2)}}
+    torch.save(blob, tmp_path / "numpy2.fedrec")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(tmp_path / "numpy2.fedrec") as zin, zipfile.ZipFile(buf, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                assert b"numpy._core.multiarray" in data
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            zout.writestr(info.filename, data)
+    (tmp_path / "numpy1.fedrec").write_bytes(buf.getvalue())
+    state = read_legacy(tmp_path / "numpy1.fedrec")["state"]
+    assert np.array_equal(state["ids"], np.arange(3)) and state["s"] == 2.5
 
 
 def test_an_older_checkpoint_converts_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

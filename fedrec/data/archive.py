@@ -26,8 +26,9 @@ class ArchiveError(Exception):
 
 
 def base_name(member: str) -> str:
-    """The name a member is written under: its last path component, which must be a plain
-    file name (not empty, ``.``, ``..``, nor holding a backslash or NUL)."""
+    """The name a member is written under: its last path component (``/`` or ``\\`` ending
+    the ones before it), which must be a plain file name (not empty, ``.``, ``..``, nor
+    holding a NUL)."""
     base = member.replace("\\", "/").rsplit("/", 1)[-1]
     if base in ("", ".", "..") or "\0" in base:
         raise ArchiveError(f"member {member!r} has no usable file name")
@@ -40,6 +41,12 @@ def extract_members(archive: Path, members: Sequence[str], dest: Path,
     returns those paths. `ArchiveError` if one is missing, is not a regular file, or is
     larger than ``max_bytes``; the files written before it are removed."""
     out: list[Path] = []
+    names = [base_name(m) for m in members]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ArchiveError(f"two members would be written as {twice[0]}")
+    if Path(archive).resolve() in {(dest / n).resolve() for n in names}:
+        raise ArchiveError(f"a member would be written over the archive {Path(archive).name}")
     try:
         with zipfile.ZipFile(archive) as z:
             for member in members:

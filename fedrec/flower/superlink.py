@@ -46,6 +46,9 @@ def guard(app: ASGI, allowed: Iterable[str]) -> ASGI:
         if scope["type"] in ("http", "websocket") and not str(scope.get("path", "")).startswith(OPEN):
             peer = (scope.get("client") or ("",))[0]
             if _canonical(peer) not in allowed:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})  # policy violation
+                    return
                 body = b'{"detail":"this API is served to the SuperLink\'s own host only"}'
                 await send({"type": "http.response.start", "status": 403,
                             "headers": [(b"content-type", b"application/json"),
@@ -80,7 +83,12 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
         else:
             rest.append(a)
     if not allowed:
-        host = rest[rest.index("--host") + 1] if "--host" in rest[:-1] else "127.0.0.1"
+        host = "127.0.0.1"
+        for i, a in enumerate(rest):
+            if a == "--host" and i + 1 < len(rest):
+                host = rest[i + 1]
+            elif a.startswith("--host="):
+                host = a.split("=", 1)[1]
         allowed = [*LOOPBACK, host]
     return [a.strip() for a in allowed if a.strip()], rest
 
@@ -122,6 +130,9 @@ def main() -> None:
     superlink_main.create_app = create_app
     # uvicorn trusts X-Forwarded-For from the addresses this names; only from loopback here
     os.environ.pop("FORWARDED_ALLOW_IPS", None)
+    # Flower starts extra, unguarded gRPC servers (Control among them) when these are set
+    for name in [k for k in os.environ if k.startswith("FLWR_INTERNAL_GRPC_")]:
+        del os.environ[name]
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
     sys.argv = ["flower-superlink", *rest]
