@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedrec import tensorfile
+from fedrec.core.checkpoint import load_state
 from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.errors import FedrecError
@@ -151,13 +152,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
                           "trained on (users, items or training interactions differ)")
     with on(device):
         _, model = build_trainable(config, split)
-        if problem := tensorfile.mismatch(model.state_dict(), blob["state"], "state"):
-            raise FedrecError(f"{path}: its state does not fit {config.algorithm} under its config ({problem})")
-        try:
-            model.load_state_dict(blob["state"])
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
-            raise FedrecError(f"{path}: its state does not fit {config.algorithm} under its "
-                              f"config ({type(e).__name__}: {str(e)[:120]})") from None
+        load_state(model, blob["state"], f"{path}: its state does not fit {config.algorithm} under its config")
     res = dict(blob["result"])
     known = {f.name for f in fields(RunResult)}
     try:

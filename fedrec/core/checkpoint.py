@@ -105,6 +105,19 @@ def peek_round(path: Path) -> int:
     return int(peek(path)["round"])
 
 
+def load_state(algorithm: Trainable, state: Any, refusal: str, advice: str = "") -> None:
+    """Load ``state`` (read from a file) into ``algorithm`` once it has the kind of state the
+    algorithm builds itself (`tensorfile.mismatch`); else one `FedrecError`, ``refusal (why)advice``."""
+    problem = tensorfile.mismatch(algorithm.state_dict(), state, "state")
+    if problem is None:
+        try:
+            algorithm.load_state_dict(state)
+            return
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            problem = f"{type(e).__name__}: {str(e)[:120]}"
+    raise FedrecError(f"{refusal} ({problem}){advice}")
+
+
 def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[str, Any],
          rounds: int) -> tuple[int, dict[str, Any] | None]:
     """Continue from ``path``: check it, load the state into ``algorithm`` and the history into
@@ -120,14 +133,10 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     if blob["round"] > rounds:
         raise FedrecError(f"{path}: checkpoint is at round {blob['round']}, past the {rounds} "
                           "rounds asked for; ask for at least as many rounds")
-    for name, reference in (("state", algorithm.state_dict()), ("best_state", algorithm.state_dict())):
-        if blob.get(name) is not None and (problem := tensorfile.mismatch(reference, blob[name], name)):
-            raise FedrecError(f"{path}: its {name} does not fit this run ({problem}); remove it or drop --resume")
-    try:
-        algorithm.load_state_dict(blob["state"])
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
-        raise FedrecError(f"{path}: its state does not fit this run ({type(e).__name__}: "
-                          f"{str(e)[:120]}); remove it or drop --resume") from None
+    if blob.get("best_state") is not None and (problem := tensorfile.mismatch(
+            algorithm.state_dict(), blob["best_state"], "best_state")):
+        raise FedrecError(f"{path}: its best state does not fit this run ({problem}); remove it or drop --resume")
+    load_state(algorithm, blob["state"], f"{path}: its state does not fit this run", "; remove it or drop --resume")
     out.history = [RoundRecord(**h) for h in blob["history"]]
     out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
     out.extra = blob["extra"]
