@@ -29,7 +29,12 @@ class UnknownNameError(FedrecError):
     """An unknown data set, algorithm or protocol name; lists the known ones."""
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown {kind} '{name}'; known: {', '.join(sorted(known))}")
+        from difflib import get_close_matches
+
+        close = get_close_matches(str(name).lower(), [k.lower() for k in known], n=3, cutoff=0.6)
+        named = {k.lower(): k for k in known}
+        hint = f"did you mean {' or '.join(repr(named[c]) for c in close)}? " if close else ""
+        super().__init__(f"unknown {kind} '{name}'; {hint}known: {', '.join(sorted(known))}")
 
 
 class Interrupted(FedrecError):

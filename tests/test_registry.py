@@ -175,7 +175,7 @@ def test_cache_root_default_uses_platformdirs(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_unknown_name() -> None:
-    with pytest.raises(UnknownNameError, match=r"unknown data set 'ml-10k'; known: .*ml-100k"):
+    with pytest.raises(UnknownNameError, match=r"unknown data set 'ml-10k'; did you mean 'ml-100k'.*known: .*ml-100k"):
         registry.load("ml-10k")
 
 

@@ -384,3 +384,22 @@ def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch
     (pkg / "new_module.py").unlink()
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     assert git_revision() == f"{head}-dirty"
+
+
+def test_an_unknown_name_suggests_the_close_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    code, said = _cli(["run", "pfedrek", "-d", SYN], capsys)
+    assert code == 2 and "unknown algorithm 'pfedrek'; did you mean 'pfedrec'" in said
+    code, said = _cli(["run", "fedmf", "-p", "loo-sampeld", "-d", SYN], capsys)
+    assert code == 2 and "did you mean 'loo-sampled'?" in said
+    code, said = _cli(["run", "zzz", "-d", SYN], capsys)
+    assert code == 2 and "did you mean" not in said and "known: ae," in said
+
+
+def test_too_few_items_for_sampled_evaluation_names_a_protocol_that_works(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hint names what the user can do (a full-ranking protocol), not an option that does
+    not exist; following it works."""
+    args = ["run", "fedmf", "-d", "synthetic:100x120", "--rounds", "1", "-q", "--out", str(tmp_path / "r.json")]
+    code, said = _cli(args, capsys)
+    assert code == 2 and "evaluation negatives" in said and "loo-full" in said
+    assert _cli([*args, "-p", "loo-full"], capsys)[0] == 0

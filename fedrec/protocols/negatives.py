@@ -116,8 +116,7 @@ class ComplementSampler:
         if short.any():
             bad = users[np.argmax(short)]
             raise FedrecError(
-                f"user {bad} has only {self.n_allowed[bad]} items to draw {k} distinct ones from; "
-                "use fewer evaluation negatives or a data set with more items"
+                f"user {bad} has only {self.n_allowed[bad]} items to draw {k} distinct ones from"
             )
         out = self.sample(users, k, rng, dtype)
         todo = np.arange(len(users))

@@ -223,6 +223,13 @@ def _draw_eval_negatives(
     A user with fewer than 2n unseen items gets one set of n for both stages (as FedRAP's
     code does for everyone); fewer than n is an error naming the user.
     """
+    short = sampler.n_allowed[users] < n
+    if short.any():
+        bad = users[np.argmax(short)]
+        raise FedrecError(
+            f"user {bad} has only {sampler.n_allowed[bad]} unseen items to draw the protocol's {n} "
+            "evaluation negatives from; rank every item instead (a full-ranking protocol such as "
+            "loo-full) or use a data set with more items")
     share = sampler.n_allowed[users] < 2 * n
     ids = _id_dtype(sampler.n_items)
     drawn = np.empty((len(users), 2 * n), dtype=ids)
