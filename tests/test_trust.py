@@ -403,3 +403,13 @@ def test_too_few_items_for_sampled_evaluation_names_a_protocol_that_works(
     code, said = _cli(args, capsys)
     assert code == 2 and "evaluation negatives" in said and "loo-full" in said
     assert _cli([*args, "-p", "loo-full"], capsys)[0] == 0
+
+
+def test_a_dp_run_prints_its_privacy_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "dp.json"
+    code, said = _cli(["run", "fedmf", "-d", SYN, "--rounds", "2", "-q", "--dp-clip", "0.1", "--dp-noise", "1.0",
+                       "--out", str(out)], capsys)
+    privacy = json.loads(out.read_text())["extra"]["privacy"]
+    assert code == 0 and f"(ε = {privacy['epsilon']:.3g}, δ = 1e-05) after 2 rounds" in " ".join(said.split())
+    code, said = _cli(["run", "fedmf", "-d", SYN, "--rounds", "1", "-q", "--out", str(tmp_path / "plain.json")], capsys)
+    assert code == 0 and "ε" not in said

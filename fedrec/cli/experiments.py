@@ -282,6 +282,11 @@ def run_command(
             shown = ", ".join(f"{k.upper()} {last[k]:.4f}" for k in ("er@5", "er@10", "er@20") if k in last)
             console.print(f"exposure of the target items after round {result.history[-1].round}: {shown} "
                           f"(round 1: ER@10 {result.history[0].extra['er@10']:.4f})")
+        privacy = result.extra.get("privacy")
+        if isinstance(privacy, dict) and "epsilon" in privacy:
+            console.print(f"differential privacy: (ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:g}) after "
+                          f"{privacy['rounds']} rounds (noise multiplier {privacy['noise_multiplier']:g}, clip "
+                          f"{privacy['clip']:g}, sample rate {privacy['sample_rate']:g}; {privacy['accountant']})")
         if "flag_precision" in last:
             console.print(f"{cfg.federated.defence} flagged {last['flagged']:.0f} uploads in the last round: "
                           f"precision {last['flag_precision']:.3f}, recall {last['flag_recall']:.3f}")
