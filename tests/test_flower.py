@@ -558,3 +558,18 @@ def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monk
     assert "insecure = true" in (tmp_path / "plain-deployment" / "flwr-home" / "config.toml").read_text()
     code, said = cli("--app-dir", "x", "--mode", "loopback", "--tls-host", "h")
     assert code == 2 and "--tls-host applies to a secure --mode app" in said
+
+
+def test_a_deployment_checks_its_data_before_any_process_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Data too small for the protocol fails as `fedrec run` does, before a SuperLink starts."""
+    from fedrec.cli import main
+    from fedrec.flower import launch
+
+    started: list[int] = []
+    monkeypatch.setattr(launch.Loopback, "start", lambda self: started.append(1))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(["flower", "fedmf", "-d", "synthetic:100x120", "--rounds", "1", "--mode", "loopback"])
+    said = capsys.readouterr().err
+    assert done.value.code == 2 and "evaluation negatives" in said and started == []

@@ -91,6 +91,12 @@ def flower_command(
     run.validate()
     run.federated.validate()
     check_deployable(run, secure=secagg)
+    if mode != "app":
+        # the nodes will read the data on this machine: its errors (a missing file, too few items
+        # for the protocol) come now, in one line, not from node logs after the processes start
+        from fedrec.experiment import prepare_split
+
+        check_deployable(run, secure=secagg, split=prepare_split(run))
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
     out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}-flower.json"
