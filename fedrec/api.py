@@ -127,9 +127,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     ``data_dir``), so the split and id maps are the ones it trained on."""
     check_device(device)
     blob = tensorfile.load(path, KIND, FORMAT, what="run file", device=device, legacy=LEGACY)
-    if not isinstance(blob, dict) or not {"config", "result", "state"} <= set(blob):
-        raise FedrecError(f"{path}: not a fedrec run file (it lacks a config, result or state)")
-    problem = tensorfile.mismatch(_SHAPE, blob)
+    problem = tensorfile.entries_mismatch(_SHAPE, blob)
     if problem is not None:
         raise FedrecError(f"{path}: not a fedrec run file ({problem})")
     try:

@@ -36,12 +36,10 @@ def convert(src: str | Path, out: str | Path | None = None) -> tuple[Path, str]:
     dst = check_writable(Path(out) if out is not None else src, "--out", overwrite=out is None)
     blob = read_legacy(src)
     kind, version, what = _layout(src, blob)
-    tree = {k: v for k, v in blob.items() if k != "format"}
     try:
-        tensorfile.encode(tree)
-    except TypeError as e:
+        tensorfile.save(dst, {k: v for k, v in blob.items() if k != "format"}, kind, version)
+    except TypeError as e:  # encoding fails before anything is written
         raise FedrecError(f"{src}: holds what no fedrec {what} holds ({e})") from None
-    tensorfile.save(dst, tree, kind, version)
     return dst, what
 
 

@@ -219,6 +219,14 @@ def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
     return None
 
 
+def entries_mismatch(shape: dict[str, Any], tree: Any) -> str | None:
+    """`mismatch` for a file's top level, where every entry of ``shape`` must be present."""
+    if not isinstance(tree, dict):
+        return f"a {type(tree).__name__} where a table was"
+    missing = sorted(shape.keys() - tree.keys())
+    return f"no {', '.join(missing)}" if missing else mismatch(shape, tree)
+
+
 def checksum(kind: str, version: int, text: str, tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 of kind, version, tree and every tensor (name, dtype, shape, bytes, by name)."""
     h = hashlib.sha256()

@@ -257,7 +257,7 @@ def test_a_well_formed_run_file_with_crafted_contents_is_one_line(
 
 
 CHECKPOINT_CRAFTS = [("round", "x"), ("round", [1]), ("round", -1), ("history", 5), ("history", [{"bogus": 1}]),
-                     ("best_round", ...), ("resumed_at", 5), ("resumed_at", ["x"]), ("seconds", "x"),
+                     ("best_round", ...), ("valid_at_best", ...), ("valid_at_best", [1]), ("resumed_at", 5), ("resumed_at", ["x"]), ("seconds", "x"),
                      ("state.server", [1]), ("state.server.items", "text"), ("state.server.items", torch.zeros(2, 2)),
                      ("best_state", {"server": {"items": torch.zeros(1)}})]
 

@@ -144,8 +144,7 @@ def _write_app(app_dir: Path, nodes: int, opts: dict, insecure: bool,  # type: i
                                                    tuple(tls_host) or LOOPBACK_HOSTS)
     home = (deployment / "flwr-home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    host = "127.0.0.1" if creds is None else creds.hosts[0]
-    (home / "config.toml").write_text(launch.federation_config("fedrec", f"{host}:8000", creds))
+    (home / "config.toml").write_text(launch.federation_config("fedrec", launch.superlink_address(creds), creds))
     app_dir.mkdir(parents=True, exist_ok=True)
     launch.write_app(app_dir, opts)
     console.print(f"wrote {app_dir / 'pyproject.toml'}, and in {deployment}: " + (

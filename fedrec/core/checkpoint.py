@@ -73,9 +73,7 @@ def read(path: Path, device: str | torch.device | None = None) -> dict[str, Any]
     """A checkpoint's whole tree (`save`), its tensors on ``device``; one line for a file
     that is not a checkpoint of this fedrec, a damaged one or an older fedrec's pickle."""
     blob = tensorfile.load(path, KIND, FORMAT, what="checkpoint", device=device, legacy=LEGACY)
-    problem = tensorfile.mismatch(SHAPE, blob) if isinstance(blob, dict) else "not a table"
-    if problem is None and not SHAPE.keys() <= blob.keys():
-        problem = f"no {', '.join(sorted(SHAPE.keys() - blob.keys()))}"
+    problem = tensorfile.entries_mismatch(SHAPE, blob)
     if problem is None:
         problem = _history_problem(blob["history"])
     if problem is None and (blob["round"] < 0 or any(not isinstance(r, int) for r in blob["resumed_at"])):
@@ -87,7 +85,7 @@ def read(path: Path, device: str | torch.device | None = None) -> dict[str, Any]
 
 #: the kind of each entry `save` writes (`tensorfile.mismatch` compares a file with it)
 SHAPE: dict[str, Any] = {"round": 0, "fingerprint": {}, "state": {}, "history": [], "best_round": 0,
-                         "test": {}, "extra": {}, "seconds": 0.0, "resumed_at": []}
+                         "valid_at_best": {}, "test": {}, "extra": {}, "seconds": 0.0, "resumed_at": []}
 
 
 def _history_problem(history: list[Any]) -> str | None:
@@ -142,4 +140,4 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     out.extra = blob["extra"]
     out.resumed_at = [*blob["resumed_at"], int(blob["round"])]
     out.earlier_seconds = float(blob["seconds"])
-    return int(blob["round"]), blob["best_state"]
+    return int(blob["round"]), blob.get("best_state")

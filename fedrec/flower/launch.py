@@ -290,14 +290,20 @@ def federation_config(name: str, address: str, credentials: Credentials | None) 
     return f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{trust}\n'
 
 
+def superlink_address(credentials: Credentials | None, port: int = 8000) -> str:
+    """Where a deployment's SuperLink is dialled: the first name its certificate holds, or
+    127.0.0.1 in plaintext."""
+    return f"{'127.0.0.1' if credentials is None else credentials.hosts[0]}:{port}"
+
+
 def by_hand(app: Path, nodes: int, credentials: Credentials | None, home: Path, port: int = 8000,
             federation: str = "fedrec") -> list[str]:
     """The shell commands (with comments) that deploy ``app`` by hand with Flower's own tools:
     a SuperLink, the nodes' keys registered (secure), ``nodes`` SuperNodes, then `flwr run`.
     ``home`` is the deployment's ``FLWR_HOME``, whose ``config.toml`` (`federation_config`)
     names the federation; it is written beside the app, not appended to the user's own."""
-    host = "127.0.0.1" if credentials is None else credentials.hosts[0]
-    address = f"{host}:{port}"
+    address = superlink_address(credentials, port)
+    host = address.rsplit(":", 1)[0]
     link = ["--insecure"] if credentials is None else credentials.superlink_args()
     bin_dir = Path(sys.executable).parent
     lines = ["# in every terminal (the SuperLink and SuperNodes start flower-superexec by name):",
