@@ -10,6 +10,7 @@ the start instead of a traceback after the work is done.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -60,9 +61,14 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp: str | None = None
+    # Ctrl-C or SIGTERM between mkstemp creating the file and `tmp` naming it would leave the
+    # file behind: both are held until `tmp` is known, then raise inside the try below
+    held = _hold_interrupts()
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        held = _release(held)
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         if not exclusive:
@@ -82,9 +88,27 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
             return path
         Path(tmp).unlink()
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _release(held)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _hold_interrupts() -> set[signal.Signals] | None:
+    """Block SIGINT and SIGTERM for this thread (delivered when released); the mask before."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not on POSIX
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+
+
+def _release(held: set[signal.Signals] | None) -> None:
+    """Restore the mask `_hold_interrupts` returned (a pending signal is raised now)."""
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _umask() -> int:

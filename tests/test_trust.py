@@ -12,6 +12,7 @@ import re
 import shlex
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -413,3 +414,26 @@ def test_a_dp_run_prints_its_privacy_budget(tmp_path: Path, capsys: pytest.Captu
     assert code == 0 and f"(ε = {privacy['epsilon']:.3g}, δ = 1e-05) after 2 rounds" in " ".join(said.split())
     code, said = _cli(["run", "fedmf", "-d", SYN, "--rounds", "1", "-q", "--out", str(tmp_path / "plain.json")], capsys)
     assert code == 0 and "ε" not in said
+
+
+def test_an_interrupt_while_the_temporary_file_is_made_leaves_nothing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands after mkstemp created the file but before it returned its name."""
+    import signal
+    import tempfile
+
+    made = tempfile.mkstemp
+
+    def interrupted_mkstemp(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        fd, name = made(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at its next chance
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", interrupted_mkstemp)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write(tmp_path / "f.txt", lambda tmp: Path(tmp).write_text("x"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []
