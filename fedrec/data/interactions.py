@@ -22,7 +22,9 @@ class Interactions:
     strings or ints). ``ratings`` is float32 (1.0 for implicit data). ``timestamps`` is int64
     (seconds, or any monotone clock; the row order when the source has none).
     ``row_order`` is the 0-based position of each event in the source file, kept so that
-    timestamp ties can be broken the way the source intended.
+    timestamp ties can be broken the way the source intended. ``clock`` says whether the
+    timestamps are the source's: False when it has no time column, where a split "by time"
+    would hold out whatever the file's row order puts last (`fedrec.protocols.split`).
     """
 
     users: np.ndarray
@@ -39,6 +41,8 @@ class Interactions:
     #: the split a file fixes for each event (0 train, 1 validation, 2 test; FedCIA's
     #: published split), read by the ``given-*`` protocols; None for ordinary data
     given_split: np.ndarray | None = None
+    #: whether ``timestamps`` come from the source (False: they are only the row order)
+    clock: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.users)
@@ -82,6 +86,7 @@ class Interactions:
             implicit=self.implicit,
             source=self.source,
             given_split=None if self.given_split is None else self.given_split[mask],
+            clock=self.clock,
         )
 
     def to_csr(self, values: np.ndarray | None = None) -> sp.csr_matrix:
@@ -101,15 +106,16 @@ class Interactions:
         name: str = "interactions",
         implicit: bool = False,
     ) -> Interactions:
-        """Build from raw id columns; ids are numbered in order of first appearance."""
+        """Build from raw id columns; ids are numbered in order of first appearance. Without
+        ``timestamps`` the row order stands in for them and ``clock`` is False."""
         users, user_ids = _first_appearance_codes(np.asarray(raw_users))
         items, item_ids = _first_appearance_codes(np.asarray(raw_items))
         n = len(users)
         ratings = np.ones(n, np.float32) if ratings is None else np.asarray(ratings, np.float32)
-        timestamps = (
-            np.arange(n, dtype=np.int64) if timestamps is None else np.asarray(timestamps, np.int64)
-        )
-        return Interactions(users, items, ratings, timestamps, user_ids, item_ids, name=name, implicit=implicit)
+        clock = timestamps is not None
+        timestamps = np.arange(n, dtype=np.int64) if timestamps is None else np.asarray(timestamps, np.int64)
+        return Interactions(users, items, ratings, timestamps, user_ids, item_ids, name=name,
+                            implicit=implicit, clock=clock)
 
 
 def _first_appearance_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

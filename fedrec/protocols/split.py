@@ -22,7 +22,7 @@ def _rank_within_user(users: np.ndarray, order: np.ndarray) -> tuple[np.ndarray,
     return rank, counts[users]
 
 
-def leave_one_out(x: Interactions, tie_break: str = "later-row-later") -> np.ndarray:
+def leave_one_out(x: Interactions, tie_break: str = "later-row-later", seed: int = 0) -> np.ndarray:
     """Label each row TRAIN/VALID/TEST: a user's latest row is TEST, the one before VALID.
 
     Rows are ordered by timestamp; rows with equal timestamps by their position in the source
@@ -30,11 +30,20 @@ def leave_one_out(x: Interactions, tie_break: str = "later-row-later") -> np.nda
     ``earlier-row-later`` reproduces the official PFedRec/GPFedRec/FedRAP code, whose
     ``rank(method='first', ascending=False)`` makes the *first* of the tied rows the test item.
     Users with fewer than 3 rows keep them all in training and are not evaluated.
+
+    Data without a clock (``x.clock`` False: the source has no time column) have no "latest"
+    row, and their row order may be anything (HetRec's ``user_artists.dat`` is sorted by artist
+    id, so the "latest" would be each user's largest id, mostly unseen in training): a user's
+    rows are then put in an order drawn with ``seed``, the same for every run with that seed.
+    `held_out_by` names which of the two a split used.
     """
     if tie_break not in TIE_BREAKS:
         raise FedrecError(f"unknown tie break '{tie_break}'; known: {', '.join(TIE_BREAKS)}")
-    tie_key = x.row_order if tie_break == "later-row-later" else -x.row_order
-    order = np.lexsort((tie_key, x.timestamps, x.users))
+    if x.clock:
+        tie_key = x.row_order if tie_break == "later-row-later" else -x.row_order
+        order = np.lexsort((tie_key, x.timestamps, x.users))
+    else:
+        order = np.lexsort((np.random.default_rng([seed, 2]).random(len(x)), x.users))
     rank, count = _rank_within_user(x.users, order)
     from_end = count - 1 - rank
     label = np.full(len(x), TRAIN, dtype=np.int8)
@@ -42,6 +51,14 @@ def leave_one_out(x: Interactions, tie_break: str = "later-row-later") -> np.nda
     label[evaluable & (from_end == 0)] = TEST
     label[evaluable & (from_end == 1)] = VALID
     return label
+
+
+def held_out_by(x: Interactions, split: str) -> str:
+    """How a ``split`` ("loo", "ratio" or "given") of ``x`` picks its held-out rows: "time"
+    (each user's latest), "random" (seeded) or "file" (the data set fixes them)."""
+    if split == "given":
+        return "file"
+    return "time" if split == "loo" and x.clock else "random"
 
 
 def ratio_split(
