@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 class FedrecError(Exception):
@@ -41,3 +42,26 @@ class Interrupted(FedrecError):
     """A run stopped by SIGINT or SIGTERM; the message says what was saved and how to go on."""
 
     exit_code = 130
+
+
+class Diverged(FedrecError):
+    """Training whose loss (or scores) stopped being finite in round ``round``.
+
+    A diverged run is a result, not a crash: `fedrec.experiment.train` writes its results file
+    (``status: "diverged"``, the rounds before it, the figures selected on validation until
+    then) and raises this again with ``result``, the `fedrec.results.RunResult` it wrote, so a
+    caller that loops over settings records it and goes on, while one that only knows
+    `FedrecError` (a tuning trial, scored as the worst) still sees a failure. ``outcome`` is the
+    driver's `TrainOutcome` up to the round before ``round``, set where the driver knew it.
+    """
+
+    def __init__(self, message: str, round: int = 0, result: Any = None) -> None:
+        super().__init__(message)
+        self.round = round
+        self.result = result
+        self.outcome: Any = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a worker process's divergence reaches its parent pickled (`fedrec.pool`); the default
+        # would rebuild it from the message alone and lose the round and the result
+        return (type(self), (str(self), self.round, self.result))

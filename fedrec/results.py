@@ -18,6 +18,8 @@ import fedrec
 from fedrec.files import atomic_write
 
 SCHEMA_VERSION = 1
+#: a run's ``status`` (`RunResult.status`)
+COMPLETED, DIVERGED = "completed", "diverged"
 
 
 @dataclass
@@ -40,6 +42,13 @@ class RunResult:
 
     ``test`` holds the test metrics of the model at ``best_round``, the round with the best
     validation figure (``select``); test figures never take part in choosing it.
+
+    ``status`` is ``"completed"``, or ``"diverged"`` for a run whose loss (or scores) stopped
+    being finite in round ``diverged_at``: its ``history`` then holds the rounds before that
+    one, and ``best_round``, ``valid_at_best`` and ``test`` what validation had selected among
+    them (empty when no round was evaluated). Tables leave a diverged run out of their figures
+    and say it diverged. A file written before the field existed reads as completed
+    (`status_of`).
     """
 
     algorithm: str
@@ -63,6 +72,9 @@ class RunResult:
     #: versions, date, machine and command line of the process that wrote it (`environment`)
     environment: dict[str, str] = field(default_factory=lambda: environment())
     schema_version: int = SCHEMA_VERSION
+    status: str = COMPLETED
+    #: the round whose loss (or scores) stopped being finite; None for a completed run
+    diverged_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +92,23 @@ class RunResult:
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    """A results JSON as a dict, with ``status`` (and ``diverged_at``) filled in for a file
+    written before they existed: such a run completed."""
+    blob = json.loads(Path(path).read_text())
+    if isinstance(blob, dict):
+        blob.setdefault("status", COMPLETED)
+        blob.setdefault("diverged_at", None)
+    return blob
+
+
+def status_of(result: dict[str, Any]) -> str:
+    """A results dict's ``status``: ``"completed"`` where the file predates the field."""
+    return str(result.get("status") or COMPLETED)
+
+
+def diverged(result: dict[str, Any]) -> bool:
+    """Whether a results dict is of a run that diverged (`RunResult.status`)."""
+    return status_of(result) == DIVERGED
 
 
 def peak_memory_mb() -> float:

@@ -96,14 +96,14 @@ def test_unknown_paper_and_missing_figure():
     assert figure("pfedrec", 1, "pfedrec", "ml-100k", "HR@10") is not None
 
 
-def test_summarise_mean_and_population_std_over_seeds():
+def test_summarise_mean_and_sample_std_over_seeds():
     results = [_result(seed=s, hr=h, ndcg=n) for s, h, n in [(0, 0.6, 0.3), (1, 0.7, 0.4),
                                                               (2, 0.8, 0.5)]]
     results.append(_result(seed=0, hr=0.9, negatives="legacy-exclude-heldout"))
     results.append(_result(seed=0, hr=0.5, setting="ldp=0.3"))
     s = summarise(results)
     mean, std, n = s[("pfedrec", "ml-100k", "", "exclude-candidates")]["hr@10"]
-    assert n == 3 and mean == pytest.approx(0.7) and std == pytest.approx((0.02 / 3) ** 0.5)
+    assert n == 3 and mean == pytest.approx(0.7) and std == pytest.approx(0.1)  # ddof=1, as fedrec bench
     assert s[("pfedrec", "ml-100k", "", "legacy-exclude-heldout")]["hr@10"] == (0.9, 0.0, 1)
     assert s[("pfedrec", "ml-100k", "ldp=0.3", "exclude-candidates")]["hr@10"] == (0.5, 0.0, 1)
     assert set(summarise(results, metrics=["hr@10"])[
@@ -135,8 +135,8 @@ def test_render_prints_ours_beside_the_paper():
     pfedrec = next(line for line in text.splitlines() if "│ pfedrec" in line)
     cells = [c.strip() for c in pfedrec.split("│")[1:-1]]
     # a cell over fewer seeds than the table's most (two here) says how many
-    assert cells == ["pfedrec", "ml-100k", "0.7100 ± 0.0100", "0.7500 (1 seed)", "0.7162 ± 0.0083",
-                     "0.4300 ± 0.0100", "0.4500 (1 seed)", "0.4344 ± 0.0089"]
+    assert cells == ["pfedrec", "ml-100k", "0.7100 ± 0.0141", "0.7500 (1 seed)", "0.7162 ± 0.0083",
+                     "0.4300 ± 0.0141", "0.4500 (1 seed)", "0.4344 ± 0.0089"]
     fedavg = next(line for line in text.splitlines() if "│ fedavg " in line)
     assert "0.5000" in fedavg and fedavg.count("—") == 4
     fedncf = next(line for line in text.splitlines() if "│ fedncf" in line)
@@ -151,11 +151,11 @@ def test_to_markdown_rows():
                         "paper HR@10 | ours (leak-free) NDCG@10 | ours (legacy) NDCG@10 | "
                         "paper NDCG@10 |")
     assert lines[1] == "| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |"
-    assert lines[2] == ("| pfedrec | ml-100k | 0.7100 ± 0.0100 | 0.7500 (1 seed) | 0.7162 ± 0.0083 | "
-                        "0.4300 ± 0.0100 | 0.4500 (1 seed) | 0.4344 ± 0.0089 |")
+    assert lines[2] == ("| pfedrec | ml-100k | 0.7100 ± 0.0141 | 0.7500 (1 seed) | 0.7162 ± 0.0083 | "
+                        "0.4300 ± 0.0141 | 0.4500 (1 seed) | 0.4344 ± 0.0089 |")
     assert lines[3] == "| fedavg | ml-100k | 0.5000 (1 seed) | — | — | 0.3000 (1 seed) | — | — |"
     assert len([ln for ln in lines if ln.startswith("|")]) == 4
-    assert "population std (ddof=0)" in md
+    assert "sample std (ddof=1)" in md
 
 
 def test_a_table_whose_runs_all_failed_says_so():
@@ -168,7 +168,7 @@ def test_settings_get_their_own_column_and_paper_cells():
     s = summarise([_result(seed=k, hr=0.7 + k / 100, setting="ldp=0.3") for k in range(2)])
     md = to_markdown(s, "pfedrec", 7, metrics=["hr@10"])
     row = next(ln for ln in md.splitlines() if "ldp=0.3" in ln)
-    assert row == "| pfedrec | ml-100k | ldp=0.3 | 0.7050 ± 0.0050 | 0.7113 ± 0.0116 |"
+    assert row == "| pfedrec | ml-100k | ldp=0.3 | 0.7050 ± 0.0071 | 0.7113 ± 0.0116 |"
     assert sum("| pfedrec | ml-100k | ldp=" in ln for ln in md.splitlines()) == 6
     with pytest.raises(FedrecError, match="Table 3"):
         to_markdown(s, "pfedrec", 3)

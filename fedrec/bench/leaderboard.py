@@ -10,6 +10,11 @@ possible and the cell says so; with five seeds the smallest Wilcoxon p-value is 
 sample one (ddof=1). Where the rows were trained under different budgets (rounds or epochs,
 early stopping), the board says how each was, since a method stopped earlier is not compared on
 equal terms.
+
+A run that diverged (its results say ``status: diverged``) is left out of the means, ranks and
+tests, never averaged in: a method all of whose runs diverged is shown last, unranked, as
+"diverged (round R)" where its figures would be, a ``diverged`` column counts each method's
+diverged seeds, and a note under the board lists them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from fedrec.results import diverged
 
 NO_TEST = "—"
 
@@ -41,6 +48,8 @@ class Board:
     #: how each method's runs were bounded ("up to 100 rounds, no early stopping"), given only
     #: when the methods differ in it
     stopping: dict[str, str] = field(default_factory=dict)
+    #: the runs that diverged, method -> {seed: round}: left out of the figures, ranks and tests
+    diverged: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def stem(self) -> str:
@@ -91,13 +100,21 @@ def stopping(result: dict[str, Any]) -> str:
 
 def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
     select = runs[0]["select"]
-    metrics = [m for m in runs[0]["test"] if m != "users"]
+    finished = [r for r in runs if not diverged(r)]
+    # a diverged run's test figures are of a model selected before it diverged, not a result
+    shown_by = next((r for r in finished if r["test"]), None) or next((r for r in runs if r["test"]), None)
+    metrics = [m for m in shown_by["test"] if m != "users"] if shown_by else [select]
     by_method: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    gone: dict[str, dict[int, int]] = defaultdict(dict)
     rules: dict[str, set[str]] = defaultdict(set)
     one_policy = len({r["data"]["negatives"] for r in runs}) == 1  # else a method is per policy
     for r in runs:
         method = method_name(r, one_policy)
-        by_method[method][int(r["seed"])] = r["test"]
+        if diverged(r):
+            gone[method][int(r["seed"])] = int(r.get("diverged_at") or 0)
+            by_method.setdefault(method, {})
+        else:
+            by_method[method][int(r["seed"])] = r["test"]
         rules[method].add(stopping(r))
     rows = []
     for method, seeds in by_method.items():
@@ -106,22 +123,28 @@ def _board(dataset: str, protocol: str, runs: list[dict[str, Any]]) -> Board:
             values = np.array([s[m] for s in seeds.values() if m in s], float)
             row[m] = float(values.mean()) if len(values) else math.nan
             row[f"{m} std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        if gone:
+            row["diverged"] = len(gone.get(method, {}))
         rows.append(row)
     table = pd.DataFrame(rows)
     ascending = _lower_is_better(select)
-    table = table.sort_values(select, ascending=ascending, kind="stable").reset_index(drop=True)
-    table.insert(0, "rank", range(1, len(table) + 1))
-    best = table["method"].iloc[0]
+    # a method all of whose runs diverged has no figure: it goes last, unranked
+    table = table.sort_values(select, ascending=ascending, kind="stable", na_position="last").reset_index(drop=True)
+    ranked = int(table[select].notna().sum())
+    table.insert(0, "rank", pd.array(list(range(1, ranked + 1)) + [None] * (len(table) - ranked), dtype="Int64"))
+    best = table["method"].iloc[0] if ranked else None
     t_p, w_p = [], []
     for method in table["method"]:
-        t, w = _paired(by_method[best], by_method[method], select) if method != best else (None, None)
+        t, w = (_paired(by_method[best], by_method[method], select) if best is not None and method != best
+                else (None, None))
         t_p.append(t)
         w_p.append(w)
     table["t-test p"] = t_p
     table["Wilcoxon p"] = w_p
     said = {m: "; ".join(sorted(r for r in rules[m] if r)) for m in table["method"]}
     differ = len(set(said.values())) > 1
-    return Board(dataset, protocol, select, table, stopping=said if differ else {})
+    return Board(dataset, protocol, select, table, stopping=said if differ else {},
+                 diverged={m: dict(sorted(gone[m].items())) for m in table["method"] if m in gone})
 
 
 def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]],
@@ -145,22 +168,38 @@ def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]
     return (None if math.isnan(t) else t), (None if math.isnan(w) else w)
 
 
-def _shown(table: pd.DataFrame) -> pd.DataFrame:
-    """Mean ± std and p-values as text, one column per metric."""
-    metrics = [c for c in table.columns if c not in ("rank", "method", "seeds", "t-test p", "Wilcoxon p")
+def _rounds(gone: dict[int, int]) -> str:
+    """Where a method's runs diverged: "round 3", "rounds 3, 5"."""
+    rounds = sorted(set(gone.values()))
+    return f"round{'s' if len(rounds) > 1 else ''} {', '.join(str(r) for r in rounds)}"
+
+
+def _shown(table: pd.DataFrame, diverged_runs: dict[str, dict[int, int]] | None = None) -> pd.DataFrame:
+    """Mean ± std and p-values as text, one column per metric; a method all of whose runs
+    diverged reads "diverged (round R)" where its figures would be, and the ``diverged``
+    column (where any run diverged) how many of a method's seeds did."""
+    diverged_runs = diverged_runs or {}
+    metrics = [c for c in table.columns if c not in ("rank", "method", "seeds", "diverged", "t-test p", "Wilcoxon p")
                and not c.endswith(" std")]
     out = table[["rank", "method", "seeds"]].copy()
+    out["rank"] = [NO_TEST if pd.isna(v) else int(v) for v in table["rank"]]
     for m in metrics:
         std = table[f"{m} std"]
-        out[m] = [f"{v:.4f}" + ("" if math.isnan(s) else f" ± {s:.4f}") for v, s in zip(table[m], std, strict=True)]
+        out[m] = [f"diverged ({_rounds(diverged_runs.get(name, {}))})" if n == 0 and name in diverged_runs
+                  else NO_TEST if math.isnan(v) else f"{v:.4f}" + ("" if math.isnan(s) else f" ± {s:.4f}")
+                  for name, n, v, s in zip(table["method"], table["seeds"], table[m], std, strict=True)]
+    if "diverged" in table.columns:
+        out["diverged"] = [f"{n} ({_rounds(diverged_runs[name])})" if n else NO_TEST
+                           for name, n in zip(table["method"], table["diverged"], strict=True)]
     for p in ("t-test p", "Wilcoxon p"):
-        out[p] = ["best" if i == 0 else (NO_TEST if pd.isna(v) else f"{v:.3g}") for i, v in enumerate(table[p])]
+        out[p] = ["best" if not pd.isna(r) and r == 1 else (NO_TEST if pd.isna(v) else f"{v:.3g}")
+                  for r, v in zip(table["rank"], table[p], strict=True)]
     return out
 
 
 def to_markdown(board: Board) -> str:
     """The board as a Markdown table, with a caption naming the tests."""
-    shown = _shown(board.table)
+    shown = _shown(board.table, board.diverged)
     lines = [f"**{board.dataset} · {board.protocol}** (test figures at the best validation round; "
              f"mean ± std over seeds; p: paired t-test and Wilcoxon signed-rank test of "
              f"{board.metric} against the best method)", "",
@@ -172,6 +211,11 @@ def to_markdown(board: Board) -> str:
             by_rule[rule or "not recorded"].append(method)
         lines += ["", "The rows were trained under different budgets:", ""]
         lines += [f"- {rule}: {', '.join(methods)}" for rule, methods in by_rule.items()]
+    if board.diverged:
+        runs = [f"{method} seed {seed} (round {r})" for method, seeds in board.diverged.items()
+                for seed, r in seeds.items()]
+        lines += ["", f"Diverged (the loss or the scores stopped being finite), left out of the means, ranks "
+                  f"and tests: {', '.join(runs)}; their results files say so (status: diverged)."]
     if board.missing:
         lines += ["", f"Not in the table ({len(board.missing)} cell{'s' if len(board.missing) > 1 else ''} "
                   "of the grid without a result):", ""] + [f"- {line}" for line in board.missing]
@@ -191,13 +235,13 @@ def write(board: Board, folder: str | Path) -> list[Path]:
     paths = [base.with_suffix(".md"), base.with_suffix(".csv"), base.with_suffix(".tex"), base.with_suffix(".png")]
     paths[0].write_text(to_markdown(board))
     board.table.to_csv(paths[1], index=False)
-    latex = _shown(board.table).style.hide(axis="index").to_latex(hrules=True)
+    latex = _shown(board.table, board.diverged).style.hide(axis="index").to_latex(hrules=True)
     paths[2].write_text(latex.replace("±", r"$\pm$"))
     fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(board.table)), 3.4))
     std = board.table[f"{board.metric} std"]  # NaN for one seed: matplotlib draws no bar there
     # a row with fewer seeds than the board's most says so under its bar (one seed: no error bar)
     most = int(board.table["seeds"].max())
-    labels = [m if n == most else f"{m}\n({n} seed{'s' if n > 1 else ''})"
+    labels = [m if n == most else f"{m}\n(diverged)" if n == 0 else f"{m}\n({n} seed{'s' if n > 1 else ''})"
               for m, n in zip(board.table["method"], board.table["seeds"], strict=True)]
     ax.bar(labels, board.table[board.metric], yerr=std, capsize=4, color="#4C72B0")
     ax.set_ylabel(f"test {board.metric}")

@@ -59,7 +59,9 @@ def bench_command(
 
         with bar:
             counts = run_grid(grid, out, on_cell=on_cell, on_progress=on_progress)
-        console.print(f"{len(grid.cells)} cells: {counts['done']} run, {counts['cached']} cached, "
+        # a diverged cell ran and is recorded (status: diverged); the boards leave it out of their figures
+        went = f", {counts['diverged']} diverged" if counts.get("diverged") else ""
+        console.print(f"{len(grid.cells)} cells: {counts['done']} run{went}, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
     results, missing = board_cells(grid, out)
     summary = []

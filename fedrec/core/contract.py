@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedrec.core.device import settle
-from fedrec.errors import FedrecError
+from fedrec.errors import Diverged
 from fedrec.results import RoundRecord
 
 
@@ -187,8 +187,8 @@ class FederatedAlgorithm(Trainable):
         self.begin_round(plan)
         uploads = self.local_update(plan)
         if not math.isfinite(uploads.loss_sum):
-            raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
-                              f"{self.divergence_hint}")
+            raise Diverged(f"training diverged in round {r} (the loss is not finite); "
+                           f"{self.divergence_hint}", r)
         for watch in self.observers:
             watch(uploads, plan)
         settle()

@@ -18,7 +18,7 @@ from typing import Any
 
 from fedrec.core import checkpoint as ckpt
 from fedrec.core.contract import Trainable
-from fedrec.errors import FedrecError
+from fedrec.errors import Diverged, FedrecError
 from fedrec.eval.metrics import NaNScores
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
@@ -72,25 +72,13 @@ def run_rounds(
     groups = algorithm.user_groups()
     for r in range(first, rounds + 1):
         start = time.perf_counter()
-        record = algorithm.train_round(r)
-        if not math.isfinite(record.loss):
-            raise FedrecError(f"training diverged in round {r} (the loss is not finite); "
-                              f"{algorithm.divergence_hint}")
-        if r % eval_every == 0 or r == rounds:
-            evaluating = time.perf_counter()
-            try:
-                record.valid = algorithm.evaluate("valid", split)
-                if record.valid and selection.observe(r, record.valid):
-                    out.test = algorithm.evaluate("test", split)
-                    if groups:
-                        out.extra["test_groups"] = {name: algorithm.evaluate("test", split, mask)
-                                                    for name, mask in groups.items() if mask.any()}
-                    if keep_best:
-                        best_state = copy.deepcopy(algorithm.state_dict())
-            except NaNScores:
-                raise FedrecError(f"training diverged in round {r} (its scores are NaN, its loss finite); "
-                                  f"{algorithm.divergence_hint}") from None
-            record.extra["eval_seconds"] = time.perf_counter() - evaluating
+        try:
+            record = _train_and_evaluate(algorithm, split, r, rounds, eval_every, selection, out, groups)
+        except Diverged as e:
+            e.outcome = out  # the rounds before ``r``: the caller records a diverged run with them
+            raise
+        if keep_best and out.best_round == r:
+            best_state = copy.deepcopy(algorithm.state_dict())
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:
@@ -104,3 +92,30 @@ def run_rounds(
     if keep_best and best_state is not None:
         algorithm.load_state_dict(best_state)
     return out
+
+
+def _train_and_evaluate(algorithm: Trainable, split: Split | None, r: int, rounds: int, eval_every: int,
+                        selection: Selection, out: TrainOutcome, groups: dict[str, Any]) -> RoundRecord:
+    """Round ``r``: train, then validate and (when validation improves) test. A loss or scores
+    that are not finite raise `Diverged`, with ``out`` as the rounds before left it: a round
+    whose test scores turn NaN after its validation improved does not become the best one."""
+    record = algorithm.train_round(r)
+    if not math.isfinite(record.loss):
+        raise Diverged(f"training diverged in round {r} (the loss is not finite); "
+                       f"{algorithm.divergence_hint}", r)
+    if r % eval_every == 0 or r == rounds:
+        evaluating = time.perf_counter()
+        before = (out.best_round, out.valid_at_best, out.test, dict(out.extra), selection.best, selection.stale)
+        try:
+            record.valid = algorithm.evaluate("valid", split)
+            if record.valid and selection.observe(r, record.valid):
+                out.test = algorithm.evaluate("test", split)
+                if groups:
+                    out.extra["test_groups"] = {name: algorithm.evaluate("test", split, mask)
+                                                for name, mask in groups.items() if mask.any()}
+        except NaNScores:
+            out.best_round, out.valid_at_best, out.test, out.extra, selection.best, selection.stale = before
+            raise Diverged(f"training diverged in round {r} (its scores are NaN, its loss finite); "
+                           f"{algorithm.divergence_hint}", r) from None
+        record.extra["eval_seconds"] = time.perf_counter() - evaluating
+    return record

@@ -19,6 +19,7 @@ import matplotlib
 
 from fedrec.errors import FedrecError
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
+from fedrec.results import diverged
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -51,7 +52,9 @@ def choose_alpha(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]
             rest.append(r)
     notes = []
     for (policy, seed), runs in sorted(candidates.items()):
-        best = max(runs, key=lambda r: (r.get("valid_at_best") or {}).get("hr@10", float("-inf")))
+        # a candidate that diverged is not chosen while another completed (its table cell says so)
+        completed = [r for r in runs if not diverged(r)] or runs
+        best = max(completed, key=lambda r: (r.get("valid_at_best") or {}).get("hr@10", float("-inf")))
         chosen = copy.deepcopy(best)
         chosen["config"]["setting"] = ""
         rest.append(chosen)
@@ -86,7 +89,7 @@ def grid(results: Iterable[dict[str, Any]], metric: str, stage: str = "test"
     """policy group -> (public ratio, alpha) -> the metric (mean over seeds) of plain GFed-PP runs."""
     cells: dict[str, dict[tuple[float, float], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        if not _is_plain_gfedpp(r):
+        if not _is_plain_gfedpp(r) or diverged(r):  # a diverged run's figures are not averaged in
             continue
         value = (r.get(stage if stage == "test" else "valid_at_best") or {}).get(metric)
         if value is None:

@@ -26,6 +26,7 @@ from fedrec.experiment import RunConfig, federated_config, run_resumable
 from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
+from fedrec.results import diverged, load_result
 from fedrec.train.centralised import TrainConfig
 
 LEGACY = "legacy-exclude-heldout"
@@ -337,6 +338,9 @@ def execute(
     ``patience`` replaces every run's stopping rule (evaluations without a better validation
     figure; 0: never stop early) for a sensitivity check; file names do not hold it, so such
     runs belong in an ``out_dir`` of their own.
+    A run that diverges is reported to ``on_fail`` and still returned, from the results file it
+    wrote (``status: diverged``; `fedrec.experiment.train`), so that its table says it diverged
+    (`fedrec.reproduce.table.summarise`); a later reproduction reuses it as it reuses any result.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -382,14 +386,17 @@ def execute(
         for i, reason in run_files(jobs, workers, checkpoint_every, on_round=notes):
             if reason is None and on_run is not None:
                 on_run(*todo[i], False)
-            elif reason is not None and on_fail is not None:
-                on_fail(*todo[i], reason)
+            elif reason is not None:
+                _drop_diverged_checkpoint(path_of(todo[i]))
+                if on_fail is not None:
+                    on_fail(*todo[i], reason)
     else:
         for i, (key, (cfg, path)) in enumerate(zip(todo, jobs, strict=True)):
             on_round = None if on_progress is None else noting(i, cfg, partial(on_progress, *key))
             try:
                 run_resumable(cfg, path, checkpoint_every, on_round=on_round)
             except FedrecError as e:  # one failed run must not end the reproduction
+                _drop_diverged_checkpoint(path)
                 if on_fail is not None:
                     on_fail(*key, str(e))
             else:
@@ -403,7 +410,7 @@ def execute(
             continue
         if key not in ran and on_run is not None:
             on_run(*key, True)
-        result = json.loads(path.read_text())
+        result = load_result(path)  # a diverged run's too: its table says it diverged
         if key not in ran and on_stale is not None:
             try:
                 changes = config_changes(result["config"], config_of(key))
@@ -415,6 +422,13 @@ def execute(
         result["config"]["setting"] = key[0].setting
         results.append(result)
     return results
+
+
+def _drop_diverged_checkpoint(path: Path) -> None:
+    """A run that diverged wrote its results (status ``diverged``) and is done: its checkpoint
+    would only diverge again, and is removed as a finished run's is."""
+    if path.exists() and diverged(load_result(path)):
+        path.with_suffix(".ckpt").unlink(missing_ok=True)
 
 
 def _model_options(planned: PlannedRun) -> dict[str, Any]:
@@ -445,7 +459,7 @@ def privacy_notes(results: Iterable[dict[str, Any]]) -> list[str]:
     negative policy, so the policies are pooled.
     """
     lines = []
-    dp = [r for r in results if (r.get("extra") or {}).get("privacy")]
+    dp = [r for r in results if (r.get("extra") or {}).get("privacy") and not diverged(r)]
     for (method, setting, dataset), runs in _groups(dp, by_policy=False).items():
         eps = statistics.fmean(float(r["extra"]["privacy"]["epsilon"]) for r in runs)
         delta = statistics.fmean(float(r["extra"]["privacy"]["delta"]) for r in runs)
@@ -462,7 +476,7 @@ def sparsity_notes(paper: str, results: Iterable[dict[str, Any]]) -> list[str]:
     keys = ("c_above_1e-1", "c_above_1e-2")
     published = [f for f in load_figures(paper) if f.table == "sparsity"]
     lines = []
-    have = [r for r in results if (r.get("extra") or {}).get("sparsity_of_c")]
+    have = [r for r in results if (r.get("extra") or {}).get("sparsity_of_c") and not diverged(r)]
     for (method, setting, dataset, policy), runs in _groups(have, by_policy=True).items():
         theirs = {(f.dataset, f.metric): f.mean for f in published
                   if (f.method, f.setting) == (method, setting)}

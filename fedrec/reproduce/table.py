@@ -19,6 +19,7 @@ from rich.table import Table
 
 from fedrec.errors import FedrecError
 from fedrec.reproduce.papers import figure, load_figures
+from fedrec.results import diverged
 
 DEFAULT_METRICS = ("hr@10", "ndcg@10")
 MISSING = "—"
@@ -37,7 +38,17 @@ _GROUP_ORDER = ("leak-free", "legacy", "legacy split")
 Key = tuple[str, str, str, str]
 #: (mean, std, n)
 Cell = tuple[float, float, int]
-Summary = dict[Key, dict[str, Cell]]
+
+
+class Summary(dict[Key, dict[str, Cell]]):
+    """Each run group's cells by metric (`summarise`), and its runs that diverged:
+    ``diverged[key][metric]`` maps the seed of each to the round it diverged in. A diverged run
+    has no figure in its cells; the table says it diverged instead."""
+
+    def __init__(self, cells: dict[Key, dict[str, Cell]] | None = None,
+                 diverged: dict[Key, dict[str, dict[int, int]]] | None = None) -> None:
+        super().__init__(cells or {})
+        self.diverged = diverged or {}
 
 
 def negatives_of(result: dict[str, Any]) -> str:
@@ -55,14 +66,18 @@ def summarise(results: Iterable[dict[str, Any]], metrics: Sequence[str] = DEFAUL
 
     Groups are ``(algorithm, dataset, setting, negatives)``; ``setting`` is ``config["setting"]``
     (empty when absent); a group may join runs of several protocols that report different
-    metrics (PersonalFR's RMSE and NDCG rows). The std is the population std (``ddof=0``), as "mean ± std over five
-    trials" in the papers; it is 0 for a single seed. A metric a run lacks is left out of its
+    metrics (PersonalFR's RMSE and NDCG rows). The std is the sample std (``ddof=1``), as
+    `fedrec bench`'s leaderboards report it; it is 0 for a single seed. A metric a run lacks is left out of its
     group's count. Two runs of one group with the same seed are an error: counting a seed twice
-    would shrink the spread.
+    would shrink the spread. A run that diverged (``status: diverged``) adds no figure: it is
+    kept in `Summary.diverged` under each metric of its protocol (each metric no completed run
+    of its group reports, when none does), and its group is in the summary even when no run of
+    it completed.
     """
     values: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     seeds: dict[tuple[Key, str], set[int]] = defaultdict(set)
     source: dict[tuple[Key, str], str] = {}
+    gone: list[tuple[Key, str, int, int]] = []
     for r in results:
         config = r.get("config") or {}
         key = (r["algorithm"], r["dataset"], str(config.get("setting") or ""), negatives_of(r))
@@ -70,15 +85,27 @@ def summarise(results: Iterable[dict[str, Any]], metrics: Sequence[str] = DEFAUL
         if r["seed"] in seeds[(key, protocol)]:
             raise FedrecError(f"two results for {key} with seed {r['seed']}")
         seeds[(key, protocol)].add(r["seed"])
+        if diverged(r):  # its test figures are of a model chosen before it diverged: no result
+            gone.append((key, protocol, int(r["seed"]), int(r.get("diverged_at") or 0)))
+            continue
         for m in metrics:
             if m in r["test"]:
                 if source.setdefault((key, m), protocol) != protocol:
                     raise FedrecError(f"{key}: {m} comes from two protocols")
                 values[key][m].append(float(r["test"][m]))
-    return {
-        key: {m: (statistics.fmean(v), statistics.pstdev(v), len(v)) for m, v in per.items()}
-        for key, per in values.items()
-    }
+    summary = Summary({key: {m: (statistics.fmean(v), sample_std(v), len(v)) for m, v in per.items()}
+                       for key, per in values.items()})
+    for key, protocol, seed, at in gone:
+        summary.setdefault(key, {})
+        for m in metrics:
+            if source.get((key, m), protocol) == protocol:
+                summary.diverged.setdefault(key, {}).setdefault(m, {})[seed] = at
+    return summary
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """The sample standard deviation (``ddof=1``) of the seeds' figures; 0 for a single seed."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _group_labels(policies: Iterable[str]) -> dict[str, str]:
@@ -95,11 +122,19 @@ def _rank(order: list[str]) -> Any:
     return lambda name: (pos.get(name, len(pos)), name)
 
 
-def _fmt(mean: float, std: float | None, n: int = 0, most: int = 0) -> str:
+def _fmt(mean: float, std: float | None, n: int = 0, most: int = 0, gone: int = 0) -> str:
     """``mean ± std``; a cell over fewer seeds than the table's most says how many, since its
-    spread (none for one seed) is not comparable with its neighbours'."""
+    spread (none for one seed) is not comparable with its neighbours', and how many of its
+    runs diverged (``gone``; left out of the figure)."""
     text = f"{mean:.4f}" if std is None or n == 1 else f"{mean:.4f} ± {std:.4f}"
-    return text + (f" ({n} seed{'s' if n > 1 else ''})" if 0 < n < most else "")
+    notes = ([f"{n} seed{'s' if n > 1 else ''}"] if 0 < n < most else []) + ([f"{gone} diverged"] if gone else [])
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _diverged(seeds: dict[int, int]) -> str:
+    """A cell none of whose runs completed: "diverged (round 3)", "diverged (rounds 3, 5)"."""
+    rounds = sorted(set(seeds.values()))
+    return f"diverged (round{'s' if len(rounds) > 1 else ''} {', '.join(str(r) for r in rounds)})"
 
 
 def _build(
@@ -136,16 +171,20 @@ def _build(
         header += [f"ours ({g}) {m.upper()}" for g in groups] + [f"{theirs}{m.upper()}"]
 
     most = max((n for cells in summary.values() for _, _, n in cells.values()), default=0)
+    gone_of = getattr(summary, "diverged", {})
     body = []
     for method, dataset, setting in ordered:
         by_group = {
             labels[k[3]]: cells for k, cells in summary.items() if k[:3] == (method, dataset, setting)
         }
+        gone = {labels[k[3]]: per for k, per in gone_of.items() if k[:3] == (method, dataset, setting)}
         line = [method, dataset] + ([setting] if show_setting else [])
         for m in metrics:
             for g in groups:
                 cell = by_group.get(g, {}).get(m)
-                line.append(MISSING if cell is None else _fmt(*cell, most=most))
+                lost = gone.get(g, {}).get(m, {})
+                line.append(_fmt(*cell, most=most, gone=len(lost)) if cell is not None
+                            else _diverged(lost) if lost else MISSING)
             pub = figure(paper, table, method, stand_in or dataset, m, setting)
             line.append(MISSING if pub is None else _fmt(pub.mean, pub.std))
         body.append(line)
@@ -157,9 +196,14 @@ def _caption(summary: Summary, paper: str, table: str | int) -> str:
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}" if counts else "0"
     published = next((f.source for f in load_figures(paper) if f.table == str(table)), None)
     theirs = f"as published in {published}" if published else "no published figures (plots only)"
-    if not counts:  # every run failed (diverged, say): an empty table must not read as a result
-        return f"ours: no run completed (their failures are printed above); paper: {theirs}"
-    return f"ours: mean ± population std (ddof=0) over {seeds} seed(s); paper: {theirs}"
+    lost = {(k, seed) for k, per in getattr(summary, "diverged", {}).items() for s in per.values() for seed in s}
+    diverged_note = (f"{len(lost)} run{'s' if len(lost) > 1 else ''} diverged and "
+                     f"{'are' if len(lost) > 1 else 'is'} left out of the figures" if lost else "")
+    if not counts:  # every run failed or diverged: an empty table must not read as a result
+        why = f"{diverged_note}; other failures are printed above" if lost else "their failures are printed above"
+        return f"ours: no run completed ({why}); paper: {theirs}"
+    return (f"ours: mean ± sample std (ddof=1) over {seeds} seed(s)"
+            f"{f' ({diverged_note})' if lost else ''}; paper: {theirs}")
 
 
 def render(
