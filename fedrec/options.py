@@ -2,13 +2,18 @@
 or the Python API, with one clear error for an unknown key or a value of the wrong type.
 
 An algorithm declares its options as a subclass of `Options` whose fields carry their types
-and defaults (LensKit's component configs, RecBole's per-model defaults); `Options.parse`
-turns strings and Python values into those types, and `check` is the one validation helper:
-it takes ``(bad, message)`` pairs and raises on the first bad one.
+and defaults (LensKit's component configs, RecBole's per-model defaults), each with a ``#:``
+comment above it that says what it does (as Sphinx's autodoc reads attribute comments; `Options.help`
+reads them for `fedrec algorithms NAME`). `Options.parse` turns strings and Python values into
+those types, and `check` is the one validation helper: it takes ``(bad, message)`` pairs and
+raises on the first bad one.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields
@@ -78,6 +83,16 @@ class Options:
         return {f.name: _type_name(hints[f.name]) for f in fields(cls)}
 
     @classmethod
+    def help(cls) -> dict[str, str]:
+        """Each option's one-line description: the ``#:`` comment above its field, in this class
+        or in the class it inherits the field from ("" where there is none)."""
+        found: dict[str, str] = {}
+        for klass in cls.__mro__:
+            for name, text in _field_comments(klass).items():
+                found.setdefault(name, text)
+        return {f.name: found.get(f.name, "") for f in fields(cls)}
+
+    @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Each option's default value."""
         out = {}
@@ -87,6 +102,36 @@ class Options:
             elif f.default_factory is not MISSING:
                 out[f.name] = f.default_factory()
         return out
+
+
+_FIELD = re.compile(r"([A-Za-z_]\w*)\s*:")
+
+
+@functools.cache
+def _field_comments(klass: type) -> dict[str, str]:
+    """``{field: text}`` of the ``#:`` comment lines right above each field of ``klass``'s own
+    body (empty where its source cannot be read)."""
+    try:
+        lines, _ = inspect.getsourcelines(klass)
+    except (OSError, TypeError):
+        return {}
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("class "))
+    body = [line for line in lines[start + 1:] if line.strip()]
+    indent = min((len(line) - len(line.lstrip()) for line in body), default=0)
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in body:
+        if len(line) - len(line.lstrip()) != indent:
+            continue  # inside a method or a multi-line docstring
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+            continue
+        match = _FIELD.match(text)
+        if match and pending:
+            out[match.group(1)] = " ".join(pending)
+        pending = []
+    return out
 
 
 def _type_name(tp: Any) -> str:

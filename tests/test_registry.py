@@ -192,12 +192,13 @@ def test_login_only_data_sets_say_where_to_download(name: str) -> None:
 
 
 def test_every_failed_source_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FedrecError) as err:
-        registry.locate("ml-100k", tmp_path / "missing")
+        registry.locate("ml-100k", tmp_path / "empty")
     lines = str(err.value).splitlines()
     assert lines[0].startswith("could not find data set 'ml-100k'")
     tried = "\n".join(lines)
-    assert f"data dir {tmp_path / 'missing'}: not a directory" in tried
+    assert f"data dir {tmp_path / 'empty'}: no u.data" in tried
     assert "cache" in tried
     assert "GroupLens (https://files.grouplens.org/datasets/movielens/ml-100k.zip)" in tried
     assert "cannot resolve host files.grouplens.org" in tried

@@ -71,11 +71,21 @@ class AlgorithmSpec:
             return None
         if ranking == "rating" and self.rating_engine:
             return (f"{self.name}'s settings for ratings were chosen on ml-100k: they are untuned "
-                    f"on {dataset} (tune the learning rates on its validation split)")
+                    f"on {dataset} ({self._tune_hint(dataset)})")
         if dataset in self.per_dataset:
             return None
         return (f"{self.name}'s settings were chosen on ml-100k and no paper gives them for "
-                f"{dataset}: they are untuned there (tune the learning rates on its validation split)")
+                f"{dataset}: they are untuned there ({self._tune_hint(dataset)})")
+
+    def _tune_hint(self, dataset: str) -> str:
+        """The command that tunes this algorithm on ``dataset``'s validation split."""
+        from pathlib import Path
+
+        from fedrec.data.user_sets import FILE_SUFFIXES
+
+        own = " --columns ..." if "/" in dataset or Path(dataset).suffix.lower() in FILE_SUFFIXES else ""
+        return (f"tune them on its validation split: fedrec tune {self.name} -d {dataset}{own} --trials 20, "
+                f"or compare methods tuned alike: fedrec compare {self.name} ... -d {dataset}{own}")
 
     def parse(self, values: Mapping[str, Any] | None = None) -> Options:
         """Typed options from ``values`` (unknown keys, wrong types and contradicted fixed

@@ -16,6 +16,7 @@ from fedrec.protocols.protocol import Split
 
 @dataclass(frozen=True)
 class MFOptions(Options):
+    #: embedding size of users and items
     dim: int = 32
 
     def validate(self) -> None:
@@ -26,6 +27,7 @@ class MFOptions(Options):
 class NCFOptions(MFOptions):
     """``layers``: the MLP tower's widths after its 2 x dim input (32/16/8)."""
 
+    #: widths of the MLP tower's layers after its 2 x dim input
     layers: tuple[int, ...] = (32, 16, 8)
 
 

@@ -30,20 +30,35 @@ from fedrec.protocols.protocol import Split
 class CIAOptions(Options):
     """See the module docstring; ``dims`` empty means ``dim`` for every client."""
 
+    #: embedding size of every client's model
     dim: int = 64
+    #: the clients' model: mf, mlp, lightgcn, gfcf, or mixed (thirds of mf, mlp and lightgcn)
     backbone: str = "mf"
+    #: several embedding sizes (e.g. 128/256/512), one per share of the clients; empty: dim
     dims: tuple[int, ...] = ()
+    #: cia (average item similarities), waa (average parameters) or none (independent models)
     aggregation: str = "cia"
+    #: clients the users are grouped into (0: one user per client)
     clients: int = 100
+    #: how users are grouped: contiguous blocks of ids (the official split) or random
     grouping: str = "contiguous"
+    #: LightGCN's propagation layers
     layers: int = 3
+    #: gradient steps a client fine-tunes its item table towards the averaged similarity
     finetune_steps: int = 100
+    #: step size of that fine-tune
     finetune_lr: float = 0.1
+    #: the fine-tune's loss: norm (the official code's Frobenius norm) or mse (the paper's)
     finetune_loss: str = "norm"
+    #: rank of the uploaded similarity's eigendecomposition (0: the dense matrix travels)
     upload_rank: int = 0
+    #: all (the whole item-item similarity) or local (only the items a client has)
     scope: str = "all"
+    #: GF-CF: weight of the averaged filter in a user's scores
     beta: float = 60.0
+    #: GF-CF: weight of the ideal low-pass filter
     ideal_weight: float = 0.3
+    #: GF-CF: singular vectors kept by the ideal low-pass filter
     filter_rank: int = 32
 
     def validate(self) -> None:
@@ -56,6 +71,7 @@ class CIAOptions(Options):
 class StackedOptions(CIAOptions):
     """Grouped clients with a model each and, unless told, no aggregation."""
 
+    #: cia (average item similarities), waa (average parameters) or none (independent models)
     aggregation: str = "none"
 
 

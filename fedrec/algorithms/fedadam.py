@@ -58,9 +58,13 @@ class FedAdamSpec(FamilySpec):
 
 @dataclass(frozen=True)
 class FedAdamOptions(FamilyOptions):
+    #: the server's Adam step size on the mean item update
     server_lr: float = 0.1
+    #: decay of the server's first-moment (mean) estimate
     beta1: float = 0.9
+    #: decay of the server's second-moment (variance) estimate
     beta2: float = 0.99
+    #: adaptivity constant added to the square root of the second moment (Adam's epsilon)
     tau: float = 1e-3
 
     def validate(self) -> None:

@@ -54,7 +54,9 @@ class FedAvgMSpec(FamilySpec):
 
 @dataclass(frozen=True)
 class FedAvgMOptions(FamilyOptions):
+    #: the server's step size on the mean item update
     server_lr: float = 0.1
+    #: the server's momentum on the mean item update (0: plain FedAvg)
     momentum: float = 0.9
 
     def validate(self) -> None:

@@ -26,8 +26,11 @@ class FamilyOptions(Options):
     (0: off, the papers' setting), which bounds the step a client with few samples takes at a
     large item rate."""
 
+    #: embedding size of the user vector and the item rows
     dim: int = 32
+    #: PFedRec's dual personalisation: private score function, item rows post-tuned per client
     dual: bool = False
+    #: L2 bound on each client's gradient of a local step (0: no clipping)
     clip: float = 0.0
 
     def validate(self) -> None:
@@ -39,6 +42,7 @@ class FamilyOptions(Options):
 class ReconOptions(FamilyOptions):
     """FedRecon: ``reconstruct_epochs`` re-training the user vector each round."""
 
+    #: local epochs re-training the freshly drawn user vector each round, before the item update
     reconstruct_epochs: int = 20
 
     def validate(self) -> None:

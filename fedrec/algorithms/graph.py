@@ -18,7 +18,9 @@ from fedrec.protocols.protocol import Split
 
 @dataclass(frozen=True)
 class GraphOptions(Options):
+    #: embedding size of the user vector and the item rows
     dim: int = 32
+    #: learning rate of the private user vector as a multiple of --lr
     user_lr_scale: float = 79.0
 
     def validate(self) -> None:
@@ -30,9 +32,13 @@ class GPFedRecOptions(GraphOptions):
     """``reg``: weight of the MSE pull to the personalised table; ``similarity``, ``threshold``
     and ``mp_layers`` shape the user graph."""
 
+    #: weight of the MSE pull of the local item table towards the personalised one
     reg: float = 1.0
+    #: user graph from cosine similarity, or legacy-distance (the official code's cosine distance)
     similarity: str = "cosine"
+    #: neighbours are users more similar than threshold x the mean similarity
     threshold: float = 1.0
+    #: message-passing steps over the user graph that make the personalised tables
     mp_layers: int = 1
 
 
@@ -41,9 +47,13 @@ class GFedPPOptions(GraphOptions):
     """``public_ratio`` of users who share their interactions; ``alpha`` mixes the graph's
     table into a public user's start; ``ablation`` (set by the variants) turns a part off."""
 
+    #: share of users, drawn by seed, who share their interactions with the server
     public_ratio: float = 1.0
+    #: weight of the graph's table in a public user's start (alpha s_i + (1 - alpha) q_g)
     alpha: float = 0.5
+    #: graph-convolution steps over the user graph of public users' co-interactions
     gcn_layers: int = 1
+    #: the part a variant turns off: none, iei, ugc or upie
     ablation: str = "none"
 
 

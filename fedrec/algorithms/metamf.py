@@ -31,10 +31,15 @@ class MetaMFOptions(Options):
     """``dim``: user embedding and generated item vector; ``factors``, ``memory``, ``hidden``:
     the official code's sizes; ``clip``: each client's gradient norm per step (0: off)."""
 
+    #: size of the private user embedding and of the generated item vectors
     dim: int = 32
+    #: width of the shared item table V (its rows travel)
     factors: int = 8
+    #: width of the collaborative memory read from the user embedding
     memory: int = 128
+    #: width of the meta recommender's hidden layers that generate the user's weights
     hidden: int = 512
+    #: L2 bound on each client's gradient of a local step (0: no clipping)
     clip: float = 0.0
 
     def validate(self) -> None:

@@ -24,6 +24,7 @@ class RAPOptions(RAPSpec, Options):
     by about lr_item x mu / k / n_slots = 0.1 per step for a 100-slot client, which wipes C out.
     """
 
+    #: weight (v2) of the sparsity term on the global table C
     mu: float = 1e-3
 
     def validate(self) -> None:

@@ -3,16 +3,21 @@ protocols (`fedrec reproduce` is in `fedrec.cli.reproduce`)."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import re
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from fedrec.cli.run_progress import RunBars, batch_progress, status
@@ -81,6 +86,13 @@ def _interrupt_message(last: int, total: int, checkpoint: Path, resumed: bool) -
     return f"{done}; {checkpoint} holds round {saved}; go on with: {shlex.join(argv)}"
 
 
+def _stop(bar: Progress) -> None:
+    """Stop the bar if it ever started: stopping one that did not prints an empty line (before
+    an error's one line, say)."""
+    if bar.live.is_started:
+        bar.stop()
+
+
 def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool, overwrite: bool) -> None:
     """Before any work: every file the run writes can be written, and an earlier run's files are
     replaced only when asked (``--overwrite``) or continued (``--resume``)."""
@@ -147,7 +159,7 @@ def run_command(
     legacy_repeats: bool = typer.Option(False, "--legacy-repeats", help="Legacy: split repeated (user, item) events as they are, as the official PFedRec/FedRAP/GFed-PP code does on Lastfm-2K (a test item can be a training positive; loo-sampled only)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     device: str = typer.Option("cpu", help=DEVICE_HELP),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED.json)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS].json, OPTIONS the options given that change the figures, e.g. -rounds5-lr0.01-curriculum=sin, past 48 characters the rest as a hash: the same command finds its file again, another never does; --device, --threads, --memory-budget-mb, --checkpoint-every and --data-dir are not in it)."),
     save: Path | None = typer.Option(None, "--save", help="Also save the trained run (model at the best validation round) to this file, for `fedrec recommend` and `fedrec.load`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's results, checkpoint and --save file."),
@@ -179,11 +191,14 @@ def run_command(
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, no_negatives_under_ratings, train
-    from fedrec.protocols.protocol import get_protocol
+    from fedrec.protocols.protocol import get_protocol, negative_policy
     from fedrec.train.centralised import TrainConfig
 
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
+    negatives = negative_policy(negatives)  # an alias (legacy) is recorded by the policy's own name
+    settings = parse_settings(set_options)
+    given = _given_options(locals(), federated)
     _refuse_ignored(algorithm, federated, {
         "--dual": dual, "--reconstruct-epochs": reconstruct_epochs is not None,
         "--clients-per-round": clients_per_round is not None, "--local-epochs": local_epochs is not None,
@@ -207,7 +222,7 @@ def run_command(
         data_dir=data_dir, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),
                **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
-               **parse_settings(set_options)},
+               **settings},
         train=TrainConfig(
             epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
@@ -227,7 +242,17 @@ def run_command(
             norm_bound=norm_bound,
         ),
     )
-    out = out or Path("runs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}.json"
+    # data errors the first line of a file (or a folder) tells are said before an earlier run's file is
+    if columns is not None:
+        from fedrec.data.tables import check_columns
+
+        check_columns(dataset, columns)
+    elif data_dir is not None:
+        from fedrec.data.registry import data_directory, list_datasets
+
+        if dataset in list_datasets():
+            data_directory(data_dir)
+    out = out or default_out(algorithm, dataset, protocol, seed, given, settings)
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
@@ -257,16 +282,19 @@ def run_command(
             done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
                          keep_best=save is not None, exclusive=not (overwrite or resume))
     except KeyboardInterrupt:
-        bar.stop()
+        _stop(bar)
         raise Interrupted(_interrupt_message(last[0], total, checkpoint, resume)) from None
     finally:
-        bar.stop()
+        _stop(bar)
     result = done.result
+    if done.split.held_out_by == "random":  # said even with --quiet: it changes what the figures mean
+        console.print(f"note: {dataset} has no time column: each user's held-out items were drawn at random "
+                      f"(seed {seed}), not taken as the latest (`data.split.held_out_by` in {out})", highlight=False)
     if save is not None:
         from fedrec.api import Run
 
         Run(cfg, result, done.model, done.split).save(save)
-    table = Table(title=f"{algorithm} · {dataset} · {protocol} · seed {seed}")
+    table = titled(f"{algorithm} · {dataset} · {protocol} · seed {seed}")
     table.add_column("metric")
     table.add_column(f"valid ({'round' if federated else 'epoch'} {result.best_round})", justify="right")
     table.add_column("test", justify="right")
@@ -291,9 +319,77 @@ def run_command(
             console.print(f"{cfg.federated.defence} flagged {last['flagged']:.0f} uploads in the last round: "
                           f"precision {last['flag_precision']:.3f}, recall {last['flag_recall']:.3f}")
     console.print(table)
-    console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)")
+    # soft_wrap: a long path stays on one line, to be copied whole
+    console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)", soft_wrap=True)
     if save is not None:
-        console.print(f"saved the trained run to {save}  (fedrec recommend {save} --user ID)")
+        console.print(f"saved the trained run to {save}  (fedrec recommend {save} --user ID)", soft_wrap=True)
+
+
+#: `fedrec run` options left out of the default results file name: the four in its stem, where and
+#: how fast the run is done (its figures do not depend on it) and what it writes; `--set` is
+#: named by its own KEY=VALUE. Every other option given a value other than its default is in it.
+_NOT_IN_NAME = frozenset({
+    "algorithm", "dataset", "protocol", "seed", "set_options", "data_dir", "device", "threads",
+    "memory_budget_mb", "checkpoint_every", "resume", "out", "save", "quiet", "overwrite", "config",
+})
+#: the longest options part of a default results file name before the rest is hashed
+_NAME_BUDGET = 48
+
+
+def _given_options(values: Mapping[str, Any], federated: bool) -> list[tuple[str, object]]:
+    """(flag name, value) of each `fedrec run` option in ``values`` (its parameters by name) set
+    to other than its default, that changes the figures (not in `_NOT_IN_NAME`), in the order
+    of the command's options."""
+    given = []
+    for name, param in inspect.signature(run_command).parameters.items():
+        if name in _NOT_IN_NAME:
+            continue
+        default = getattr(param.default, "default", param.default)
+        value = values[name]
+        if value is None or value == default:
+            continue
+        given.append(("epochs" if name == "rounds" and not federated else name.replace("_", "-"), value))
+    return given
+
+
+def default_out(algorithm: str, dataset: str, protocol: str, seed: int,
+                given: list[tuple[str, object]], settings: Mapping[str, object]) -> Path:
+    """``runs/ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS].json``: OPTIONS name the options given
+    (``given``: flag name and value) and the ``--set`` model options (``settings``), e.g.
+    ``-rounds5-lr0.01-curriculum=sin``, so two runs with different figures never share a file
+    while the same command finds its own again (options in any order). Past `_NAME_BUDGET`
+    characters the options that do not fit are replaced by a hash of all of them (``+1a2b3c``)."""
+    parts = [_name_part(flag, value) for flag, value in given]
+    parts += [f"{key}={_plain(value)}" for key, value in sorted(settings.items())]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:6]
+    parts = [re.sub(r"[^A-Za-z0-9._=+-]", "_", p) for p in parts]  # a file name's characters
+    suffix = "".join(f"-{p}" for p in parts)
+    if len(suffix) > _NAME_BUDGET:
+        kept = ""
+        for p in parts:
+            if len(kept) + len(p) + 1 > _NAME_BUDGET - 7:
+                break
+            kept += f"-{p}"
+        suffix = f"{kept}+{digest}"
+    stem = f"{algorithm}-{Path(dataset).stem.replace(':', '_')}-{protocol}-s{seed}"
+    return Path("runs") / f"{stem}{suffix}.json"
+
+
+def _name_part(flag: str, value: object) -> str:
+    """``rounds5``, ``lr0.01``, ``dual`` (a switch), ``negatives-train-only`` (a word)."""
+    if value is True:
+        return flag
+    text = _plain(value)
+    return f"{flag}{text}" if isinstance(value, int | float) and not isinstance(value, bool) else f"{flag}-{text}"
+
+
+def _plain(value: object) -> str:
+    """A value as short text: 0.01, 1e-05, 5 (a whole float), true."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def recommend_command(
@@ -332,7 +428,10 @@ def plot_command(
     out: Path = typer.Option(Path("runs/plot.png"), "--out", "-o", help="The PNG to write."),
     metric: str | None = typer.Option(None, help="Validation metric (default: the one that selected the runs' best rounds)."),
 ) -> None:
-    """Draw validation curves (best rounds marked) and bytes per round of one or more runs."""
+    """Draw validation curves (best rounds marked) and bytes per round of one or more runs.
+
+    One row of panels per data set and protocol; runs that differ only by seed are one line per
+    algorithm, their mean with a band from the lowest to the highest seed."""
     from fedrec.plot import runs_figure
 
     typer.echo(f"wrote {runs_figure(results, out, metric)}")
@@ -387,34 +486,38 @@ def algorithms_command(
     from fedrec.federated.engine import engine_flag
 
     if name is None:
-        table = Table(title="algorithms (fedrec algorithms NAME: its options)")
-        for c in ("name", "kind", "description"):
-            table.add_column(c)
+        table = titled("algorithms (fedrec algorithms NAME: its options)")
+        table.add_column("name", no_wrap=True)
+        table.add_column("kind", no_wrap=True)
+        table.add_column("description", overflow="fold")
         for spec in ALGORITHMS.values():
-            table.add_row(spec.name, spec.kind + (" (+ Flower)" if spec.flower else ""), spec.description)
+            table.add_row(spec.name, spec.kind + ("+Flower" if spec.flower else ""), spec.description)
         console.print(table)
         return
     spec = get_algorithm(name)
     console.print(f"[bold]{spec.name}[/] ({spec.kind}{', runs on Flower' if spec.flower else ''}): "
                   f"{spec.description}", highlight=False)
     console.print(f"evaluated under {', '.join(spec.rankings)} protocols (`fedrec protocols`)", highlight=False)
-    table = Table(title="options (--set KEY=VALUE)")
-    for c in ("option", "default", "type", ""):
-        table.add_column(c)
-    types = spec.options.describe()
+    table = titled("options (--set KEY=VALUE)")
+    table.add_column("option", no_wrap=True)
+    table.add_column("default", overflow="fold")
+    table.add_column("type", overflow="fold")
+    table.add_column("description", overflow="fold", min_width=20)
+    types, helps = spec.options.describe(), spec.options.help()
     for key, value in spec.defaults.items():
-        table.add_row(key, _shown(value), types[key], "fixed by this algorithm" if key in spec.fixed else "")
+        fixed = " (fixed by this algorithm)" if key in spec.fixed else ""
+        table.add_row(key, _shown(value), types[key], helps[key] + fixed)
     console.print(table)
-    engine = Table(title="engine defaults (command-line options)")
-    engine.add_column("option")
+    engine = titled("engine defaults (command-line options)")
+    engine.add_column("option", no_wrap=True)
     engine.add_column("default")
     for key, value in spec.engine.items():
         engine.add_row(engine_flag(key), str(value))
     console.print(engine)
     if spec.per_dataset:
-        papers = Table(title="a paper's settings per data set (elsewhere: the defaults above)")
-        papers.add_column("data set")
-        papers.add_column("engine options")
+        papers = titled("a paper's settings per data set (elsewhere: the defaults above)")
+        papers.add_column("data set", no_wrap=True)
+        papers.add_column("engine options", overflow="fold")
         for dataset, opts in spec.per_dataset.items():
             papers.add_row(dataset, ", ".join(f"{engine_flag(k)} {v}" for k, v in opts.items()))
         console.print(papers)
@@ -432,20 +535,29 @@ def _shown(value: object) -> str:
 
 def protocols_command() -> None:
     """List the evaluation protocols and training-negative policies."""
-    from fedrec.protocols.protocol import NEGATIVE_POLICIES, PROTOCOLS
+    from fedrec.protocols.protocol import NEGATIVE_ALIASES, NEGATIVE_POLICIES, PROTOCOLS
 
-    table = Table(title="protocols")
-    for c in ("name", "metrics", "selects on", "description"):
-        table.add_column(c)
+    table = titled("protocols", caption="*: the validation metric that selects the best round")
+    table.add_column("name", no_wrap=True)
+    table.add_column("metrics", no_wrap=True)
+    table.add_column("description", overflow="fold")
     for p in PROTOCOLS.values():
-        table.add_row(p.name, ", ".join(f"{m}@{p.ks[0]}" if m != "rmse" else m for m in p.metrics), p.select, p.description)
+        metrics = [f"{m}@{p.ks[0]}" if m != "rmse" else m for m in p.metrics]
+        metrics += [] if p.select in metrics else [p.select]
+        table.add_row(p.name, "\n".join(m + ("*" if m == p.select else "") for m in metrics), p.description)
     console.print(table)
-    neg = Table(title="training-negative policies (--negatives)")
-    neg.add_column("name")
-    neg.add_column("draws from")
+    neg = titled("training-negative policies (--negatives)")
+    neg.add_column("name", no_wrap=True)
+    neg.add_column("draws from", overflow="fold")
     for name, text in NEGATIVE_POLICIES.items():
-        neg.add_row(name, text)
+        aliases = [alias for alias, policy in NEGATIVE_ALIASES.items() if policy == name]
+        neg.add_row(name, text + (f" (also called {', '.join(aliases)})" if aliases else ""))
     console.print(neg)
+
+
+def titled(title: str, **options: Any) -> Table:
+    """A table at least as wide as its title, which then stays on one line where it fits."""
+    return Table(title=title, min_width=len(title), **options)
 
 
 def parse_settings(items: list[str]) -> dict[str, object]:

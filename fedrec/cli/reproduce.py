@@ -19,7 +19,7 @@ def reproduce_command(
     methods: str | None = typer.Option(None, help="Comma-separated rows (methods) to run and show, e.g. gfcf-im,fedcia-gfcf (default: every row of the tables)."),
     settings: str | None = typer.Option(None, help="Semicolon-separated settings of the rows to run and show, as result files name them (e.g. 'ratio=1,alpha=0.9;ratio=1,alpha=0.1'; 'default' for a row without one), to run one cell of a sweep alone."),
     seeds: str = typer.Option("0", help="Comma-separated seeds (the papers use five)."),
-    negatives: str = typer.Option("both", help="both, leak-free, legacy (the official code's leaky negatives), legacy-split (those negatives on the official code's split of repeated events: Lastfm-2K) or all."),
+    negatives: str = typer.Option("both", help="both, leak-free, legacy (the official code's leaky negatives; also legacy-exclude-heldout, as `fedrec run --negatives` calls it), legacy-split (those negatives on the official code's split of repeated events: Lastfm-2K) or all."),
     rounds: int | None = typer.Option(None, help="Rounds per run (default: 100; PersonalFR's 800)."),
     patience: int | None = typer.Option(None, min=0, help="Stop every run after N evaluations without a better validation figure, in place of each table's own rule (0: never), to see what the rule costs; result files do not name it, so give such runs their own --out-dir."),
     out_dir: Path = typer.Option(Path("runs/reproduce"), help="Where run results are kept (reused when present)."),
@@ -42,6 +42,7 @@ def reproduce_command(
 
     torch_threads.apply(threads)
     from fedrec.core.device import resolve
+    from fedrec.protocols.protocol import NEGATIVE_ALIASES
     from fedrec.reproduce.papers import load_figures
     from fedrec.reproduce.runner import (
         DATA_OPTIONS,
@@ -57,6 +58,8 @@ def reproduce_command(
     )
     from fedrec.reproduce.table import render, summarise, to_markdown
 
+    # `fedrec run`'s name of the leaky policy (legacy-exclude-heldout) is taken for legacy
+    negatives = {policy: alias for alias, policy in NEGATIVE_ALIASES.items()}.get(negatives, negatives)
     if negatives not in POLICY_CHOICES:
         raise FedrecError(f"--negatives must be one of {', '.join(POLICY_CHOICES)}")
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedrec.errors import FedrecError
+
 
 def cohort_size(n_clients: int, per_round: float) -> int:
     """Clients per round: a fraction (<= 1) or a count (> 1) of ``n_clients``."""
@@ -18,7 +20,13 @@ def cohort_size(n_clients: int, per_round: float) -> int:
 
 
 def sample_clients(n_clients: int, per_round: float, rng: np.random.Generator) -> np.ndarray:
-    """All clients, a fraction (<= 1) or a count (> 1) of them, without replacement."""
+    """All clients, a fraction (<= 1) or a count (> 1) of them, without replacement. A count
+    above ``n_clients`` is an error rather than "all": the run would record a number of clients
+    per round that it never had."""
+    if per_round > 1.0 and per_round > n_clients:
+        raise FedrecError(f"--clients-per-round {per_round:g} is more than the {n_clients} clients of this "
+                          f"run (one per user unless the algorithm groups users into clients); give at most "
+                          f"{n_clients}, or a fraction <= 1")
     k = cohort_size(n_clients, per_round)
     if k >= n_clients:
         return np.arange(n_clients)

@@ -4,9 +4,11 @@ The data sets are described in `fedrec.data.catalogue` (types in `fedrec.data.so
 fetched by `fedrec.data.fetch`.
 
 `locate` looks for a data set's raw file, in order: an explicit ``data_dir`` (or the
-``FEDREC_DATA`` directory), the cache (``FEDREC_CACHE`` or the platform cache dir), the
-publisher's URL, then mirrors. Every failed step is recorded, and when all fail one
-`FedrecError` lists each of them, so a user sees why in one message instead of a traceback.
+``FEDREC_DATA`` directory; one that is not a directory is an error at once, not a step to
+skip: a mistyped path must not quietly read another copy), the cache (``FEDREC_CACHE`` or the
+platform cache dir), the publisher's URL, then mirrors. Every failed step is recorded, and
+when all fail one `FedrecError` lists each of them, so a user sees why in one message instead
+of a traceback.
 Downloads go to a staging folder and are renamed into the cache only once complete and
 verified, so an interrupted fetch never leaves a partial file behind.
 """
@@ -124,7 +126,7 @@ def resolve(
     wanted = (spec.file(file),) if file is not None else spec.files
     failures: list[str] = []
 
-    directory = Path(data_dir) if data_dir is not None else _env_data_dir()
+    directory = data_directory(data_dir)
     if directory is not None:
         found = _search_dir(spec, wanted, directory, failures, verify=False)
         if found is not None:
@@ -157,9 +159,20 @@ def resolve(
     raise FedrecError(_failure_message(spec, wanted, failures))
 
 
-def _env_data_dir() -> Path | None:
+def data_directory(data_dir: str | Path | None = None) -> Path | None:
+    """The folder to look in first: ``data_dir`` if given, else ``FEDREC_DATA`` if set, else
+    None; one that is not a directory is a `FedrecError` naming where it came from."""
     configured = os.environ.get("FEDREC_DATA")
-    return Path(configured).expanduser() if configured else None
+    if data_dir is None and not configured:
+        return None
+    directory = Path(data_dir if data_dir is not None else str(configured)).expanduser()
+    if not directory.is_dir():
+        # the command line's --data-dir also reads FEDREC_DATA: the same text came from there
+        origin = "FEDREC_DATA" if data_dir is None or str(data_dir) == configured else "--data-dir"
+        problem = "is not a directory" if directory.exists() else "does not exist"
+        raise FedrecError(f"{origin} {directory} {problem}: give the folder that holds the "
+                          "data set's raw files (or leave it unset to use the cache)")
+    return directory
 
 
 def _search_dir(

@@ -37,6 +37,8 @@ _SUFFIX_FORMAT = {
     ".pq": "parquet",
 }
 Column = str | int
+#: what ``--columns`` names, in its positional order
+ROLES = ("user", "item", "rating", "time")
 
 
 def read_table(
@@ -56,29 +58,12 @@ def read_table(
     overrides the delimiter. Without ``rating_col`` the data are implicit; without
     ``time_col`` the row order is the clock. Parquet needs the optional ``pyarrow``.
     """
-    p = existing(path)
-    if fmt is None:
-        fmt_guess = _SUFFIX_FORMAT.get(p.suffix.lower())
-        if fmt_guess is None and sep is None:
-            raise FedrecError(f"{p}: cannot tell the format from the suffix; pass fmt= or sep=")
-        fmt = fmt_guess or "csv"  # type: ignore[assignment]
+    p, fmt = _format(path, fmt, sep)
     if fmt == "parquet":
         return _read_parquet_table(p, user_col, item_col, rating_col, time_col, header)
-    if fmt not in ("csv", "tsv"):
-        raise FedrecError(f"unknown table format {fmt!r}; use csv, tsv or parquet")
     delimiter = sep if sep is not None else ("," if fmt == "csv" else "\t")
     probe = Layout(("x",), ("str",), delimiter, quoted=fmt == "csv" and len(delimiter) == 1)
-    first = [field.strip() for field in first_record(p, probe)]
-    names = (
-        [field.split(":", 1)[0] for field in first]
-        if header
-        else [str(i) for i in range(len(first))]
-    )
-    wanted = {"user": user_col, "item": item_col, "rating": rating_col, "time": time_col}
-    positions: dict[str, int] = {}
-    for role, column in wanted.items():
-        if column is not None:
-            positions[role] = _column_position(p, column, names, first, header)
+    first, names, positions = _positions(p, probe, header, user_col, item_col, rating_col, time_col)
     roles_by_position = {pos: role for role, pos in positions.items()}
     kinds: list[Kind] = []
     for index in range(len(names)):
@@ -109,6 +94,92 @@ def read_table(
         p,
         implicit=ratings is None,
     )
+
+
+def parse_columns(text: str) -> dict[str, Column]:
+    """``--columns`` as {role: column}: ``USER,ITEM[,RATING][,TIME]`` in that order (an empty
+    field skips a role: ``user,item,,time`` has no rating), or ``ROLE=COLUMN`` pairs in any
+    order (``user=uid,item=song,time=ts``). Columns are header names, or 0-based positions for a
+    file without a header (all of them numbers)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    usage = (f"--columns {text!r}: give USER,ITEM[,RATING][,TIME] (an empty field skips one: "
+             "user,item,,time) or ROLE=COLUMN pairs (user=..., item=..., rating=..., time=...)")
+    if any("=" in p for p in parts):
+        pairs = [p.partition("=") for p in parts]
+        roles = [r.strip().lower() for r, _, _ in pairs]
+        if not all(sep for _, sep, _ in pairs) or set(roles) - set(ROLES) or len(set(roles)) != len(roles):
+            raise FedrecError(usage)
+        named = {r: c.strip() for r, (_, _, c) in zip(roles, pairs, strict=True)}
+    else:
+        if not 2 <= len(parts) <= 4:
+            raise FedrecError(usage)
+        named = {role: p for role, p in zip(ROLES, parts, strict=False) if p}
+    if not named.get("user") or not named.get("item") or not all(named.values()):
+        raise FedrecError(usage)
+    if len(set(named.values())) != len(named):
+        raise FedrecError(f"--columns {text!r}: one column named for two roles")
+    if all(c.isdigit() for c in named.values()):
+        return {r: int(c) for r, c in named.items()}
+    if any(c.isdigit() for c in named.values()):
+        raise FedrecError(f"--columns {text!r}: name every column by its header, or every one by "
+                          "its 0-based position (a file without a header)")
+    return dict(named)
+
+
+def check_columns(path: PathLike, columns: str, sep: str | None = None) -> None:
+    """Check, from its first line (a Parquet file: its schema) alone, that the file ``path``
+    exists, its format is known and it has the ``--columns`` ``columns``: the errors
+    `read_table` would raise on them, before a command reads the whole file or writes anything."""
+    roles = parse_columns(columns)
+    cols = list(roles.values())
+    header = not all(isinstance(c, int) for c in cols)
+    p, fmt = _format(path, None, sep)
+    wanted = {f"{role}_col": column for role, column in roles.items()}
+    if fmt == "parquet":
+        names = _parquet_columns(p)
+        for column in cols:
+            _parquet_position(p, column, names, header)
+        return
+    delimiter = sep if sep is not None else ("," if fmt == "csv" else "\t")
+    probe = Layout(("x",), ("str",), delimiter, quoted=fmt == "csv" and len(delimiter) == 1)
+    _positions(p, probe, header, **wanted)
+
+
+def _format(path: PathLike, fmt: str | None, sep: str | None) -> tuple[Path, str]:
+    """The existing file ``path`` and its format: ``fmt``, else the suffix's."""
+    p = existing(path)
+    if fmt is None:
+        fmt_guess = _SUFFIX_FORMAT.get(p.suffix.lower())
+        if fmt_guess is None and sep is None:
+            raise FedrecError(f"{p}: cannot tell the format from the suffix; pass fmt= or sep=")
+        fmt = fmt_guess or "csv"
+    if fmt not in ("csv", "tsv", "parquet"):
+        raise FedrecError(f"unknown table format {fmt!r}; use csv, tsv or parquet")
+    return p, fmt
+
+
+def _positions(
+    path: Path,
+    probe: Layout,
+    header: bool,
+    user_col: Column,
+    item_col: Column,
+    rating_col: Column | None = None,
+    time_col: Column | None = None,
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """The first line's fields, the column names and the position of each named role."""
+    first = [field.strip() for field in first_record(path, probe)]
+    names = (
+        [field.split(":", 1)[0] for field in first]
+        if header
+        else [str(i) for i in range(len(first))]
+    )
+    wanted = {"user": user_col, "item": item_col, "rating": rating_col, "time": time_col}
+    positions: dict[str, int] = {}
+    for role, column in wanted.items():
+        if column is not None:
+            positions[role] = _column_position(path, column, names, first, header)
+    return first, names, positions
 
 
 def _column_position(
@@ -142,11 +213,7 @@ def _read_parquet_table(
     time_col: Column | None,
     header: bool,
 ) -> Interactions:
-    if importlib.util.find_spec("pyarrow") is None:
-        raise FedrecError(
-            f"{path}: reading parquet needs the optional pyarrow package: "
-            "pip install 'fedrec[parquet]'"
-        )
+    _need_pyarrow(path)
     try:
         df = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
@@ -154,15 +221,7 @@ def _read_parquet_table(
     names = [str(c) for c in df.columns]
 
     def series(column: Column) -> pd.Series:
-        if isinstance(column, int) and not header:
-            if not 0 <= column < len(names):
-                raise DataFormatError(
-                    path, f"column {column} is out of range ({len(names)} columns)"
-                )
-            return df.iloc[:, column]
-        if str(column) not in names:
-            raise DataFormatError(path, f"no column {column!r}; columns are: {', '.join(names)}")
-        return df[df.columns[names.index(str(column))]]
+        return df.iloc[:, _parquet_position(path, column, names, header)]
 
     def ids(column: Column) -> np.ndarray:
         values = series(column)
@@ -181,6 +240,39 @@ def _read_parquet_table(
     ratings = numbers(rating_col) if rating_col is not None else None
     timestamps = np.floor(numbers(time_col)).astype(np.int64) if time_col is not None else None
     return build_interactions(ids(user_col), ids(item_col), ratings, timestamps, path, implicit=ratings is None)
+
+
+def _need_pyarrow(path: Path) -> None:
+    if importlib.util.find_spec("pyarrow") is None:
+        raise FedrecError(
+            f"{path}: reading parquet needs the optional pyarrow package: "
+            "pip install 'fedrec[parquet]'"
+        )
+
+
+def _parquet_columns(path: Path) -> list[str]:
+    """The column names of a Parquet file as pandas reads it (less a stored pandas index),
+    from its schema: no data is read."""
+    _need_pyarrow(path)
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+        index = {c for c in (schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)}
+        return [str(name) for name in schema.names if name not in index]
+    except Exception as exc:  # pyarrow raises several unrelated types for a bad file
+        raise DataFormatError(path, f"not a readable parquet file: {exc}") from None
+
+
+def _parquet_position(path: Path, column: Column, names: list[str], header: bool) -> int:
+    """The 0-based position of ``column`` (a position without a header, else a name)."""
+    if isinstance(column, int) and not header:
+        if not 0 <= column < len(names):
+            raise DataFormatError(path, f"column {column} is out of range ({len(names)} columns)")
+        return column
+    if str(column) not in names:
+        raise DataFormatError(path, f"no column {column!r}; columns are: {', '.join(names)}")
+    return names.index(str(column))
 
 
 def _parquet_row_error(

@@ -23,17 +23,29 @@ class AESpec:
     the gradient norm of each client's step (0: no clipping; the official code clips at 1).
     """
 
+    #: what the server averages: decoder (PersonalFR: encoders stay private) or all (FedAvg)
     share: str = "decoder"
+    #: clients the users are grouped into (0: one user per client, 1: the Joint model)
     clients: int = 100
+    #: how users are grouped into clients: random (seeded) or contiguous blocks of ids
     grouping: str = "random"
+    #: the encoder's layer widths (the decoder mirrors them)
     hidden: tuple[int, ...] = (256, 128)
+    #: dropout on the code (the encoder's output)
     dropout: float = 0.5
+    #: GroupNorm after every hidden layer
     norm: bool = True
+    #: partial compression: only the rows of a client's items travel
     compression: bool = True
+    #: the clients' optimiser: adam or sgd
     optimizer: str = "adam"
+    #: SGD's momentum
     momentum: float = 0.9
+    #: SGD with Nesterov momentum
     nesterov: bool = True
+    #: L2 weight decay (none: 5e-4 with SGD, 0 with Adam)
     weight_decay: float | None = None
+    #: L2 bound on each client's gradient of a step (0: no clipping)
     clip: float = 0.0
 
     def __post_init__(self) -> None:

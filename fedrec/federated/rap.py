@@ -148,18 +148,29 @@ def curriculum(name: str, a: int) -> float:
 class RAPSpec:
     """A FedRAP variant (see the module docstring). ``lam`` and ``mu`` are v1 and v2."""
 
+    #: the private head: linear (weights and bias, the official code) or dot (a user vector)
     score: str = "linear"
+    #: embedding size of the head and of the item tables C and D_i
     dim: int = 32
+    #: use the global item table C
     use_c: bool = True
+    #: use the private item table D_i
     use_d: bool = True
+    #: sparsity term on C: l1 (proximal step), l2 or none
     reg: str = "l1"
+    #: weight (v1) of the term between D_i and C
     lam: float = 0.1
+    #: weight (v2) of the sparsity term on C
     mu: float = 0.1
+    #: how the two weights grow over rounds: tanh, fixed, sin, square or frac
     curriculum: str = "tanh"
+    #: the D_i - C term pulls the views together (pull) or pushes them apart (push)
     dc_sign: str = "pull"
+    #: largest D_i - C term a slot pushes by (mean squared entry; push only)
     push_cap: float = 1.0
     #: D_i's rate as a multiple of the item rows' rate (1: the paper's one rate for D and C)
     d_rate: float = 1.0
+    #: CentRAP: the same model trained with all data on one server
     centralised: bool = False
 
     def __post_init__(self) -> None:

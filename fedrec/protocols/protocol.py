@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.split import TEST, TRAIN, VALID, leave_one_out, ratio_split
+from fedrec.protocols.split import TEST, TRAIN, VALID, held_out_by, leave_one_out, ratio_split
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,18 @@ NEGATIVE_POLICIES: dict[str, str] = {
     "the user's interactions, as the official PFedRec/GPFedRec/FedRAP code does; the held-out "
     "target is never pushed down while the evaluation negatives are",
 }
+#: other names of a policy: ``legacy`` is how `fedrec reproduce --negatives` calls the leaky one;
+#: a run records the policy's own name, so results and cached runs do not depend on the alias
+NEGATIVE_ALIASES: dict[str, str] = {"legacy": "legacy-exclude-heldout"}
+
+
+def negative_policy(name: str) -> str:
+    """The training-negative policy ``name`` names (an alias resolved); an unknown name is one
+    error that lists the known ones."""
+    name = NEGATIVE_ALIASES.get(name, name)
+    if name not in NEGATIVE_POLICIES:
+        raise UnknownNameError("negative policy", name, [*NEGATIVE_POLICIES, *NEGATIVE_ALIASES])
+    return name
 
 
 def get_protocol(name: str) -> Protocol:
@@ -154,6 +166,8 @@ class Split:
     test: EvalSet
     negatives: str
     sampler: ComplementSampler = field(repr=False)
+    #: how the held-out rows were picked: "time", "random" (seeded) or "file" (`held_out_by`)
+    held_out_by: str = "time"
 
     @property
     def n_users(self) -> int:
@@ -271,8 +285,7 @@ def make_split(
     full ranking such a target would be excluded from its own candidates); never the default.
     """
     p = get_protocol(protocol) if isinstance(protocol, str) else protocol
-    if negatives not in NEGATIVE_POLICIES:
-        raise UnknownNameError("negative policy", negatives, list(NEGATIVE_POLICIES))
+    negatives = negative_policy(negatives)
     if repeats and (p.split, p.ranking) != ("loo", "sampled"):
         raise FedrecError(f"splitting repeated events (legacy) needs a sampled leave-one-out "
                           f"protocol (loo-sampled), not {p.name}")
@@ -283,7 +296,7 @@ def make_split(
             "(a duplicate could put the same item in training and test)"
         )
     if p.split == "loo":
-        label = leave_one_out(x, tie_break)
+        label = leave_one_out(x, tie_break, seed)
     elif p.split == "given":
         if x.given_split is None:
             raise FedrecError(f"protocol {p.name} reads the split a data set's file fixes, and "
@@ -332,4 +345,4 @@ def make_split(
     else:
         forbidden = train_b + _binary(valid_t) + _binary(test_t)
     sampler = ComplementSampler(forbidden)
-    return Split(p, x, label, train, valid, test, policy, sampler)
+    return Split(p, x, label, train, valid, test, policy, sampler, held_out_by(x, p.split))
