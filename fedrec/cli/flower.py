@@ -4,6 +4,7 @@ deployment), or write the Flower app directory for `flwr run` on your own SuperL
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ def flower_command(
     algorithm: str = typer.Argument(..., help="An algorithm `fedrec algorithms` marks '+ Flower' (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP, PersonalFR, FedAvg-AE)."),
     mode: str = typer.Option("loopback", help="simulation (Flower's engine), loopback (a SuperLink and SuperNodes as processes here, started and stopped by fedrec) or app (write an app dir for `flwr run`)."),
     nodes: int = typer.Option(3, help="SuperNodes; node i holds the i-th of NODES blocks of users."),
-    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, synthetic[:USERSxITEMS], or your own CSV/TSV/Parquet file (with --columns); every node reads it."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns: header names, or 0-based positions for a file without a header."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (ranking)."),
     seed: int = typer.Option(0, help="Seed of every random choice (the same draws as `fedrec run`)."),
     rounds: int | None = typer.Option(None, help="Rounds (default: the algorithm's, else 100)."),
@@ -43,7 +45,7 @@ def flower_command(
     secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec and kin without shared weights): the server sees only the sum."),
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED-flower.json), written by the ServerApp."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS]-flower.json, named as `fedrec run` names its own), written by the ServerApp."),
     app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials and Flower config go beside it, in APP_DIR-deployment)."),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback and app: plaintext and no node authentication (anyone who reaches the port can join as a node). Default: TLS with a CA made for the deployment, and only registered SuperNodes."),
     tls_host: list[str] = typer.Option([], "--tls-host", help="App mode: a host name or IP address the SuperLink is reached at, for its certificate; repeatable (default: 127.0.0.1 and localhost)."),
@@ -81,7 +83,8 @@ def flower_command(
     if ray_address is not None:
         launch.check_ray_address(ray_address)
     run = RunConfig(
-        algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
+        algorithm=algorithm, dataset=_for_nodes(dataset, columns), protocol=protocol, seed=seed,
+        data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **parse_settings(set_options)},
         federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                    local_epochs=local_epochs, lr=lr, lr_item=lr_item,
@@ -99,8 +102,18 @@ def flower_command(
         check_deployable(run, secure=secagg, split=prepare_split(run))
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
-    out = out or Path("runs") / f"{algorithm}-{dataset.replace(':', '_')}-{protocol}-s{seed}-flower.json"
+    if out is None:  # as `fedrec run` names its results (the options that change the figures), "-flower" added
+        from fedrec.cli.experiments import default_out
+
+        given = [(flag, value) for flag, value, default in (
+            ("rounds", rounds, None), ("clients-per-round", clients_per_round, None), ("local-epochs", local_epochs, None),
+            ("lr", lr, None), ("lr-item", lr_item, None), ("dim", dim, None), ("eval-every", eval_every, 1),
+            ("ldp", ldp, 0.0), ("dp-clip", dp_clip, None), ("dp-noise", dp_noise, 0.0), ("dp-delta", dp_delta, 1e-5),
+            ("secagg", secagg, False)) if value != default]
+        plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
+        out = plain.with_name(f"{plain.stem}-flower.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    before = _stamp(out)  # an earlier run's results there are not this run's
     if insecure:
         _warn_insecure()
     if mode == "app":
@@ -108,6 +121,7 @@ def flower_command(
         return
     start = time.perf_counter()
     if mode == "simulation":
+        # the ServerApp's exception is raised here; a node's failure is in it (`fedrec.flower.app`)
         launch.simulate(run, nodes, out=out, ray_address=ray_address, node_cpus=node_cpus,
                         node_gpus=node_gpus, **kw)
     else:
@@ -115,10 +129,30 @@ def flower_command(
             how = "plaintext, unauthenticated" if insecure else "TLS, registered SuperNodes only"
             console.print(f"SuperLink on {deployment.address} ({how}), {nodes} SuperNodes; logs in "
                           f"{deployment.workdir / 'logs'}")
-            deployment.submit(run, out=out, **kw)
-    if not out.exists():
-        raise FedrecError(f"the run wrote no results ({out}); see the Flower logs")
+            proc = deployment.submit(run, out=out, **kw)
+            if _stamp(out) in (None, before):
+                raise FedrecError(deployment.failure(proc))
+    if _stamp(out) in (None, before):
+        raise FedrecError(f"the run wrote no results ({out}); see the Flower output above")
     _summary(json.loads(out.read_text()), out, time.perf_counter() - start)
+
+
+def _for_nodes(dataset: str, columns: str | None) -> str:
+    """``dataset`` as the nodes are handed it: a file path made absolute, since a node runs in
+    another folder (a loopback SuperNode in the deployment's, a Ray worker in Ray's); a name
+    stays a name (`fedrec.experiment.load_interactions` resolves it on each node)."""
+    from fedrec.experiment import looks_like_a_file
+
+    return os.path.abspath(dataset) if columns is not None or looks_like_a_file(dataset) else dataset
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """When ``path`` was last written (modification time, size), or None where it is not."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _warn_insecure() -> None:

@@ -36,6 +36,7 @@ from fedrec.core.driver import run_rounds
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, fingerprint, prepare_split, recorded_config
 from fedrec.flower import secagg
+from fedrec.flower.failures import reply_reason
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
 from fedrec.flower.roles import ServerBase, node_role, server_role
 from fedrec.flower.server import FlowerServer
@@ -215,8 +216,13 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     after = checkpoint.peek_round(ckpt) if resume else 0  # type: ignore[arg-type]
     nodes = _wait_for_nodes(grid, int(opts.get("nodes", 1)), timeout)
     # a node's first message starts its processes and loads its data: give it time
+    failed: dict[int, str] = {}
     hellos = _exchange(grid, "query", {n: {"resume_round": after} for n in nodes},
-                       max(timeout, 300.0), 0)
+                       max(timeout, 300.0), 0, failed=failed)
+    if not hellos and failed:  # their reason, not only that they did not answer
+        reasons = list(dict.fromkeys(failed[n] for n in sorted(failed)))
+        raise FedrecError(f"no node answered the first message ({len(failed)} of {len(nodes)} failed): "
+                          + "; ".join(reasons[:3]))
     secure = bool(opts.get("secagg", False))
     role = server_role(run, dict(sorted(hellos.items())), secure=secure)
     if resume:
@@ -255,8 +261,10 @@ def _wait_for_nodes(grid: Grid, want: int, timeout: float) -> list[int]:
 
 
 def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeout: float,
-              r: int, poll: float = 0.05) -> dict[int, dict[str, Any]]:
+              r: int, poll: float = 0.05, failed: dict[int, str] | None = None) -> dict[int, dict[str, Any]]:
     """Send each node its message; the replies of those that answered in time without error.
+    A node that answered with an error is logged with the exception it raised, in one line
+    (and put in ``failed``, when given, as node id: that line).
 
     Polls every ``poll`` seconds (`Grid.send_and_receive` sleeps 3 s between pulls in a
     deployment, Flower 1.41) and matches replies to nodes by the message they answer (an error
@@ -278,7 +286,10 @@ def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeou
             if node is None:
                 continue
             if reply.has_error():
-                log.warning("round %d: node %d failed (%s): %s", r, node, kind, reply.error.reason[:500])
+                reason = reply_reason(reply.error.reason)
+                log.warning("round %d: node %d failed (%s): %s", r, node, kind, reason)
+                if failed is not None:
+                    failed[node] = reason
             else:
                 out[node] = from_record(reply.content)
         if waiting:

@@ -28,6 +28,7 @@ from typing import Any
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
+from fedrec.flower.failures import error_box, exception_line, log_tail
 from fedrec.flower.records import RUN_KEY, run_to_json
 from fedrec.flower.secagg import RANGE
 from fedrec.flower.tls import LOOPBACK_HOSTS, Credentials, make_credentials
@@ -153,7 +154,9 @@ class Loopback:
                  node_ports: list[int] | None = None, insecure: bool = False) -> None:
         self.nodes, self.insecure = nodes, insecure
         self.credentials: Credentials | None = None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrec-flower-"))
+        # absolute: the processes run in it, and are handed paths inside it (FLWR_HOME, the app)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrec-flower-")).resolve()
+        self._log_marks: dict[str, int] = {}  # where each log stood when the last run was submitted
         # free ports unless given, so two deployments (or test runs) on one host do not collide
         self.port = port if port is not None else free_port()
         self.node_ports = node_ports if node_ports is not None else [free_port() for _ in range(nodes)]
@@ -274,13 +277,50 @@ class Loopback:
         app = self.workdir / "app"
         app.mkdir(exist_ok=True)
         write_app(app, options(run, self.nodes, **kw))
-        log = open(self.workdir / "logs" / "flwr-run.log", "ab")  # noqa: SIM115
+        logs = self.workdir / "logs"
+        self._log_marks = {p.name: p.stat().st_size for p in logs.glob("*.log")}
+        log = open(logs / "flwr-run.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen([str(self.bin / "flwr"), "run", str(app), "loopback", "--stream"],
                                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
                                 start_new_session=True)
         if wait:
             proc.wait()
         return proc
+
+    def failure(self, proc: subprocess.Popen[bytes]) -> str:
+        """Why the last submitted run (``proc``, its finished `flwr run`) wrote no results, in
+        one line naming the failing process, its reason and its full log.
+
+        Searched in this order, in what each log gained since the run was submitted: the
+        SuperNodes' logs for a ClientApp's exception (a node's failure is usually what ended
+        the ServerApp too), the run's log for the ServerApp's exception, then processes of the
+        deployment that exited, then `flwr run`'s own error."""
+        logs = self.workdir / "logs"
+
+        def since_submit(name: str) -> str:
+            return log_tail(logs / name, self._log_marks.get(name, 0))
+
+        nodes = [(i, line) for i in range(self.nodes)
+                 if (line := exception_line(since_submit(f"supernode{i}.log"))) is not None]
+        if nodes:
+            (i, line), others = nodes[0], [str(j) for j, _ in nodes[1:]]
+            also = f"; node{'s' * (len(others) > 1)} {', '.join(others)} too" if others else ""
+            return f"node {i} failed: {line} (full log: {logs / f'supernode{i}.log'}){also}"
+        run_log = logs / "flwr-run.log"
+        said = since_submit(run_log.name)
+        line = exception_line(said)
+        if line is not None:
+            return f"the ServerApp failed: {line} (full log: {run_log})"
+        for name, child in self.procs.items():
+            if child.poll() is not None:
+                what = "the SuperLink" if name == "superlink" else name
+                where = logs / f"{name}.log"
+                reason = exception_line(since_submit(where.name)) or f"exit code {child.returncode}"
+                return f"{what} exited: {reason} (full log: {where})"
+        reason = error_box(said) or (f"exit code {proc.returncode}" if proc.returncode else None)
+        if reason is not None:
+            return f"`flwr run` failed: {reason} (full log: {run_log})"
+        return f"the run wrote no results and no process reported an error; see the logs in {logs}"
 
 
 def federation_config(name: str, address: str, credentials: Credentials | None) -> str:
