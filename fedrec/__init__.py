@@ -2,14 +2,15 @@
 
 The public API (docs/api.md): `run` trains an algorithm and returns a `Run` (figures, the
 trained model, `Run.recommend`, `Run.save`); `load` reads a saved run back; `list_algorithms` and
-`list_protocols` name what is registered.
+`list_protocols` name what is registered; `compare` tunes and runs several algorithms alike on
+one data set and writes their leaderboard, curves and report.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Run", "RunConfig", "list_algorithms", "list_protocols", "load", "run", "__version__"]
+__all__ = ["Run", "RunConfig", "compare", "list_algorithms", "list_protocols", "load", "run", "__version__"]
 
 
 def list_algorithms() -> list[str]:
@@ -32,6 +33,10 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
         from fedrec import api
 
         return getattr(api, name)
+    if name == "compare":
+        from fedrec.comparison import compare
+
+        return compare
     if name == "RunConfig":
         from fedrec.experiment import RunConfig
 

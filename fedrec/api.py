@@ -29,8 +29,11 @@ from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult
 from fedrec.train.centralised import TrainConfig
 
-#: the layout of a run file's tree (`fedrec.tensorfile`); "fedrec-run/1" was the pickled one
-KIND, FORMAT = "run", 2
+#: the layout of a run file's tree (`fedrec.tensorfile`); "fedrec-run/1" was the pickled one,
+#: 2 re-read the data set on loading, 3 holds what recommending needs (`portable_data`)
+KIND, FORMAT = "run", 3
+#: the layouts `load` reads
+READABLE = (2, 3)
 #: what to do with a run file an older fedrec pickled
 LEGACY = ("Train it again with --save (or Run.save), or, if you trust where it came from, "
           "convert it once: fedrec convert FILE")
@@ -94,11 +97,72 @@ class Run:
         return self.split.data.item_ids[order].tolist()
 
     def save(self, path: str | Path) -> Path:
-        """Write the run (configuration, results, server and client state) to one file
-        (`fedrec.tensorfile`: tensors and JSON, nothing that runs when read)."""
+        """Write the run (configuration, results, server and client state, and the raw ids and
+        training items of its users) to one file (`fedrec.tensorfile`: tensors and JSON,
+        nothing that runs when read). It needs no data file to be loaded again."""
         blob = {"config": asdict(self.config), "result": self.result.to_dict(),
-                "state": self.model.state_dict(), "data": data_signature(self.split)}
+                "state": self.model.state_dict(), "data": data_signature(self.split),
+                "portable": portable_data(self.split)}
         return tensorfile.save(check_writable(path, "run file"), blob, KIND, FORMAT)
+
+
+def _ids(values: np.ndarray) -> np.ndarray | list[str]:
+    """Raw ids as an int64 array, or as text (a JSON list) when the file's ids are not numbers."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    return [str(v) for v in values]
+
+
+def portable_data(split: Split) -> dict[str, Any]:
+    """What a trained run needs of its data besides the model: the raw user and item ids, each
+    user's training items (with their values: the model may be built from them, and
+    recommendations leave them out), and where the data came from. With these a run file is
+    recommended from on another machine, with no data file at hand."""
+    train = split.train.tocsr()
+    return {"user_ids": _ids(split.data.user_ids), "item_ids": _ids(split.data.item_ids),
+            "indptr": train.indptr.astype(np.int64), "indices": train.indices.astype(np.int64),
+            "values": train.data.astype(np.float32), "implicit": bool(split.data.implicit),
+            "name": split.data.name, "source": split.data.source, "negatives": split.negatives,
+            "held_out_by": split.held_out_by, "positive_at": split.protocol.positive_at}
+
+
+def _split_from(config: RunConfig, stored: Any, where: str) -> Split:
+    """The run's split rebuilt from `portable_data`: its training matrix and ids exactly, its
+    evaluation stages empty (a loaded run recommends; `fedrec run` evaluates)."""
+    import dataclasses
+
+    import scipy.sparse as sp
+
+    from fedrec.data.interactions import Interactions
+    from fedrec.protocols.negatives import ComplementSampler
+    from fedrec.protocols.protocol import EvalSet, get_protocol
+
+    try:
+        user_ids, item_ids = (np.asarray(stored[k], dtype=np.int64 if isinstance(stored[k], np.ndarray) else object)
+                              for k in ("user_ids", "item_ids"))
+        indptr, indices, values = (np.asarray(stored[k]) for k in ("indptr", "indices", "values"))
+        shape = (len(user_ids), len(item_ids))
+        train = sp.csr_matrix((values.astype(np.float32), indices, indptr), shape=shape)
+        train.check_format(full_check=True)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FedrecError(f"{where}: not a fedrec run file (its training data: {type(e).__name__}: "
+                          f"{str(e)[:120]})") from None
+    coo = train.tocoo()
+    data = Interactions(coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(np.float32),
+                        np.zeros(coo.nnz, np.int64), user_ids, item_ids, name=str(stored.get("name", config.dataset)),
+                        implicit=bool(stored.get("implicit")), source=dict(stored.get("source") or {}), clock=False)
+    protocol = get_protocol(config.protocol)
+    if stored.get("positive_at") is not None:
+        protocol = dataclasses.replace(protocol, positive_at=float(stored["positive_at"]))
+    empty = sp.csr_matrix(shape, dtype=np.float32)
+    none = np.zeros(0, np.int64)
+    sampled = protocol.ranking == "sampled"
+    stage = EvalSet(none, empty, candidates=np.zeros((0, protocol.eval_negatives + 1), np.int64) if sampled else None,
+                    exclude=None if sampled or protocol.ranking == "rating" else train)
+    binary = sp.csr_matrix(train, dtype=bool)
+    return Split(protocol, data, np.zeros(coo.nnz, np.int8), train, stage, stage,
+                 str(stored.get("negatives", config.negatives)), ComplementSampler(binary),
+                 str(stored.get("held_out_by", "time")))
 
 
 def data_signature(split: Split) -> dict[str, Any]:
@@ -122,11 +186,13 @@ def run_device(config: RunConfig) -> str:
 
 
 def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> Run:
-    """A run saved by `Run.save`, its model on ``device`` (whichever device trained it). Its
-    data set is prepared again from the configuration (from the registry's cache, or
-    ``data_dir``), so the split and id maps are the ones it trained on."""
+    """A run saved by `Run.save`, its model on ``device`` (whichever device trained it), from
+    any folder and with no data file: the file holds the raw ids and each user's training
+    items. (A file of the older layout 2 re-reads its data set from the configuration, from
+    the registry's cache or ``data_dir``.) A loaded run recommends; its evaluation stages are
+    empty (its figures are in ``result``)."""
     check_device(device)
-    blob = tensorfile.load(path, KIND, FORMAT, what="run file", device=device, legacy=LEGACY)
+    blob = tensorfile.load(path, KIND, READABLE, what="run file", device=device, legacy=LEGACY)
     problem = tensorfile.entries_mismatch(_SHAPE, blob)
     if problem is not None:
         raise FedrecError(f"{path}: not a fedrec run file ({problem})")
@@ -143,7 +209,10 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     config.federated.device = config.train.device = device
     if data_dir is not None:
         config.data_dir = data_dir
-    split = prepare_split(config)
+    split = _split_from(config, blob["portable"], str(path)) if "portable" in blob else prepare_split(config)
+    if blob.get("data") != data_signature(split) and "portable" in blob:
+        raise FedrecError(f"{path}: the training data it holds are not the ones the run was trained on "
+                          "(users, items or training interactions differ: an edited file)")
     if blob.get("data") != data_signature(split):
         raise FedrecError(f"{path}: the data set prepared now ({config.dataset}"
                           f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
@@ -194,6 +263,10 @@ def run(
     ``engine``: engine options (federated: `fedrec.federated.engine.FederatedConfig`'s fields,
     e.g. ``clients_per_round``, ``ldp``; centralised: `TrainConfig`'s); ``rounds``: rounds
     (epochs); ``data``: preprocessing options of `RunConfig` (``min_user``, ``max_users``, ...).
+
+    A run whose loss (or scores) stops being finite raises `fedrec.errors.Diverged` (a
+    `FedrecError`): its ``round``, and its ``result``, the `RunResult` of the rounds before
+    (``status`` ``"diverged"``), also written to ``out`` when given.
     """
     from fedrec.algorithms import get_algorithm
     from fedrec.federated.engine import FederatedConfig

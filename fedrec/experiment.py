@@ -18,7 +18,7 @@ from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
-from fedrec.errors import FedrecError
+from fedrec.errors import Diverged, FedrecError
 from fedrec.federated.engine import FederatedConfig, engine_flag, train_federated
 from fedrec.files import check_writable
 from fedrec.options import Options, check
@@ -29,8 +29,9 @@ from fedrec.protocols.protocol import (
     get_protocol,
     make_split,
 )
-from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
+from fedrec.results import COMPLETED, DIVERGED, RoundRecord, RunResult, git_revision, peak_memory_mb
 from fedrec.train.centralised import CentralisedModel, TrainConfig
+from fedrec.train.selection import TrainOutcome
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+))?$")
 
@@ -55,9 +56,27 @@ class RunConfig:
     data_dir: str | None = None
     #: a user's own file as ``--dataset``: its user, item[, rating[, timestamp]] columns
     columns: str | None = None
+    #: a user's data set declared inline (a bench or compare file's ``[datasets.NAME]``), as
+    #: `fedrec.data.user_sets.UserDataset.to_dict` gives it: read instead of looking NAME up
+    user_data: dict[str, Any] | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from fedrec.protocols.protocol import NEGATIVE_ALIASES
+
+        # the leaky policy's short name (as `fedrec reproduce` calls it) is recorded in full
+        self.negatives = NEGATIVE_ALIASES.get(self.negatives, self.negatives)
+        # a data set registered with `fedrec data add` travels with the run: worker processes,
+        # Flower nodes and results files then hold which file (and which sha256) it was
+        if self.user_data is None and self.columns is None and not _SYNTHETIC.match(self.dataset) \
+                and not looks_like_a_file(self.dataset):
+            from fedrec.data import user_sets
+
+            entry = user_sets.get(self.dataset)
+            if entry is not None:
+                self.user_data = entry.to_dict()
 
     @staticmethod
     def from_dict(blob: dict[str, Any]) -> RunConfig:
@@ -75,9 +94,15 @@ class RunConfig:
 
     @staticmethod
     def identity(blob: dict[str, Any]) -> dict[str, Any]:
-        """``blob`` (this config as a dict) less ``repeats`` when it is off: the default changes
-        nothing, so a cache key or checkpoint made before the option existed still matches."""
-        return {k: v for k, v in blob.items() if not (k == "repeats" and not v)}
+        """``blob`` (this config as a dict) less ``repeats`` when it is off and ``user_data``
+        when there is none: a default changes nothing, so a cache key or checkpoint made before
+        the option existed still matches. Inline data count by content, not by path."""
+        from fedrec.data.user_sets import UserDataset
+
+        out = {k: v for k, v in blob.items() if not (k in ("repeats", "user_data") and not v)}
+        if out.get("user_data"):
+            out["user_data"] = UserDataset.from_dict(out["user_data"], "user_data").identity
+        return out
 
     def validate(self) -> None:
         """Reject impossible options before any data is read: the data options, and the
@@ -108,11 +133,16 @@ class RunConfig:
 
 
 def load_interactions(dataset: str, data_dir: str | None, seed: int,
-                      columns: str | None = None) -> Interactions:
-    """A registered data set, ``synthetic[:USERSxITEMS]`` generated with the run's seed, or a
-    user's own CSV/TSV/Parquet file read by the generic reader with ``columns``."""
-    if columns is not None or _looks_like_a_file(dataset):
+                      columns: str | None = None, user_data: dict[str, Any] | None = None) -> Interactions:
+    """The events of ``dataset``: a user's own file (``columns`` given, or a path), a data set
+    declared inline (``user_data``) or registered with `fedrec data add`,
+    ``synthetic[:USERSxITEMS]`` generated with the run's seed, or a built-in data set."""
+    from fedrec.data import user_sets
+
+    if columns is not None or looks_like_a_file(dataset):
         return read_own_file(dataset, columns)
+    if user_data is not None:
+        return user_sets.load(user_sets.UserDataset.from_dict(user_data, f"data set '{dataset}'"))
     m = _SYNTHETIC.match(dataset)
     if m:
         from fedrec.data.synthetic import synthetic
@@ -121,9 +151,30 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
         data = synthetic(users, items, seed=seed)
         return replace(data, source={"generator": "fedrec.data.synthetic.synthetic", "users": users,
                                      "items": items, "seed": seed})
+    registered = user_sets.get(dataset)
+    if registered is not None:
+        return user_sets.load(registered)
+    from fedrec.data.catalogue import REGISTRY
     from fedrec.data.registry import load
 
+    if dataset not in REGISTRY:
+        from fedrec.errors import UnknownNameError
+
+        raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
     return load(dataset, data_dir=data_dir)
+
+
+def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) -> float | None:
+    """The threshold a user's data set was registered with (`fedrec data add
+    --implicit-threshold`), or None."""
+    from fedrec.data import user_sets
+
+    if user_data is not None:
+        return user_data.get("implicit_threshold")
+    if _SYNTHETIC.match(dataset) or looks_like_a_file(dataset):
+        return None
+    entry = user_sets.get(dataset)
+    return entry.implicit_threshold if entry is not None else None
 
 
 def federated_config(algorithm: str, dataset: str | None = None, protocol: str | None = None,
@@ -150,27 +201,24 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     return FederatedConfig(**merged)
 
 
-def _looks_like_a_file(dataset: str) -> bool:
-    return "/" in dataset or Path(dataset).suffix.lower() in (".csv", ".tsv", ".txt", ".dat", ".parquet",
-                                                              ".pq", ".inter", ".tab")
+def looks_like_a_file(dataset: str) -> bool:
+    """Whether ``-d`` names a file of one's own (a path, or a name with a table's suffix)."""
+    from fedrec.data.user_sets import FILE_SUFFIXES
+
+    return "/" in dataset or Path(dataset).suffix.lower() in FILE_SUFFIXES
 
 
 def read_own_file(path: str, columns: str | None) -> Interactions:
-    """``path`` through `fedrec.data.tables.read_table`: ``columns`` names the user, item and
-    optionally rating and timestamp columns (header names, or 0-based positions for a file
-    without a header)."""
+    """``path`` read with ``columns`` (`fedrec.data.user_sets.parse_columns`: the user, item and
+    optionally rating and time columns, by header name or 0-based position)."""
+    from fedrec.data import user_sets
     from fedrec.data.fetch import sha256_of
-    from fedrec.data.tables import read_table
 
     if not columns:
         raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
-                          "USER,ITEM[,RATING[,TIMESTAMP]] (header names, or 0-based positions)")
-    names = [c.strip() for c in columns.split(",")]
-    if not 2 <= len(names) <= 4 or not all(names):
-        raise FedrecError(f"--columns {columns!r}: give USER,ITEM[,RATING[,TIMESTAMP]]")
-    positions = all(n.isdigit() for n in names)
-    cols: list[str | int] = [int(n) for n in names] if positions else names
-    data = read_table(path, *cols, header=not positions)  # type: ignore[arg-type]
+                          "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions), or register "
+                          "it once: fedrec data add NAME FILE --columns ...")
+    data = user_sets.read(path, columns)
     digest = sha256_of(Path(path))
     return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()),
                                                        "origin": "--dataset", "sha256": digest})
@@ -182,16 +230,21 @@ def prepare_split(cfg: RunConfig) -> Split:
 
     protocol = get_protocol(cfg.protocol)
     threshold = cfg.threshold
+    # a user's data set may say which ratings count as positive (`fedrec data add`)
+    registered = implicit_threshold(cfg.dataset, cfg.user_data) if threshold is None else None
     if protocol.positive_at is not None:
         # binarised ratings: the threshold says which rated items are positive; all are kept
-        at = threshold if threshold is not None else POSITIVE_AT.get(cfg.dataset, protocol.positive_at)
+        at = next(t for t in (threshold, registered, POSITIVE_AT.get(cfg.dataset), protocol.positive_at)
+                  if t is not None)
         protocol, threshold = replace(protocol, positive_at=at), None
+    elif protocol.implicit and threshold is None:
+        threshold = registered
     if threshold is not None and not protocol.implicit:
         raise FedrecError(
             f"--threshold turns ratings into implicit feedback, but protocol '{protocol.name}' "
             "evaluates explicit ratings"
         )
-    raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed, cfg.columns)
+    raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed, cfg.columns, cfg.user_data)
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,
@@ -322,7 +375,13 @@ def train(
     ``exclusive``: do not replace an ``out`` that another run wrote while this one trained.
     ``split``: ``cfg``'s split, already prepared (the tuner's, whose test stage is empty).
     ``prepare(trainable, split)`` is called once the trainable is built (an audit attaches its
-    observer)."""
+    observer).
+
+    A run whose loss (or scores) stops being finite is still a result: its `RunResult` (status
+    ``diverged``, ``diverged_at``, the rounds before and what validation selected among them)
+    is written to ``out``, then `Diverged` is raised with it as ``result``, so that each caller
+    decides whether a diverged run ends its work (`fedrec run`) or is recorded and passed
+    over (`fedrec bench`, `fedrec reproduce`, a tuning trial scored as the worst)."""
     start = time.perf_counter()
     revision = git_revision()  # the code this run loaded, not what HEAD holds hours later
     spec = get_algorithm(cfg.algorithm)
@@ -350,12 +409,14 @@ def train(
         driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
                                   "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
         if spec.kind == "federated":
-            outcome = train_federated(trainable, model, split, cfg.federated, **driver)
+            outcome, diverged = _until_divergence(
+                lambda: train_federated(trainable, model, split, cfg.federated, **driver))
         else:
             driver["keep_best"] = True  # the centralised baselines always end at their best epoch
-            outcome = run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
-                                 patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
-                                 **driver)
+            outcome, diverged = _until_divergence(
+                lambda: run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
+                                   patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
+                                   **driver))
     result = RunResult(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,
@@ -372,13 +433,28 @@ def train(
             "users": split.n_users, "items": split.n_items, "interactions": len(split.data),
             "train": int(split.train.nnz), "valid_users": len(split.valid.users),
             "test_users": len(split.test.users), "negatives": split.negatives,
-            "source": split.data.source,
+            "split": {"held_out_by": split.held_out_by}, "source": split.data.source,
         },
         wall_seconds=time.perf_counter() - start + outcome.earlier_seconds,
         resumed_at=outcome.resumed_at,
         peak_memory_mb=peak_memory_mb(),
         git_revision=revision,
+        status=COMPLETED if diverged is None else DIVERGED,
+        diverged_at=None if diverged is None else diverged.round,
     )
     if out is not None:
         result.write(out, exclusive=exclusive)
+    if diverged is not None:
+        wrote = f"; wrote {out} (status: {DIVERGED})" if out is not None else ""
+        raise Diverged(f"{diverged}{wrote}", diverged.round, result) from None
     return Trained(result, trainable, split)
+
+
+def _until_divergence(drive: Callable[[], TrainOutcome]) -> tuple[TrainOutcome, Diverged | None]:
+    """``drive()``'s outcome, or, where training diverged, the outcome of the rounds before
+    (empty where the driver did not say) and the `Diverged` error: `train` records a diverged
+    run as a result before it raises the error again."""
+    try:
+        return drive(), None
+    except Diverged as e:
+        return (e.outcome if e.outcome is not None else TrainOutcome()), e

@@ -274,7 +274,7 @@ def save(path: str | Path, tree: Any, kind: str, version: int) -> Path:
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
-def loads(raw: bytes, kind: str, version: int, *, source: str = "message", what: str | None = None,
+def loads(raw: bytes, kind: str, version: int | tuple[int, ...], *, source: str = "message", what: str | None = None,
           device: str | torch.device | None = None, legacy: str = "") -> Any:
     """The tree `dumps` wrote into ``raw``; `TensorFileError` (one line naming ``source``) for
     anything else. ``what`` names the kind in messages; ``legacy``: what to do with a file an
@@ -294,9 +294,11 @@ def loads(raw: bytes, kind: str, version: int, *, source: str = "message", what:
     return _check(meta, tensors, kind, version, source, what, device)
 
 
-def load(path: str | Path, kind: str, version: int, *, what: str | None = None,
+def load(path: str | Path, kind: str, version: int | tuple[int, ...], *, what: str | None = None,
          device: str | torch.device | None = None, legacy: str = "") -> Any:
-    """The tree `save` wrote to ``path``, its tensors on ``device`` (default: the CPU)."""
+    """The tree `save` wrote to ``path``, its tensors on ``device`` (default: the CPU).
+    ``version``: the kind's layout, or the layouts the caller reads (it tells them apart by
+    what the tree holds)."""
     from safetensors import safe_open
 
     what = what or kind
@@ -314,16 +316,18 @@ def load(path: str | Path, kind: str, version: int, *, what: str | None = None,
     return _check(meta, tensors, kind, version, str(path), what, device)
 
 
-def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, version: int,
+def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], kind: str, version: int | tuple[int, ...],
            source: str, what: str, device: str | torch.device | None) -> Any:
     if meta.get("fedrec") != CONTAINER or "tree" not in meta:
         raise TensorFileError(f"{source}: not a fedrec {what} (a safetensors file of another program)")
     if meta.get("kind") != kind:
         raise TensorFileError(f"{source}: a fedrec {meta.get('kind')!r} file, not a {what}")
-    if meta.get("version") != str(version):
+    versions = version if isinstance(version, tuple) else (version,)
+    if meta.get("version") not in [str(v) for v in versions]:
+        readable = " or ".join(map(str, versions))
         raise TensorFileError(f"{source}: a {what} of layout version {meta.get('version')}; this "
-                              f"fedrec reads version {version} (write it again with this fedrec)")
-    if meta.get("sha256") != checksum(kind, version, meta["tree"], tensors):
+                              f"fedrec reads version {readable} (write it again with this fedrec)")
+    if meta.get("sha256") != checksum(kind, int(meta["version"]), meta["tree"], tensors):
         raise TensorFileError(f"{source}: damaged {what} (its contents do not match their checksum)")
     try:
         return decode(meta["tree"], tensors, device)

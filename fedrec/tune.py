@@ -170,7 +170,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
          from_defaults: bool = False, journal: str | Path | None = None,
          on_round: Callable[[RoundNote], None] | None = None,
          fixed: dict[str, Any] | None = None, device: str = "cpu", workers: int = 1,
-         checkpoint_every: int = 0) -> TuneResult:
+         checkpoint_every: int = 0, columns: str | None = None) -> TuneResult:
     """Search ``algorithm``'s options on ``dataset``'s validation split with ``trials`` trials.
     ``on_trial`` is told of each trial as it ends (its history entry), ``on_round`` of each
     round a trial ends (a `fedrec.progress.RoundNote` whose ``job`` is the trial's number).
@@ -183,7 +183,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     GPU runs anywhere). ``workers``: trials trained at once, each in its own process
     (`_parallel`); they need a ``journal``, through which their pruner sees the others.
     ``checkpoint_every``: each trial saves itself every that many rounds (`trial_checkpoints`),
-    so a cut-off trial goes on from its last save; it needs a ``journal``."""
+    so a cut-off trial goes on from its last save; it needs a ``journal``. ``columns``: ``dataset``
+    is a file of one's own, read as `fedrec run --columns` reads it."""
     import optuna
 
     revision, started_in = git_revision(), environment()
@@ -202,7 +203,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
                             else "loo-sampled")
     base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
-                     negatives=negatives, data_dir=data_dir)
+                     negatives=negatives, data_dir=data_dir, columns=columns)
     if spec.kind == "federated":
         base.federated = dataclasses.replace(federated_config(algorithm, dataset, protocol, rounds=rounds),
                                              device=device)

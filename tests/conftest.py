@@ -28,3 +28,10 @@ def tied_data() -> Interactions:
     items = np.array([0, 1, 2, 3, 3, 2, 1, 0])
     ts = np.array([1, 2, 5, 5, 9, 9, 9, 1])
     return Interactions.from_raw(users, items, None, ts, implicit=True)
+
+
+@pytest.fixture(autouse=True)
+def own_catalogue(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets an empty catalogue of user data sets (`fedrec data add`), never the
+    machine's own."""
+    monkeypatch.setenv("FEDREC_HOME", str(tmp_path_factory.mktemp("fedrec-home")))

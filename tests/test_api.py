@@ -37,8 +37,9 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_public_names_are_curated():
-    assert set(fedrec.__all__) == {"Run", "RunConfig", "list_algorithms", "list_protocols", "load",
+    assert set(fedrec.__all__) == {"Run", "RunConfig", "compare", "list_algorithms", "list_protocols", "load",
                                    "run", "__version__"}
+    assert callable(fedrec.compare)
     assert "pfedrec" in fedrec.list_algorithms() and "loo-sampled" in fedrec.list_protocols()
 
 
@@ -114,10 +115,17 @@ def test_load_refuses_other_data_and_broken_files(tmp_path):
 
     path = fedrec.run("fedmf", dataset="synthetic:150x300", rounds=1).save(tmp_path / "r.fedrec")
     blob = tensorfile.load(path, KIND, FORMAT)
-    blob["config"]["dataset"] = "synthetic:160x300"  # another data set under the same model
-    tensorfile.save(tmp_path / "other.fedrec", blob, KIND, FORMAT)
+    edited = dict(blob, portable={**blob["portable"], "item_ids": blob["portable"]["item_ids"][::-1].copy()})
+    tensorfile.save(tmp_path / "edited.fedrec", edited, KIND, FORMAT)  # ids under a model not their own
+    with pytest.raises(FedrecError, match="not the ones the run was trained on"):
+        fedrec.load(tmp_path / "edited.fedrec")
+    older = {k: v for k, v in blob.items() if k != "portable"}  # the layout that re-read its data
+    older["config"] = dict(blob["config"], dataset="synthetic:160x300")  # another data set, same model
+    tensorfile.save(tmp_path / "other.fedrec", older, KIND, FORMAT - 1)
     with pytest.raises(FedrecError, match="not the one the run was trained on"):
         fedrec.load(tmp_path / "other.fedrec")
+    tensorfile.save(tmp_path / "same.fedrec", dict(older, config=blob["config"]), KIND, FORMAT - 1)
+    assert fedrec.load(tmp_path / "same.fedrec").recommend(3, 5) == fedrec.load(path).recommend(3, 5)
     del blob["state"]
     tensorfile.save(tmp_path / "broken.fedrec", blob, KIND, FORMAT)
     with pytest.raises(FedrecError, match="not a fedrec run file"):

@@ -31,6 +31,16 @@ The file::
     [join]                  # optional: other grids' finished cells on this grid's boards
     "other-grid.toml" = "results/other-grid"   # bench file = the folder its cells are in
 
+    [datasets.mine]         # optional: a data set of your own, used as "mine" in grid.datasets
+    path = "data/my.csv"
+    columns = "user,item,rating,time"   # as `fedrec data add --columns`
+    sep = ","               # optional (default from the suffix)
+    implicit_threshold = 4  # optional
+
+A name in ``datasets`` may also be one registered with `fedrec data add`. Either way each cell
+carries the file's description (`fedrec.data.user_sets`), and its key holds the file's sha256
+rather than its path: an edited file makes new cells, a moved one keeps them.
+
 Paths are relative to the bench file. A joined grid's cells are never run from here (it may have
 run on a GPU machine, or under another budget): its finished cells become rows of the boards,
 paired seed by seed with the rest, and its missing ones are listed under them. That is how a board
@@ -58,7 +68,8 @@ if TYPE_CHECKING:
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
              "checkpoint_every", "label"}
-TABLES = ("grid", "tuned", "join")
+TABLES = ("grid", "tuned", "join", "datasets")
+DATASET_KEYS = {"path", "columns", "sep", "implicit_threshold"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,8 @@ class Cell:
     engine: tuple[tuple[str, Any], ...] = ()  # from a tuned config
     model: tuple[tuple[str, Any], ...] = ()
     device: str = "cpu"
+    #: a user's data set as JSON (`fedrec.data.user_sets.UserDataset`), "" for the others
+    user_data: str = ""
 
     def run_config(self, data_dir: str | None) -> Any:
         from fedrec.algorithms import get_algorithm
@@ -82,7 +95,8 @@ class Cell:
 
         spec = get_algorithm(self.algorithm)
         cfg = RunConfig(algorithm=self.algorithm, dataset=self.dataset, protocol=self.protocol, seed=self.seed,
-                        negatives=self.negatives, data_dir=data_dir, model=dict(self.model))
+                        negatives=self.negatives, data_dir=data_dir, model=dict(self.model),
+                        user_data=json.loads(self.user_data) if self.user_data else None)
         engine = dict(self.engine)
         if spec.kind == "federated":
             cfg.federated = federated_config(self.algorithm, self.dataset, self.protocol, rounds=self.rounds,
@@ -124,7 +138,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     machine lacks, to report cells a GPU machine ran (``auto`` is always this machine's).
     ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
-    from fedrec.protocols.protocol import NEGATIVE_POLICIES, get_protocol
+    from fedrec.protocols.protocol import get_protocol, negative_policy
     from fedrec.tune import read_config
 
     p = Path(path)
@@ -138,7 +152,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     unknown = sorted(set(grid) - GRID_KEYS) + sorted(set(blob) - set(TABLES))
     if unknown:
         raise FedrecError(f"{p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(GRID_KEYS))}, "
-                          "[tuned], [join]")
+                          "[tuned], [join], [datasets.NAME]")
     label = grid.get("label", "")
     if not isinstance(label, str):
         raise FedrecError(f"{p}: grid.label must be text, not {label!r}")
@@ -152,9 +166,17 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         get_algorithm(name)
     for name in lists["protocols"]:
         get_protocol(name)
-    for name in lists["negatives"]:
-        if name not in NEGATIVE_POLICIES:
-            raise FedrecError(f"{p}: unknown negative policy '{name}'; known: {', '.join(NEGATIVE_POLICIES)}")
+    try:
+        lists["negatives"] = [negative_policy(name) for name in lists["negatives"]]
+    except FedrecError as e:
+        raise FedrecError(f"{p}: {e}") from None
+    if grid.get("data_dir") is not None and check_device:  # about to run: one line now, not one a cell
+        from fedrec.data.registry import data_directory
+
+        try:
+            data_directory(str(grid["data_dir"]))  # as the cells read it: from where bench runs
+        except FedrecError as e:
+            raise FedrecError(f"{p}: grid.data_dir: {e}") from None
     whole = [("seeds", s) for s in lists["seeds"]]
     whole += [(k, grid[k]) for k in ("rounds", "workers", "checkpoint_every") if k in grid]
     for key, value in whole:
@@ -171,6 +193,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         device = resolve(device) if check_device or device == "auto" else parse(device)
     except FedrecError as e:
         raise FedrecError(f"{p}: grid.device: {e}") from None
+    own = user_data_sets(p, blob.get("datasets", {}), lists["datasets"])
     cells = []
     for algorithm in lists["algorithms"]:
         for dataset in lists["datasets"]:
@@ -185,7 +208,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                 for negatives in lists["negatives"]:
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
-                                          tuple(sorted(engine.items())), model, device))
+                                          tuple(sorted(engine.items())), model, device, own.get(dataset, "")))
     joined = []
     for name, folder in (blob.get("join", {}) if join else {}).items():
         if not isinstance(folder, str):
@@ -201,6 +224,41 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                 grid.get("checkpoint_every", 0), label, joined)
 
 
+def user_data_sets(bench: Path, declared: Any, names: list[Any]) -> dict[str, str]:
+    """The user data sets among ``names``, each as the JSON a `Cell` carries: those declared in
+    the bench file's ``[datasets.NAME]`` tables (a relative path is relative to the bench file;
+    each file is read once here, so a bad one is an error before any cell runs) and those
+    registered with `fedrec data add` (their file checked against its recorded sha256)."""
+    from fedrec.data import user_sets
+
+    if not isinstance(declared, dict):
+        raise FedrecError(f"{bench}: [datasets] must hold tables [datasets.NAME]")
+    found: dict[str, str] = {}
+    for name, table in declared.items():
+        where = f"{bench}: datasets.{name}"
+        if not isinstance(table, dict):
+            raise FedrecError(f"{where} must be a table with path and columns")
+        unknown = sorted(set(table) - DATASET_KEYS)
+        if unknown or not {"path", "columns"} <= set(table):
+            raise FedrecError(f"{where}: needs path and columns, may have sep and implicit_threshold"
+                              + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        if name not in names:
+            raise FedrecError(f"{where} is declared but not in grid.datasets")
+        try:
+            user_sets.check_name(name)
+            entry = user_sets.describe(bench.parent / str(table["path"]), str(table["columns"]),
+                                       table.get("sep"), table.get("implicit_threshold"), name)
+        except FedrecError as e:
+            raise FedrecError(f"{where}: {e}") from None
+        found[name] = json.dumps(entry.to_dict(), sort_keys=True)
+    for name in names:
+        entry = user_sets.get(str(name)) if name not in found else None
+        if entry is not None:
+            user_sets.check_unchanged(entry)
+            found[str(name)] = json.dumps(entry.to_dict(), sort_keys=True)
+    return found
+
+
 def cell_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / f"{cell.key()}.json"
 
@@ -214,13 +272,15 @@ def failure_path(out: Path, cell: Cell) -> Path:
 def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None] | None = None,
              on_progress: Callable[[Cell, RoundNote], None] | None = None) -> dict[str, int]:
     """Run the cells of ``grid`` that ``out`` lacks; ``on_cell(cell, state)`` reports each one
-    (``cached``, ``done`` or ``failed: reason``), ``on_progress(cell, note)`` each round (epoch)
-    a running cell ends. Returns the counts of each state."""
+    (``cached``, ``done``, ``diverged in round R`` or ``failed: reason``), ``on_progress(cell,
+    note)`` each round (epoch) a running cell ends. Returns the counts of each state. A cell
+    that diverged keeps its results file (status ``diverged``) and the grid goes on; the boards
+    show it as diverged and leave it out of their figures."""
     from fedrec.pool import run_files
 
     out = Path(out)
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    counts = {"cached": 0, "done": 0, "failed": 0}
+    counts = {"cached": 0, "done": 0, "diverged": 0, "failed": 0}
     todo = []
     for cell in grid.cells:
         if cell_path(out, cell).exists():
@@ -240,16 +300,32 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
     notes = on_note if on_progress is not None else None
     for i, reason in run_files(jobs, grid.workers, grid.checkpoint_every, on_round=notes):
         cell = todo[i]
-        if reason is None:
-            state = "done"
+        at = diverged_at(out, cell) if reason is not None else None
+        if reason is None or at is not None:
+            # a diverged cell is a result (its JSON says so): cached like a finished one, and
+            # its checkpoint, which would only diverge again, is not kept
+            state = "done" if at is None else f"diverged in round {at}"
             failure_path(out, cell).unlink(missing_ok=True)
+            cell_path(out, cell).with_suffix(".ckpt").unlink(missing_ok=True)
         else:
             state = f"failed: {reason}"
             failure_path(out, cell).write_text(state + "\n")
-        counts["done" if state == "done" else "failed"] += 1
+        counts["done" if state == "done" else "diverged" if at is not None else "failed"] += 1
         if on_cell is not None:
             on_cell(cell, state)
     return counts
+
+
+def diverged_at(out: Path, cell: Cell) -> int | None:
+    """The round ``cell``'s run diverged in, where its results file says it did (`fedrec.experiment.train`
+    writes a diverged run's results before it raises)."""
+    from fedrec.results import diverged, load_result
+
+    path = cell_path(out, cell)
+    if not path.exists():
+        return None
+    result = load_result(path)
+    return int(result.get("diverged_at") or 0) if diverged(result) else None
 
 
 def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:

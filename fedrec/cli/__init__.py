@@ -30,8 +30,10 @@ def _mount() -> None:
 
     app.add_typer(data.app, name="data", help="List, fetch and describe data sets.")
     experiments.register(app)
+    from fedrec.cli.compare import compare_command
     from fedrec.cli.flower import flower_command
 
+    app.command("compare")(compare_command)
     app.command("flower")(flower_command)
 
 

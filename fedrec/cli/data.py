@@ -1,4 +1,5 @@
-"""``fedrec data``: list, describe, fetch and summarise the known data sets.
+"""``fedrec data``: list, describe, fetch and summarise the known data sets, and register a
+user's own files by name (`fedrec.data.user_sets`).
 
 Errors are raised as `FedrecError`; the root CLI prints them as ``error: <message>``. This
 module imports no torch, so ``fedrec data`` stays quick.
@@ -15,8 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fedrec.data import registry
+from fedrec.data import registry, user_sets
 from fedrec.data.interactions import Interactions
+from fedrec.errors import FedrecError
 
 app = typer.Typer(help="List, describe, fetch and summarise data sets.", no_args_is_help=True)
 
@@ -52,12 +54,65 @@ def list_command() -> None:
         get = "manual" if spec.manual_download else "download"
         label = f"{name} (default)" if name == registry.DEFAULT_DATASET else name
         table.add_row(label, spec.description, get, "yes" if about.cached else "no")
+    own = user_sets.entries()
+    if own:
+        table.add_section()
+        for name, entry in own.items():
+            present = "yes" if Path(entry.path).is_file() else "missing"
+            described = (f"yours: {entry.path} ({entry.rows:,} rows, {entry.users:,} users, "
+                         f"{entry.items:,} items; columns {entry.columns})")
+            table.add_row(name, described, "added", present)
     _console().print(table)
+
+
+@app.command("add")
+def add_command(
+    name: Annotated[str, typer.Argument(help="The name to use with -d.")],
+    file: Annotated[Path, typer.Argument(help="A CSV/TSV/Parquet file of user-item events.")],
+    columns: Annotated[str, typer.Option(
+        "--columns", help="USER,ITEM[,RATING][,TIME]: header names, or 0-based positions for a file "
+        "without a header; an empty field skips one (user,item,,time), or ROLE=COLUMN pairs.")],
+    sep: Annotated[str | None, typer.Option(
+        "--sep", help="Field separator (default from the suffix: ',' for .csv, tab for .tsv/.txt/.dat).")] = None,
+    implicit_threshold: Annotated[float | None, typer.Option(
+        "--implicit-threshold", help="Ratings at or above this are positive interactions under "
+        "implicit protocols (default: every row is one).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a data set of this name.")] = False,
+) -> None:
+    """Register your own file once as NAME: then -d NAME works in every command."""
+    entry = user_sets.add(name, file, columns, sep, implicit_threshold, overwrite)
+    out = _console()
+    out.print(f"registered {escape(name)}: {entry.rows:,} rows, {entry.users:,} users, {entry.items:,} items "
+              f"from {escape(entry.path)}")
+    if "time" not in user_sets.parse_columns(columns):
+        out.print("note: no time column: leave-one-out protocols will hold out a random item per user "
+                  "(drawn with the run's seed)")
+    out.print(f"use it as: fedrec run pfedrec -d {escape(name)}   (catalogue: {escape(str(user_sets.catalogue_file()))})")
+
+
+@app.command("remove")
+def remove_command(name: Annotated[str, typer.Argument(help="A data set added with `fedrec data add`.")]) -> None:
+    """Forget a registered data set (its file is left as it is)."""
+    entry = user_sets.remove(name)
+    _console().print(f"removed {escape(name)} ({escape(entry.path)} is left as it is)")
 
 
 @app.command("info")
 def info_command(name: Annotated[str, typer.Argument(help="Data set name.")]) -> None:
     """Describe a data set: citation, raw files, parsers, sources and checksums."""
+    own = user_sets.get(name)
+    if own is not None:
+        out = _console()
+        out.print(f"[bold]{escape(name)}[/bold]: your data set, registered {escape(own.added)}")
+        for key in ("path", "columns", "sep", "implicit_threshold", "rows", "users", "items", "sha256"):
+            value = getattr(own, key)
+            if value is not None:
+                out.print(f"{key:<19}{escape(str(value))}")
+        return
+    if name not in registry.list_datasets():
+        from fedrec.errors import UnknownNameError
+
+        raise UnknownNameError("data set", name, [*registry.list_datasets(), *user_sets.entries()])
     about = registry.info(name)
     spec = about.spec
     out = _console()
@@ -98,7 +153,7 @@ def fetch_command(
 
 @app.command("stats")
 def stats_command(
-    name: Annotated[str, typer.Argument(help="Data set name.")],
+    name: Annotated[str, typer.Argument(help="Data set name, or your own file with --columns.")],
     data_dir: DataDir = None,
     file: RawFileName = None,
     implicit: Annotated[
@@ -113,13 +168,35 @@ def stats_command(
         float | None,
         typer.Option("--min-rating", help="Keep only events rated at least this."),
     ] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option("--columns", help="NAME is your own file: its USER,ITEM[,RATING][,TIME] columns."),
+    ] = None,
 ) -> None:
-    """Print users, items, interactions and sparsity of a data set."""
-    found = registry.resolve(name, data_dir, file=file)
-    spec = registry.get_spec(name)
-    data = spec.defining_filter(found.raw.parser(found.path))
+    """Print users, items, interactions and sparsity of a data set (a built-in one, one added with
+    `fedrec data add`, or a file with --columns)."""
+    min_user_rows, count_rows, implicit_by_nature = 0, False, False
+    if columns is not None or user_sets.get(name) is not None:
+        if file is not None or data_dir is not None:
+            raise FedrecError("--file and --data-dir pick a built-in data set's raw file; "
+                              f"{name} is {'a file' if columns else 'your data set'}")
+        from fedrec.experiment import load_interactions
+
+        data = load_interactions(name, None, 0, columns)
+        origin = f"{data.source['file']} ({data.source['origin']})"
+        header = escape(name) if columns is None else escape(Path(name).name)
+    else:
+        if user_sets.get(name) is None and name not in registry.list_datasets():
+            from fedrec.errors import UnknownNameError
+
+            raise UnknownNameError("data set", name, [*registry.list_datasets(), *user_sets.entries()])
+        found = registry.resolve(name, data_dir, file=file)
+        spec = registry.get_spec(name)
+        data = spec.defining_filter(found.raw.parser(found.path))
+        origin, header = f"{found.raw.name} from {found.origin}", escape(name)
+        min_user_rows, count_rows, implicit_by_nature = spec.min_user_rows, spec.count_rows, spec.implicit
     if implicit is None:  # the data set's own count: distinct pairs, or rows as its papers count
-        as_implicit = (data.implicit or spec.implicit) and not spec.count_rows
+        as_implicit = (data.implicit or implicit_by_nature) and not count_rows
     else:
         as_implicit = implicit
     users, items, events, sparsity = _summary(data, as_implicit, min_rating)
@@ -127,11 +204,11 @@ def stats_command(
     out = _console()
     kept = f", rating >= {min_rating:g}" if min_rating is not None else ""
     mode = "implicit" if as_implicit else ("implicit, every row counted" if data.implicit else "explicit")
-    out.print(
-        f"{escape(name)}: {escape(found.raw.name)} from {escape(found.origin)} ({mode}{kept})"
-    )
-    if spec.min_user_rows:
-        out.print(f"users with fewer than {spec.min_user_rows} rows left out (the data set's definition)")
+    out.print(f"{header}: {escape(origin)} ({mode}{kept})")
+    if min_user_rows:
+        out.print(f"users with fewer than {min_user_rows} rows left out (the data set's definition)")
+    if not data.clock:
+        out.print("no time column: leave-one-out protocols hold out a random item per user (seeded)")
     table = Table.grid(padding=(0, 2))
     table.add_column()
     table.add_column(justify="right")

@@ -19,7 +19,8 @@ console = Console()
 
 def tune_command(
     algorithm: str = typer.Argument(..., help="The algorithm to tune (`fedrec algorithms`)."),
-    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name (built in or added with `fedrec data add`), synthetic[:USERSxITEMS], or your own file with --columns."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING][,TIME] columns (as `fedrec run --columns`)."),
     trials: int = typer.Option(20, help="Trials (the same budget for every method you compare)."),
     rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Rounds (epochs) a trial trains (default: the algorithm's, else 100)."),
     protocol: str | None = typer.Option(None, "--protocol", "-p", help="Protocol whose validation split is searched (default loo-sampled, ratio-rating for the rating autoencoders)."),
@@ -52,7 +53,7 @@ def tune_command(
     from fedrec.cli.experiments import parse_settings
     from fedrec.tune import trial_checkpoints, tune, write_config
 
-    out = out or Path("configs") / f"{algorithm}-{dataset.replace(':', '_')}.json"
+    out = out or Path("configs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     journal = journal or out.with_suffix(".journal")
     if journal.exists():
@@ -78,7 +79,7 @@ def tune_command(
         result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=seed,
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
                       journal=journal, on_round=on_round, fixed=parse_settings(set_options),
-                      device=device, workers=workers, checkpoint_every=checkpoint_every)
+                      device=device, workers=workers, checkpoint_every=checkpoint_every, columns=columns)
     write_config(result, out)
     journal.unlink(missing_ok=True)
     saves = trial_checkpoints(journal)
@@ -90,6 +91,7 @@ def tune_command(
     console.print(f"best validation {result.metric} {result.best_valid:.4f} ({result.completed} complete, "
                   f"{result.pruned} pruned, {result.trials - result.completed - result.pruned} diverged of "
                   f"{result.trials}{redrawn}): {shown}", highlight=False)
-    console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset} -p {result.protocol} "
+    given = f" --columns {columns}" if columns else ""
+    console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset}{given} -p {result.protocol} "
                   f"--config {out}", highlight=False)
 

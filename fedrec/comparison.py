@@ -1,0 +1,286 @@
+"""`fedrec compare`: a fair comparison of methods on one data set, in one command.
+
+Each algorithm is tuned with the same trial budget on the validation split (`fedrec.tune`'s
+search, from the algorithm's own settings as its first trial; the test split is never scored),
+then its best setting is trained on every seed under every protocol asked for, as one
+`fedrec.bench` grid. The folder it writes holds:
+
+* ``configs/ALGO.json``: each algorithm's tuned setting (``fedrec run --config``);
+* ``bench.toml`` and ``cells/``: the grid and its cached runs, so the same command run again
+  after a kill does only what is missing (a search goes on from its journal);
+* ``leaderboard.md`` (and a board per protocol in Markdown, CSV, LaTeX and PNG): mean ± std over
+  seeds, rank, paired t-test and Wilcoxon against the best, diverged runs named and left out;
+* ``curves.png``: validation curves per algorithm, the mean and a band over seeds;
+* ``report.md``: the exact command, the data, each tuned setting and the boards.
+
+``trials=0`` compares the algorithms at their defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedrec.errors import FedrecError
+
+#: the arguments a comparison folder is made for (`compare.json`); another set is refused there
+SETTINGS = "compare.json"
+
+
+@dataclass
+class Comparison:
+    """What `compare` wrote: the folder, its boards and each algorithm's tuned setting."""
+
+    folder: Path
+    boards: list[Any]
+    tuned: dict[str, dict[str, Any]]
+    report: Path
+    leaderboard: Path | None
+    curves: Path | None
+    failed: list[str] = field(default_factory=list)
+
+
+def _dataset_name(dataset: str, columns: str | None) -> tuple[str, dict[str, Any] | None]:
+    """The name the boards show, and the inline declaration of a file given with ``columns``."""
+    from fedrec.data import user_sets
+    from fedrec.experiment import looks_like_a_file
+
+    if columns is None and not looks_like_a_file(dataset):
+        return dataset, None
+    if columns is None:
+        raise FedrecError(f"-d {dataset} is a file: say which columns hold what with --columns "
+                          "USER,ITEM[,RATING][,TIME], or register it once with fedrec data add NAME FILE --columns ...")
+    path = Path(dataset).expanduser()
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem).strip("-._") or "data"
+    if not name[0].isalnum():
+        name = "data-" + name
+    try:
+        user_sets.check_name(name)
+    except FedrecError:
+        name = f"{name}-file"
+    user_sets.parse_columns(columns)
+    return name, {"path": str(path.resolve()), "columns": columns}
+
+
+def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int) -> None:
+    from fedrec.algorithms import get_algorithm
+    from fedrec.protocols.protocol import get_protocol
+
+    if not algorithms:
+        raise FedrecError("name at least one algorithm to compare")
+    twice = sorted({a for a in algorithms if list(algorithms).count(a) > 1})
+    if twice:
+        raise FedrecError(f"{', '.join(twice)} named twice")
+    if not protocols:
+        raise FedrecError("--protocols: name at least one protocol")
+    if seeds < 1:
+        raise FedrecError(f"--seeds must be >= 1 (got {seeds}); paired tests need 2 or more")
+    if trials < 0:
+        raise FedrecError(f"--trials must be >= 0 (got {trials}; 0 compares at the defaults)")
+    for name in protocols:
+        ranking = get_protocol(name).ranking
+        refused = [a for a in algorithms if ranking not in get_algorithm(a).rankings]
+        if refused:
+            raise FedrecError(f"{', '.join(refused)} cannot be evaluated under {name} ({ranking}); compare "
+                              "methods that share a protocol (`fedrec algorithms NAME` lists each one's)")
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML value for a string, a number or a list of them (JSON's escapes are TOML's)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def compare(
+    algorithms: Sequence[str],
+    dataset: str,
+    *,
+    protocols: Sequence[str] = ("loo-sampled", "loo-full"),
+    seeds: int = 3,
+    trials: int = 8,
+    rounds: int | None = None,
+    out: str | Path | None = None,
+    columns: str | None = None,
+    data_dir: str | None = None,
+    workers: int = 1,
+    device: str = "cpu",
+    command: str | None = None,
+    on_trial: Callable[[str, dict[str, Any]], None] | None = None,
+    on_cell: Callable[[Any, str], None] | None = None,
+) -> Comparison:
+    """Tune each of ``algorithms`` with ``trials`` trials on ``dataset``'s validation split
+    (under the first of ``protocols``), train each best setting on seeds ``0..seeds-1`` under
+    every protocol, and write the boards, curves and report into ``out`` (default
+    ``compare-DATASET``). ``columns``: ``dataset`` is a file of one's own. ``on_trial(algorithm,
+    entry)`` and ``on_cell(cell, state)`` report progress. Run again with the same arguments, it
+    goes on where it stopped."""
+    from fedrec.files import atomic_write, check_folder
+
+    algorithms, protocols = list(algorithms), list(protocols)
+    _check(algorithms, protocols, seeds, trials)
+    name, inline = _dataset_name(dataset, columns)
+    folder = check_folder(Path(out) if out is not None else Path(f"compare-{name}"), "--out")
+    settings = {"algorithms": algorithms, "dataset": dataset, "columns": columns, "protocols": protocols,
+                "seeds": seeds, "trials": trials, "rounds": rounds}
+    recorded = folder / SETTINGS
+    if recorded.exists():
+        try:
+            earlier = json.loads(recorded.read_text())
+        except (OSError, json.JSONDecodeError):
+            earlier = None
+        if earlier != settings:
+            raise FedrecError(f"{folder} holds a comparison of other settings ({recorded}); give another --out "
+                              "or remove it")
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(recorded, lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=2) + "\n"))
+
+    tuned: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    if trials:
+        tuned, failed = _tune_all(algorithms, dataset, columns, protocols[0], trials, rounds, folder,
+                                  data_dir, device, on_trial)
+    grid_file = _write_grid(folder, algorithms, name, inline, dataset if inline is None else None, protocols,
+                            seeds, rounds, tuned, data_dir, device, workers)
+    from fedrec.bench import board_cells, boards, load_grid, run_grid, to_markdown, write
+
+    grid = load_grid(grid_file)
+    run_grid(grid, folder, on_cell=on_cell)
+    results, missing = board_cells(grid, folder)
+    made = sorted(boards(results, missing), key=lambda b: protocols.index(b.protocol))
+    for board in made:
+        write(board, folder)
+    leaderboard = None
+    if made:
+        leaderboard = folder / "leaderboard.md"
+        leaderboard.write_text("\n".join(to_markdown(b) for b in made))
+    curves = _curves(grid, folder)
+    report = _report(folder, command or _command(settings), settings, name, results, tuned, failed, made,
+                     missing, curves)
+    return Comparison(folder, made, tuned, report, leaderboard, curves, failed)
+
+
+def _tune_all(algorithms: list[str], dataset: str, columns: str | None, protocol: str, trials: int,
+              rounds: int | None, folder: Path, data_dir: str | None, device: str,
+              on_trial: Callable[[str, dict[str, Any]], None] | None
+              ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each algorithm's tuned setting (kept in ``configs/``, reused when there), and the
+    algorithms whose every trial failed (they run at their defaults, and the report says so)."""
+    from fedrec.tune import read_config, tune, write_config
+
+    configs = folder / "configs"
+    configs.mkdir(exist_ok=True)
+    tuned: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    for algorithm in algorithms:
+        path = configs / f"{algorithm}.json"
+        if not path.exists():
+            report = None if on_trial is None else (lambda entry, a=algorithm: on_trial(a, entry))
+            try:
+                result = tune(algorithm, dataset, trials=trials, rounds=rounds, protocol=protocol, seed=0,
+                              data_dir=data_dir, on_trial=report, from_defaults=True,
+                              journal=configs / f"{algorithm}.journal", device=device, columns=columns)
+            except FedrecError as e:
+                if "no trial of" not in str(e):
+                    raise
+                failed.append(f"{algorithm}: {e}; compared at its defaults")
+                continue
+            write_config(result, path)
+            (configs / f"{algorithm}.journal").unlink(missing_ok=True)
+        tuned[algorithm] = read_config(path)
+    return tuned, failed
+
+
+def _write_grid(folder: Path, algorithms: list[str], name: str, inline: dict[str, Any] | None,
+                dataset: str | None, protocols: list[str], seeds: int, rounds: int | None,
+                tuned: dict[str, dict[str, Any]], data_dir: str | None, device: str, workers: int) -> Path:
+    """The comparison as a bench file (`fedrec.bench.grid`): its cells are the runs."""
+    lines = ["[grid]", f"algorithms = {_toml_value(algorithms)}", f"datasets = {_toml_value([name])}",
+             f"protocols = {_toml_value(protocols)}", f"seeds = {_toml_value(list(range(seeds)))}",
+             f"workers = {workers}", f"device = {_toml_value(device)}"]
+    if rounds is not None:
+        lines.append(f"rounds = {rounds}")
+    if data_dir is not None:
+        lines.append(f"data_dir = {_toml_value(str(Path(data_dir).resolve()))}")
+    if tuned:
+        lines += ["", "[tuned]"] + [f"{_toml_value(a)} = {_toml_value(f'configs/{a}.json')}" for a in tuned]
+    if inline is not None:
+        lines += ["", f"[datasets.{_toml_value(name)}]"] + [f"{k} = {_toml_value(v)}" for k, v in inline.items()]
+    path = folder / "bench.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _curves(grid: Any, folder: Path) -> Path | None:
+    """Validation curves of every finished cell: one panel per protocol, the mean and a band
+    over seeds per algorithm (`fedrec.plot.runs_figure`)."""
+    from fedrec.bench.grid import cell_path
+
+    paths = [cell_path(folder, c) for c in grid.cells if cell_path(folder, c).exists()]
+    if not paths:
+        return None
+    from fedrec.plot import runs_figure
+
+    return Path(runs_figure(paths, folder / "curves.png", None))
+
+
+def _command(settings: dict[str, Any]) -> str:
+    """The command line that makes this comparison (for the API's calls)."""
+    argv = ["fedrec", "compare", *settings["algorithms"], "-d", settings["dataset"]]
+    if settings["columns"]:
+        argv += ["--columns", settings["columns"]]
+    argv += ["--protocols", ",".join(settings["protocols"]), "--seeds", str(settings["seeds"]),
+             "--trials", str(settings["trials"])]
+    if settings["rounds"] is not None:
+        argv += ["--rounds", str(settings["rounds"])]
+    return shlex.join(argv)
+
+
+def _report(folder: Path, command: str, settings: dict[str, Any], name: str, results: list[dict[str, Any]],
+            tuned: dict[str, dict[str, Any]], failed: list[str], made: list[Any], missing: list[Any],
+            curves: Path | None) -> Path:
+    """``report.md``: what was compared, how, and the boards."""
+    from fedrec.bench import to_markdown
+
+    lines = [f"# {', '.join(settings['algorithms'])} on {name}", "", "```", command, "```", ""]
+    if results:
+        data = results[0]["data"]
+        source = data.get("source") or {}
+        held = (data.get("split") or {}).get("held_out_by", "time")
+        lines += ["## Data", "", f"- {data['users']:,} users, {data['items']:,} items, "
+                  f"{data['interactions']:,} interactions"]
+        if source.get("file"):
+            lines.append(f"- file `{source['file']}`, sha256 `{source.get('sha256', '?')}`")
+        lines += [f"- held out by {held}" + (" (the data have no time column; seeded per run)" if held == "random" else ""),
+                  ""]
+    lines += ["## Tuning", ""]
+    if not settings["trials"]:
+        lines += ["None (`--trials 0`): every algorithm runs at its defaults (`fedrec algorithms NAME`).", ""]
+    else:
+        lines += [f"{settings['trials']} trials per algorithm (Optuna TPE with median pruning; the first trial is "
+                  f"the algorithm's own settings) on the validation split of {settings['protocols'][0]}, seed 0; "
+                  "no test figure was read. The best setting then ran on every seed and protocol.", "",
+                  "| algorithm | best validation | trials (complete / pruned / diverged) | setting |",
+                  "|---|---|---|---|"]
+        for algorithm, config in tuned.items():
+            t = config["tuning"]
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in {**config["engine"], **config["model"]}.items())
+            lines.append(f"| {algorithm} | {t['metric'].removeprefix('best validation ')} {t['best_valid']:.4f} | "
+                         f"{t['completed']} / {t['pruned']} / {t['diverged']} | {shown} |")
+        lines += [""] + [f"- {f}" for f in failed] + ([""] if failed else [])
+    lines += ["## Results", "", "Test figures at each run's best validation round; mean ± std (sample) over "
+              "seeds; p-values of paired tests against the best method.", ""]
+    lines += [to_markdown(b) for b in made] or ["No run finished.", ""]
+    if missing:
+        lines += ["## Runs without a result", ""] + [f"- {c.algorithm} · {c.protocol} · seed {c.seed}: {why}"
+                                                     for c, why in missing] + [""]
+    if curves is not None:
+        lines += ["## Validation curves", "", f"![validation curves]({curves.name})", ""]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,266 @@
+"""A user's own data, first class: the catalogue (`fedrec data add`), splits of data without a
+clock, portable run files, and `fedrec compare` on one's own file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import fedrec
+from fedrec.cli import app
+from fedrec.data import user_sets
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, prepare_split
+
+
+def write_events(path: Path, users: int = 60, items: int = 90, seed: int = 0, time: bool = True) -> Path:
+    """A CSV of string-id events: user, item, rating (1-5)[, ts]; rows sorted by item within a
+    user, so "the last row" is the user's largest item id (as HetRec's user_artists.dat)."""
+    rng = np.random.default_rng(seed)
+    lines = ["user,item,rating" + (",ts" if time else "")]
+    for u in range(users):
+        for i in sorted(rng.choice(items, size=int(rng.integers(6, 16)), replace=False)):
+            row = f"u{u},i{i:03d},{int(rng.integers(1, 6))}"
+            lines.append(row + (f",{int(rng.integers(10**6, 10**7))}" if time else ""))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit | FedrecError):
+        raise result.exception
+    message = str(result.exception) if isinstance(result.exception, FedrecError) else ""
+    return (2 if message else result.exit_code), result.output + message
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue
+# ---------------------------------------------------------------------------------------------
+
+
+def test_add_list_info_stats_remove(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv")
+    code, out = cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts")
+    assert code == 0, out
+    entry = user_sets.get("mine")
+    assert entry is not None and Path(entry.path).is_absolute() and len(entry.sha256) == 64
+    assert entry.rows == len(data.read_text().splitlines()) - 1 and entry.users == 60
+    assert "mine" in cli("data", "list")[1]
+    assert entry.path in cli("data", "info", "mine")[1].replace("\n", "")
+    code, out = cli("data", "stats", "mine")
+    assert code == 0 and " ".join(out.split()).count("users 60 items 90") == 1
+    assert cli("data", "remove", "mine")[0] == 0
+    assert user_sets.get("mine") is None and data.exists()  # the file is left alone
+
+
+def test_add_refuses_bad_names_columns_and_a_second_add(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv")
+    for name, why in (("ml-100k", "built-in"), ("synthetic:3x3", "letters"), ("my.csv", "file name"),
+                      ("synthetic2", "generator")):
+        with pytest.raises(FedrecError, match=why):
+            user_sets.add(name, data, "user,item")
+    with pytest.raises(FedrecError, match="no column 'itm'"):
+        user_sets.add("mine", data, "user,itm")
+    with pytest.raises(FedrecError, match="names no rating column"):
+        user_sets.add("mine", data, "user,item", implicit_threshold=4)
+    assert not user_sets.catalogue_file().exists()  # nothing written by a refused add
+    user_sets.add("mine", data, "user,item")
+    with pytest.raises(FedrecError, match="already registered"):
+        user_sets.add("mine", data, "user,item,rating")
+    assert user_sets.add("mine", data, "user,item,rating", overwrite=True).columns == "user,item,rating"
+
+
+def test_columns_forms() -> None:
+    assert user_sets.parse_columns("user,item,,ts") == {"user": "user", "item": "item", "time": "ts"}
+    assert user_sets.parse_columns("item=b, user=a, time=t") == {"item": "b", "user": "a", "time": "t"}
+    assert user_sets.parse_columns("0,1,2") == {"user": 0, "item": 1, "rating": 2}
+    for bad in ("user", "user,item,r,t,x", "user=a", "user=a,thing=b", "a,a", "a,1"):
+        with pytest.raises(FedrecError):
+            user_sets.parse_columns(bad)
+
+
+def test_a_changed_file_is_one_line_not_a_new_result(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv")
+    user_sets.add("mine", data, "user,item,rating,ts")
+    cfg = RunConfig(algorithm="fedmf", dataset="mine", protocol="loo-full")
+    assert cfg.user_data is not None and cfg.user_data["sha256"] == user_sets.get("mine").sha256
+    prepare_split(cfg)
+    with data.open("a") as f:
+        f.write("u1,i999,5,1\n")
+    with pytest.raises(FedrecError, match="changed since it was registered.*--overwrite"):
+        prepare_split(RunConfig(algorithm="fedmf", dataset="mine", protocol="loo-full"))
+    data.unlink()
+    with pytest.raises(FedrecError, match="is gone"):
+        prepare_split(RunConfig(algorithm="fedmf", dataset="mine", protocol="loo-full"))
+
+
+def test_implicit_threshold_keeps_the_ratings_at_or_above_it(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv")
+    user_sets.add("high", data, "user,item,rating,ts", implicit_threshold=4)
+    kept = prepare_split(RunConfig(algorithm="fedmf", dataset="high", protocol="loo-full")).data
+    ratings = np.array([int(line.split(",")[2]) for line in data.read_text().splitlines()[1:]])
+    assert len(kept) == int((ratings >= 4).sum())
+
+
+def test_unknown_names_list_the_user_sets(tmp_path: Path) -> None:
+    user_sets.add("mine", write_events(tmp_path / "events.csv"), "user,item")
+    with pytest.raises(FedrecError, match="did you mean 'mine'"):
+        prepare_split(RunConfig(algorithm="fedmf", dataset="minee"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits of data without a clock
+# ---------------------------------------------------------------------------------------------
+
+
+def test_leave_one_out_without_a_time_column_holds_out_a_seeded_random_item(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv", time=False)
+    split = prepare_split(RunConfig(algorithm="fedmf", dataset=str(data), columns="user,item", protocol="loo-full"))
+    assert split.held_out_by == "random"
+    # not the row order: the rows are sorted by item, so "last row" would be each largest item
+    test_items = split.test.targets.indices
+    users = np.flatnonzero(np.diff(split.test.targets.indptr))
+    rows = [sorted(split.data.items[split.data.users == u]) for u in users]
+    largest = np.array([r[-1] for r in rows])
+    assert (test_items != largest).mean() > 0.5
+    again = prepare_split(RunConfig(algorithm="fedmf", dataset=str(data), columns="user,item", protocol="loo-full"))
+    other = prepare_split(RunConfig(algorithm="fedmf", dataset=str(data), columns="user,item", protocol="loo-full",
+                                    seed=1))
+    assert (again.label == split.label).all() and (other.label != split.label).any()
+    with_time = write_events(tmp_path / "timed.csv", time=True)
+    timed = prepare_split(RunConfig(algorithm="fedmf", dataset=str(with_time), columns="user,item,,ts",
+                                    protocol="loo-full"))
+    assert timed.held_out_by == "time"
+
+
+def test_the_run_says_how_it_held_out(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv", time=False)
+    out = tmp_path / "r.json"
+    code, text = cli("run", "fedmf", "-d", str(data), "--columns", "user,item", "-p", "loo-full", "--rounds", "1",
+                     "-o", str(out), "-q")
+    assert code == 0, text
+    assert "random" in text.replace("\n", " ")
+    assert json.loads(out.read_text())["data"]["split"] == {"held_out_by": "random"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Portable run files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", fedrec.list_algorithms())
+def test_a_saved_run_recommends_with_no_data_file(algorithm: str, tmp_path: Path) -> None:
+    from fedrec.algorithms import get_algorithm
+
+    spec = get_algorithm(algorithm)
+    protocol = {"sampled": "loo-sampled", "full": "loo-full", "rating": "ratio-rating",
+                "rated": "ratio-rating-implicit"}[spec.rankings[0]]
+    run = fedrec.run(algorithm, "synthetic:150x300", protocol=protocol, rounds=1)
+    saved = run.save(tmp_path / "run.fedrec")
+    again = fedrec.load(saved)
+    users = np.arange(6)
+    np.testing.assert_allclose(again.scores(users), run.scores(users), rtol=0, atol=0)
+    user = run.split.data.user_ids[3]
+    assert again.recommend(user, 7) == run.recommend(user, 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# The researcher's path, end to end
+# ---------------------------------------------------------------------------------------------
+
+
+def test_add_stats_compare_then_recommend_from_a_moved_run_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    data = write_events(work / "my.csv", users=70, items=120)
+    assert cli("data", "add", "mine", "my.csv", "--columns", "user,item,rating,ts")[0] == 0
+    assert cli("data", "stats", "mine")[0] == 0
+    code, out = cli("compare", "fedmf", "pfedrec", "-d", "mine", "--seeds", "2", "--trials", "2", "--rounds", "2",
+                    "-p", "loo-full", "-o", "cmp")
+    assert code == 0, out
+    folder = work / "cmp"
+    report = (folder / "report.md").read_text()
+    assert "fedrec compare fedmf pfedrec -d mine" in report and "no test figure was read" in report
+    board = (folder / "leaderboard.md").read_text()
+    assert "| fedmf | 2 |" in board and "| pfedrec | 2 |" in board and "t-test p" in board
+    assert (folder / "curves.png").stat().st_size > 1000
+    for algorithm in ("fedmf", "pfedrec"):
+        tuned = json.loads((folder / "configs" / f"{algorithm}.json").read_text())
+        assert tuned["tuning"]["trials"] == 2 and tuned["tuning"]["test_read"] is False
+    cells = sorted((folder / "cells").glob("*.json"))
+    assert len(cells) == 4
+    # the same command again runs nothing: every cell is cached and every search is kept
+    stamps = [c.stat().st_mtime_ns for c in cells]
+    assert cli("compare", "fedmf", "pfedrec", "-d", "mine", "--seeds", "2", "--trials", "2", "--rounds", "2",
+               "-p", "loo-full", "-o", "cmp")[0] == 0
+    assert [c.stat().st_mtime_ns for c in cells] == stamps
+    code, out = cli("compare", "fedmf", "-d", "mine", "-o", "cmp")
+    assert code == 2 and "other settings" in out
+
+    # a saved run on the registered file, moved elsewhere; the data file and catalogue gone
+    assert cli("run", "fedmf", "-d", "mine", "--rounds", "2", "-p", "loo-full", "--save", "own.fedrec", "-q")[0] == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(str(work / "own.fedrec"), elsewhere / "own.fedrec")
+    data.unlink()
+    assert cli("data", "remove", "mine")[0] == 0
+    monkeypatch.chdir(elsewhere)
+    code, out = cli("recommend", "own.fedrec", "--user", "u5", "-k", "4")
+    assert code == 0, out
+    user, items = out.strip().split("\t")
+    assert user == "u5" and len(items.split()) == 4 and all(i.startswith("i") for i in items.split())
+
+
+def test_compare_declares_a_file_inline_and_refuses_mixed_protocol_kinds(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_events(tmp_path / "events.csv", users=50, items=100)
+    with pytest.raises(FedrecError, match="ae cannot be evaluated under loo-full"):
+        fedrec.compare(["fedmf", "ae"], "events.csv", columns="user,item", protocols=["loo-full"])
+    done = fedrec.compare(["fedmf"], "events.csv", columns="user,item", protocols=["loo-full"], seeds=1, trials=0,
+                          rounds=1, out="c")
+    bench = (tmp_path / "c" / "bench.toml").read_text()
+    assert '[datasets."events"]' in bench and str(tmp_path / "events.csv") in bench
+    assert done.boards and done.boards[0].dataset == "events" and not (tmp_path / "c" / "configs").exists()
+
+
+def test_a_bench_file_declares_its_own_data(tmp_path: Path) -> None:
+    from fedrec.bench import load_grid
+
+    write_events(tmp_path / "events.csv")
+    bench = tmp_path / "b.toml"
+    bench.write_text('[grid]\nalgorithms = ["fedmf"]\ndatasets = ["mine"]\nprotocols = ["loo-full"]\nseeds = [0]\n'
+                     '[datasets.mine]\npath = "events.csv"\ncolumns = "user,item,rating,ts"\n')
+    grid = load_grid(bench)
+    cfg = grid.cells[0].run_config(None)
+    assert cfg.dataset == "mine" and cfg.user_data["path"] == str(tmp_path / "events.csv")
+    assert len(prepare_split(cfg).data) > 0
+    key = grid.cells[0].key()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(tmp_path / "events.csv", moved / "events.csv")
+    shutil.copy(bench, moved / "b.toml")
+    assert load_grid(moved / "b.toml").cells[0].key() == key  # content, not place, makes the key
+    with (moved / "events.csv").open("a") as f:
+        f.write("u1,i999,5,1\n")
+    assert load_grid(moved / "b.toml").cells[0].key() != key
+    bench.write_text(bench.read_text().replace('columns = "user,item,rating,ts"\n', 'colums = "x"\n'))
+    with pytest.raises(FedrecError, match="needs path and columns"):
+        load_grid(bench)
+
+
+def test_tune_reads_a_file_with_columns(tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    from fedrec.tune import tune
+
+    data = write_events(tmp_path / "events.csv")
+    result = tune("fedmf", str(data), trials=1, rounds=1, protocol="loo-full", columns="user,item,rating,ts")
+    assert result.completed == 1
