@@ -144,16 +144,20 @@ def _split_from(config: RunConfig, stored: Any, where: str) -> Split:
         shape = (len(user_ids), len(item_ids))
         train = sp.csr_matrix((values.astype(np.float32), indices, indptr), shape=shape)
         train.check_format(full_check=True)
+        source = stored.get("source") or {}
+        if not isinstance(source, dict):
+            raise TypeError(f"source is a {type(source).__name__}")
+        positive_at = None if stored.get("positive_at") is None else float(stored["positive_at"])
     except (KeyError, TypeError, ValueError) as e:
         raise FedrecError(f"{where}: not a fedrec run file (its training data: {type(e).__name__}: "
                           f"{str(e)[:120]})") from None
     coo = train.tocoo()
     data = Interactions(coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(np.float32),
                         np.zeros(coo.nnz, np.int64), user_ids, item_ids, name=str(stored.get("name", config.dataset)),
-                        implicit=bool(stored.get("implicit")), source=dict(stored.get("source") or {}), clock=False)
+                        implicit=bool(stored.get("implicit")), source=dict(source), clock=False)
     protocol = get_protocol(config.protocol)
-    if stored.get("positive_at") is not None:
-        protocol = dataclasses.replace(protocol, positive_at=float(stored["positive_at"]))
+    if positive_at is not None:
+        protocol = dataclasses.replace(protocol, positive_at=positive_at)
     empty = sp.csr_matrix(shape, dtype=np.float32)
     none = np.zeros(0, np.int64)
     sampled = protocol.ranking == "sampled"
@@ -210,10 +214,16 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     if data_dir is not None:
         config.data_dir = data_dir
     split = _split_from(config, blob["portable"], str(path)) if "portable" in blob else prepare_split(config)
-    if blob.get("data") != data_signature(split) and "portable" in blob:
-        raise FedrecError(f"{path}: the training data it holds are not the ones the run was trained on "
-                          "(users, items or training interactions differ: an edited file)")
     if blob.get("data") != data_signature(split):
+        if "portable" in blob:
+            raise FedrecError(f"{path}: the training data it holds are not the ones the run was trained on "
+                              "(users, items or training interactions differ: an edited file)")
+        from fedrec.experiment import random_holdout
+
+        if random_holdout(blob["config"]):
+            raise FedrecError(f"{path}: an older run file on data without a time column, whose leave-one-out "
+                              "split held out each user's last rows; that split is no longer made (fedrec "
+                              "holds out random items there), so train the run again with --save")
         raise FedrecError(f"{path}: the data set prepared now ({config.dataset}"
                           f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
                           "trained on (users, items or training interactions differ)")

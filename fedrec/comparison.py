@@ -47,23 +47,35 @@ class Comparison:
 def _dataset_name(dataset: str, columns: str | None) -> tuple[str, dict[str, Any] | None]:
     """The name the boards show, and the inline declaration of a file given with ``columns``."""
     from fedrec.data import user_sets
-    from fedrec.experiment import looks_like_a_file
 
-    if columns is None and not looks_like_a_file(dataset):
+    if columns is None and not user_sets.looks_like_a_file(dataset):
         return dataset, None
     if columns is None:
         raise FedrecError(f"-d {dataset} is a file: say which columns hold what with --columns "
                           "USER,ITEM[,RATING][,TIME], or register it once with fedrec data add NAME FILE --columns ...")
-    path = Path(dataset).expanduser()
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem).strip("-._") or "data"
-    if not name[0].isalnum():
-        name = "data-" + name
-    try:
-        user_sets.check_name(name)
-    except FedrecError:
-        name = f"{name}-file"
     user_sets.parse_columns(columns)
+    path = Path(dataset).expanduser()
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem).strip("-._")[:58]
+    for name in (stem, f"file-{stem}", "file"):  # the file's own name where it is free
+        try:
+            user_sets.check_name(name)
+            break
+        except FedrecError:
+            continue
     return name, {"path": str(path.resolve()), "columns": columns}
+
+
+def _data_sha256(name: str, inline: dict[str, Any] | None) -> str | None:
+    """The sha256 of a user's data (a file given, or registered), which the comparison's
+    folder is for: tuned settings of an earlier version of the file are not reused."""
+    from fedrec.data import user_sets
+
+    if inline is not None:
+        from fedrec.data.fetch import sha256_of
+
+        return sha256_of(Path(inline["path"]))
+    entry = user_sets.get(name) if not user_sets.looks_like_a_file(name) else None
+    return None if entry is None else user_sets.check_unchanged(entry)
 
 
 def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int) -> None:
@@ -125,8 +137,13 @@ def compare(
     _check(algorithms, protocols, seeds, trials)
     name, inline = _dataset_name(dataset, columns)
     folder = check_folder(Path(out) if out is not None else Path(f"compare-{name}"), "--out")
+    if inline is not None and not Path(inline["path"]).is_file():
+        raise FedrecError(f"-d {dataset}: no such file")
     settings = {"algorithms": algorithms, "dataset": dataset, "columns": columns, "protocols": protocols,
                 "seeds": seeds, "trials": trials, "rounds": rounds}
+    digest = _data_sha256(name, inline)
+    if digest is not None:  # a file edited since is another comparison (its settings were tuned on the old)
+        settings["sha256"] = digest
     recorded = folder / SETTINGS
     if recorded.exists():
         try:
@@ -134,8 +151,10 @@ def compare(
         except (OSError, json.JSONDecodeError):
             earlier = None
         if earlier != settings:
-            raise FedrecError(f"{folder} holds a comparison of other settings ({recorded}); give another --out "
-                              "or remove it")
+            changed = (isinstance(earlier, dict) and {k: v for k, v in earlier.items() if k != "sha256"}
+                       == {k: v for k, v in settings.items() if k != "sha256"})
+            what = "of the data file as it was before it changed" if changed else "of other settings"
+            raise FedrecError(f"{folder} holds a comparison {what} ({recorded}); give another --out or remove it")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(recorded, lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=2) + "\n"))
 
@@ -225,7 +244,10 @@ def _curves(grid: Any, folder: Path) -> Path | None:
         return None
     from fedrec.plot import runs_figure
 
-    return Path(runs_figure(paths, folder / "curves.png", None))
+    try:
+        return Path(runs_figure(paths, folder / "curves.png", None))
+    except FedrecError:  # no run has a validation point to draw (all diverged in round 1, say)
+        return None
 
 
 def _command(settings: dict[str, Any]) -> str:

@@ -64,14 +64,15 @@ class RunConfig:
     model: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from fedrec.data.catalogue import REGISTRY
         from fedrec.protocols.protocol import NEGATIVE_ALIASES
 
         # the leaky policy's short name (as `fedrec reproduce` calls it) is recorded in full
         self.negatives = NEGATIVE_ALIASES.get(self.negatives, self.negatives)
         # a data set registered with `fedrec data add` travels with the run: worker processes,
         # Flower nodes and results files then hold which file (and which sha256) it was
-        if self.user_data is None and self.columns is None and not _SYNTHETIC.match(self.dataset) \
-                and not looks_like_a_file(self.dataset):
+        if self.user_data is None and self.columns is None and self.dataset not in REGISTRY \
+                and not _SYNTHETIC.match(self.dataset) and not looks_like_a_file(self.dataset):
             from fedrec.data import user_sets
 
             entry = user_sets.get(self.dataset)
@@ -96,12 +97,17 @@ class RunConfig:
     def identity(blob: dict[str, Any]) -> dict[str, Any]:
         """``blob`` (this config as a dict) less ``repeats`` when it is off and ``user_data``
         when there is none: a default changes nothing, so a cache key or checkpoint made before
-        the option existed still matches. Inline data count by content, not by path."""
+        the option existed still matches. Inline data count by content, not by path. A
+        leave-one-out split of data without a time column is marked (``held_out: random``): its
+        held-out items are drawn, not the latest, so results of the row-order split it replaced
+        are never taken for its own."""
         from fedrec.data.user_sets import UserDataset
 
         out = {k: v for k, v in blob.items() if not (k in ("repeats", "user_data") and not v)}
         if out.get("user_data"):
             out["user_data"] = UserDataset.from_dict(out["user_data"], "user_data").identity
+        if random_holdout(blob):
+            out["held_out"] = "random"
         return out
 
     def validate(self) -> None:
@@ -132,6 +138,17 @@ class RunConfig:
         check_device(t.device)
 
 
+def random_holdout(blob: dict[str, Any]) -> bool:
+    """Whether a run (its config as a dict) holds out random items: a leave-one-out protocol
+    on data without a time column (`fedrec.data.user_sets.has_clock`)."""
+    from fedrec.data.user_sets import has_clock
+    from fedrec.protocols.protocol import PROTOCOLS
+
+    protocol = PROTOCOLS.get(str(blob.get("protocol")))
+    return (protocol is not None and protocol.split == "loo"
+            and not has_clock(str(blob.get("dataset")), blob.get("columns"), blob.get("user_data")))
+
+
 def load_interactions(dataset: str, data_dir: str | None, seed: int,
                       columns: str | None = None, user_data: dict[str, Any] | None = None) -> Interactions:
     """The events of ``dataset``: a user's own file (``columns`` given, or a path), a data set
@@ -151,17 +168,17 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
         data = synthetic(users, items, seed=seed)
         return replace(data, source={"generator": "fedrec.data.synthetic.synthetic", "users": users,
                                      "items": items, "seed": seed})
-    registered = user_sets.get(dataset)
-    if registered is not None:
-        return user_sets.load(registered)
     from fedrec.data.catalogue import REGISTRY
     from fedrec.data.registry import load
 
-    if dataset not in REGISTRY:
-        from fedrec.errors import UnknownNameError
+    if dataset in REGISTRY:  # built-in names come first: the catalogue never shadows them
+        return load(dataset, data_dir=data_dir)
+    registered = user_sets.get(dataset)
+    if registered is not None:
+        return user_sets.load(registered)
+    from fedrec.errors import UnknownNameError
 
-        raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
-    return load(dataset, data_dir=data_dir)
+    raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
 
 
 def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) -> float | None:
@@ -170,7 +187,7 @@ def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) ->
     from fedrec.data import user_sets
 
     if user_data is not None:
-        return user_data.get("implicit_threshold")
+        return user_sets.UserDataset.from_dict(user_data, f"data set '{dataset}'").implicit_threshold
     if _SYNTHETIC.match(dataset) or looks_like_a_file(dataset):
         return None
     entry = user_sets.get(dataset)
@@ -202,10 +219,10 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
 
 
 def looks_like_a_file(dataset: str) -> bool:
-    """Whether ``-d`` names a file of one's own (a path, or a name with a table's suffix)."""
-    from fedrec.data.user_sets import FILE_SUFFIXES
+    """Whether ``-d`` names a file of one's own (`fedrec.data.user_sets.looks_like_a_file`)."""
+    from fedrec.data.user_sets import looks_like_a_file as is_file
 
-    return "/" in dataset or Path(dataset).suffix.lower() in FILE_SUFFIXES
+    return is_file(dataset)
 
 
 def read_own_file(path: str, columns: str | None) -> Interactions:

@@ -111,6 +111,12 @@ def diverged(result: dict[str, Any]) -> bool:
     return status_of(result) == DIVERGED
 
 
+def diverged_rounds(seeds: dict[int, int]) -> str:
+    """Where runs diverged, by seed: "round 3", "rounds 3, 5" (boards and tables say it alike)."""
+    rounds = sorted(set(seeds.values()))
+    return f"round{'s' if len(rounds) > 1 else ''} {', '.join(str(r) for r in rounds)}"
+
+
 def peak_memory_mb() -> float:
     """Peak resident memory of this process (Linux reports kilobytes)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -59,10 +59,10 @@ def test_a_long_list_of_options_is_hashed_and_where_a_run_is_done_is_not_in_the_
     other = experiments.default_out("fedmf", "my.csv", "loo-full", 0, many, {"dims": (8, 32)})
     assert re.fullmatch(r"fedmf-my-loo-full-s0-rounds5-lr0\.01-negatives-train-only\+[0-9a-f]{6}\.json", long.name)
     assert other != long and other.name[:-12] == long.name[:-12]
-    given = experiments._given_options({**_defaults(), "rounds": 5, "device": "cuda", "threads": 2,
+    given = experiments.given_options({**_defaults(), "rounds": 5, "device": "cuda", "threads": 2,
                                         "memory_budget_mb": 64.0, "checkpoint_every": 3, "quiet": True}, True)
     assert given == [("rounds", 5)]
-    assert experiments._given_options({**_defaults(), "rounds": 5}, False) == [("epochs", 5)]
+    assert experiments.given_options({**_defaults(), "rounds": 5}, False) == [("epochs", 5)]
 
 
 def _defaults() -> dict[str, Any]:

@@ -264,3 +264,88 @@ def test_tune_reads_a_file_with_columns(tmp_path: Path) -> None:
     data = write_events(tmp_path / "events.csv")
     result = tune("fedmf", str(data), trials=1, rounds=1, protocol="loo-full", columns="user,item,rating,ts")
     assert result.completed == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# What a catalogue or a clock may change, and what it must not
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_random_holdout_is_part_of_a_runs_identity_and_built_in_keys_stay() -> None:
+    from fedrec.bench.grid import Cell
+
+    assert "held_out" not in RunConfig.identity({"dataset": "ml-100k", "protocol": "loo-full"})
+    assert RunConfig.identity({"dataset": "lastfm-2k-listens", "protocol": "loo-full"})["held_out"] == "random"
+    assert "held_out" not in RunConfig.identity({"dataset": "lastfm-2k-listens", "protocol": "ratio-full"})
+    own = {"dataset": "x.csv", "protocol": "loo-sampled"}
+    assert RunConfig.identity({**own, "columns": "u,i"})["held_out"] == "random"
+    assert "held_out" not in RunConfig.identity({**own, "columns": "u,i,,t"})
+    # the key of a cell on a built-in data set with a clock is the one it had before catalogues
+    assert Cell("fedmf", "ml-100k", "loo-sampled", "leak-free", 0, 5).key() == "b904c3120807455bb0b9"
+
+
+def test_the_catalogue_never_shadows_a_built_in_name_nor_breaks_its_runs(tmp_path: Path) -> None:
+    user_sets.catalogue_file().parent.mkdir(parents=True, exist_ok=True)
+    user_sets.catalogue_file().write_text("{not json")
+    assert RunConfig(algorithm="fedmf", dataset="ml-100k").user_data is None  # never read for it
+    with pytest.raises(FedrecError, match="cannot be read"):
+        RunConfig(algorithm="fedmf", dataset="mine")
+    entry = user_sets.describe(write_events(tmp_path / "e.csv"), "user,item", name="ml-100k").to_dict()
+    user_sets.catalogue_file().write_text(json.dumps({"format": 1, "datasets": {"ml-100k": entry}}))
+    with pytest.raises(FedrecError, match="built-in data set.*rename or remove"):
+        user_sets.entries()
+
+
+def test_a_bench_file_names_only_data_it_can_find(tmp_path: Path) -> None:
+    from fedrec.bench import load_grid
+
+    data = write_events(tmp_path / "events.csv")
+    bench = tmp_path / "b.toml"
+    bench.write_text('[grid]\nalgorithms = ["fedmf"]\ndatasets = ["mine"]\nprotocols = ["loo-full"]\nseeds = [0]\n')
+    with pytest.raises(FedrecError, match="grid.datasets: unknown data set 'mine'.*fedrec data add"):
+        load_grid(bench)
+    user_sets.add("mine", data, "user,item,rating,ts")
+    key = load_grid(bench).cells[0].key()
+    data.unlink()
+    assert load_grid(bench, check_device=False).cells[0].key() == key  # a report reads no data
+    with pytest.raises(FedrecError, match="is gone"):
+        load_grid(bench)
+    bench.write_text(bench.read_text().replace('"mine"]', '"other"]') + '[datasets.other]\npath = 1\ncolumns = "u,i"\n')
+    with pytest.raises(FedrecError, match="datasets.other: path, columns and sep are text"):
+        load_grid(bench)
+
+
+def test_a_tab_separator_can_be_typed(tmp_path: Path) -> None:
+    data = tmp_path / "events.txt"
+    data.write_text("user;item\n" + "".join(f"u{u};i{i}\n" for u in range(5) for i in range(4)))
+    code, out = cli("data", "add", "semi", str(data), "--columns", "user,item", "--sep", ";")
+    assert code == 0 and user_sets.get("semi").rows == 20, out
+    tabbed = tmp_path / "events.log"
+    tabbed.write_text(data.read_text().replace(";", "\t"))
+    assert user_sets.add("tabbed", tabbed, "user,item", sep="\\t").sep == "\t"
+
+
+def test_an_older_run_file_on_data_without_a_clock_says_why_it_cannot_be_loaded(tmp_path: Path) -> None:
+    from fedrec import tensorfile
+    from fedrec.api import FORMAT, KIND
+
+    data = write_events(tmp_path / "events.csv", time=False)
+    path = fedrec.run("fedmf", str(data), columns="user,item", protocol="loo-full", rounds=1).save(tmp_path / "r.fedrec")
+    blob = {k: v for k, v in tensorfile.load(path, KIND, FORMAT).items() if k != "portable"}
+    blob["data"] = dict(blob["data"], sha256="0" * 64)  # as its row-order split recorded it
+    tensorfile.save(tmp_path / "old.fedrec", blob, KIND, FORMAT - 1)
+    with pytest.raises(FedrecError, match="held out each user's last rows.*train the run again"):
+        fedrec.load(tmp_path / "old.fedrec")
+
+
+def test_compare_refuses_a_folder_made_for_the_file_before_it_changed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = write_events(tmp_path / "events.csv", users=40, items=100)
+    fedrec.compare(["fedmf"], "events.csv", columns="user,item,,ts", protocols=["loo-full"], seeds=1, trials=0,
+                   rounds=1, out="c")
+    with data.open("a") as f:
+        f.write("u1,i999,5,1\n")
+    with pytest.raises(FedrecError, match="as it was before it changed"):
+        fedrec.compare(["fedmf"], "events.csv", columns="user,item,,ts", protocols=["loo-full"], seeds=1,
+                       trials=0, rounds=1, out="c")

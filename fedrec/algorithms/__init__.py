@@ -79,11 +79,9 @@ class AlgorithmSpec:
 
     def _tune_hint(self, dataset: str) -> str:
         """The command that tunes this algorithm on ``dataset``'s validation split."""
-        from pathlib import Path
+        from fedrec.data.user_sets import looks_like_a_file
 
-        from fedrec.data.user_sets import FILE_SUFFIXES
-
-        own = " --columns ..." if "/" in dataset or Path(dataset).suffix.lower() in FILE_SUFFIXES else ""
+        own = " --columns ..." if looks_like_a_file(dataset) else ""
         return (f"tune them on its validation split: fedrec tune {self.name} -d {dataset}{own} --trials 20, "
                 f"or compare methods tuned alike: fedrec compare {self.name} ... -d {dataset}{own}")
 

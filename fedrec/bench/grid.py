@@ -193,7 +193,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         device = resolve(device) if check_device or device == "auto" else parse(device)
     except FedrecError as e:
         raise FedrecError(f"{p}: grid.device: {e}") from None
-    own = user_data_sets(p, blob.get("datasets", {}), lists["datasets"])
+    own = user_data_sets(p, blob.get("datasets", {}), lists["datasets"], check_files=check_device)
     cells = []
     for algorithm in lists["algorithms"]:
         for dataset in lists["datasets"]:
@@ -224,12 +224,15 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                 grid.get("checkpoint_every", 0), label, joined)
 
 
-def user_data_sets(bench: Path, declared: Any, names: list[Any]) -> dict[str, str]:
+def user_data_sets(bench: Path, declared: Any, names: list[Any], check_files: bool = True) -> dict[str, str]:
     """The user data sets among ``names``, each as the JSON a `Cell` carries: those declared in
     the bench file's ``[datasets.NAME]`` tables (a relative path is relative to the bench file;
     each file is read once here, so a bad one is an error before any cell runs) and those
-    registered with `fedrec data add` (their file checked against its recorded sha256)."""
+    registered with `fedrec data add` (their file checked against its recorded sha256 when
+    ``check_files``: a grid that only reports reads no data). A name that is neither these nor
+    built in nor synthetic is one error, before any cell runs."""
     from fedrec.data import user_sets
+    from fedrec.data.catalogue import REGISTRY
 
     if not isinstance(declared, dict):
         raise FedrecError(f"{bench}: [datasets] must hold tables [datasets.NAME]")
@@ -244,18 +247,29 @@ def user_data_sets(bench: Path, declared: Any, names: list[Any]) -> dict[str, st
                               + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         if name not in names:
             raise FedrecError(f"{where} is declared but not in grid.datasets")
+        texts = [table["path"], table["columns"], table.get("sep", "")]
         try:
+            if not all(isinstance(v, str) for v in texts):
+                raise FedrecError("path, columns and sep are text")
             user_sets.check_name(name)
-            entry = user_sets.describe(bench.parent / str(table["path"]), str(table["columns"]),
-                                       table.get("sep"), table.get("implicit_threshold"), name)
+            entry = user_sets.describe(bench.parent / table["path"], table["columns"], table.get("sep"),
+                                       table.get("implicit_threshold"), name)
         except FedrecError as e:
             raise FedrecError(f"{where}: {e}") from None
         found[name] = json.dumps(entry.to_dict(), sort_keys=True)
     for name in names:
-        entry = user_sets.get(str(name)) if name not in found else None
-        if entry is not None:
+        if name in found or name in REGISTRY or str(name).startswith("synthetic"):
+            continue
+        entry = user_sets.get(str(name))
+        if entry is None:
+            from fedrec.errors import UnknownNameError
+
+            unknown = UnknownNameError("data set", str(name), [*REGISTRY, *user_sets.entries()])
+            raise FedrecError(f"{bench}: grid.datasets: {unknown}; or declare it in [datasets.{name}], or register "
+                              "it with fedrec data add")
+        if check_files:
             user_sets.check_unchanged(entry)
-            found[str(name)] = json.dumps(entry.to_dict(), sort_keys=True)
+        found[str(name)] = json.dumps(entry.to_dict(), sort_keys=True)
     return found
 
 

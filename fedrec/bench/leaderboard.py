@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedrec.results import diverged
+from fedrec.results import diverged, diverged_rounds
 
 NO_TEST = "—"
 
@@ -168,12 +168,6 @@ def _paired(best: dict[int, dict[str, float]], other: dict[int, dict[str, float]
     return (None if math.isnan(t) else t), (None if math.isnan(w) else w)
 
 
-def _rounds(gone: dict[int, int]) -> str:
-    """Where a method's runs diverged: "round 3", "rounds 3, 5"."""
-    rounds = sorted(set(gone.values()))
-    return f"round{'s' if len(rounds) > 1 else ''} {', '.join(str(r) for r in rounds)}"
-
-
 def _shown(table: pd.DataFrame, diverged_runs: dict[str, dict[int, int]] | None = None) -> pd.DataFrame:
     """Mean ± std and p-values as text, one column per metric; a method all of whose runs
     diverged reads "diverged (round R)" where its figures would be, and the ``diverged``
@@ -185,11 +179,11 @@ def _shown(table: pd.DataFrame, diverged_runs: dict[str, dict[int, int]] | None 
     out["rank"] = [NO_TEST if pd.isna(v) else int(v) for v in table["rank"]]
     for m in metrics:
         std = table[f"{m} std"]
-        out[m] = [f"diverged ({_rounds(diverged_runs.get(name, {}))})" if n == 0 and name in diverged_runs
+        out[m] = [f"diverged ({diverged_rounds(diverged_runs.get(name, {}))})" if n == 0 and name in diverged_runs
                   else NO_TEST if math.isnan(v) else f"{v:.4f}" + ("" if math.isnan(s) else f" ± {s:.4f}")
                   for name, n, v, s in zip(table["method"], table["seeds"], table[m], std, strict=True)]
     if "diverged" in table.columns:
-        out["diverged"] = [f"{n} ({_rounds(diverged_runs[name])})" if n else NO_TEST
+        out["diverged"] = [f"{n} ({diverged_rounds(diverged_runs[name])})" if n else NO_TEST
                            for name, n in zip(table["method"], table["diverged"], strict=True)]
     for p in ("t-test p", "Wilcoxon p"):
         out[p] = ["best" if not pd.isna(r) and r == 1 else (NO_TEST if pd.isna(v) else f"{v:.3g}")

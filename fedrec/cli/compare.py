@@ -67,8 +67,10 @@ def compare_command(
     for board in done.boards:
         best = board.table.iloc[0]
         figure = best[board.metric]
-        shown = f"{figure:.4f}" if isinstance(figure, float) else str(figure)
-        console.print(f"{board.dataset} · {board.protocol}: best {best['method']} ({board.metric} {shown})",
+        if not isinstance(figure, float) or figure != figure:  # every method diverged: no best
+            console.print(f"{board.dataset} · {board.protocol}: no method completed (see the board)", highlight=False)
+            continue
+        console.print(f"{board.dataset} · {board.protocol}: best {best['method']} ({board.metric} {figure:.4f})",
                       highlight=False)
     console.print(f"wrote {done.report}" + (f", {done.leaderboard}" if done.leaderboard else "")
                   + (f", {done.curves}" if done.curves else ""), highlight=False)

@@ -100,7 +100,7 @@ def remove_command(name: Annotated[str, typer.Argument(help="A data set added wi
 @app.command("info")
 def info_command(name: Annotated[str, typer.Argument(help="Data set name.")]) -> None:
     """Describe a data set: citation, raw files, parsers, sources and checksums."""
-    own = user_sets.get(name)
+    own = user_sets.get(name) if name not in registry.list_datasets() else None
     if own is not None:
         out = _console()
         out.print(f"[bold]{escape(name)}[/bold]: your data set, registered {escape(own.added)}")
@@ -176,7 +176,8 @@ def stats_command(
     """Print users, items, interactions and sparsity of a data set (a built-in one, one added with
     `fedrec data add`, or a file with --columns)."""
     min_user_rows, count_rows, implicit_by_nature = 0, False, False
-    if columns is not None or user_sets.get(name) is not None:
+    builtin = name in registry.list_datasets()
+    if columns is not None or (not builtin and user_sets.get(name) is not None):
         if file is not None or data_dir is not None:
             raise FedrecError("--file and --data-dir pick a built-in data set's raw file; "
                               f"{name} is {'a file' if columns else 'your data set'}")
@@ -186,7 +187,7 @@ def stats_command(
         origin = f"{data.source['file']} ({data.source['origin']})"
         header = escape(name) if columns is None else escape(Path(name).name)
     else:
-        if user_sets.get(name) is None and name not in registry.list_datasets():
+        if not builtin:
             from fedrec.errors import UnknownNameError
 
             raise UnknownNameError("data set", name, [*registry.list_datasets(), *user_sets.entries()])

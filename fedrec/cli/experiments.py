@@ -198,7 +198,7 @@ def run_command(
     federated = spec.kind == "federated"
     negatives = negative_policy(negatives)  # an alias (legacy) is recorded by the policy's own name
     settings = parse_settings(set_options)
-    given = _given_options(locals(), federated)
+    given = given_options(locals(), federated)
     _refuse_ignored(algorithm, federated, {
         "--dual": dual, "--reconstruct-epochs": reconstruct_epochs is not None,
         "--clients-per-round": clients_per_round is not None, "--local-epochs": local_epochs is not None,
@@ -327,27 +327,31 @@ def run_command(
 
 #: `fedrec run` options left out of the default results file name: the four in its stem, where and
 #: how fast the run is done (its figures do not depend on it) and what it writes; `--set` is
-#: named by its own KEY=VALUE. Every other option given a value other than its default is in it.
+#: named by its own KEY=VALUE, `--config` by its file's stem. Every other option given a value
+#: other than its default is in it.
 _NOT_IN_NAME = frozenset({
     "algorithm", "dataset", "protocol", "seed", "set_options", "data_dir", "device", "threads",
-    "memory_budget_mb", "checkpoint_every", "resume", "out", "save", "quiet", "overwrite", "config",
+    "memory_budget_mb", "checkpoint_every", "resume", "out", "save", "quiet", "overwrite",
 })
 #: the longest options part of a default results file name before the rest is hashed
 _NAME_BUDGET = 48
 
 
-def _given_options(values: Mapping[str, Any], federated: bool) -> list[tuple[str, object]]:
-    """(flag name, value) of each `fedrec run` option in ``values`` (its parameters by name) set
-    to other than its default, that changes the figures (not in `_NOT_IN_NAME`), in the order
-    of the command's options."""
+def given_options(values: Mapping[str, Any], federated: bool, command: Any = None,
+                  skip: frozenset[str] = _NOT_IN_NAME) -> list[tuple[str, object]]:
+    """(flag name, value) of each option of ``command`` (default `run_command`) in ``values``
+    (its parameters by name) set to other than its default, that changes the figures (not in
+    ``skip``), in the order of the command's options; a file's value is its stem."""
     given = []
-    for name, param in inspect.signature(run_command).parameters.items():
-        if name in _NOT_IN_NAME:
+    for name, param in inspect.signature(command or run_command).parameters.items():
+        if name in skip:
             continue
         default = getattr(param.default, "default", param.default)
         value = values[name]
         if value is None or value == default:
             continue
+        if isinstance(value, Path):
+            value = value.stem
         given.append(("epochs" if name == "rounds" and not federated else name.replace("_", "-"), value))
     return given
 

@@ -18,6 +18,15 @@ console = Console()
 MODES = ("simulation", "loopback", "app")
 
 
+#: `fedrec flower` options left out of its default results file name: those of `fedrec run`'s
+#: stem, and how and where the deployment runs (a deployment ends with the figures of the run)
+_NOT_IN_NAME = frozenset({
+    "algorithm", "dataset", "protocol", "seed", "set_options", "columns", "data_dir", "device", "mode", "nodes",
+    "round_timeout", "checkpoint", "resume", "client_state_dir", "secagg_range", "out", "app_dir", "insecure",
+    "tls_host", "workdir", "ray_address", "node_cpus", "node_gpus",
+})
+
+
 def flower_command(
     algorithm: str = typer.Argument(..., help="An algorithm `fedrec algorithms` marks '+ Flower' (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP, PersonalFR, FedAvg-AE)."),
     mode: str = typer.Option("loopback", help="simulation (Flower's engine), loopback (a SuperLink and SuperNodes as processes here, started and stopped by fedrec) or app (write an app dir for `flwr run`)."),
@@ -103,13 +112,9 @@ def flower_command(
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
     if out is None:  # as `fedrec run` names its results (the options that change the figures), "-flower" added
-        from fedrec.cli.experiments import default_out
+        from fedrec.cli.experiments import default_out, given_options
 
-        given = [(flag, value) for flag, value, default in (
-            ("rounds", rounds, None), ("clients-per-round", clients_per_round, None), ("local-epochs", local_epochs, None),
-            ("lr", lr, None), ("lr-item", lr_item, None), ("dim", dim, None), ("eval-every", eval_every, 1),
-            ("ldp", ldp, 0.0), ("dp-clip", dp_clip, None), ("dp-noise", dp_noise, 0.0), ("dp-delta", dp_delta, 1e-5),
-            ("secagg", secagg, False)) if value != default]
+        given = given_options(locals(), True, flower_command, _NOT_IN_NAME)
         plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
         out = plain.with_name(f"{plain.stem}-flower.json")
     out.parent.mkdir(parents=True, exist_ok=True)

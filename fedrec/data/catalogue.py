@@ -132,6 +132,7 @@ REGISTRY: dict[str, DatasetSpec] = {
             files=(RawFile("user_artists.dat", parsers.parse_lastfm_user_artists, note="weight as rating"),),
             sources=(_hetrec_lastfm("user_artists.dat"),),
             folders=_LASTFM_FOLDERS,
+            clock=False,
         ),
         DatasetSpec(
             name="ml-1m-fedcia",
@@ -158,6 +159,7 @@ REGISTRY: dict[str, DatasetSpec] = {
             ),
             folders=("ml-1m-fedcia", "ml1m_100"),
             implicit=True,
+            clock=False,
         ),
         DatasetSpec(
             name="ciao",
@@ -184,6 +186,7 @@ REGISTRY: dict[str, DatasetSpec] = {
                 "https://github.com/TempSDU/MetaMF (commit bbfdf0b) into one folder"
             ),
             folders=("ciao",),
+            clock=False,
         ),
         DatasetSpec(
             name="hetrec-movielens",
@@ -258,6 +261,7 @@ REGISTRY: dict[str, DatasetSpec] = {
                 "(needs a Kaggle login)"
             ),
             folders=("anime", "anime-recommendations-database"),
+            clock=False,
         ),
         DatasetSpec(
             name="book-crossing",
@@ -282,6 +286,7 @@ REGISTRY: dict[str, DatasetSpec] = {
                 ),
             ),
             folders=("book-crossing", "BX-CSV-Dump", "bx"),
+            clock=False,
         ),
     )
 }

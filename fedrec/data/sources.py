@@ -80,7 +80,9 @@ class DatasetSpec:
     filter on raw rows (Lastfm-2K: users with at least 5 tag assignments): it is applied when
     the data are read, before any deduplication. ``count_rows``: the papers count every raw row
     as an interaction (a tag assignment), so `fedrec data stats` does too, beside the distinct
-    pairs a run keeps.
+    pairs a run keeps. ``clock``: whether the raw files carry the events' times (False: a
+    leave-one-out split holds out random items, `fedrec.protocols.split.leave_one_out`); it is
+    part of a run's identity, so it is known without reading the data.
     """
 
     name: str
@@ -94,6 +96,7 @@ class DatasetSpec:
     implicit: bool = False
     min_user_rows: int = 0
     count_rows: bool = False
+    clock: bool = True
 
     def defining_filter(self, x: Interactions) -> Interactions:
         """``x`` without the users the data set's definition leaves out (``min_user_rows``)."""

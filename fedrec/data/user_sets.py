@@ -62,9 +62,10 @@ class UserDataset:
         texts = [entry.name, entry.path, entry.columns, entry.sha256, entry.added]
         if not all(isinstance(v, str) for v in texts) or not (entry.sep is None or isinstance(entry.sep, str)):
             raise FedrecError(f"{where}: name, path, columns, sep, sha256 and added are text")
-        if entry.implicit_threshold is not None and (
-                isinstance(entry.implicit_threshold, bool) or not isinstance(entry.implicit_threshold, int | float)):
-            raise FedrecError(f"{where}: implicit_threshold must be a number, not {entry.implicit_threshold!r}")
+        check_threshold(entry.implicit_threshold, where)
+        counts = (entry.rows, entry.users, entry.items)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            raise FedrecError(f"{where}: rows, users and items are whole numbers")
         parse_columns(entry.columns)
         return entry
 
@@ -74,6 +75,43 @@ class UserDataset:
         (a run moved to another machine with the same file keeps its results' keys)."""
         return {"columns": self.columns, "sep": self.sep, "implicit_threshold": self.implicit_threshold,
                 "sha256": self.sha256}
+
+
+def check_threshold(value: Any, where: str) -> None:
+    """An implicit threshold is a number or None (not a flag, not text)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                              or value != value):
+        raise FedrecError(f"{where}: implicit_threshold must be a number, not {value!r}")
+
+
+def separator(text: str | None) -> str | None:
+    """``--sep`` as typed: ``\\t`` or ``tab`` is a tab (a shell passes the two characters)."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or not text:
+        raise FedrecError(f"--sep must be one or more characters, not {text!r}")
+    return "\t" if text in ("\\t", "tab", "TAB") else text
+
+
+def looks_like_a_file(dataset: str) -> bool:
+    """Whether ``-d`` names a file of one's own (a path, or a name with a table's suffix)."""
+    return "/" in dataset or Path(dataset).suffix.lower() in FILE_SUFFIXES
+
+
+def has_clock(dataset: str, columns: str | None = None, user_data: dict[str, Any] | None = None) -> bool:
+    """Whether the events of ``dataset`` carry their times, told from the run's options alone:
+    a file's ``columns`` (or a registered or declared entry's) name a time column, or the
+    built-in data set's raw files have one (`fedrec.data.sources.DatasetSpec.clock`)."""
+    from fedrec.data.catalogue import REGISTRY
+
+    if columns is not None or looks_like_a_file(dataset):
+        return columns is not None and "time" in parse_columns(columns)
+    if isinstance(user_data, dict) and isinstance(user_data.get("columns"), str):
+        return "time" in parse_columns(user_data["columns"])
+    if dataset in REGISTRY:
+        return REGISTRY[dataset].clock
+    entry = get(dataset) if not dataset.startswith("synthetic") else None
+    return entry is None or "time" in parse_columns(entry.columns)
 
 
 def home() -> Path:
@@ -102,7 +140,14 @@ def entries() -> dict[str, UserDataset]:
                           "fix or delete it") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT or not isinstance(blob.get("datasets"), dict):
         raise FedrecError(f"{path}: not a fedrec data set catalogue (format {FORMAT}); fix or delete it")
-    return {name: UserDataset.from_dict(entry, f"{path}: {name}") for name, entry in blob["datasets"].items()}
+    found = {}
+    for name, entry in blob["datasets"].items():
+        try:
+            check_name(name)  # a hand-edited entry must not take a built-in name
+        except FedrecError as e:
+            raise FedrecError(f"{path}: {e}; rename or remove that entry") from None
+        found[name] = UserDataset.from_dict(entry, f"{path}: {name}")
+    return found
 
 
 def get(name: str) -> UserDataset | None:
@@ -154,8 +199,8 @@ def describe(path: str | Path, columns: str, sep: str | None = None,
     """Read the file once (every line checked) and describe it as an entry named ``name``."""
     from fedrec.data.fetch import sha256_of
 
-    if implicit_threshold is not None and not float(implicit_threshold) == float(implicit_threshold):
-        raise FedrecError("--implicit-threshold must be a number")
+    check_threshold(implicit_threshold, "--implicit-threshold")
+    sep = separator(sep)
     file = Path(path).expanduser()
     data = read(file, columns, sep)
     if implicit_threshold is not None and "rating" not in parse_columns(columns):

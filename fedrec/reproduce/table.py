@@ -19,7 +19,7 @@ from rich.table import Table
 
 from fedrec.errors import FedrecError
 from fedrec.reproduce.papers import figure, load_figures
-from fedrec.results import diverged
+from fedrec.results import diverged, diverged_rounds
 
 DEFAULT_METRICS = ("hr@10", "ndcg@10")
 MISSING = "—"
@@ -133,8 +133,7 @@ def _fmt(mean: float, std: float | None, n: int = 0, most: int = 0, gone: int = 
 
 def _diverged(seeds: dict[int, int]) -> str:
     """A cell none of whose runs completed: "diverged (round 3)", "diverged (rounds 3, 5)"."""
-    rounds = sorted(set(seeds.values()))
-    return f"diverged (round{'s' if len(rounds) > 1 else ''} {', '.join(str(r) for r in rounds)})"
+    return f"diverged ({diverged_rounds(seeds)})"
 
 
 def _build(
