@@ -31,6 +31,15 @@ class CohortAlgorithm(FederatedAlgorithm):
         self.state = spec.create_state(split.n_users, split.n_items, lr=cfg.lr, lr_item=self.lr_item,
                                        item_std=cfg.item_std, seed=seed, train=split.train)
         self.path = cfg.upload_path(self.lr_item)
+        if cfg.aggregation == "contributors":
+            from fedrec.federated.state import FamilyState
+
+            kind = type(self.state)
+            if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
+                raise FedrecError("--aggregation contributors applies to the item-embedding family (FedMF, FedNCF, "
+                                  "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
+                                  "server aggregates its own way")
+            self.state.per_row = True
         self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
         self.rounds_done = 0
         self.security = security_for(spec, self.state, split, cfg, self.lr_item, seed)
@@ -58,6 +67,7 @@ class CohortAlgorithm(FederatedAlgorithm):
             if sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
                 for u in bad:
                     acc.item_sum.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
+                    acc.contributed(torch.as_tensor(u.items))
                     for k in acc.shared_sum:
                         acc.shared_sum[k] += u.tensors[k]
                 acc.n += len(bad)

@@ -40,6 +40,8 @@ from fedrec.train.selection import TrainOutcome
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
+#: the server's rules for item rows (`FederatedConfig.aggregation`)
+AGGREGATIONS = ("clients", "contributors")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound")
 
@@ -63,6 +65,13 @@ class FederatedConfig:
     the CPU, `CUDA_BUDGET_MB` on a GPU, where a chunk is one batch of kernel launches and
     bigger chunks launch fewer (not tuned yet: on the one GPU measured, an H200, a round is
     bound by the host's layout work, not the chunks' kernels; `docs/scale.md`).
+    ``aggregation``: how the server turns a round's summed item-row deltas into a step.
+    ``clients`` (the papers' FedAvg) divides every row's sum by all the round's accepted
+    clients, so the step a row takes depends on how many of them touched it, i.e. on the data's
+    size and density (what the ``n_items x 80`` rule compensates for on ML-100K only;
+    docs/learning-rates.md). ``contributors`` divides each row's sum by the clients that sent
+    that row: FedAvg restricted to the row's contributors, a step that does not grow with the
+    number of clients (`AGGREGATIONS`).
     """
 
     rounds: int = 100
@@ -97,6 +106,7 @@ class FederatedConfig:
     trim: float = 0.1
     byzantine: float = 0.1
     norm_bound: float | None = None
+    aggregation: str = "clients"
 
     def validate(self) -> None:
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
@@ -125,6 +135,11 @@ class FederatedConfig:
             (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.pad_items < 0, "--pad-items must be >= 0"),
+            (self.aggregation not in AGGREGATIONS,
+             f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
+            (self.aggregation == "contributors" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),
+             "--aggregation contributors does not yet combine with --ldp, --dp-noise or --defence (their noise "
+             "and robust rules are per round's clients)"),
             (self.pad_items > 0 and (self.encoding == "dense" or self.ldp > 0 or self.dp_noise > 0),
              "--pad-items hides which rows a client sends; a dense or noised upload already sends every row"),
             *self._security_checks(),
@@ -160,8 +175,9 @@ class FederatedConfig:
     @staticmethod
     def identity(blob: dict[str, Any]) -> dict[str, Any]:
         """``blob`` (this config as a dict) less the security options when no attack, defence or
-        target is asked for: they change nothing then, so a cache key or checkpoint made before
-        they existed still matches."""
+        target is asked for, and less ``aggregation`` at the papers' rule: they change nothing
+        then, so a cache key or checkpoint made before they existed still matches."""
+        blob = {k: v for k, v in blob.items() if not (k == "aggregation" and v == "clients")}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

@@ -99,6 +99,14 @@ class Accumulator:
     bytes_down: int = 0
     loss_sum: float = 0.0
     client_batches: int = 0
+    #: per item row, how many accepted clients sent it (only under ``--aggregation contributors``)
+    item_count: torch.Tensor | None = None
+
+    def contributed(self, items: torch.Tensor) -> None:
+        """Count one contributor for each row in ``items`` (a client's rows, or many clients')."""
+        if self.item_count is not None:
+            self.item_count.index_add_(0, items, torch.ones(len(items), dtype=self.item_count.dtype,
+                                                              device=self.item_count.device))
 
     def count(self, up: CohortUpload) -> None:
         """Add a cohort's bookkeeping: accepted and rejected clients, bytes, losses."""
@@ -141,6 +149,9 @@ class FamilyState:
     personal: PersonalRows
     round_start_items: torch.Tensor | None = None
     _server_opt = None  # the spec's server optimiser, made on first use (not a dataclass field)
+    #: divide each item row's summed deltas by the clients that sent it (``--aggregation
+    #: contributors``), not by the round's clients (not a dataclass field: set by the algorithm)
+    per_row = False
     #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
     #: attacks and pseudo-item padding apply; not a dataclass field)
     plain_average = True
@@ -170,10 +181,13 @@ class FamilyState:
     # -- one round -------------------------------------------------------------------------
 
     def begin_round(self, r: int) -> Accumulator:
-        """Start round ``r`` (1-based): empty running sums of the uploads to come."""
+        """Start round ``r`` (1-based): empty running sums of the uploads to come (and of each
+        row's contributors, under ``per_row``)."""
         self.round_start_items = self.items.clone() if self.spec.dual else None
+        counts = torch.zeros(self.items.shape[0], dtype=self.items.dtype) if self.per_row else None
         return Accumulator(
-            torch.zeros_like(self.items), {k: torch.zeros_like(v) for k, v in self.shared.items()}
+            torch.zeros_like(self.items), {k: torch.zeros_like(v) for k, v in self.shared.items()},
+            item_count=counts,
         )
 
     def local_update(self, cohort: CohortBatches, path: UploadPath,
@@ -383,13 +397,16 @@ class FamilyState:
         everyone = bool(up.accepted.all())  # the usual case: no masked copy of the uploads
         if everyone:
             acc.item_sum.index_add_(0, items, up.delta)
+            acc.contributed(items)
         else:
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(up.cohort.row_ptr)))
             acc.item_sum.index_add_(0, items[keep], up.delta[keep])
-        if up.padding is not None:
+            acc.contributed(items[keep])
+        if up.padding is not None:  # a padded row is a row the client sent, to the server as to anyone
             ptr, p_items, p_rows = up.padding
             keep = torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(ptr)))
             acc.item_sum.index_add_(0, torch.as_tensor(p_items)[keep], p_rows[keep])
+            acc.contributed(torch.as_tensor(p_items)[keep])
         if up.shared_sum is not None:  # summed by `train_uncopied`, which accepts every client or none
             assert everyone, "a summed upload has every client accepted"
             for k, v in up.shared_sum.items():
@@ -399,12 +416,15 @@ class FamilyState:
         acc.count(up)
 
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
-        """Mean of the accepted clients' tables = global + (sum of row deltas + noise) / n."""
+        """Mean of the accepted clients' tables = global + (sum of row deltas + noise) / n; under
+        ``per_row`` each row's sum is divided by the clients that sent it instead (a row no
+        one sent stays as it is)."""
         if acc.n == 0:
             return
         noise = path.noise_sum(acc.n, tuple(self.items.shape), gen)
         opt = self.server_optimizer
-        self.items = opt.update(ITEMS, self.items, self.items + (acc.item_sum + noise) / acc.n)
+        divisor: torch.Tensor | int = acc.n if acc.item_count is None else acc.item_count.clamp(min=1)[:, None]
+        self.items = opt.update(ITEMS, self.items, self.items + (acc.item_sum + noise) / divisor)
         for k in self.shared:
             self.shared[k] = opt.update(k, self.shared[k], acc.shared_sum[k] / acc.n)
 

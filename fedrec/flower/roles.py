@@ -69,6 +69,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
+    if run.federated.aggregation != "clients":
+        raise FedrecError(f"--aggregation {run.federated.aggregation} runs in the simulator only for now: the "
+                          "Flower server divides by the round's clients")
     if run.federated.defence is not None:
         raise FedrecError("--defence runs in the simulator only: Flower nodes send sums of their clients' "
                           "uploads, and a per-row robust rule needs each client's")
