@@ -66,3 +66,35 @@ def test_contributors_are_refused_where_they_do_not_apply() -> None:
     assert np.isfinite(train(RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
                                        federated=federated_config("fedmf", rounds=2, aggregation="contributors",
                                                                   lr_item=10.0))).result.test["hr@10"])
+
+
+def test_backoffs_go_back_a_round_halve_the_rates_and_go_on() -> None:
+    from fedrec.errors import Diverged
+
+    def config(backoffs: int) -> RunConfig:
+        return RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
+                         federated=federated_config("fedmf", rounds=6, lr=1e3, backoffs=backoffs))
+
+    with pytest.raises(Diverged) as stopped:
+        train(config(0))
+    at = stopped.value.round
+    done = train(config(30)).result
+    assert done.status == "completed" and len(done.history) == 6
+    rounds = done.extra["backoffs"]
+    assert rounds[0] == at and rounds == sorted(rounds) and len(rounds) <= 30
+    marked = {h.round: h.extra for h in done.history if "backoffs" in h.extra}
+    assert sum(e["backoffs"] for e in marked.values()) == len(rounds)
+    assert min(e["rate_scale"] for e in marked.values()) == 0.5 ** len(rounds)
+    assert all(np.isfinite(h.loss) for h in done.history)
+    with pytest.raises(FedrecError, match="--backoffs does not yet combine"):
+        federated_config("fedmf", backoffs=2, checkpoint_every=1).validate()
+
+
+def test_flower_refuses_the_rule_it_does_not_run_yet() -> None:
+    pytest.importorskip("flwr")
+    from fedrec.flower.roles import check_deployable
+
+    run = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
+                    federated=federated_config("fedmf", rounds=1, aggregation="contributors"))
+    with pytest.raises(FedrecError, match="simulator only"):
+        check_deployable(run)

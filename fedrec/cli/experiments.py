@@ -136,6 +136,7 @@ def run_command(
     dp_noise: float = typer.Option(0.0, help="Federated DP: Gaussian noise multiplier z (noise std z x sensitivity); epsilon is reported."),
     dp_delta: float = typer.Option(1e-5, help="Federated DP: delta of the reported (epsilon, delta)."),
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
+    backoffs: int = typer.Option(0, help="Federated: on divergence go back a round and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence."),
     aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients) or contributors (over the clients that sent the row). Item-embedding family."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
@@ -207,7 +208,7 @@ def run_command(
         "--item-std": item_std is not None, "--ldp": ldp != 0.0, "--clip": clip is not None,
         "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
-        "--aggregation": aggregation is not None,
+        "--aggregation": aggregation is not None, "--backoffs": backoffs != 0,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
@@ -237,7 +238,7 @@ def run_command(
             batch_size=batch_size, lr=given_lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
             patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
-            dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding, aggregation=aggregation,
+            dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding, aggregation=aggregation, backoffs=backoffs,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
             attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
             attack_items=attack_items, boost=boost, defence=defence, trim=trim, byzantine=byzantine,

@@ -122,6 +122,11 @@ class Trainable(ABC):
         self.load_server_state_dict(blob["server"])
         self.load_client_state_dict(blob["clients"])
 
+    def scale_rates(self, factor: float) -> bool:
+        """Multiply the learning rates by ``factor`` (the driver's back-off after a divergence);
+        False where the trainer cannot, and the run then stops at its divergence."""
+        return False
+
     def user_groups(self) -> dict[str, np.ndarray]:
         """Groups of users whose test figures are reported apart (GFed-PP: public, private)."""
         return {}

@@ -41,6 +41,7 @@ def run_rounds(
     resume: bool = False,
     fingerprint: dict[str, Any] | None = None,
     keep_best: bool = False,
+    backoffs: int = 0,
 ) -> TrainOutcome:
     """Train ``algorithm`` for rounds ``1..rounds`` (at most its ``max_rounds``), or continue
     its checkpoint.
@@ -50,7 +51,13 @@ def run_rounds(
     in its last round's state. ``fingerprint``: the options that shape the figures, stored in
     checkpoints and compared on resume (`fedrec.core.checkpoint`). ``split`` is None where the
     trainer holds no data (a Flower server: its nodes evaluate); ``select`` then names the
-    metric that selects the best round.
+    metric that selects the best round. ``backoffs``: on divergence (a loss or scores that are
+    not finite), go back to the state of the best validation round so far (the initial state
+    before one), halve the learning rates
+    (`Trainable.scale_rates`) and train the round again, up to that many times in the run; each
+    back-off is in the round's record (``extra["backoffs"]``, ``extra["rate_scale"]``) and the
+    run's (``extra["backoffs"]``: the rounds). 0, or a trainer that cannot scale its rates,
+    stops at the first divergence.
     """
     rounds = min(rounds, algorithm.max_rounds or rounds)
     began = time.perf_counter()
@@ -70,13 +77,28 @@ def run_rounds(
     if selection.should_stop:  # the checkpointed run had already stopped early
         first = rounds + 1
     groups = algorithm.user_groups()
+    # the state a back-off goes back to: the best validation round's (a round before a divergence
+    # can already be far off while finite), the initial state before any
+    good = copy.deepcopy(algorithm.state_dict()) if backoffs else None
+    scale = 1.0
     for r in range(first, rounds + 1):
         start = time.perf_counter()
-        try:
-            record = _train_and_evaluate(algorithm, split, r, rounds, eval_every, selection, out, groups)
-        except Diverged as e:
-            e.outcome = out  # the rounds before ``r``: the caller records a diverged run with them
-            raise
+        again = 0
+        while True:
+            try:
+                record = _train_and_evaluate(algorithm, split, r, rounds, eval_every, selection, out, groups)
+                break
+            except Diverged as e:
+                if good is None or len(out.extra.get("backoffs", [])) >= backoffs or not algorithm.scale_rates(0.5):
+                    e.outcome = out  # the rounds before ``r``: the caller records a diverged run with them
+                    raise
+                algorithm.load_state_dict(copy.deepcopy(good))
+                scale, again = scale * 0.5, again + 1
+                out.extra.setdefault("backoffs", []).append(r)
+        if again:
+            record.extra.update(backoffs=float(again), rate_scale=scale)
+        if good is not None and out.best_round == r:
+            good = copy.deepcopy(algorithm.state_dict())
         if keep_best and out.best_round == r:
             best_state = copy.deepcopy(algorithm.state_dict())
         record.seconds = time.perf_counter() - start

@@ -47,6 +47,16 @@ class CohortAlgorithm(FederatedAlgorithm):
     def begin_round(self, plan: RoundPlan) -> None:
         self._acc = self.state.begin_round(plan.round)
 
+    def scale_rates(self, factor: float) -> bool:
+        """Scale the state's rates (every kernel of the family reads them at each step). The
+        upload path keeps the rate it was made with: DP noise calibrated to the larger step
+        only overstates the sensitivity."""
+        self.state.lr *= factor
+        self.state.lr_item *= factor
+        self.lr_item *= factor
+        self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
+        return True
+
     def local_update(self, plan: RoundPlan) -> Uploads:
         from fedrec.federated.engine import train_cohort
 

@@ -107,6 +107,8 @@ class FederatedConfig:
     byzantine: float = 0.1
     norm_bound: float | None = None
     aggregation: str = "clients"
+    #: on divergence, go back a round and halve the rates, up to this many times (0: stop)
+    backoffs: int = 0
 
     def validate(self) -> None:
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
@@ -135,6 +137,9 @@ class FederatedConfig:
             (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.pad_items < 0, "--pad-items must be >= 0"),
+            (self.backoffs < 0, "--backoffs must be >= 0"),
+            (self.backoffs > 0 and self.checkpoint_every > 0,
+             "--backoffs does not yet combine with --checkpoint-every (a resumed run would not know its halved rates)"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
             (self.aggregation == "contributors" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),
@@ -177,7 +182,8 @@ class FederatedConfig:
         """``blob`` (this config as a dict) less the security options when no attack, defence or
         target is asked for, and less ``aggregation`` at the papers' rule: they change nothing
         then, so a cache key or checkpoint made before they existed still matches."""
-        blob = {k: v for k, v in blob.items() if not (k == "aggregation" and v == "clients")}
+        blob = {k: v for k, v in blob.items()
+                if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}
@@ -339,7 +345,7 @@ def train_federated(algorithm: FederatedAlgorithm, spec: Any, split: Split, cfg:
     if driver.get("fingerprint") is None:
         driver["fingerprint"] = {"spec": asdict(spec), "config": asdict(cfg)}
     return run_rounds(algorithm, split, rounds=cfg.rounds, eval_every=cfg.eval_every,
-                      patience=cfg.patience, checkpoint_every=cfg.checkpoint_every, **driver)
+                      patience=cfg.patience, checkpoint_every=cfg.checkpoint_every, backoffs=cfg.backoffs, **driver)
 
 
 def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str, float | str]:
