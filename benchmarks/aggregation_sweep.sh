@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server's rule for item rows (--aggregation): the papers' FedAvg over the round's clients at
 # each algorithm's defaults, against each row averaged over the clients that sent it at item rates
-# RATES. One seed, leak-free loo-sampled, 100 rounds; figures are read on validation (the sweep
+# RATES (AGG=samples: the rule that also steps by summed slot gradients). One seed, leak-free loo-sampled, 100 rounds; figures are read on validation (the sweep
 # picks nothing on test). Usage: bash benchmarks/aggregation_sweep.sh OUT_DIR [DATASET...]
 # (data from FEDREC_DATA or the cache; ../shared/data/<name> where present). A file of one's own:
 # EXTRA="--columns user,item,,ts" bash benchmarks/aggregation_sweep.sh OUT path/to/file.csv
@@ -11,6 +11,7 @@ datasets=${*:-ml-100k lastfm-2k}
 rates=${RATES:-"10 30 100 300"}
 algorithms=${ALGORITHMS:-"fedmf pfedrec"}
 extra=${EXTRA:-}
+rule=${AGG:-contributors}  # the rule the rates are for: contributors or samples
 mkdir -p "$out"
 for d in $datasets; do
   name=$(basename "$d"); name=${name%.*}
@@ -20,9 +21,9 @@ for d in $datasets; do
     [ -f "$f" ] || OMP_NUM_THREADS=1 fedrec run "$a" -d "$d" $dir $extra -q -o "$f" >/dev/null \
       || echo "$a $d clients: failed (see above)"
     for r in $rates; do
-      f="$out/$a-$name-contributors-$r.json"
-      [ -f "$f" ] || OMP_NUM_THREADS=1 fedrec run "$a" -d "$d" $dir $extra --aggregation contributors --lr-item "$r" -q -o "$f" >/dev/null \
-        || echo "$a $d contributors $r: failed (see above)"
+      f="$out/$a-$name-$rule-$r.json"
+      [ -f "$f" ] || OMP_NUM_THREADS=1 fedrec run "$a" -d "$d" $dir $extra --aggregation "$rule" --lr-item "$r" -q -o "$f" >/dev/null \
+        || echo "$a $d $rule $r: failed (see above)"
     done
   done
 done

@@ -98,3 +98,21 @@ def test_flower_refuses_the_rule_it_does_not_run_yet() -> None:
                     federated=federated_config("fedmf", rounds=1, aggregation="contributors"))
     with pytest.raises(FedrecError, match="simulator only"):
         check_deployable(run)
+
+
+def test_samples_step_each_row_by_its_summed_slot_gradients() -> None:
+    """One batch a client: the item step on the batch's summed loss is the mean loss's step times
+    the client's real slots (positives and their negatives)."""
+    uploads = {}
+    for rule in ("contributors", "samples"):
+        alg = _algorithm("fedmf", rule, clients_per_round=5)
+        alg.keep_uploads = True
+        plan = alg.plan(1)
+        alg.begin_round(plan)
+        uploads[rule] = alg.local_update(plan).per_client
+    train_rows = alg.split.train
+    negatives = alg.cfg.negatives
+    for mean, summed in zip(uploads["contributors"], uploads["samples"], strict=True):
+        slots = (train_rows.indptr[mean.client + 1] - train_rows.indptr[mean.client]) * (1 + negatives)
+        assert slots <= alg.cfg.batch_size  # one batch: one step, linear in the rate
+        torch.testing.assert_close(summed.tensors[ITEMS], mean.tensors[ITEMS] * slots, rtol=1e-4, atol=1e-6)

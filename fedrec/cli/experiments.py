@@ -137,7 +137,7 @@ def run_command(
     dp_delta: float = typer.Option(1e-5, help="Federated DP: delta of the reported (epsilon, delta)."),
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
     backoffs: int = typer.Option(0, help="Federated: on divergence go back a round and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence."),
-    aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients) or contributors (over the clients that sent the row). Item-embedding family."),
+    aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients) contributors (over the clients that sent the row) or samples (as contributors, each client's item step on its batch's summed loss, not its mean). Item-embedding family."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
     attack: str | None = typer.Option(None, help="Federated: poisoning attack by malicious clients: fedrecattack, a-ra, a-hum, pipattack, boost, random, bandwagon, popular (targeted) or fedattack (see docs/security.md)."),

@@ -41,7 +41,7 @@ from fedrec.train.selection import TrainOutcome
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
 #: the server's rules for item rows (`FederatedConfig.aggregation`)
-AGGREGATIONS = ("clients", "contributors")
+AGGREGATIONS = ("clients", "contributors", "samples")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound")
 
@@ -71,7 +71,9 @@ class FederatedConfig:
     size and density (what the ``n_items x 80`` rule compensates for on ML-100K only;
     docs/learning-rates.md). ``contributors`` divides each row's sum by the clients that sent
     that row: FedAvg restricted to the row's contributors, a step that does not grow with the
-    number of clients (`AGGREGATIONS`).
+    number of clients. ``samples`` is ``contributors`` with each client's item step taken on
+    its batch's summed loss rather than its mean, so a row's step does not shrink as the
+    client's batch grows either (`AGGREGATIONS`).
     """
 
     rounds: int = 100
@@ -142,8 +144,8 @@ class FederatedConfig:
              "--backoffs does not yet combine with --checkpoint-every (a resumed run would not know its halved rates)"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
-            (self.aggregation == "contributors" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),
-             "--aggregation contributors does not yet combine with --ldp, --dp-noise or --defence (their noise "
+            (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),
+             f"--aggregation {self.aggregation} does not yet combine with --ldp, --dp-noise or --defence (their noise "
              "and robust rules are per round's clients)"),
             (self.pad_items > 0 and (self.encoding == "dense" or self.ldp > 0 or self.dp_noise > 0),
              "--pad-items hides which rows a client sends; a dense or noised upload already sends every row"),

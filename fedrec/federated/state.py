@@ -150,8 +150,12 @@ class FamilyState:
     round_start_items: torch.Tensor | None = None
     _server_opt = None  # the spec's server optimiser, made on first use (not a dataclass field)
     #: divide each item row's summed deltas by the clients that sent it (``--aggregation
-    #: contributors``), not by the round's clients (not a dataclass field: set by the algorithm)
+    #: contributors`` or ``samples``), not by the round's clients (not a dataclass field: set by
+    #: the algorithm)
     per_row = False
+    #: step item rows by the sum of their slots' gradients over the client's batch, not the
+    #: batch mean (``--aggregation samples``): a row's step no longer shrinks as the client grows
+    per_sample = False
     #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
     #: attacks and pseudo-item padding apply; not a dataclass field)
     plain_average = True
@@ -280,7 +284,8 @@ class FamilyState:
             for k in mine:
                 params[k][:n].sub_(grads[k], alpha=self.lr_of(k))
             if items:
-                self._apply_item_step(rows, idx, grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item))
+                self._apply_item_step(rows, idx, self._item_grads(grads[ITEMS], m).reshape(-1, rows.shape[1])
+                                      .mul_(-self.lr_item))
             loss_sum += float(loss.detach())
         shared_sum = history.summed(self.shared)
         if not (torch.isfinite(rows).all() and all(torch.isfinite(t).all() for t in shared_sum.values())):
@@ -338,7 +343,7 @@ class FamilyState:
                 params[k][:n].sub_(grads[k], alpha=self.lr_of(k))
             if train_items:
                 # scaling first: index_add_ with alpha takes a slow path (4x, torch 2.13 CPU)
-                step_rows = grads[ITEMS].reshape(-1, rows.shape[1]).mul_(-self.lr_item)
+                step_rows = self._item_grads(grads[ITEMS], m).reshape(-1, rows.shape[1]).mul_(-self.lr_item)
                 self._apply_item_step(rows, idx, step_rows)
                 v = None
             loss_value = loss
@@ -364,6 +369,14 @@ class FamilyState:
         for g in grads.values():
             g[:n] *= scale.view(-1, *[1] * (g.dim() - 1))
         return scale
+
+    def _item_grads(self, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The item gradient of each slot ``(n_active, B, width)``, of the batch-mean loss, or
+        (`per_sample`) of the batch's summed loss: times each client's real slots."""
+        if not self.per_sample:
+            return slots
+        n = slots.shape[0]
+        return slots * mask[:n].sum(1).to(slots.dtype).view(n, *[1] * (slots.dim() - 1))
 
     def lr_of(self, name: str) -> float:
         """Learning rate of a (non-item) parameter; one rate for all in this family."""
