@@ -18,6 +18,7 @@ from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.data.interactions import Interactions
+from fedrec.data.user_sets import looks_like_a_file
 from fedrec.errors import Diverged, FedrecError
 from fedrec.federated.engine import FederatedConfig, engine_flag, train_federated
 from fedrec.files import check_writable
@@ -182,16 +183,13 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
 
 
 def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) -> float | None:
-    """The threshold a user's data set was registered with (`fedrec data add
-    --implicit-threshold`), or None."""
+    """The threshold a user's data set was registered or declared with (``--implicit-threshold``;
+    `RunConfig.user_data`), or None."""
     from fedrec.data import user_sets
 
-    if user_data is not None:
-        return user_sets.UserDataset.from_dict(user_data, f"data set '{dataset}'").implicit_threshold
-    if _SYNTHETIC.match(dataset) or looks_like_a_file(dataset):
+    if user_data is None:
         return None
-    entry = user_sets.get(dataset)
-    return entry.implicit_threshold if entry is not None else None
+    return user_sets.UserDataset.from_dict(user_data, f"data set '{dataset}'").implicit_threshold
 
 
 def federated_config(algorithm: str, dataset: str | None = None, protocol: str | None = None,
@@ -216,13 +214,6 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     merged: dict[str, Any] = spec.engine_for(dataset, ranking)
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
-
-
-def looks_like_a_file(dataset: str) -> bool:
-    """Whether ``-d`` names a file of one's own (`fedrec.data.user_sets.looks_like_a_file`)."""
-    from fedrec.data.user_sets import looks_like_a_file as is_file
-
-    return is_file(dataset)
 
 
 def read_own_file(path: str, columns: str | None) -> Interactions:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_driver import Scripted as Steady
 
 from fedrec.cli import main
-from fedrec.core.contract import Trainable
 from fedrec.core.driver import run_rounds
 from fedrec.errors import Diverged, FedrecError
 from fedrec.eval.metrics import NaNScores
@@ -24,39 +24,26 @@ from fedrec.results import RoundRecord, diverged, load_result
 #: fedmf on this data set at this learning rate: rounds 1 and 2 train (round 1 has the best
 #: validation figure), the loss of round 3 is not finite
 DATASET, LR, AT = "synthetic:40x200", 1e3, 3
-VALID = [0.1, 0.2, 0.5, 0.4]
 
 
-class Scripted(Trainable):
-    """Reports `VALID`; loses its loss in ``nan_loss_at``, or its test scores in ``nan_test_at``."""
+class Scripted(Steady):
+    """`test_driver`'s script; loses its loss in ``nan_loss_at``, or its test scores in
+    ``nan_test_at``."""
 
     def __init__(self, nan_loss_at: int = 0, nan_test_at: int = 0) -> None:
-        self.trained, self.nan_loss_at, self.nan_test_at = 0, nan_loss_at, nan_test_at
+        super().__init__()
+        self.nan_loss_at, self.nan_test_at = nan_loss_at, nan_test_at
 
     def train_round(self, r: int) -> RoundRecord:
-        self.trained = r
-        return RoundRecord(round=r, loss=float("nan") if r == self.nan_loss_at else 1.0 / r, seconds=0.0)
+        record = super().train_round(r)
+        if r == self.nan_loss_at:
+            record.loss = float("nan")
+        return record
 
     def evaluate(self, stage: str, split: Any, users: np.ndarray | None = None) -> dict[str, float]:
         if stage == "test" and self.trained == self.nan_test_at:
             raise NaNScores("scores contain NaN")
-        value = VALID[self.trained - 1]
-        return {"hr@10": value if stage == "valid" else value / 2}
-
-    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-        return np.zeros((len(users), 1))
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"trained": self.trained}
-
-    def client_state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
-        self.trained = blob["trained"]
-
-    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
-        pass
+        return super().evaluate(stage, split, users)
 
 
 def test_the_driver_names_the_round_and_keeps_the_rounds_before():

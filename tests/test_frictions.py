@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_outcome import outcome
 from rich.console import Console
 
 from fedrec.cli import experiments, main
@@ -21,13 +22,8 @@ SYN = "synthetic:60x300"
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.err + captured.out
+    code, out, err = outcome(argv, capsys)
+    return code, err + out
 
 
 # --- 1. the default results file name carries the options given -----------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_outcome import outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,13 +54,8 @@ OPTIONS: dict[str, st.SearchStrategy[Any]] = {
 
 
 def _outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.err
+    code, _, err = outcome(argv, capsys)
+    return code, err
 
 
 def _check(code: int, err: str, written: Path | None, folder: Path) -> None:

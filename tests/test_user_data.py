@@ -349,3 +349,13 @@ def test_compare_refuses_a_folder_made_for_the_file_before_it_changed(tmp_path: 
     with pytest.raises(FedrecError, match="as it was before it changed"):
         fedrec.compare(["fedmf"], "events.csv", columns="user,item,,ts", protocols=["loo-full"], seeds=1,
                        trials=0, rounds=1, out="c")
+
+
+def test_removing_from_an_empty_catalogue_and_an_unknown_suffix_are_one_line(tmp_path: Path) -> None:
+    code, out = cli("data", "remove", "nope")
+    assert code == 2 and "no data set is registered" in out
+    odd = tmp_path / "events.log"
+    odd.write_text("user,item\nu1,i1\n")
+    code, out = cli("data", "add", "odd", str(odd), "--columns", "user,item")
+    assert code == 2 and "--sep" in out and not user_sets.catalogue_file().exists()
+    assert cli("data", "add", "odd", str(odd), "--columns", "user,item", "--sep", ",")[0] == 0

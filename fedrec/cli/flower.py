@@ -146,7 +146,7 @@ def _for_nodes(dataset: str, columns: str | None) -> str:
     """``dataset`` as the nodes are handed it: a file path made absolute, since a node runs in
     another folder (a loopback SuperNode in the deployment's, a Ray worker in Ray's); a name
     stays a name (`fedrec.experiment.load_interactions` resolves it on each node)."""
-    from fedrec.experiment import looks_like_a_file
+    from fedrec.data.user_sets import looks_like_a_file
 
     return os.path.abspath(dataset) if columns is not None or looks_like_a_file(dataset) else dataset
 

@@ -56,7 +56,8 @@ def read_table(
     Columns are header names (a RecBole-style ``name:type`` header matches on ``name``) or,
     with ``header=False``, 0-based positions. ``fmt`` defaults from the suffix; ``sep``
     overrides the delimiter. Without ``rating_col`` the data are implicit; without
-    ``time_col`` the row order is the clock. Parquet needs the optional ``pyarrow``.
+    ``time_col`` they have no clock (``Interactions.clock`` False: leave-one-out holds out random
+    rows). Parquet needs the optional ``pyarrow``.
     """
     p, fmt = _format(path, fmt, sep)
     if fmt == "parquet":
@@ -151,7 +152,8 @@ def _format(path: PathLike, fmt: str | None, sep: str | None) -> tuple[Path, str
     if fmt is None:
         fmt_guess = _SUFFIX_FORMAT.get(p.suffix.lower())
         if fmt_guess is None and sep is None:
-            raise FedrecError(f"{p}: cannot tell the format from the suffix; pass fmt= or sep=")
+            raise FedrecError(f"{p}: cannot tell the format from its suffix (.csv, .tsv, .txt, .dat, .parquet, "
+                              "...); give the separator (--sep, or read_table's sep=)")
         fmt = fmt_guess or "csv"
     if fmt not in ("csv", "tsv", "parquet"):
         raise FedrecError(f"unknown table format {fmt!r}; use csv, tsv or parquet")

@@ -230,6 +230,8 @@ def add(name: str, path: str | Path, columns: str, sep: str | None = None,
 def remove(name: str) -> UserDataset:
     """Forget ``name`` (the file itself is left alone)."""
     found = entries()
+    if not found:
+        raise FedrecError(f"no data set is registered, so none named '{name}' (`fedrec data add` registers one)")
     if name not in found:
         from fedrec.errors import UnknownNameError
 
