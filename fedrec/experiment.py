@@ -193,11 +193,17 @@ def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) ->
 
 
 def federated_config(algorithm: str, dataset: str | None = None, protocol: str | None = None,
-                     **options: Any) -> FederatedConfig:
-    """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's (its learning
-    rate and `AlgorithmSpec.engine`, with a paper's settings for ``dataset`` where one gives
-    them, or its settings for ratings under a rating ``protocol``), then ``options`` (None means
-    "not given")."""
+                     paper: bool = False, **options: Any) -> FederatedConfig:
+    """Engine options for ``algorithm``: fedrec's defaults, then the algorithm's
+    (`AlgorithmSpec.engine`, or its settings for ratings under a rating ``protocol``), then
+    ``options`` (None means "not given").
+
+    With ``paper`` the algorithm's paper setting replaces fedrec's defaults
+    (`AlgorithmSpec.engine_for`): its item-row rule, the rates it gives for ``dataset`` and a
+    fixed round budget. Where fedrec's item-row rule is not the papers', asking
+    for the papers' rule (``aggregation="clients"``) takes the paper's rates too, which go with
+    the rule; so do LDP, DP noise and a robust defence, whose noise and rules are calibrated per
+    round's clients, unless a rule is given."""
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)
@@ -211,7 +217,14 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
     ranking = get_protocol(protocol).ranking if protocol else None
-    merged: dict[str, Any] = spec.engine_for(dataset, ranking)
+    papers_rule = paper
+    if spec.engine_for(dataset, ranking).get("aggregation", "clients") != "clients" and not paper:
+        rule = options.get("aggregation")
+        per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence"))
+        papers_rule = rule == "clients" or (rule is None and per_round_clients)
+    merged: dict[str, Any] = spec.engine_for(dataset, ranking, paper=papers_rule)
+    if papers_rule and not paper:  # the paper's rates with fedrec's stop on validation
+        merged = {**spec.engine_for(dataset, ranking), **merged}
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
 

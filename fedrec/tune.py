@@ -56,7 +56,10 @@ from fedrec.protocols.protocol import EvalSet, Split, get_protocol
 from fedrec.results import environment, git_revision
 from fedrec.train.centralised import TrainConfig
 
-CONFIG_VERSION = 1
+#: version 2 records a federated config's item-row rule and stopping rule (`read_config` reads
+#: version 1 as the papers' rule with a fixed budget, which its trials ran under)
+CONFIG_VERSION = 2
+READABLE_CONFIGS = (1, 2)
 #: how many refused settings a search may redraw, per trial of its budget
 REFUSALS_PER_TRIAL = 10
 
@@ -295,6 +298,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
+    if spec.kind == "federated":  # the rule and stop the trials ran under, so later defaults cannot move them
+        engine = {"aggregation": base.federated.aggregation, "patience": base.federated.patience, **engine}
     model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
@@ -495,9 +500,17 @@ def read_config(path: str | Path) -> dict[str, Any]:
         blob = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise FedrecError(f"--config {p}: not a readable fedrec config ({e})") from None
-    if not isinstance(blob, dict) or blob.get("fedrec_config") != CONFIG_VERSION:
+    if not isinstance(blob, dict) or blob.get("fedrec_config") not in READABLE_CONFIGS:
         raise FedrecError(f"--config {p}: not a fedrec run config (written by `fedrec tune`)")
     for key in ("algorithm", "engine", "model"):
         if key not in blob:
             raise FedrecError(f"--config {p}: no '{key}'")
+    if blob["fedrec_config"] == 1 and isinstance(blob["engine"], dict):
+        from fedrec.algorithms import ALGORITHMS
+
+        spec = ALGORITHMS.get(str(blob["algorithm"]))
+        if spec is not None and spec.kind == "federated":
+            # written before fedrec's own item-row rule and stop on validation: its trials ran
+            # under the papers' rule with a fixed budget
+            blob["engine"] = {"aggregation": "clients", "patience": 0, **blob["engine"]}
     return blob

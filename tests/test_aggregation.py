@@ -21,7 +21,7 @@ def _algorithm(name: str, aggregation: str, **engine: object):  # type: ignore[n
 
 @pytest.mark.parametrize("name", ["fedmf", "pfedrec"])
 def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str) -> None:
-    kept = _algorithm(name, "contributors", clients_per_round=5)
+    kept = _algorithm(name, "contributors", clients_per_round=5, lr_item=960.0)
     kept.keep_uploads = True
     before = kept.state.items.clone()
     plan = kept.plan(1)
@@ -40,20 +40,26 @@ def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str) -> 
     expected[sent] += total[sent] / senders[sent, None]
     torch.testing.assert_close(kept.state.items, expected, rtol=1e-5, atol=1e-6)
     # the papers' rule on the same round divides by every client instead
-    plain = _algorithm(name, "clients", clients_per_round=5)
+    plain = _algorithm(name, "clients", clients_per_round=5, lr_item=960.0)
     plain.train_round(1)
     torch.testing.assert_close(plain.state.items, before + total / len(uploads.per_client), rtol=1e-5, atol=1e-6)
 
 
-def test_the_default_rule_keeps_keys_and_figures() -> None:
+def test_the_papers_rule_keeps_keys_and_figures() -> None:
+    """The papers' setting leaves ``aggregation`` out of a run's identity (keys made before
+    the rule existed still match), and asking for the papers' rule by name trains the same."""
     from fedrec.federated.engine import FederatedConfig
 
-    default = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
-                        federated=federated_config("fedmf", rounds=2))
-    assert "aggregation" not in FederatedConfig.identity(default.federated.__dict__)
+    paper = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
+                      federated=federated_config("fedmf", rounds=2, paper=True))
+    assert "aggregation" not in FederatedConfig.identity(paper.federated.__dict__)
     named = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
                       federated=federated_config("fedmf", rounds=2, aggregation="clients"))
-    assert train(default).result.history[-1].valid == train(named).result.history[-1].valid
+    assert named.federated.item_lr(120) == paper.federated.item_lr(120) == 0.1 * 120 * 80
+    assert train(paper).result.history[-1].valid == train(named).result.history[-1].valid
+    ours = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
+                     federated=federated_config("fedmf", rounds=2))
+    assert FederatedConfig.identity(ours.federated.__dict__)["aggregation"] == "samples"
 
 
 def test_contributors_are_refused_where_they_do_not_apply() -> None:
@@ -73,7 +79,7 @@ def test_backoffs_go_back_a_round_halve_the_rates_and_go_on() -> None:
 
     def config(backoffs: int) -> RunConfig:
         return RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
-                         federated=federated_config("fedmf", rounds=6, lr=1e3, backoffs=backoffs))
+                         federated=federated_config("fedmf", rounds=6, lr=1e3, backoffs=backoffs, paper=True))
 
     with pytest.raises(Diverged) as stopped:
         train(config(0))
@@ -81,23 +87,89 @@ def test_backoffs_go_back_a_round_halve_the_rates_and_go_on() -> None:
     done = train(config(30)).result
     assert done.status == "completed" and len(done.history) == 6
     rounds = done.extra["backoffs"]
-    assert rounds[0] == at and rounds == sorted(rounds) and len(rounds) <= 30
+    # its loss explodes (finite) before the unguarded run's turns non-finite
+    assert rounds[0] <= at and rounds == sorted(rounds) and len(rounds) <= 30
     marked = {h.round: h.extra for h in done.history if "backoffs" in h.extra}
     assert sum(e["backoffs"] for e in marked.values()) == len(rounds)
     assert min(e["rate_scale"] for e in marked.values()) == 0.5 ** len(rounds)
     assert all(np.isfinite(h.loss) for h in done.history)
-    with pytest.raises(FedrecError, match="--backoffs does not yet combine"):
-        federated_config("fedmf", backoffs=2, checkpoint_every=1).validate()
 
 
-def test_flower_refuses_the_rule_it_does_not_run_yet() -> None:
+def test_a_resumed_run_keeps_the_rates_it_backed_off_to(tmp_path) -> None:
+    def config(rounds: int) -> RunConfig:
+        return RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
+                         federated=federated_config("fedmf", rounds=rounds, lr=1e3, backoffs=30, paper=True,
+                                                    checkpoint_every=1))
+
+    ckpt = tmp_path / "run.ckpt"
+    first = train(config(4), checkpoint=ckpt)
+    halvings = len(first.result.extra["backoffs"])
+    assert halvings >= 1
+    assert first.model.state.lr == pytest.approx(1e3 * 0.5 ** halvings)
+    resumed = train(config(6), checkpoint=ckpt, resume=True)
+    assert resumed.result.extra["backoffs"][:halvings] == first.result.extra["backoffs"]
+    later = len(resumed.result.extra["backoffs"]) - halvings
+    assert resumed.model.state.lr == pytest.approx(1e3 * 0.5 ** (halvings + later))
+    assert [h.round for h in resumed.result.history] == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_exploding_loss_backs_off_before_it_turns_non_finite() -> None:
+    """With back-offs on, a round whose loss is over 1,000 times the lowest before is a
+    divergence; without them the run goes on as before."""
+    from fedrec.core import driver
+
+    class Spiking:
+        """A trainer whose round-3 loss spikes a million-fold at full rate."""
+
+        max_rounds = None
+        divergence_hint = "lower the rate"
+
+        def __init__(self) -> None:
+            self.rate, self.params = 1.0, {"w": torch.zeros(1)}
+
+        def user_groups(self):  # type: ignore[no-untyped-def]
+            return {}
+
+        def state_dict(self):  # type: ignore[no-untyped-def]
+            return {"w": self.params["w"].clone()}
+
+        def load_state_dict(self, state) -> None:  # type: ignore[no-untyped-def]
+            self.params = {"w": state["w"].clone()}
+
+        def scale_rates(self, factor: float) -> bool:
+            self.rate *= factor
+            return True
+
+        def train_round(self, r: int):  # type: ignore[no-untyped-def]
+            from fedrec.results import RoundRecord
+
+            return RoundRecord(round=r, loss=1e6 if (r == 3 and self.rate == 1.0) else 0.5, seconds=0.0)
+
+        def evaluate(self, stage, split, mask=None):  # type: ignore[no-untyped-def]
+            return {"hr@10": 0.1}
+
+        def run_extra(self):  # type: ignore[no-untyped-def]
+            return {}
+
+    class NoSplit:
+        class protocol:
+            select = "hr@10"
+
+    out = driver.run_rounds(Spiking(), NoSplit(), rounds=5, backoffs=2)  # type: ignore[arg-type]
+    assert out.extra["backoffs"] == [3] and max(h.loss for h in out.history) == 0.5
+    kept = driver.run_rounds(Spiking(), NoSplit(), rounds=5)  # type: ignore[arg-type]
+    assert "backoffs" not in kept.extra and kept.history[2].loss == 1e6
+
+
+def test_secure_aggregation_refuses_a_rule_that_counts_each_rows_senders() -> None:
     pytest.importorskip("flwr")
     from fedrec.flower.roles import check_deployable
 
     run = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
                     federated=federated_config("fedmf", rounds=1, aggregation="contributors"))
-    with pytest.raises(FedrecError, match="simulator only"):
-        check_deployable(run)
+    check_deployable(run)
+    with pytest.raises(FedrecError, match="--aggregation clients"):
+        check_deployable(run, secure=True)
 
 
 def test_samples_step_each_row_by_its_summed_slot_gradients() -> None:
@@ -105,7 +177,7 @@ def test_samples_step_each_row_by_its_summed_slot_gradients() -> None:
     the client's real slots (positives and their negatives)."""
     uploads = {}
     for rule in ("contributors", "samples"):
-        alg = _algorithm("fedmf", rule, clients_per_round=5)
+        alg = _algorithm("fedmf", rule, clients_per_round=5, lr_item=960.0)
         alg.keep_uploads = True
         plan = alg.plan(1)
         alg.begin_round(plan)

@@ -165,7 +165,11 @@ def test_algorithm_engine_defaults_reach_the_run():
     assert ncf.config["federated"]["lr"] == 0.5
     assert "item_lr_scale" not in ncf.config["model"]
     mf = run(cfg("fedmf"))
-    assert mf.config["federated"]["item_lr_scale"] is None  # the official n_items x 80 rule
+    assert mf.config["federated"]["item_lr_scale"] == 300.0 and mf.config["federated"]["aggregation"] == "samples"
+    assert mf.config["federated"]["patience"] == 30
+    paper = run(cfg("fedmf", paper=True))
+    assert paper.config["federated"]["item_lr_scale"] is None  # the official n_items x 80 rule
+    assert (paper.config["federated"]["aggregation"], paper.config["federated"]["patience"]) == ("clients", 0)
     explicit = run(cfg("fedncf", item_lr_scale=3.0, lr=None))
     assert explicit.config["federated"]["item_lr_scale"] == 3.0
     assert explicit.config["federated"]["lr"] == 0.5  # None means "not given"
@@ -194,23 +198,36 @@ def test_chunk_budget_follows_the_device_unless_given() -> None:
         FederatedConfig(memory_budget_mb=0.0).validate()
 
 
-def test_a_papers_settings_follow_the_data_set_and_elsewhere_a_note_says_untuned(capsys) -> None:
-    """PFedRec's Table 4: the learning rate per data set; a user's option still wins; data no
-    paper covers keep the ML-100K defaults, with a note."""
+def test_a_papers_settings_follow_the_data_set_and_fedrecs_defaults_do_not(capsys) -> None:
+    """PFedRec's Table 4: under the paper's setting the learning rate per data set, with the
+    papers' item-row rule and a fixed budget; a user's option still wins. fedrec's defaults take
+    one setting everywhere, and the algorithms whose defaults were not measured elsewhere say
+    so."""
     from fedrec.algorithms import get_algorithm
 
-    assert federated_config("pfedrec", "lastfm-2k").lr == 0.05
-    assert federated_config("pfedrec", "amazon-video").lr == 0.01
-    assert federated_config("fedmf", "lastfm-2k").lr == 0.05 and federated_config("fedmf", "ml-1m").lr == 0.1
-    assert federated_config("pfedrec", "lastfm-2k", lr=0.3).lr == 0.3
-    assert federated_config("pfedrec", "ciao").lr == federated_config("pfedrec").lr == 0.1
+    assert federated_config("pfedrec", "lastfm-2k", paper=True).lr == 0.05
+    assert federated_config("pfedrec", "amazon-video", paper=True).lr == 0.01
+    assert federated_config("fedmf", "lastfm-2k", paper=True).lr == 0.05
+    assert federated_config("fedmf", "ml-1m", paper=True).lr == 0.1
+    assert federated_config("pfedrec", "lastfm-2k", paper=True, lr=0.3).lr == 0.3
+    assert federated_config("pfedrec", "ciao", paper=True).lr == federated_config("pfedrec").lr == 0.1
+    for dataset in ("lastfm-2k", "amazon-video", "ciao", None):
+        ours = federated_config("pfedrec", dataset)
+        assert (ours.lr, ours.item_lr(5000), ours.aggregation, ours.patience) == (0.1, 30.0, "samples", 30)
+    # the papers' rule asked for by name brings the papers' rates, with fedrec's stop
+    asked = federated_config("fedmf", "lastfm-2k", aggregation="clients")
+    assert (asked.lr, asked.item_lr(100), asked.patience) == (0.05, 400.0, 30)
+    # LDP's noise is calibrated per round's clients: the papers' rule unless one is given
+    assert federated_config("fedmf", ldp=0.1).aggregation == "clients"
+    assert federated_config("fedmf", ldp=0.1, aggregation="samples").aggregation == "samples"
+    assert federated_config("fedrap", ldp=0.1).patience == 30  # its own rule is the papers'
     pfedrec = get_algorithm("pfedrec")
-    assert pfedrec.untuned_note("lastfm-2k") is None and pfedrec.untuned_note("ml-100k") is None
+    assert pfedrec.untuned_note("lastfm-2k") is None and pfedrec.untuned_note("ciao") is None
     assert pfedrec.untuned_note("synthetic:50x80") is None
-    assert "untuned" in pfedrec.untuned_note("ciao") and "untuned" in get_algorithm("fedrap").untuned_note("ml-1m")
+    assert "untuned" in get_algorithm("fedrap").untuned_note("ml-1m")
     with pytest.raises(SystemExit):
         main(["algorithms", "fedmf"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "lastfm-2k" in shown and "--lr 0.05" in shown
+    assert "lastfm-2k" in shown and "--lr 0.05" in shown and "samples" in shown and "--aggregation clients" in shown
     assert "evaluated under sampled, full, rating protocols" in shown
     assert "under rating protocols (squared error on the ratings): --lr 0.03, --item-lr-scale 1000.0" in shown

@@ -73,6 +73,7 @@ def test_fits_ratings_without_negatives(name: str) -> None:
     """Under a rating protocol the run draws no negatives (recorded as 0) and its held-out RMSE
     falls well below the first round's."""
     engine = {"lr": 0.05, "lr_item": 0.5} if name != "metamf" else {"lr": 0.01, "lr_item": 0.5}
+    engine["aggregation"] = "clients"  # the rule the rating settings were chosen under
     cfg = RunConfig(name, dataset="synthetic:150x60", protocol="ratio-rating", seed=0, model={"dim": 8},
                     federated=federated_config(name, rounds=12, local_epochs=5, **engine))
     trained = train(cfg)
@@ -105,8 +106,11 @@ def test_rating_protocols_take_the_rating_defaults() -> None:
     paper's ranking rates for the data set; what the user gives still wins."""
     rating = federated_config("fedmf", "lastfm-2k", "ratio-rating")
     assert (rating.lr, rating.item_lr_scale, rating.item_std, rating.negatives) == (0.03, 1000.0, 0.1, 0)
+    assert rating.aggregation == "clients"  # the rule they were chosen under
     ranking = federated_config("fedmf", "lastfm-2k", "loo-sampled")
-    assert (ranking.lr, ranking.item_lr_scale, ranking.negatives) == (0.05, None, 4)  # PFedRec's Table 4
+    assert (ranking.lr, ranking.item_lr_scale, ranking.negatives) == (0.1, 300.0, 4)  # fedrec's, everywhere
+    paper = federated_config("fedmf", "lastfm-2k", "loo-sampled", paper=True)
+    assert (paper.lr, paper.item_lr_scale, paper.negatives) == (0.05, None, 4)  # PFedRec's Table 4
     assert federated_config("fedmf", "lastfm-2k", "ratio-rating", lr=0.2).lr == 0.2
     fedmf = get_algorithm("fedmf")
     assert "for ratings were chosen on ml-100k" in (fedmf.untuned_note("ciao", "rating") or "")

@@ -73,6 +73,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "pfedrec+clip-sparse": ("pfedrec", {}, {"clip": 1.0, "encoding": "sparse"}),
     "fedncf+2-epochs": ("fedncf", {}, {"local_epochs": 2}),
     "fedcia+ldp": ("fedcia", {}, {"ldp": 0.01}),
+    # fedrec's item-row rule (FedMF's and PFedRec's defaults); every other case runs its paper's
+    "fedmf+samples": ("fedmf", {}, {"aggregation": "samples", "item_lr_scale": 300.0}),
+    "pfedrec+samples": ("pfedrec", {}, {"aggregation": "samples", "item_lr_scale": 300.0}),
 }
 
 
@@ -103,7 +106,7 @@ def figures(name: str) -> dict[str, Any]:
         model=model,
         train=TrainConfig(epochs=ROUNDS, batch_size=256, lr=float(spec.defaults.get("lr", 1e-3)),
                           patience=0),
-        federated=federated_config(algorithm, rounds=ROUNDS, patience=0, **engine),
+        federated=federated_config(algorithm, rounds=ROUNDS, paper=True, **engine),
     )
     res = run(cfg)
     return {

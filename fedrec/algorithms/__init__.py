@@ -28,8 +28,9 @@ class AlgorithmSpec:
     `fedrec.core.FederatedAlgorithm`. ``options`` is its typed options class; ``fixed`` the
     options a variant sets for itself (``fedrap-no``: ``reg=none``). ``engine`` holds the
     engine options (learning rate included) it runs with unless the user says otherwise
-    (`fedrec.experiment.federated_config`). ``rankings`` are the protocol rankings its scores can be
-    evaluated under; ``flower``: the Flower app runs it (`fedrec.flower`).
+    (`fedrec.experiment.federated_config`); ``paper`` those its paper used, over ``engine``,
+    which `fedrec reproduce` runs with (`engine_for`). ``rankings`` are the protocol rankings
+    its scores can be evaluated under; ``flower``: the Flower app runs it (`fedrec.flower`).
     """
 
     name: str
@@ -45,8 +46,12 @@ class AlgorithmSpec:
     #: engine options (`FederatedConfig` fields) the algorithm does not read: given, they are an
     #: error rather than silently dropped
     ignores: tuple[str, ...] = ()
-    #: engine options a paper gives for a data set (registry name), over ``engine``: PFedRec's
-    #: Table 4 learning rates; on any other data set ``engine`` holds, set on ML-100K
+    #: engine options of its paper's setting, over ``engine`` (the papers' item-row rule where
+    #: fedrec's default is another, `FederatedConfig.aggregation`); with ``per_dataset`` they
+    #: are what `fedrec reproduce` and ``--paper`` run with, for a fixed budget of rounds
+    paper: dict[str, Any] = field(default_factory=dict)
+    #: engine options a paper gives for a data set (registry name), over ``paper``: PFedRec's
+    #: Table 4 learning rates (fedrec's own defaults take one setting for every data set)
     per_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: engine options under rating protocols, over ``engine`` and instead of ``per_dataset``
     #: (the papers' rates are for ranking): a squared error on 1-5 stars diverges at rates set
@@ -56,26 +61,37 @@ class AlgorithmSpec:
     #: the engine's rates and epochs (FedRAP's regularisers), or an engine rate (``lr``,
     #: ``item_lr_scale``) whose range replaces the decade around its default
     search: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: its ranking defaults were measured to carry over to data they were not set on
+    #: (docs/defaults.md), so no run is told they are untuned there
+    transfers: bool = False
 
-    def engine_for(self, dataset: str | None, ranking: str | None = None) -> dict[str, Any]:
+    def engine_for(self, dataset: str | None, ranking: str | None = None, paper: bool = False) -> dict[str, Any]:
         """The engine options it runs with on ``dataset`` under a protocol that ranks by
-        ``ranking`` (None: a ranking protocol) unless the user says otherwise."""
+        ``ranking`` (None: a ranking protocol) unless the user says otherwise: fedrec's
+        defaults, or with ``paper`` its paper's item-row rule and the rates it gives for
+        ``dataset``. fedrec's defaults of a federated algorithm stop on validation
+        and back off where they diverge (`FEDREC_ENGINE`); a paper's setting runs its fixed budget."""
+        if paper:
+            base = {**self.engine, **self.paper}
+        else:
+            base = {**(FEDREC_ENGINE if self.kind == "federated" else {}), **self.engine}
         if ranking == "rating":
-            return {**self.engine, **self.rating_engine}
-        return {**self.engine, **self.per_dataset.get(dataset or "", {})}
+            return {**base, **self.rating_engine}
+        return {**base, **self.per_dataset.get(dataset or "", {})} if paper else dict(base)
 
     def untuned_note(self, dataset: str, ranking: str | None = None) -> str | None:
-        """A note where its defaults were not set for ``dataset`` (no paper gives them, and
-        fedrec's were chosen on ML-100K); None where they were, and for synthetic data."""
+        """A note where its defaults were not set for ``dataset`` (they were chosen on ML-100K
+        and not measured to carry over, `transfers`); None where they were, and for synthetic
+        data."""
         if dataset == "ml-100k" or dataset.startswith("synthetic"):
+            return None
+        if self.transfers and ranking != "rating":
             return None
         if ranking == "rating" and self.rating_engine:
             return (f"{self.name}'s settings for ratings were chosen on ml-100k: they are untuned "
                     f"on {dataset} ({self._tune_hint(dataset)})")
-        if dataset in self.per_dataset:
-            return None
-        return (f"{self.name}'s settings were chosen on ml-100k and no paper gives them for "
-                f"{dataset}: they are untuned there ({self._tune_hint(dataset)})")
+        return (f"{self.name}'s settings were chosen on ml-100k and not measured on other data: "
+                f"they are untuned on {dataset} ({self._tune_hint(dataset)})")
 
     def _tune_hint(self, dataset: str) -> str:
         """The command that tunes this algorithm on ``dataset``'s validation split."""
@@ -105,6 +121,13 @@ class AlgorithmSpec:
         """Its default learning rate (an engine option), if it has one."""
         return self.engine.get("lr")
 
+
+#: what fedrec's defaults add to every federated algorithm's: a stop after 30 evaluations
+#: without a better validation figure, under the round cap, and up to three back-offs (the best
+#: round's state, halved rates) where a run diverges (docs/defaults.md). A paper's setting keeps
+#: `FederatedConfig`'s fixed budget and first divergence stop unless its own options say else
+#: (FedCIA's stop).
+FEDREC_ENGINE: dict[str, Any] = {"patience": 30, "backoffs": 3}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
 

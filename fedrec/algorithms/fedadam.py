@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import FamilyOptions
+from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.server_opt import ServerOptimizer
 from fedrec.options import check
@@ -81,5 +81,5 @@ def build(split: Split, o: FedAdamOptions) -> FedAdamSpec:
 register(AlgorithmSpec(
     "fedadam", "federated",
     "FedAdam: FedMF whose server applies Adam to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    build, FedAdamOptions, {"lr": 0.1}, flower=True,
+    build, FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
 ))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import FamilyOptions
+from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.server_opt import ServerOptimizer
 from fedrec.options import check
@@ -73,5 +73,5 @@ def build(split: Split, o: FedAvgMOptions) -> FedAvgMSpec:
 register(AlgorithmSpec(
     "fedavgm", "federated",
     "FedAvgM: FedMF with server momentum on the mean item update (--set server_lr=, momentum=)",
-    build, FedAvgMOptions, {"lr": 0.1}, flower=True,
+    build, FedAvgMOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
 ))

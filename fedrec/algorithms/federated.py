@@ -3,15 +3,21 @@
 Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
 personalisation (private score function, post-tuned item table kept by the client) to any of
 them, as in PFedRec's Table 2. FedMF also fits explicit ratings (squared error, no negatives)
-under rating protocols, as in its paper (Chai et al., 2020). Default learning rates are PFedRec's Table 4 (ML-100K column).
-Item rows use the official ``lr x n_items x 80`` rule, except FedNCF (``item_lr_scale``
-20,000); FedRecon re-trains the user vector for 20 epochs a round. The measurements behind both
-are in docs/learning-rates.md.
+under rating protocols, as in its paper (Chai et al., 2020).
+
+They default to fedrec's item-row rule (`samples`): the server averages each item row over the
+clients that sent it and a client steps its rows on its batch's summed loss, at item rate 30 on
+every data set (measured against the papers' rule in docs/learning-rates.md, and across data
+sets in docs/defaults.md). Their papers' setting (`PAPERS_RULE`: item rows at the official ``lr
+x n_items x 80``, except FedNCF's ``item_lr_scale`` 20,000, with PFedRec's Table 4 learning
+rates per data set) is what `fedrec reproduce` and ``--paper`` run. FedRecon re-trains the user
+vector for 20 epochs a round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.family import FamilySpec, loss_for
@@ -66,8 +72,21 @@ def _family(score: str, *, private_score: bool = False, reconstruct: bool = Fals
 
 
 #: under rating protocols (squared error on the observed ratings, no negatives), chosen on
-#: ML-100K's ratio-rating validation RMSE (docs/learning-rates.md, "Ratings")
-RATING_ENGINE = {"lr": 0.03, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0}
+#: ML-100K's ratio-rating validation RMSE under the papers' item-row rule
+#: (docs/learning-rates.md, "Ratings")
+RATING_ENGINE = {"lr": 0.03, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0, "aggregation": "clients"}
+#: the item rows' rate under fedrec's rule, whatever the data's size and density
+ITEM_RATE = 30.0
+#: the papers' item-row rule: each row's summed deltas over all the round's clients, item rows
+#: at the official lr x n_items x 80
+PAPERS_RULE: dict[str, Any] = {"aggregation": "clients", "item_lr_scale": None}
+
+
+def samples(lr: float) -> dict[str, Any]:
+    """fedrec's item-row rule at learning rate ``lr``: each row averaged over its contributors,
+    stepped per sample, item rows at `ITEM_RATE` (``item_lr_scale`` is relative to ``lr``, so
+    that `fedrec tune` searches both as it does under the papers' rule)."""
+    return {"lr": lr, "aggregation": "samples", "item_lr_scale": ITEM_RATE / lr}
 
 
 def _table4(ml100k: float, ml1m: float, lastfm: float, amazon: float) -> dict[str, dict[str, float]]:
@@ -80,24 +99,26 @@ def _table4(ml100k: float, ml1m: float, lastfm: float, amazon: float) -> dict[st
 register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
-    _family("dot"), FamilyOptions, {"lr": 0.1}, flower=True, per_dataset=_table4(0.1, 0.1, 0.05, 0.05),
-    rankings=("sampled", "full", "rating"), rating_engine=RATING_ENGINE,
+    _family("dot"), FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    per_dataset=_table4(0.1, 0.1, 0.05, 0.05), rankings=("sampled", "full", "rating"),
+    rating_engine=RATING_ENGINE, transfers=True,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), FamilyOptions, {"lr": 0.5, "item_lr_scale": 20000.0}, flower=True,
-    per_dataset=_table4(0.5, 0.5, 0.5, 0.5),
+    _family("ncf"), FamilyOptions, samples(0.5), flower=True,
+    paper={"aggregation": "clients", "item_lr_scale": 20000.0}, per_dataset=_table4(0.5, 0.5, 0.5, 0.5),
+    transfers=True,
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",
     "FedRecon: user vector re-trained from scratch each round before the item update; --dual for DualPer",
-    _family("dot", reconstruct=True), ReconOptions, {"lr": 0.1}, flower=True,
-    per_dataset=_table4(0.1, 0.1, 0.1, 0.05),
+    _family("dot", reconstruct=True), ReconOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    per_dataset=_table4(0.1, 0.1, 0.1, 0.05), transfers=True,
 ))
 register(AlgorithmSpec(
     "pfedrec", "federated",
     "PFedRec: private Linear(d,1) score function, item table post-tuned on the client, averaged",
-    _family("linear", private_score=True), FamilyOptions, {"lr": 0.1}, fixed={"dual": True},
-    flower=True, per_dataset=_table4(0.1, 0.1, 0.05, 0.01),
+    _family("linear", private_score=True), FamilyOptions, samples(0.1), fixed={"dual": True},
+    flower=True, paper=PAPERS_RULE, per_dataset=_table4(0.1, 0.1, 0.05, 0.01), transfers=True,
 ))

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import RATING_ENGINE, FamilyOptions
+from fedrec.algorithms.federated import PAPERS_RULE, RATING_ENGINE, FamilyOptions, samples
 from fedrec.federated.family import FamilySpec, loss_for
 from fedrec.federated.scores import Dot, register_score
 from fedrec.protocols.protocol import Split
@@ -46,6 +46,7 @@ def build(split: Split, o: FamilyOptions) -> FamilySpec:
 register(AlgorithmSpec(
     "fedmf-bias", "federated",
     "FedMF with a private per-user bias (<u, q> + b_u, both on the client)",
-    build, FamilyOptions, {"lr": 0.1}, flower=True, rankings=("sampled", "full", "rating"),
+    build, FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    rankings=("sampled", "full", "rating"),
     rating_engine=RATING_ENGINE,
 ))

@@ -24,6 +24,8 @@ The file::
                             # OUT/cells/<key>.ckpt, so a killed grid loses at most N of each
 
     label = "defaults"      # optional: shown after each method's name on boards, "pfedrec (defaults)"
+    settings = "paper"      # optional: each method's paper setting (item-row rule, rates per data
+                            # set, fixed budget: as `fedrec reproduce`) instead of fedrec's defaults
 
     [tuned]                 # optional: `fedrec tune` configs, by "ALGO" or "ALGO@DATASET"
     "pfedrec@lastfm-2k" = "configs/pfedrec-lastfm-2k.json"
@@ -67,7 +69,9 @@ if TYPE_CHECKING:
     from fedrec.progress import RoundNote
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
-             "checkpoint_every", "label"}
+             "checkpoint_every", "label", "settings"}
+#: ``settings``: fedrec's defaults, or each algorithm's paper setting (`fedrec.experiment.federated_config`)
+SETTINGS = ("defaults", "paper")
 TABLES = ("grid", "tuned", "join", "datasets")
 DATASET_KEYS = {"path", "columns", "sep", "implicit_threshold"}
 
@@ -87,6 +91,9 @@ class Cell:
     device: str = "cpu"
     #: a user's data set as JSON (`fedrec.data.user_sets.UserDataset`), "" for the others
     user_data: str = ""
+    #: the paper's setting instead of fedrec's defaults (``settings = "paper"``; the key is the
+    #: config it resolves to, so it needs no place of its own there)
+    paper: bool = False
 
     def run_config(self, data_dir: str | None) -> Any:
         from fedrec.algorithms import get_algorithm
@@ -99,8 +106,8 @@ class Cell:
                         user_data=json.loads(self.user_data) if self.user_data else None)
         engine = dict(self.engine)
         if spec.kind == "federated":
-            cfg.federated = federated_config(self.algorithm, self.dataset, self.protocol, rounds=self.rounds,
-                                             device=self.device, **engine)
+            cfg.federated = federated_config(self.algorithm, self.dataset, self.protocol, paper=self.paper,
+                                             rounds=self.rounds, device=self.device, **engine)
         else:
             lr = engine.pop("lr", spec.lr or TrainConfig().lr)
             cfg.train = TrainConfig(epochs=self.rounds or 100, lr=lr, device=self.device, **engine)
@@ -156,6 +163,9 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     label = grid.get("label", "")
     if not isinstance(label, str):
         raise FedrecError(f"{p}: grid.label must be text, not {label!r}")
+    settings = grid.get("settings", "defaults")
+    if settings not in SETTINGS:
+        raise FedrecError(f"{p}: grid.settings must be one of {', '.join(SETTINGS)}, not {settings!r}")
     lists = {}
     for key in ("algorithms", "datasets", "protocols", "negatives", "seeds"):
         value = grid.get(key, ["leak-free"] if key == "negatives" else None)
@@ -208,7 +218,8 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                 for negatives in lists["negatives"]:
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
-                                          tuple(sorted(engine.items())), model, device, own.get(dataset, "")))
+                                          tuple(sorted(engine.items())), model, device, own.get(dataset, ""),
+                                          settings == "paper"))
     joined = []
     for name, folder in (blob.get("join", {}) if join else {}).items():
         if not isinstance(folder, str):

@@ -120,7 +120,7 @@ def run_command(
     weight_decay: float = typer.Option(0.0, help="L2 weight decay (centralised)."),
     num_negatives: int | None = typer.Option(None, help="Training negatives per positive, redrawn every epoch/round (default: the algorithm's, else 4)."),
     negatives: str = typer.Option("leak-free", help="Training-negative policy (see `fedrec protocols`)."),
-    patience: int | None = typer.Option(None, help="Stop after this many evaluations without a better validation figure (0: never; default 10 centralised, the algorithm's or 0 federated)."),
+    patience: int | None = typer.Option(None, help="Stop after this many evaluations without a better validation figure (0: never; default 10 centralised, 30 federated, 0 under --paper)."),
     eval_every: int = typer.Option(1, help="Evaluate on validation every N epochs/rounds."),
     dim: int | None = typer.Option(None, help="Embedding size (default: the algorithm's, see `fedrec algorithms`)."),
     dual: bool = typer.Option(False, "--dual", help="Federated: add PFedRec's dual personalisation."),
@@ -128,7 +128,7 @@ def run_command(
     clients_per_round: float | None = typer.Option(None, help="Federated: fraction (<= 1) or number of clients per round (default: the algorithm's, else all)."),
     local_epochs: int | None = typer.Option(None, help="Federated: local epochs per round (default: the algorithm's, else 1)."),
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
-    item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default n_items x 80, the official PFedRec rule)."),
+    item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default: the algorithm's; under the papers' rule n_items x 80, the official PFedRec rule)."),
     item_std: float | None = typer.Option(None, help="Federated: std of the initial item vectors (N(0, std²); default 1.0 as nn.Embedding, 0.1 where a model fits ratings)."),
     ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
     clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
@@ -136,8 +136,9 @@ def run_command(
     dp_noise: float = typer.Option(0.0, help="Federated DP: Gaussian noise multiplier z (noise std z x sensitivity); epsilon is reported."),
     dp_delta: float = typer.Option(1e-5, help="Federated DP: delta of the reported (epsilon, delta)."),
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
-    backoffs: int = typer.Option(0, help="Federated: on divergence go back a round and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence."),
-    aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients) contributors (over the clients that sent the row) or samples (as contributors, each client's item step on its batch's summed loss, not its mean). Item-embedding family."),
+    backoffs: int | None = typer.Option(None, help="Federated: on divergence (a loss or scores not finite, or a loss 1,000 times its lowest) go back to the best round's state and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence (default 3; 0 under --paper)."),
+    aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients, with the papers' rates), contributors (over the clients that sent the row) or samples (as contributors, each client's item step on its batch's summed loss, not its mean; FedMF's and PFedRec's default). Item-embedding family."),
+    paper: bool = typer.Option(False, "--paper", help="Federated: the algorithm's paper setting instead of fedrec's defaults: its item-row rule, the rates it gives for this data set, a fixed budget of rounds (as `fedrec reproduce` runs)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
     attack: str | None = typer.Option(None, help="Federated: poisoning attack by malicious clients: fedrecattack, a-ra, a-hum, pipattack, boost, random, bandwagon, popular (targeted) or fedattack (see docs/security.md)."),
@@ -185,7 +186,10 @@ def run_command(
         item_lr_scale = item_lr_scale if item_lr_scale is not None else engine.pop("item_lr_scale", None)
         lr_item = lr_item if lr_item is not None else engine.pop("lr_item", None)
         batch_size = batch_size if batch_size is not None else engine.pop("batch_size", None)
-        unread = sorted(set(engine) - {"rounds", "lr", "local_epochs", "item_lr_scale", "lr_item", "batch_size"})
+        aggregation = aggregation if aggregation is not None else engine.pop("aggregation", None)
+        patience = patience if patience is not None else engine.pop("patience", None)
+        unread = sorted(set(engine) - {"rounds", "lr", "local_epochs", "item_lr_scale", "lr_item", "batch_size",
+                                       "aggregation", "patience"})
         if unread:
             raise FedrecError(f"--config {config}: engine option(s) {', '.join(unread)} are not read from configs")
         set_options = [f"{k}={v}" for k, v in tuned["model"].items()] + list(set_options)
@@ -208,7 +212,7 @@ def run_command(
         "--item-std": item_std is not None, "--ldp": ldp != 0.0, "--clip": clip is not None,
         "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
-        "--aggregation": aggregation is not None, "--backoffs": backoffs != 0,
+        "--aggregation": aggregation is not None, "--backoffs": backoffs is not None, "--paper": paper,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
@@ -233,7 +237,7 @@ def run_command(
             eval_every=eval_every, device=device, checkpoint_every=checkpoint_every,
         ),
         federated=federated_config(
-            algorithm, dataset, protocol,
+            algorithm, dataset, protocol, paper=paper,
             rounds=rounds, clients_per_round=clients_per_round, local_epochs=local_epochs,
             batch_size=batch_size, lr=given_lr, lr_item=lr_item, item_lr_scale=item_lr_scale,
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
@@ -259,6 +263,8 @@ def run_command(
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
+    if paper and dataset in spec.per_dataset:
+        note = None  # the paper gives its settings for this data set
     if note and not quiet:
         console.print(f"note: {note}", highlight=False)
     bar = batch_progress(console, disable=quiet)
@@ -518,15 +524,18 @@ def algorithms_command(
     engine = titled("engine defaults (command-line options)")
     engine.add_column("option", no_wrap=True)
     engine.add_column("default")
-    for key, value in spec.engine.items():
+    for key, value in spec.engine_for(None).items():
         engine.add_row(engine_flag(key), str(value))
     console.print(engine)
-    if spec.per_dataset:
-        papers = titled("a paper's settings per data set (elsewhere: the defaults above)")
+    if spec.paper or spec.per_dataset:
+        papers = titled("its paper's setting (--paper, `fedrec reproduce`): over the defaults, a fixed budget")
         papers.add_column("data set", no_wrap=True)
         papers.add_column("engine options", overflow="fold")
-        for dataset, opts in spec.per_dataset.items():
-            papers.add_row(dataset, ", ".join(f"{engine_flag(k)} {v}" for k, v in opts.items()))
+        shown = {"any": spec.paper, **spec.per_dataset}
+        for dataset, opts in shown.items():
+            if opts:
+                papers.add_row(dataset, ", ".join(f"{engine_flag(k)} {'n_items x 80' if v is None else v}"
+                                                  for k, v in opts.items()))
         console.print(papers)
     if spec.rating_engine:
         flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in spec.rating_engine.items())

@@ -40,6 +40,8 @@ def flower_command(
     local_epochs: int | None = typer.Option(None, help="Local epochs per round."),
     lr: float | None = typer.Option(None, help="Learning rate (default: the algorithm's)."),
     lr_item: float | None = typer.Option(None, help="Learning rate of item rows."),
+    aggregation: str | None = typer.Option(None, help="The server's rule for item rows, as `fedrec run --aggregation` (default: the algorithm's; clients, the papers' rule, under --secagg)."),
+    paper: bool = typer.Option(False, "--paper", help="The algorithm's paper setting instead of fedrec's defaults, as `fedrec run --paper`."),
     dim: int | None = typer.Option(None, help="Embedding size."),
     eval_every: int = typer.Option(1, help="Evaluate every N rounds."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable."),
@@ -95,8 +97,10 @@ def flower_command(
         algorithm=algorithm, dataset=_for_nodes(dataset, columns), protocol=protocol, seed=seed,
         data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns,
         model={**({"dim": dim} if dim is not None else {}), **parse_settings(set_options)},
-        federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
-                                   local_epochs=local_epochs, lr=lr, lr_item=lr_item,
+        # secure aggregation sums tables alone: the papers' rule, which needs no count per row
+        federated=federated_config(algorithm, dataset, protocol, paper=paper, rounds=rounds,
+                                   clients_per_round=clients_per_round, local_epochs=local_epochs, lr=lr,
+                                   lr_item=lr_item, aggregation=aggregation or ("clients" if secagg else None),
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
                                    dp_noise=dp_noise, dp_delta=dp_delta, device=device),
     )

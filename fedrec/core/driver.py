@@ -52,12 +52,12 @@ def run_rounds(
     checkpoints and compared on resume (`fedrec.core.checkpoint`). ``split`` is None where the
     trainer holds no data (a Flower server: its nodes evaluate); ``select`` then names the
     metric that selects the best round. ``backoffs``: on divergence (a loss or scores that are
-    not finite), go back to the state of the best validation round so far (the initial state
-    before one), halve the learning rates
+    not finite, or a loss that explodes, `EXPLODING`), go back to the state of the best validation round so far (the initial state
+    before one, and when the round diverges again), halve the learning rates
     (`Trainable.scale_rates`) and train the round again, up to that many times in the run; each
     back-off is in the round's record (``extra["backoffs"]``, ``extra["rate_scale"]``) and the
-    run's (``extra["backoffs"]``: the rounds). 0, or a trainer that cannot scale its rates,
-    stops at the first divergence.
+    run's (``extra["backoffs"]``: the rounds, which a resumed run reads to take its rates back
+    down). 0, or a trainer that cannot scale its rates, stops at the first divergence.
     """
     rounds = min(rounds, algorithm.max_rounds or rounds)
     began = time.perf_counter()
@@ -66,9 +66,13 @@ def run_rounds(
     best_state: dict[str, Any] | None = None
     path = Path(checkpoint) if checkpoint else None
     fingerprint = fingerprint or {}
+    scale = 1.0
     if resume and path is not None and path.exists():
         last, best_state = ckpt.load(path, algorithm, out, fingerprint, rounds)
         first = last + 1
+        halvings = len(out.extra.get("backoffs", []))
+        if halvings and algorithm.scale_rates(0.5 ** halvings):  # the rates it had backed off to
+            scale = 0.5 ** halvings
         if keep_best and best_state is None and out.best_round:
             raise FedrecError(f"{path}: the checkpoint holds no copy of the model of its best round "
                               f"({out.best_round}; it was written without keeping one, e.g. without "
@@ -79,24 +83,30 @@ def run_rounds(
     groups = algorithm.user_groups()
     # the state a back-off goes back to: the best validation round's (a round before a divergence
     # can already be far off while finite), the initial state before any
-    good = copy.deepcopy(algorithm.state_dict()) if backoffs else None
-    scale = 1.0
+    # (on a resume, the best round's copy where the checkpoint kept one, else the state resumed);
+    # a round that diverges again from there goes back to the first state (a run whose first
+    # rounds exploded while finite has no good state since)
+    good = copy.deepcopy(best_state or algorithm.state_dict()) if backoffs else None
+    initial = copy.deepcopy(good) if backoffs else None
+    lowest = math.inf  # the lowest training loss so far: a back-off also catches a loss that explodes
     for r in range(first, rounds + 1):
         start = time.perf_counter()
         again = 0
         while True:
             try:
-                record = _train_and_evaluate(algorithm, split, r, rounds, eval_every, selection, out, groups)
+                record = _train_and_evaluate(algorithm, split, r, rounds, eval_every, selection, out, groups,
+                                             lowest if backoffs else math.inf)
                 break
             except Diverged as e:
                 if good is None or len(out.extra.get("backoffs", [])) >= backoffs or not algorithm.scale_rates(0.5):
                     e.outcome = out  # the rounds before ``r``: the caller records a diverged run with them
                     raise
-                algorithm.load_state_dict(copy.deepcopy(good))
+                algorithm.load_state_dict(copy.deepcopy(good if not again else initial))
                 scale, again = scale * 0.5, again + 1
                 out.extra.setdefault("backoffs", []).append(r)
         if again:
             record.extra.update(backoffs=float(again), rate_scale=scale)
+        lowest = min(lowest, record.loss)
         if good is not None and out.best_round == r:
             good = copy.deepcopy(algorithm.state_dict())
         if keep_best and out.best_round == r:
@@ -116,15 +126,27 @@ def run_rounds(
     return out
 
 
+#: a round's loss this many times the lowest so far (and above 1) has exploded: with back-offs on,
+#: it is a divergence too, before it turns non-finite (a healthy run's loss falls from its first
+#: round, and a BCE loss at chance is 0.69)
+EXPLODING = 1000.0
+
+
 def _train_and_evaluate(algorithm: Trainable, split: Split | None, r: int, rounds: int, eval_every: int,
-                        selection: Selection, out: TrainOutcome, groups: dict[str, Any]) -> RoundRecord:
+                        selection: Selection, out: TrainOutcome, groups: dict[str, Any],
+                        lowest: float = math.inf) -> RoundRecord:
     """Round ``r``: train, then validate and (when validation improves) test. A loss or scores
     that are not finite raise `Diverged`, with ``out`` as the rounds before left it: a round
-    whose test scores turn NaN after its validation improved does not become the best one."""
+    whose test scores turn NaN after its validation improved does not become the best one. So
+    does a loss `EXPLODING` times ``lowest`` (the lowest of the rounds before, given where a
+    back-off can follow)."""
     record = algorithm.train_round(r)
     if not math.isfinite(record.loss):
         raise Diverged(f"training diverged in round {r} (the loss is not finite); "
                        f"{algorithm.divergence_hint}", r)
+    if math.isfinite(lowest) and record.loss > EXPLODING * max(lowest, 1.0):
+        raise Diverged(f"training diverged in round {r} (its loss {record.loss:.3g} is over {EXPLODING:g} times "
+                       f"the lowest before, {lowest:.3g}); {algorithm.divergence_hint}", r)
     if r % eval_every == 0 or r == rounds:
         evaluating = time.perf_counter()
         before = (out.best_round, out.valid_at_best, out.test, dict(out.extra), selection.best, selection.stale)

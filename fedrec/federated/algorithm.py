@@ -21,6 +21,22 @@ from fedrec.federated.family import ITEMS
 from fedrec.protocols.protocol import Split
 
 
+def use_aggregation(state: Any, aggregation: str) -> None:
+    """Set ``state``'s item-row rule (`FederatedConfig.aggregation`), in the simulator and on
+    Flower's server and nodes alike; one clear error where the state aggregates its own way."""
+    if aggregation == "clients":
+        return
+    from fedrec.federated.state import FamilyState
+
+    kind = type(state)
+    if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
+        raise FedrecError(f"--aggregation {aggregation} applies to the item-embedding family (FedMF, FedNCF, "
+                          "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
+                          "server aggregates its own way")
+    state.per_row = True
+    state.per_sample = aggregation == "samples"
+
+
 class CohortAlgorithm(FederatedAlgorithm):
     """A cohort-vectorised state driven round by round (see the module docstring)."""
 
@@ -31,16 +47,7 @@ class CohortAlgorithm(FederatedAlgorithm):
         self.state = spec.create_state(split.n_users, split.n_items, lr=cfg.lr, lr_item=self.lr_item,
                                        item_std=cfg.item_std, seed=seed, train=split.train)
         self.path = cfg.upload_path(self.lr_item)
-        if cfg.aggregation != "clients":
-            from fedrec.federated.state import FamilyState
-
-            kind = type(self.state)
-            if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
-                raise FedrecError(f"--aggregation {cfg.aggregation} applies to the item-embedding family (FedMF, FedNCF, "
-                                  "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
-                                  "server aggregates its own way")
-            self.state.per_row = True
-            self.state.per_sample = cfg.aggregation == "samples"
+        use_aggregation(self.state, cfg.aggregation)
         self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
         self.rounds_done = 0
         self.security = security_for(spec, self.state, split, cfg, self.lr_item, seed)

@@ -65,6 +65,11 @@ class FederatedConfig:
     the CPU, `CUDA_BUDGET_MB` on a GPU, where a chunk is one batch of kernel launches and
     bigger chunks launch fewer (not tuned yet: on the one GPU measured, an H200, a round is
     bound by the host's layout work, not the chunks' kernels; `docs/scale.md`).
+    ``patience``: the run stops after this many evaluations without a better validation
+    figure, under the ``rounds`` cap; 0 runs every round (a paper's fixed budget). fedrec's
+    defaults take 30 (`fedrec.algorithms.FEDREC_ENGINE`: over the 89 runs of the item-row
+    rule sweep, 100 rounds each, none lost more than 0.0014 validation NDCG@10 to it, while the
+    sparse runs that peak by round 20 stop by round 50; docs/defaults.md).
     ``aggregation``: how the server turns a round's summed item-row deltas into a step.
     ``clients`` (the papers' FedAvg) divides every row's sum by all the round's accepted
     clients, so the step a row takes depends on how many of them touched it, i.e. on the data's
@@ -86,6 +91,7 @@ class FederatedConfig:
     item_std: float = 1.0
     negatives: int = 4
     eval_every: int = 1
+    #: evaluations without a better validation figure before the run stops (0: run every round)
     patience: int = 0
     ldp: float = 0.0
     clip: float | None = None
@@ -109,7 +115,8 @@ class FederatedConfig:
     byzantine: float = 0.1
     norm_bound: float | None = None
     aggregation: str = "clients"
-    #: on divergence, go back a round and halve the rates, up to this many times (0: stop)
+    #: on divergence, go back to the best round and halve the rates, up to this many times (0:
+    #: stop; fedrec's defaults take 3, `fedrec.algorithms.FEDREC_ENGINE`)
     backoffs: int = 0
 
     def validate(self) -> None:
@@ -140,8 +147,6 @@ class FederatedConfig:
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.pad_items < 0, "--pad-items must be >= 0"),
             (self.backoffs < 0, "--backoffs must be >= 0"),
-            (self.backoffs > 0 and self.checkpoint_every > 0,
-             "--backoffs does not yet combine with --checkpoint-every (a resumed run would not know its halved rates)"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
             (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),

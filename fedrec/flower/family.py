@@ -15,6 +15,7 @@ import torch
 
 from fedrec.core.plan import round_plan
 from fedrec.experiment import RunConfig, prepare_split
+from fedrec.federated.algorithm import use_aggregation
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, train_cohort
 from fedrec.flower.roles import (
@@ -50,9 +51,11 @@ class NodeRole:
 
     def make_state(self) -> Any:
         """The algorithm's state for this node's clients (private parameters drawn by id)."""
-        return self.spec.create_state(
+        state = self.spec.create_state(
             len(self.data.users), self.data.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
             item_std=self.cfg.item_std, seed=self.run.seed, client_ids=self.data.users)
+        use_aggregation(state, self.cfg.aggregation)
+        return state
 
     # private state: what the state declares its clients hold
     def private_state(self) -> bytes:
@@ -70,9 +73,14 @@ class NodeRole:
         """Train the sampled clients of round ``msg['round']`` from the rows sent; the reply
         holds the sum of their accepted row deltas on the rows they touched."""
         acc = self._train(msg)
-        touched = torch.nonzero(acc.item_sum.abs().sum(1) > 0).flatten()
+        sent = acc.item_sum.abs().sum(1) > 0
+        if acc.item_count is not None:  # a row sent with a zero delta still counts its senders
+            sent |= acc.item_count > 0
+        touched = torch.nonzero(sent).flatten()
         reply = {"items": wire_ids(touched.cpu().numpy()), "rows": acc.item_sum[touched].cpu().numpy(),
                  **self._counts(acc), **self._want(int(msg["round"]))}
+        if acc.item_count is not None:  # under fedrec's item-row rules: each row's senders
+            reply["senders"] = acc.item_count[touched].cpu().numpy().astype(np.int32)
         reply.update({f"shared.{k}": v.cpu().numpy() for k, v in acc.shared_sum.items()})
         return reply
 
@@ -144,6 +152,7 @@ class ServerRole(ServerBase):
         self.state = self.spec.create_state(0, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
                                             item_std=self.cfg.item_std, seed=run.seed,
                                             client_ids=np.zeros(0, np.int64))
+        use_aggregation(self.state, self.cfg.aggregation)
         # the nodes noise their clients' uploads (`NodeRole._train`); the server adds none
         self.path = self.cfg.upload_path(self.lr_item).noiseless
         self.want = {} if secure else {node: (int(h["want_round"]), np.asarray(h["want_items"]))
@@ -177,6 +186,9 @@ class ServerRole(ServerBase):
                 log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
                 continue
             acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
+            if acc.item_count is not None:
+                acc.item_count.index_add_(0, torch.as_tensor(reply["items"]),
+                                          torch.as_tensor(reply["senders"], dtype=acc.item_count.dtype))
             for k in acc.shared_sum:
                 acc.shared_sum[k] += torch.as_tensor(reply[f"shared.{k}"])
             fold_counts(acc, reply)
@@ -238,6 +250,11 @@ class ServerRole(ServerBase):
             return "item ids out of range or repeated"
         if rows.shape != (len(items), width) or rows.dtype != np.float32:
             return f"rows have shape {rows.shape} {rows.dtype}, expected ({len(items)}, {width}) float32"
+        if self.state.per_row:
+            senders = np.asarray(reply.get("senders", np.zeros(0)))
+            if (senders.shape != (len(items),) or senders.dtype.kind not in "iu"
+                    or (len(senders) and (senders.min() < 0 or senders.max() > n_clients))):
+                return f"senders must be one count in 0..{n_clients} for each row sent"
         if not np.isfinite(rows).all():
             return "rows hold non-finite values"
         for k, v in self.state.shared.items():

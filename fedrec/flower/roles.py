@@ -69,9 +69,10 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
-    if run.federated.aggregation != "clients":
-        raise FedrecError(f"--aggregation {run.federated.aggregation} runs in the simulator only for now: the "
-                          "Flower server divides by the round's clients")
+    if run.federated.aggregation != "clients" and secure:
+        raise FedrecError(f"secure aggregation sums the item tables alone, and --aggregation "
+                          f"{run.federated.aggregation} divides each row by the clients that sent it (which it "
+                          "hides): run it with --aggregation clients (the papers' rule)")
     if run.federated.defence is not None:
         raise FedrecError("--defence runs in the simulator only: Flower nodes send sums of their clients' "
                           "uploads, and a per-row robust rule needs each client's")

@@ -111,7 +111,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         if defence != "none":
             opts["defence"] = defence
         cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
-                        federated=federated_config(method, "ml-100k", rounds=rounds, **opts))
+                        federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
         start = time.perf_counter()
         res = train(cfg).result
         last = res.history[-1].extra
@@ -143,7 +143,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         opts = dict(VIEWS[view])
         secagg = opts.pop("secagg", 0)
         cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
-                        federated=federated_config(method, "ml-100k", rounds=rounds, **opts))
+                        federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
         res, audit = audit_privacy(cfg, secagg=secagg)
         return {"method": method, "view": view, "seed": seed, **audit.summary(),
                 "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),

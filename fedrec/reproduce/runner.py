@@ -358,7 +358,7 @@ def execute(
             algorithm=planned.algorithm, dataset=dataset, protocol=planned.protocol,
             seed=seed, data_dir=data_dir, **options, **(data_options or {}),
             model=_model_options(planned), train=TrainConfig(device=device, **stop),
-            federated=federated_config(planned.algorithm, dataset, planned.protocol, rounds=rounds,
+            federated=federated_config(planned.algorithm, dataset, planned.protocol, paper=True, rounds=rounds,
                                        ldp=planned.ldp, device=device, **{**dict(planned.engine), **stop}),
         )
 
