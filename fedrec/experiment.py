@@ -202,8 +202,8 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     (`AlgorithmSpec.engine_for`): its item-row rule, the rates it gives for ``dataset`` and a
     fixed round budget. Where fedrec's item-row rule is not the papers', asking
     for the papers' rule (``aggregation="clients"``) takes the paper's rates too, which go with
-    the rule; so do LDP, DP noise and a robust defence, whose noise and rules are calibrated per
-    round's clients, unless a rule is given."""
+    the rule; so do LDP, DP noise, a robust defence and an attack, whose noise, rules and crafted
+    uploads are calibrated per round's clients, unless a rule is given."""
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)
@@ -220,7 +220,8 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     papers_rule = paper
     if spec.engine_for(dataset, ranking).get("aggregation", "clients") != "clients" and not paper:
         rule = options.get("aggregation")
-        per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence"))
+        per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence")
+                                 or options.get("attack"))
         papers_rule = rule == "clients" or (rule is None and per_round_clients)
     merged: dict[str, Any] = spec.engine_for(dataset, ranking, paper=papers_rule)
     if papers_rule and not paper:  # the paper's rates with fedrec's stop on validation

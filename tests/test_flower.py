@@ -144,10 +144,14 @@ def test_server_rejects_bad_uploads_and_drops_silent_nodes(caplog: pytest.LogCap
     assert "node 2 did not answer" in caplog.text
     assert record.extra["rejected_nodes"] == 1 and record.extra["dropped_nodes"] == 1
     assert record.rejected_uploads == len(info["sent"][1]["clients"])
-    # the round went on with node 0 alone: global += its delta sum / its clients
+    # the round went on with node 0 alone: global += each row's delta sum / the clients that
+    # sent it (fedrec's rule; the papers' divides by all its clients, `test_secure_...`)
     p = info["good"][0]
     expect = info["before"].clone()
-    expect[torch.as_tensor(p["items"])] += torch.as_tensor(p["rows"]) / p["n"]
+    senders = torch.as_tensor(p["senders"], dtype=expect.dtype)
+    assert run.federated.aggregation == "samples" and 1 <= senders.min() and senders.max() <= p["n"]
+    assert (senders < p["n"]).any()  # rows some of its clients did not send
+    expect[torch.as_tensor(p["items"])] += torch.as_tensor(p["rows"]) / senders[:, None]
     torch.testing.assert_close(server.state.items, expect)
 
 
@@ -197,7 +201,7 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> N
     is the plain aggregate up to SecAgg+'s quantisation (steps of 2 x range / 2^24)."""
     from fedrec.flower.launch import simulate
 
-    run = _run("fedmf", rounds=2)
+    run = _run("fedmf", rounds=2, aggregation="clients")  # secure aggregation sums tables alone
     ckpt = tmp_path / "server.ckpt"
     simulate(run, 3, out=tmp_path / "secure.json", checkpoint=ckpt, secagg=True)
     secure = checkpoint.read(ckpt)

@@ -1,0 +1,74 @@
+"""fedrec's defaults and the papers' settings: what a run takes unless told otherwise, and the
+switches (`--paper`, a bench file's ``settings``) that run an algorithm as its paper did."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_outcome import outcome
+
+from fedrec.bench import load_grid
+from fedrec.errors import FedrecError
+
+DATA = "synthetic:60x300"
+
+
+def _bench(tmp_path: Path, settings: str | None) -> Path:
+    path = tmp_path / f"grid-{settings}.toml"
+    line = f'settings = "{settings}"\n' if settings is not None else ""
+    path.write_text(f'[grid]\n{line}algorithms = ["fedmf", "mf"]\ndatasets = ["{DATA}"]\n'
+                    'protocols = ["loo-sampled"]\nseeds = [0]\nrounds = 2\n')
+    return path
+
+
+def test_run_takes_fedrecs_defaults_and_paper_the_papers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ours, paper = tmp_path / "ours.json", tmp_path / "paper.json"
+    assert outcome(["run", "fedmf", "-d", DATA, "--rounds", "2", "-q", "-o", str(ours)], capsys)[0] == 0
+    assert outcome(["run", "fedmf", "-d", DATA, "--rounds", "2", "-q", "--paper", "-o", str(paper)], capsys)[0] == 0
+    mine, theirs = (json.loads(p.read_text())["config"]["federated"] for p in (ours, paper))
+    assert (mine["aggregation"], mine["item_lr_scale"], mine["patience"], mine["backoffs"]) == ("samples", 300.0, 30, 3)
+    assert (theirs["aggregation"], theirs["item_lr_scale"], theirs["patience"], theirs["backoffs"]) == (
+        "clients", None, 0, 0)
+    # a centralised algorithm has no paper setting to switch to
+    code, _, err = outcome(["run", "mf", "-d", DATA, "--epochs", "1", "--paper", "-q",
+                            "-o", str(tmp_path / "mf.json")], capsys)
+    assert code == 2 and "--paper" in err
+
+
+def test_a_bench_file_may_run_the_papers_settings(tmp_path: Path) -> None:
+    ours, paper = load_grid(_bench(tmp_path, None)), load_grid(_bench(tmp_path, "paper"))
+    by = {c.algorithm: c for c in ours.cells}, {c.algorithm: c for c in paper.cells}
+    assert by[0]["fedmf"].key() != by[1]["fedmf"].key()
+    assert by[1]["fedmf"].run_config(None).federated.aggregation == "clients"
+    assert by[0]["mf"].key() == by[1]["mf"].key()  # a centralised cell is the same either way
+    with pytest.raises(FedrecError, match="grid.settings must be one of defaults, paper"):
+        load_grid(_bench(tmp_path, "papers"))
+
+
+def test_secure_flower_runs_take_the_papers_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secure aggregation sums tables alone: `fedrec flower --secagg` runs the papers' rule
+    unless told otherwise, and refuses fedrec's rule when asked for it."""
+    pytest.importorskip("flwr")
+    from fedrec.flower import launch
+
+    class Launched(Exception):
+        """Stands for the deployment: the test needs only the config it is handed."""
+
+    def simulate(run, nodes, **kw):  # type: ignore[no-untyped-def]
+        raise Launched(run)
+
+    monkeypatch.setattr(launch, "simulate", simulate)
+    with pytest.raises(Launched) as launched:
+        outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", "--secagg",
+                 "-o", str(tmp_path / "s.json")], capsys)
+    assert launched.value.args[0].federated.aggregation == "clients"
+    with pytest.raises(Launched) as launched:
+        outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1",
+                 "-o", str(tmp_path / "p.json")], capsys)
+    assert launched.value.args[0].federated.aggregation == "samples"  # a plain deployment runs fedrec's
+    code, _, err = outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", "--secagg",
+                            "--aggregation", "samples", "-o", str(tmp_path / "t.json")], capsys)
+    assert code == 2 and "--aggregation clients" in err
