@@ -26,6 +26,7 @@ from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
     POSITIVE_AT,
+    ColdFallback,
     Split,
     get_protocol,
     make_split,
@@ -275,8 +276,14 @@ def prepare_split(cfg: RunConfig) -> Split:
     data = preprocess(raw, pre)
     if len(data) == 0:
         raise FedrecError(f"no interactions left in '{cfg.dataset}' after preprocessing ({pre.describe()})")
-    return make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
-                      repeats=cfg.repeats)
+    split = make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
+                       repeats=cfg.repeats)
+    if (protocol.ranking == "rating" and get_algorithm(cfg.algorithm).kind == "federated"
+            and cfg.federated.cold_items == "user-mean"):
+        fallback = ColdFallback.user_means(split.train)
+        split = replace(split, valid=replace(split.valid, fallback=fallback),
+                        test=replace(split.test, fallback=fallback))
+    return split
 
 
 def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None) -> tuple[Any, Any]:

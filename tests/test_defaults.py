@@ -72,3 +72,39 @@ def test_secure_flower_runs_take_the_papers_rule(tmp_path: Path, capsys: pytest.
     code, _, err = outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", "--secagg",
                             "--aggregation", "samples", "-o", str(tmp_path / "t.json")], capsys)
     assert code == 2 and "--aggregation clients" in err
+
+
+def test_an_item_no_training_rating_names_is_predicted_at_the_users_mean() -> None:
+    """Under a rating protocol fedrec's defaults predict a user's training mean for an item that
+    no training rating names (its row is still at its initial value); the model's own scores
+    stand everywhere else, and a paper's setting keeps them everywhere."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from fedrec.eval.evaluate import evaluate
+    from fedrec.experiment import RunConfig, federated_config, prepare_split
+    from fedrec.protocols.protocol import ColdFallback, EvalSet, get_protocol
+
+    train = sp.csr_matrix(np.array([[4.0, 2.0, 0, 0], [0, 5.0, 0, 0], [0, 0, 0, 0]], np.float32))
+    fallback = ColdFallback.user_means(train)
+    assert fallback.cold.tolist() == [False, False, True, True]
+    assert fallback.value.tolist() == [3.0, 5.0, pytest.approx(11 / 3)]  # no ratings: the global mean
+    held_out = sp.csr_matrix(np.array([[0, 0, 3.0, 0], [1.0, 0, 0, 5.0], [0, 0, 0, 4.0]], np.float32))
+    stage = EvalSet(np.arange(3), held_out)
+
+    def zeros(users, items):  # type: ignore[no-untyped-def]
+        return np.zeros(items.shape, np.float32)
+
+    protocol = get_protocol("ratio-rating")
+    plain = evaluate(zeros, stage, protocol)["rmse"]
+    assert plain == pytest.approx(np.sqrt((9 + 1 + 25 + 16) / 4))
+    kept = evaluate(zeros, EvalSet(np.arange(3), held_out, fallback=fallback), protocol)["rmse"]
+    # item 0 is warm (user 1's 1.0 against the model's 0); the rest fall back to the user's mean
+    assert kept == pytest.approx(np.sqrt((0 + 1 + 0 + (4 - 11 / 3) ** 2) / 4))
+    ours = prepare_split(RunConfig("fedmf", dataset=DATA, protocol="ratio-rating",
+                                   federated=federated_config("fedmf", protocol="ratio-rating")))
+    assert ours.valid.fallback is not None and ours.test.fallback is ours.valid.fallback
+    paper = prepare_split(RunConfig("fedmf", dataset=DATA, protocol="ratio-rating",
+                                    federated=federated_config("fedmf", protocol="ratio-rating", paper=True)))
+    assert paper.test.fallback is None
+    assert prepare_split(RunConfig("mf", dataset=DATA, protocol="ratio-rating")).test.fallback is None

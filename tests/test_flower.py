@@ -67,6 +67,8 @@ def _same_outcome(a: Any, b: Any) -> None:
                 "model": {"hidden": 16, "memory": 12}}),
     # a squared error on the ratings (no negatives)
     ("fedmf", {"clients_per_round": 0.5, "protocol": "ratio-rating", "negatives": 0, "lr_item": 0.5}),
+    # each node predicts its own users' means for the items no training rating names
+    ("fedmf", {"protocol": "ratio-rating", "negatives": 0, "lr_item": 0.5, "cold_items": "user-mean"}),
     ("metamf", {"protocol": "ratio-rating", "negatives": 0, "lr": 0.01, "lr_item": 0.5,
                 "model": {"hidden": 16, "memory": 12}}),
     ("personalfr", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),

@@ -71,12 +71,13 @@ class AlgorithmSpec:
         defaults, or with ``paper`` its paper's item-row rule and the rates it gives for
         ``dataset``. fedrec's defaults of a federated algorithm stop on validation
         and back off where they diverge (`FEDREC_ENGINE`); a paper's setting runs its fixed budget."""
+        federated = self.kind == "federated"
         if paper:
             base = {**self.engine, **self.paper}
         else:
-            base = {**(FEDREC_ENGINE if self.kind == "federated" else {}), **self.engine}
+            base = {**(FEDREC_ENGINE if federated else {}), **self.engine}
         if ranking == "rating":
-            return {**base, **self.rating_engine}
+            return {**base, **(FEDREC_RATINGS if federated and not paper else {}), **self.rating_engine}
         return {**base, **self.per_dataset.get(dataset or "", {})} if paper else dict(base)
 
     def untuned_note(self, dataset: str, ranking: str | None = None) -> str | None:
@@ -128,6 +129,9 @@ class AlgorithmSpec:
 #: `FederatedConfig`'s fixed budget and first divergence stop unless its own options say else
 #: (FedCIA's stop).
 FEDREC_ENGINE: dict[str, Any] = {"patience": 30, "backoffs": 3}
+#: and under rating protocols: the user's training mean for an item no training rating names
+#: (its row is still at its initial value; `fedrec.protocols.protocol.ColdFallback`)
+FEDREC_RATINGS: dict[str, Any] = {"cold_items": "user-mean"}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
 

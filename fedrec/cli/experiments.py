@@ -138,6 +138,7 @@ def run_command(
     encoding: str | None = typer.Option(None, help="Federated: item-table upload encoding: rows, sparse or dense (default: the algorithm's, else rows)."),
     backoffs: int | None = typer.Option(None, help="Federated: on divergence (a loss or scores not finite, or a loss 1,000 times its lowest) go back to the best round's state and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence (default 3; 0 under --paper)."),
     aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients, with the papers' rates), contributors (over the clients that sent the row) or samples (as contributors, each client's item step on its batch's summed loss, not its mean; FedMF's and PFedRec's default). Item-embedding family."),
+    cold_items: str | None = typer.Option(None, help="Federated, rating protocols: what is predicted for an item no training rating names: model (its untrained row's score) or user-mean (the user's training mean; default, but model under --paper)."),
     paper: bool = typer.Option(False, "--paper", help="Federated: the algorithm's paper setting instead of fedrec's defaults: its item-row rule, the rates it gives for this data set, a fixed budget of rounds (as `fedrec reproduce` runs)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
@@ -213,6 +214,7 @@ def run_command(
         "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
         "--aggregation": aggregation is not None, "--backoffs": backoffs is not None, "--paper": paper,
+        "--cold-items": cold_items is not None,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
@@ -243,6 +245,7 @@ def run_command(
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
             patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
             dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding, aggregation=aggregation, backoffs=backoffs,
+            cold_items=cold_items,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
             attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
             attack_items=attack_items, boost=boost, defence=defence, trim=trim, byzantine=byzantine,

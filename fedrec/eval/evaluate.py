@@ -31,7 +31,10 @@ def evaluate(
         t = stage.targets[users].tocsr()
         if not t.nnz:  # nothing held out (a tuning trial's empty test stage): no RMSE to give
             return {"users": float(len(users))}
-        pred, target = _held_out_ratings(scorer, users, t, chunk_users)
+        pred, target, who, items = _held_out_ratings(scorer, users, t, chunk_users)
+        if stage.fallback is not None:
+            cold = stage.fallback.cold[items]
+            pred = np.where(cold, stage.fallback.value[who], pred)
         return {"rmse": rmse(pred, target), "users": float(len(users))}
     if protocol.ranking == "sampled":
         scores = _chunked(scorer, users, stage.candidates, chunk_users)
@@ -63,8 +66,9 @@ def evaluate(
 
 
 def _held_out_ratings(scorer: Scorer, users: np.ndarray, targets: sp.csr_matrix,
-                      chunk_users: int) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted and held-out ratings, each user's items scored as one row (``targets``: row k
+                      chunk_users: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted and held-out ratings, with the user and item of each, each user's items scored
+    as one row (``targets``: row k
     holds ``users[k]``'s held-out ratings). Users go most ratings first, in chunks of at most
     ``chunk_users`` whose rows hold more than half the chunk's widest, each padded to that width
     with its row's last item (scored, not counted: at most as many padded cells as real ones): a
@@ -74,7 +78,7 @@ def _held_out_ratings(scorer: Scorer, users: np.ndarray, targets: sp.csr_matrix,
     order = np.argsort(-counts, kind="stable")
     order = order[counts[order] > 0]
     descending = -counts[order]
-    pred, target = [], []
+    pred, target, who, items = [], [], [], []
     start = 0
     while start < len(order):
         width = int(counts[order[start]])
@@ -85,7 +89,9 @@ def _held_out_ratings(scorer: Scorer, users: np.ndarray, targets: sp.csr_matrix,
         real = np.arange(width)[None, :] < counts[rows][:, None]
         pred.append(np.asarray(scorer(users[rows], targets.indices[at].astype(np.int64)))[real])
         target.append(targets.data[at[real]])
-    return np.concatenate(pred), np.concatenate(target)
+        who.append(np.broadcast_to(users[rows][:, None], at.shape)[real])
+        items.append(targets.indices[at[real]])
+    return np.concatenate(pred), np.concatenate(target), np.concatenate(who), np.concatenate(items)
 
 
 def _rated_metrics(scores: np.ndarray, ratings: sp.csr_matrix, exclude: np.ndarray | None,

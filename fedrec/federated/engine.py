@@ -42,6 +42,8 @@ CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedC
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
 #: the server's rules for item rows (`FederatedConfig.aggregation`)
 AGGREGATIONS = ("clients", "contributors", "samples")
+#: what a rating model predicts for an item no training rating names (`FederatedConfig.cold_items`)
+COLD_ITEMS = ("model", "user-mean")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound")
 
@@ -118,6 +120,10 @@ class FederatedConfig:
     #: on divergence, go back to the best round and halve the rates, up to this many times (0:
     #: stop; fedrec's defaults take 3, `fedrec.algorithms.FEDREC_ENGINE`)
     backoffs: int = 0
+    #: under rating protocols, what is predicted for an item no training rating names: the
+    #: model's score ("model", its untrained row) or the user's training mean ("user-mean",
+    #: fedrec's default for ratings; `fedrec.protocols.protocol.ColdFallback`)
+    cold_items: str = "model"
 
     def validate(self) -> None:
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
@@ -147,6 +153,8 @@ class FederatedConfig:
             (self.eval_every < 1, "--eval-every must be >= 1"),
             (self.pad_items < 0, "--pad-items must be >= 0"),
             (self.backoffs < 0, "--backoffs must be >= 0"),
+            (self.cold_items not in COLD_ITEMS,
+             f"--cold-items must be one of {', '.join(COLD_ITEMS)} (got {self.cold_items!r})"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
             (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None
@@ -192,7 +200,8 @@ class FederatedConfig:
         target is asked for, and less ``aggregation`` at the papers' rule: they change nothing
         then, so a cache key or checkpoint made before they existed still matches."""
         blob = {k: v for k, v in blob.items()
-                if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v))}
+                if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
+                        or (k == "cold_items" and v == "model"))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

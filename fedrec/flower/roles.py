@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -137,9 +137,11 @@ def _local_stage(stage: EvalSet, users: np.ndarray, n_users: int) -> EvalSet:
     pos = np.full(n_users, -1)
     pos[users] = np.arange(len(users))
     keep = pos[stage.users] >= 0
+    fallback = stage.fallback
     return EvalSet(users=pos[stage.users[keep]], targets=stage.targets[users],
                    candidates=None if stage.candidates is None else stage.candidates[keep],
-                   exclude=None if stage.exclude is None else stage.exclude[users])
+                   exclude=None if stage.exclude is None else stage.exclude[users],
+                   fallback=None if fallback is None else replace(fallback, value=fallback.value[users]))
 
 
 def stage_metrics(scorer: Any, valid: EvalSet, test: EvalSet, protocol: Protocol) -> Payload:

@@ -138,13 +138,35 @@ def get_protocol(name: str) -> Protocol:
     return PROTOCOLS[name]
 
 
+@dataclass(frozen=True)
+class ColdFallback:
+    """Ratings predicted for items no training rating names (``cold``, a mask over items): each
+    user's ``value`` (its training mean) in place of the model's score, which for such an item
+    is its row's untrained initial value. Leak-free: both come from the training ratings alone;
+    in a federation a client knows its own mean, and the server which rows nobody trained."""
+
+    cold: np.ndarray
+    value: np.ndarray
+
+    @staticmethod
+    def user_means(train: sp.csr_matrix) -> ColdFallback:
+        """Each user's training mean (the global mean for a user without one) on the items
+        ``train`` never names."""
+        counts = np.diff(train.indptr)
+        sums = np.asarray(train.sum(axis=1)).ravel()
+        overall = float(train.data.mean()) if train.nnz else 0.0
+        value = np.where(counts > 0, sums / np.maximum(counts, 1), overall).astype(np.float32)
+        return ColdFallback(np.asarray(train.getnnz(axis=0) == 0), value)
+
+
 @dataclass
 class EvalSet:
     """One evaluation stage (validation or test).
 
     ``users`` are the users with a target. Sampled ranking: ``candidates[k]`` holds the items
     ranked for ``users[k]``, the target in column 0. Full ranking: ``exclude`` marks items never
-    ranked (training items, and validation items when testing). Rating: ``targets`` values.
+    ranked (training items, and validation items when testing). Rating: ``targets`` values, and
+    where given a ``fallback`` for items no training rating names (`ColdFallback`).
     Rated: ``targets`` holds the held-out ratings, ``exclude`` as under full ranking.
     """
 
@@ -152,6 +174,7 @@ class EvalSet:
     targets: sp.csr_matrix
     candidates: np.ndarray | None = None
     exclude: sp.csr_matrix | None = None
+    fallback: ColdFallback | None = None
 
 
 @dataclass
