@@ -107,7 +107,7 @@ def test_fedrec_run_says_it_diverged_on_one_line_and_keeps_the_file(tmp_path: Pa
                                                                     capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "r.json"
     with pytest.raises(SystemExit) as done:
-        main(["run", "fedmf", "-d", DATASET, "--rounds", "6", "--lr", str(LR), "-q", "-o", str(out)])
+        main(["run", "fedmf", "-d", DATASET, "--rounds", "6", "--lr", str(LR), "--paper", "-q", "-o", str(out)])
     assert done.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err

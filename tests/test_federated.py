@@ -161,8 +161,9 @@ def test_algorithm_engine_defaults_reach_the_run():
                          model={"dim": 8})
 
     ncf = run(cfg("fedncf"))
-    assert ncf.config["federated"]["item_lr_scale"] == 20000.0
+    assert ncf.config["federated"]["item_lr_scale"] == 60.0  # item rows at 30, as every method of the family
     assert ncf.config["federated"]["lr"] == 0.5
+    assert run(cfg("fedncf", paper=True)).config["federated"]["item_lr_scale"] == 20000.0
     assert "item_lr_scale" not in ncf.config["model"]
     mf = run(cfg("fedmf"))
     assert mf.config["federated"]["item_lr_scale"] == 300.0 and mf.config["federated"]["aggregation"] == "samples"

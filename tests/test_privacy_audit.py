@@ -37,7 +37,7 @@ def test_uploads_reveal_the_training_items(plain):
 
 
 def test_heavy_ldp_noise_leaves_the_server_at_chance(plain):
-    noisy = _audit(ldp=1e5)[1].summary()
+    noisy = _audit(ldp=1e5, backoffs=0)[1].summary()  # noise this heavy explodes the loss: no back-off
     assert abs(noisy["direction_auc"] - 0.5) < 0.05 and abs(noisy["rows_auc"] - 0.5) < 0.05
     assert noisy["rows_recall"] < 1.0 or noisy["rows_precision"] < 2 * noisy["random_precision"]
 
