@@ -265,6 +265,7 @@ def run(
     data_dir: str | None = None,
     out: str | Path | None = None,
     on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
+    paper: bool = False,
     **data: Any,
 ) -> Run:
     """Train ``algorithm`` on ``dataset`` under ``protocol`` and return the trained `Run`.
@@ -272,11 +273,14 @@ def run(
     ``options``: the algorithm's typed options (``fedrec algorithms`` lists them);
     ``engine``: engine options (federated: `fedrec.federated.engine.FederatedConfig`'s fields,
     e.g. ``clients_per_round``, ``ldp``; centralised: `TrainConfig`'s); ``rounds``: rounds
-    (epochs); ``data``: preprocessing options of `RunConfig` (``min_user``, ``max_users``, ...).
+    (epochs); ``paper``: a federated algorithm's paper setting under ``engine`` instead of
+    fedrec's defaults (docs/defaults.md); ``data``: preprocessing options of `RunConfig`
+    (``min_user``, ``max_users``, ...).
 
-    A run whose loss (or scores) stops being finite raises `fedrec.errors.Diverged` (a
-    `FedrecError`): its ``round``, and its ``result``, the `RunResult` of the rounds before
-    (``status`` ``"diverged"``), also written to ``out`` when given.
+    A run that diverges with no back-off left (fedrec's defaults take three; a paper's setting
+    none) raises `fedrec.errors.Diverged` (a `FedrecError`): its ``round``, and its
+    ``result``, the `RunResult` of the rounds before (``status`` ``"diverged"``), also written
+    to ``out`` when given.
     """
     from fedrec.algorithms import get_algorithm
     from fedrec.federated.engine import FederatedConfig
@@ -304,8 +308,10 @@ def run(
             rounds = engine.pop(key)
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                     negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
+    if paper and spec.kind != "federated":
+        raise FedrecError(f"'{algorithm}' is centralised: it has no paper setting to run (paper=True)")
     if spec.kind == "federated":
-        cfg.federated = federated_config(algorithm, dataset, protocol, rounds=rounds,
+        cfg.federated = federated_config(algorithm, dataset, protocol, rounds=rounds, paper=paper,
                                          **typed(FederatedConfig, engine, "engine option"))
     else:
         train_opts = typed(TrainConfig, engine, "training option")

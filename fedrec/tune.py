@@ -56,8 +56,9 @@ from fedrec.protocols.protocol import EvalSet, Split, get_protocol
 from fedrec.results import environment, git_revision
 from fedrec.train.centralised import TrainConfig
 
-#: version 2 records a federated config's item-row rule and stopping rule (`read_config` reads
-#: version 1 as the papers' rule with a fixed budget, which its trials ran under)
+#: version 2 records a federated config's item-row rule, stopping rule and back-offs
+#: (`read_config` reads version 1 as the papers' rule with a fixed budget and no back-off,
+#: which its trials ran under)
 CONFIG_VERSION = 2
 READABLE_CONFIGS = (1, 2)
 #: how many refused settings a search may redraw, per trial of its budget
@@ -299,7 +300,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}
     if spec.kind == "federated":  # the rule and stop the trials ran under, so later defaults cannot move them
-        engine = {"aggregation": base.federated.aggregation, "patience": base.federated.patience, **engine}
+        engine = {"aggregation": base.federated.aggregation, "patience": base.federated.patience,
+                  "backoffs": base.federated.backoffs, **engine}
     model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
@@ -512,5 +514,5 @@ def read_config(path: str | Path) -> dict[str, Any]:
         if spec is not None and spec.kind == "federated":
             # written before fedrec's own item-row rule and stop on validation: its trials ran
             # under the papers' rule with a fixed budget
-            blob["engine"] = {"aggregation": "clients", "patience": 0, **blob["engine"]}
+            blob["engine"] = {"aggregation": "clients", "patience": 0, "backoffs": 0, **blob["engine"]}
     return blob

@@ -78,7 +78,7 @@ def _diverging(seed: int = 0, rounds: int = 6) -> Any:
     from fedrec.experiment import RunConfig, federated_config
 
     return RunConfig(algorithm="fedmf", dataset=DATASET, protocol="loo-sampled", seed=seed,
-                     federated=federated_config("fedmf", rounds=rounds, lr=LR))
+                     federated=federated_config("fedmf", rounds=rounds, lr=LR, paper=True))
 
 
 def test_train_writes_a_diverged_run_and_raises_it_with_its_result(tmp_path: Path):

@@ -35,8 +35,8 @@ def test_the_tuned_config_makes_run_repeat_the_best_trial(tmp_path: Path, capsys
     assert [blob["tuning"][k] for k in ("completed", "pruned")] == [states.count("complete"), states.count("pruned")]
     split = validation_only(prepare_split(RunConfig("pfedrec", dataset=DATA)))
     space = {p.name: p for p in search_space(get_algorithm("pfedrec"), split, DATA)}
-    assert set(blob["engine"]) == {"rounds", "aggregation", "patience", *space}  # the rule and stop it ran under
-    assert (blob["engine"]["aggregation"], blob["engine"]["patience"]) == ("samples", 30)
+    assert set(blob["engine"]) == {"rounds", "aggregation", "patience", "backoffs", *space}  # as its trials ran
+    assert (blob["engine"]["aggregation"], blob["engine"]["patience"], blob["engine"]["backoffs"]) == ("samples", 30, 3)
     for name, value in blob["engine"].items():
         if name in space:
             assert space[name].low <= value <= space[name].high
@@ -100,12 +100,13 @@ def test_a_config_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # with a fixed budget, and is read so; a centralised one has neither
     old = tmp_path / "fedmf.json"
     old.write_text(json.dumps({"fedrec_config": 1, "algorithm": "fedmf", "engine": {"lr": 0.02}, "model": {}}))
-    assert read_config(old)["engine"] == {"aggregation": "clients", "patience": 0, "lr": 0.02}
+    assert read_config(old)["engine"] == {"aggregation": "clients", "patience": 0, "backoffs": 0, "lr": 0.02}
     assert read_config(other)["engine"] == {"lr": 0.01}
     out = tmp_path / "old.json"
     assert _cli(["run", "fedmf", "-d", DATA, "--config", str(old), "--rounds", "1", "-q", "-o", str(out)]) == 0
     ran = json.loads(out.read_text())["config"]["federated"]
-    assert (ran["aggregation"], ran["patience"], ran["lr"], ran["item_lr_scale"]) == ("clients", 0, 0.02, None)
+    assert (ran["aggregation"], ran["patience"], ran["backoffs"], ran["lr"], ran["item_lr_scale"]) == (
+        "clients", 0, 0, 0.02, None)
 
 
 def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

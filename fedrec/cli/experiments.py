@@ -189,8 +189,9 @@ def run_command(
         batch_size = batch_size if batch_size is not None else engine.pop("batch_size", None)
         aggregation = aggregation if aggregation is not None else engine.pop("aggregation", None)
         patience = patience if patience is not None else engine.pop("patience", None)
+        backoffs = backoffs if backoffs is not None else engine.pop("backoffs", None)
         unread = sorted(set(engine) - {"rounds", "lr", "local_epochs", "item_lr_scale", "lr_item", "batch_size",
-                                       "aggregation", "patience"})
+                                       "aggregation", "patience", "backoffs"})
         if unread:
             raise FedrecError(f"--config {config}: engine option(s) {', '.join(unread)} are not read from configs")
         set_options = [f"{k}={v}" for k, v in tuned["model"].items()] + list(set_options)
