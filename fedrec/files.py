@@ -10,8 +10,7 @@ the start instead of a traceback after the work is done.
 from __future__ import annotations
 
 import os
-import signal
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def _check_creatable(folder: Path, path: Path, what: str) -> None:
 
 def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool = False) -> Path:
     """Call ``write(temporary path)``, then rename the file to ``path``; nothing is left behind
-    if it fails. The file gets the usual permissions (0666 less the umask), not mkstemp's 0600.
+    if it fails. The file gets the usual permissions (0666 less the umask).
 
     ``exclusive``: never replace an existing ``path`` (another run wrote it meanwhile): the file
     is kept as ``NAME.PID.SUFFIX`` beside it instead, and a `FedrecError` says so.
@@ -62,13 +61,16 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp: str | None = None
-    # Ctrl-C or SIGTERM between mkstemp creating the file and `tmp` naming it would leave the
-    # file behind: both are held until `tmp` is known, then raise inside the try below
-    held = _hold_interrupts()
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        held = _release(held)
+        while True:
+            # named before it exists: Ctrl-C or SIGTERM at any point finds the name to remove (a
+            # signal mask cannot promise that: a process-directed signal goes to any thread)
+            tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp"))
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                break
+            except FileExistsError:
+                tmp = None
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         if not exclusive:
@@ -88,27 +90,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
             return path
         Path(tmp).unlink()
     except BaseException:
-        _release(held)
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _hold_interrupts() -> set[signal.Signals] | None:
-    """Block SIGINT and SIGTERM for this thread (delivered when released); the mask before."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not on POSIX
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
-
-
-def _release(held: set[signal.Signals] | None) -> None:
-    """Restore the mask `_hold_interrupts` returned (a pending signal is raised now)."""
-    if held is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _umask() -> int:
