@@ -80,6 +80,7 @@ def main() -> None:
                     help="default: ratio-full for FedCIA-style algorithms, else loo-sampled")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model option")
     ap.add_argument("--paper", action="store_true", help="the algorithm's paper setting (its item-row rule, no stop)")
+    ap.add_argument("--backoffs", type=int, default=None, help="back-offs (default: the setting's)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,7 +95,8 @@ def main() -> None:
         split = ml1m_scale(args.ml1m_split, args.seed, protocol)
     options = dict(item.split("=", 1) for item in args.set)
     spec = spec_a.build(split, {**spec_a.defaults, **options})
-    cfg = federated_config(args.algorithm, rounds=args.rounds, lr_item=args.lr_item, paper=args.paper)
+    cfg = federated_config(args.algorithm, rounds=args.rounds, lr_item=args.lr_item, paper=args.paper,
+                           backoffs=args.backoffs)
     print(f"{args.algorithm} on {args.scale}: {split.n_users:,} users, {split.n_items:,} items, "
           f"{split.train.nnz:,} training interactions; torch threads {torch.get_num_threads()}")
 
