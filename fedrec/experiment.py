@@ -218,15 +218,19 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
     ranking = get_protocol(protocol).ranking if protocol else None
-    papers_rule = paper
-    if spec.engine_for(dataset, ranking).get("aggregation", "clients") != "clients" and not paper:
-        rule = options.get("aggregation")
-        per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence")
-                                 or options.get("attack"))
-        papers_rule = rule == "clients" or (rule is None and per_round_clients)
-    merged: dict[str, Any] = spec.engine_for(dataset, ranking, paper=papers_rule)
-    if papers_rule and not paper:  # the paper's rates with fedrec's stop on validation
-        merged = {**spec.engine_for(dataset, ranking), **merged}
+    ours = spec.engine_for(dataset, ranking)
+    rule = options.get("aggregation")
+    per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence")
+                             or options.get("attack"))
+    papers_rule = ours.get("aggregation", "clients") != "clients" and (
+        rule == "clients" or (rule is None and per_round_clients))
+    merged: dict[str, Any]
+    if paper:
+        merged = spec.engine_for(dataset, ranking, paper=True)
+    elif papers_rule:  # the paper's rule and rates, with fedrec's stop and back-offs
+        merged = {**ours, **spec.engine_for(dataset, ranking, paper=True)}
+    else:
+        merged = ours
     merged.update({k: v for k, v in options.items() if v is not None})
     return FederatedConfig(**merged)
 

@@ -35,6 +35,10 @@ def test_run_takes_fedrecs_defaults_and_paper_the_papers(tmp_path: Path, capsys:
     code, _, err = outcome(["run", "mf", "-d", DATA, "--epochs", "1", "--paper", "-q",
                             "-o", str(tmp_path / "mf.json")], capsys)
     assert code == 2 and "--paper" in err
+    # what a rating model predicts for an unrated item means nothing to a ranking protocol
+    code, _, err = outcome(["run", "fedmf", "-d", DATA, "--rounds", "1", "--cold-items", "user-mean", "-q",
+                            "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 2 and "--cold-items says what a rating model predicts" in err
 
 
 def test_a_bench_file_may_run_the_papers_settings(tmp_path: Path) -> None:

@@ -220,6 +220,8 @@ def run_command(
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
+    if cold_items is not None and get_protocol(protocol).ranking != "rating":
+        raise FedrecError(f"--cold-items says what a rating model predicts; protocol '{protocol}' ranks items")
     from fedrec.core.device import resolve
 
     device = resolve(device)

@@ -88,8 +88,8 @@ def run_rounds(
     # (on a resume, the best round's copy where the checkpoint kept one, else the state resumed);
     # a round that diverges again from there goes back to the first state (a run whose first
     # rounds exploded while finite has no good state since)
-    good = copy.deepcopy(best_state or algorithm.state_dict()) if backoffs else None
-    initial = copy.deepcopy(good) if backoffs else None
+    # (one copy until the first snapshot: both names hold it, and a back-off loads a copy of it)
+    good = initial = copy.deepcopy(best_state or algorithm.state_dict()) if backoffs else None
     good_round = first - 1
     lowest = math.inf  # the lowest training loss so far: a back-off also catches a loss that explodes
     for r in range(first, rounds + 1):

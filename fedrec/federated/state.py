@@ -99,7 +99,8 @@ class Accumulator:
     bytes_down: int = 0
     loss_sum: float = 0.0
     client_batches: int = 0
-    #: per item row, how many accepted clients sent it (only under ``--aggregation contributors``)
+    #: per item row, how many accepted clients sent it (only under ``--aggregation contributors``
+    #: or ``samples``, `FamilyState.per_row`)
     item_count: torch.Tensor | None = None
 
     def contributed(self, items: torch.Tensor) -> None:
