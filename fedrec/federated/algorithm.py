@@ -18,23 +18,8 @@ from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.family import ITEMS
+from fedrec.federated.state import use_aggregation
 from fedrec.protocols.protocol import Split
-
-
-def use_aggregation(state: Any, aggregation: str) -> None:
-    """Set ``state``'s item-row rule (`FederatedConfig.aggregation`), in the simulator and on
-    Flower's server and nodes alike; one clear error where the state aggregates its own way."""
-    if aggregation == "clients":
-        return
-    from fedrec.federated.state import FamilyState
-
-    kind = type(state)
-    if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
-        raise FedrecError(f"--aggregation {aggregation} applies to the item-embedding family (FedMF, FedNCF, "
-                          "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
-                          "server aggregates its own way")
-    state.per_row = True
-    state.per_sample = aggregation == "samples"
 
 
 class CohortAlgorithm(FederatedAlgorithm):

@@ -19,6 +19,7 @@ import torch
 
 from fedrec.core.contract import ClientUpload
 from fedrec.core.device import here
+from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import (
@@ -510,3 +511,17 @@ class FamilyState:
         unbatched = self.spec.shares_unbatched  # one weight read by every client (MetaMF)
         p.update({k: t if unbatched else t.expand(len(clients), *t.shape) for k, t in self.shared.items()})
         return score(self.spec, p, v)
+
+
+def use_aggregation(state: Any, aggregation: str) -> None:
+    """Set ``state``'s item-row rule (`FederatedConfig.aggregation`), in the simulator and on
+    Flower's server and nodes alike; one clear error where the state aggregates its own way."""
+    if aggregation == "clients":
+        return
+    kind = type(state)
+    if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
+        raise FedrecError(f"--aggregation {aggregation} applies to the item-embedding family (FedMF, FedNCF, "
+                          "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
+                          "server aggregates its own way")
+    state.per_row = True
+    state.per_sample = aggregation == "samples"

@@ -15,9 +15,9 @@ import torch
 
 from fedrec.core.plan import round_plan
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.algorithm import use_aggregation
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, train_cohort
+from fedrec.federated.state import use_aggregation
 from fedrec.flower.roles import (
     NodeData,
     Payload,
