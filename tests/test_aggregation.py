@@ -63,8 +63,8 @@ def test_the_papers_rule_keeps_keys_and_figures() -> None:
 
 
 def test_contributors_are_refused_where_they_do_not_apply() -> None:
-    with pytest.raises(FedrecError, match="item-embedding family"):
-        _algorithm("fedrap", "contributors")
+    with pytest.raises(FedrecError, match="aggregates its own way"):
+        _algorithm("gpfedrec", "contributors")
     with pytest.raises(FedrecError, match="does not yet combine"):
         federated_config("fedmf", aggregation="contributors", ldp=0.1).validate()
     with pytest.raises(FedrecError, match="--aggregation must be one of"):
@@ -172,12 +172,14 @@ def test_secure_aggregation_refuses_a_rule_that_counts_each_rows_senders() -> No
         check_deployable(run, secure=True)
 
 
-def test_samples_step_each_row_by_its_summed_slot_gradients() -> None:
+@pytest.mark.parametrize("name", ["fedmf", "fedrap"])
+def test_samples_step_each_row_by_its_summed_slot_gradients(name: str) -> None:
     """One batch a client: the item step on the batch's summed loss is the mean loss's step times
-    the client's real slots (positives and their negatives)."""
+    the client's real slots (positives and their negatives); for FedRAP, C's step (its round-1
+    regularisers are zero, so the step is linear in the gradient)."""
     uploads = {}
     for rule in ("contributors", "samples"):
-        alg = _algorithm("fedmf", rule, clients_per_round=5, lr_item=960.0)
+        alg = _algorithm(name, rule, clients_per_round=5, lr_item=960.0, local_epochs=1)
         alg.keep_uploads = True
         plan = alg.plan(1)
         alg.begin_round(plan)

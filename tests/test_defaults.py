@@ -112,3 +112,33 @@ def test_an_item_no_training_rating_names_is_predicted_at_the_users_mean() -> No
                                     federated=federated_config("fedmf", protocol="ratio-rating", paper=True)))
     assert paper.test.fallback is None
     assert prepare_split(RunConfig("mf", dataset=DATA, protocol="ratio-rating")).test.fallback is None
+
+
+def test_fedrap_takes_fedrecs_item_row_rule_and_its_paper_the_papers() -> None:
+    """FedRAP's defaults step C and D_i per sample and average C over its senders, at rates
+    that need no catalogue factor; its paper's setting keeps FedAvg over the round's clients at
+    the rates chosen for that rule, and so do its ablations and CentRAP."""
+    from fedrec.experiment import federated_config
+
+    for name in ("fedrap", "fedrap-c", "fedrap-d", "centrap"):
+        ours = federated_config(name, "lastfm-2k")
+        assert (ours.aggregation, ours.lr, ours.item_lr(17_000), ours.patience, ours.backoffs) == (
+            "samples", 1.0, 10.0, 30, 3)
+        paper = federated_config(name, "lastfm-2k", paper=True)
+        assert (paper.aggregation, paper.lr, paper.item_lr(17_000), paper.patience, paper.backoffs) == (
+            "clients", 3.0, 3000.0, 0, 0)
+
+
+def test_fedrap_at_its_defaults_trains_a_tiny_catalogue_without_backing_off() -> None:
+    """On 240 items a client's leak-free negatives are the few items outside its evaluation
+    candidates, so one row holds most of its slots (156 of 195 here); summed per sample, the D-C
+    pull would overshoot and grow each round (diverged in round 3, the back-offs did not save
+    it). Its implicit step keeps the run finite and learning, with no back-off."""
+    from fedrec.experiment import RunConfig, federated_config, train
+
+    cfg = RunConfig(algorithm="fedrap", dataset="synthetic:120x240", protocol="loo-sampled",
+                    federated=federated_config("fedrap", rounds=8))
+    result = train(cfg).result
+    assert result.status == "completed" and "backoffs" not in result.extra
+    losses = [h.loss for h in result.history]
+    assert max(losses) < 1.0 and losses[-1] < losses[0]

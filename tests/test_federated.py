@@ -221,7 +221,8 @@ def test_a_papers_settings_follow_the_data_set_and_fedrecs_defaults_do_not(capsy
     # LDP's noise is calibrated per round's clients: the papers' rule unless one is given
     assert federated_config("fedmf", ldp=0.1).aggregation == "clients"
     assert federated_config("fedmf", ldp=0.1, aggregation="samples").aggregation == "samples"
-    assert federated_config("fedrap", ldp=0.1).patience == 30  # its own rule is the papers'
+    rap = federated_config("fedrap", ldp=0.1)  # FedRAP too: the papers' rule and its rates
+    assert (rap.aggregation, rap.lr, rap.item_lr(100), rap.patience) == ("clients", 3.0, 3000.0, 30)
     pfedrec = get_algorithm("pfedrec")
     assert pfedrec.untuned_note("lastfm-2k") is None and pfedrec.untuned_note("ciao") is None
     assert pfedrec.untuned_note("synthetic:50x80") is None

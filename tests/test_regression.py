@@ -76,6 +76,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # fedrec's item-row rule (FedMF's and PFedRec's defaults); every other case runs its paper's
     "fedmf+samples": ("fedmf", {}, {"aggregation": "samples", "item_lr_scale": 300.0}),
     "pfedrec+samples": ("pfedrec", {}, {"aggregation": "samples", "item_lr_scale": 300.0}),
+    "fedrap+samples": ("fedrap", {"curriculum": "fixed"}, {"aggregation": "samples", "lr": 1.0, "item_lr_scale": 10.0}),
 }
 
 

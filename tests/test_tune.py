@@ -73,9 +73,9 @@ def test_search_spaces_follow_what_each_algorithm_reads() -> None:
     rap = {p.name: p for p in search_space(get_algorithm("fedrap"), split, DATA)}
     assert {"lr", "item_lr_scale", "local_epochs", "lam", "mu"} <= set(rap)
     assert rap["lam"].where == "model" and rap["local_epochs"].integer and rap["local_epochs"].high >= 10
-    # FedRAP declares its rates' range (two decades below its ML-100K head rate), as engine options
-    assert (rap["lr"].where, rap["lr"].low, rap["lr"].high) == ("engine", 0.03, 3.0)
-    assert rap["item_lr_scale"].where == "engine" and rap["item_lr_scale"].high == 1e6
+    # FedRAP declares its rates' range (a decade each side of its defaults), as engine options
+    assert (rap["lr"].where, rap["lr"].low, rap["lr"].high) == ("engine", 0.1, 10.0)
+    assert rap["item_lr_scale"].where == "engine" and rap["item_lr_scale"].high == 100.0
     assert "mu" not in {p.name for p in search_space(get_algorithm("fedrap-no"), split, DATA)}
     assert {"d_rate", "lam"}.isdisjoint(p.name for p in search_space(get_algorithm("fedrap-c"), split, DATA))
     assert rap["d_rate"].where == "model"

@@ -88,6 +88,7 @@ class GraphState(FamilyState):
     """Private models, q_g (``items``), the per-user dense tables, and the round's uploads."""
 
     plain_average = False  # every client's table feeds the graph step, never their mean
+    row_rules = False  # nor a row's mean over its contributors
     graph: GraphSpec = field(default_factory=GraphSpec)
     table: torch.Tensor | None = None
     dense_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -339,10 +339,20 @@ class RAPState(FamilyState):
         if rap.score == "linear":
             logits += params["b"].index_select(0, owner)
         mw = mult * w  # each row's share of its client's batch
-        g = w * (mult * torch.sigmoid(logits) - runs.labels)  # the row's slots' summed dBCE/dlogit
+        g_sum = mult * torch.sigmoid(logits) - runs.labels  # the row's slots' summed dBCE/dlogit
+        g = w * g_sum  # ... of the batch-mean loss
         loss = (w * (mult * F.softplus(logits) - runs.labels * logits)).sum()
         head_step = torch.zeros((n, k)).index_add_(0, owner, v.mul_(g[:, None]))
         bias_step = torch.zeros(n).index_add_(0, owner, g) if rap.score == "linear" else None
+        # the rows step on the batch-mean objective, or (`per_sample`) on the batch's summed one,
+        # so that a row's step does not grow as its client's batch shrinks; the head keeps the mean.
+        # A row's summed weight is its slot count, which a small catalogue can make large (a
+        # negative drawn 156 times in a client's 195 slots); BCE's gradient saturates there, but
+        # the quadratic terms (the D-C pull, L2 on C) would overshoot, so under `per_sample` they
+        # take the implicit step (the proximal step of the quadratic), as L1 takes its prox
+        rw = mw
+        if self.per_sample:
+            g, rw = g_sum, mult
         # from here every row step is -lr x its gradient, the rate folded into per-row factors
         # so that each (rows x k) pass is one fused multiply-add in place
         a_coef = g.mul_(-lr)[:, None]
@@ -352,10 +362,13 @@ class RAPState(FamilyState):
             sq = torch.linalg.vecdot(diff, diff)
             if rap.dc_sign == "pull":
                 loss = loss + (self.lam_now / k) * (mw * sq).sum()
-                coef = mw * (-2 * self.lam_now * lr / k)
+                kappa = rw * (2 * self.lam_now * lr / k)
+                if self.per_sample:  # the implicit step: stable whatever a row's slot count
+                    kappa = kappa / (1 + kappa * (rap.d_rate + c_scale))
+                coef = -kappa
             else:
                 loss = loss - self.lam_now * (mw * (sq / k).clamp(max=rap.push_cap)).sum()
-                coef = mw * (sq / k < rap.push_cap) * (2 * self.lam_now * lr / k)
+                coef = rw * (sq / k < rap.push_cap) * (2 * self.lam_now * lr / k)
             coef = coef[:, None]
         if d is not None:
             rate = rap.d_rate
@@ -365,14 +378,18 @@ class RAPState(FamilyState):
         if c is not None:
             if self.mu_now > 0 and rap.reg == "l2":
                 loss = loss + (self.mu_now / k) * (mw * torch.linalg.vecdot(c, c)).sum()
-                c.mul_(1 - (c_scale * 2 * self.mu_now * lr / k) * mw[:, None])
+                shrink = (c_scale * 2 * self.mu_now * lr / k) * rw[:, None]
+                if self.per_sample:  # implicit, as the pull
+                    c.div_(1 + shrink)
+                else:
+                    c.mul_(1 - shrink)
             elif self.mu_now > 0 and rap.reg == "l1":
                 loss = loss + (self.mu_now / k) * (mw @ c.abs()).sum()  # (vector_norm: 10x slower)
             c.addcmul_(a, a_coef if c_scale == 1.0 else a_coef * c_scale)
             if diff is not None:
                 c.addcmul_(diff, coef.neg_() if c_scale == 1.0 else coef * -c_scale)
             if prox and rap.reg == "l1" and self.mu_now > 0:  # soft-thresholding (Eq. 13)
-                t = ((lr * self.mu_now / k) * mw)[:, None]
+                t = ((lr * self.mu_now / k) * rw)[:, None]
                 inside = torch.minimum(c, t)
                 c.sub_(torch.maximum(inside, -t, out=inside))  # (clamp with tensor bounds: 3x slower)
         head[:n] -= self.lr * head_step
@@ -386,7 +403,9 @@ class RAPState(FamilyState):
         self.items.index_add_(0, items, step)
         if self.rap.reg != "l1" or self.mu_now <= 0:
             return
-        share = (self.lr_item * self.mu_now / (self.rap.dim * runs.n_active)) * runs.mult * runs.weight
+        share = (self.lr_item * self.mu_now / (self.rap.dim * runs.n_active)) * runs.mult
+        if not self.per_sample:
+            share = share * runs.weight
         t = torch.zeros(self.items.shape[0]).index_add_(0, items, share)[items, None]
         rows = self.items.index_select(0, items)
         rows -= rows.clamp(min=-t, max=t)

@@ -161,6 +161,9 @@ class FamilyState:
     #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
     #: attacks and pseudo-item padding apply; not a dataclass field)
     plain_average = True
+    #: the item-row rules of `use_aggregation` apply: the server averages rows through
+    #: `FamilyState.aggregate` (not a dataclass field; False where a state aggregates its own way)
+    row_rules = True
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
@@ -518,10 +521,9 @@ def use_aggregation(state: Any, aggregation: str) -> None:
     Flower's server and nodes alike; one clear error where the state aggregates its own way."""
     if aggregation == "clients":
         return
-    kind = type(state)
-    if kind.aggregate is not FamilyState.aggregate or kind.accumulate is not FamilyState.accumulate:
+    if not getattr(state, "row_rules", False):
         raise FedrecError(f"--aggregation {aggregation} applies to the item-embedding family (FedMF, FedNCF, "
-                          "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF); this algorithm's "
-                          "server aggregates its own way")
+                          "FedRecon, PFedRec, FedMF-bias, FedAdam, FedAvgM, MetaMF) and FedRAP; this "
+                          "algorithm's server aggregates its own way")
     state.per_row = True
     state.per_sample = aggregation == "samples"
