@@ -2,9 +2,12 @@
 at the best validation round (mean ± sample std over seeds) of each method at fedrec's defaults
 and under its paper's setting, beside centralised MF, one column per data set:
 
-    python benchmarks/transfer_table.py results/bench/transfer-defaults results/bench/transfer-papers
+    python benchmarks/transfer_table.py results/bench/transfer-defaults results/bench/transfer-papers \
+        --tuned results/transfer-tuned/ml-100k results/transfer-tuned/lastfm-2k
 
-A method none of whose seeds completed is shown as diverged.
+``--tuned`` adds a third table from `fedrec compare` folders: each method after the same tuning
+budget on validation (its defaults one of the trials), then the same seeds. A method none of
+whose seeds completed is shown as diverged.
 """
 
 from __future__ import annotations
@@ -45,8 +48,12 @@ def main() -> None:
     ap.add_argument("defaults", type=Path)
     ap.add_argument("papers", type=Path)
     ap.add_argument("--protocol", default="loo-sampled")
+    ap.add_argument("--tuned", type=Path, nargs="*", default=[], help="fedrec compare folders")
     args = ap.parse_args()
     ours, papers = cells(args.defaults), cells(args.papers)
+    tuned: dict[tuple[str, str, str], list[float]] = {}
+    for folder in args.tuned:
+        tuned.update(cells(folder))
     datasets = sorted({d for _, d, p in ours if p == args.protocol},
                       key=lambda d: (d.startswith("synthetic"), d))
     algorithms = sorted({a for a, _, p in ours if p == args.protocol}, key=lambda a: (a != "mf", a))
@@ -69,17 +76,23 @@ def main() -> None:
         gap = f" ({mine - mf:+.3f})" if a != "mf" and mine is not None and mf is not None else ""
         return shown(ours.get((a, d, args.protocol))) + gap
 
-    def against_paper(a: str, d: str) -> str:
-        mine, theirs = mean(ours, a, d), mean(papers, a, d)
-        if a == "mf" or (a, d, args.protocol) not in papers:
-            return ""
-        gain = f" ({mine - theirs:+.3f})" if mine is not None and theirs is not None else ""
-        return shown(papers[(a, d, args.protocol)]) + gain
+    def beside(other):  # type: ignore[no-untyped-def]
+        """A cell of ``other``'s figures, with the defaults' mean less its mean in brackets."""
+        def cell(a: str, d: str) -> str:
+            mine, theirs = mean(ours, a, d), mean(other, a, d)
+            if a == "mf" or (a, d, args.protocol) not in other:
+                return ""
+            gain = f" ({mine - theirs:+.3f})" if mine is not None and theirs is not None else ""
+            return shown(other[(a, d, args.protocol)]) + gain
+        return cell
 
     table(f"Test {METRIC.upper()} ({args.protocol}) at fedrec's defaults, mean ± std over seeds "
           "(in brackets: less centralised MF's)", at_defaults)
     table(f"Test {METRIC.upper()} ({args.protocol}) under each paper's setting (in brackets: the "
-          "defaults' mean less this)", against_paper)
+          "defaults' mean less this)", beside(papers))
+    if tuned:
+        table(f"Test {METRIC.upper()} ({args.protocol}) after tuning on validation (in brackets: the "
+              "defaults' mean less this)", beside(tuned))
 
 if __name__ == "__main__":
     main()
