@@ -226,7 +226,8 @@ def test_a_papers_settings_follow_the_data_set_and_fedrecs_defaults_do_not(capsy
     pfedrec = get_algorithm("pfedrec")
     assert pfedrec.untuned_note("lastfm-2k") is None and pfedrec.untuned_note("ciao") is None
     assert pfedrec.untuned_note("synthetic:50x80") is None
-    assert "untuned" in get_algorithm("fedrap").untuned_note("ml-1m")
+    assert "untuned" in get_algorithm("gpfedrec").untuned_note("ml-1m")
+    assert get_algorithm("fedrap").untuned_note("ml-1m") is None  # measured in the transfer table
     with pytest.raises(SystemExit):
         main(["algorithms", "fedmf"])
     shown = " ".join(capsys.readouterr().out.split())

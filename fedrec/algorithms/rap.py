@@ -74,9 +74,12 @@ def _search(fixed: dict[str, object]) -> dict[str, tuple[float, float]]:
     return {k: v for k, v in _SEARCH.items() if k not in unread}
 
 
+# measured at the defaults on five data sets (docs/defaults.md, transfer table): no back-off
+MEASURED = ("fedrap", "fedrap-c")
+
 for name, (text, fixed) in VARIANTS.items():
     register(AlgorithmSpec(name, "federated", text, _build, RAPOptions, dict(ENGINE), fixed, flower=True,
-                           search=_search(fixed), paper=dict(PAPER)))
+                           search=_search(fixed), paper=dict(PAPER), transfers=name in MEASURED))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",
