@@ -298,7 +298,8 @@ def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None
     # a centralised module is built on the CPU: its initial draws come from the seeded CPU
     # generator on every device (CUDA's gives other numbers); CentralisedModel moves it
     with torch.device("cpu") if spec.kind != "federated" else nullcontext():
-        model = spec.build(split, options if options is not None else cfg.model)
+        model = spec.build(split, options if options is not None else cfg.model,
+                           engine=cfg.federated if spec.kind == "federated" else None)
     if spec.kind == "federated":
         return model, model.algorithm(split, cfg.federated, cfg.seed)
     return model, CentralisedModel(model, split, cfg.train, cfg.seed)

@@ -52,7 +52,7 @@ from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import RunConfig, federated_config, prepare_split, saving_every, train
 from fedrec.files import atomic_write
 from fedrec.progress import RoundNote, noting
-from fedrec.protocols.protocol import EvalSet, Split, get_protocol
+from fedrec.protocols.protocol import PROTOCOLS, EvalSet, Split, get_protocol
 from fedrec.results import environment, git_revision
 from fedrec.train.centralised import TrainConfig
 
@@ -302,6 +302,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     if spec.kind == "federated":  # the rule and stop the trials ran under, so later defaults cannot move them
         engine = {"aggregation": base.federated.aggregation, "patience": base.federated.patience,
                   "backoffs": base.federated.backoffs, **engine}
+        if get_protocol(protocol).ranking == "rating":  # and the rating model they fitted
+            engine = {"rating_baseline": base.federated.rating_baseline, **engine}
     model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
@@ -512,7 +514,10 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
         spec = ALGORITHMS.get(str(blob["algorithm"]))
         if spec is not None and spec.kind == "federated":
-            # written before fedrec's own item-row rule and stop on validation: its trials ran
-            # under the papers' rule with a fixed budget
-            blob["engine"] = {"aggregation": "clients", "patience": 0, "backoffs": 0, **blob["engine"]}
+            # written before fedrec's own item-row rule, stop on validation and rating baseline:
+            # its trials ran under the papers' rule with a fixed budget, the score the rating
+            engine = {"aggregation": "clients", "patience": 0, "backoffs": 0}
+            if blob.get("protocol") in PROTOCOLS and PROTOCOLS[blob["protocol"]].ranking == "rating":
+                engine["rating_baseline"] = "none"
+            blob["engine"] = {**engine, **blob["engine"]}
     return blob

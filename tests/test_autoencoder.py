@@ -248,3 +248,29 @@ def test_joint_one_user_per_client_and_options() -> None:
         get_algorithm("fedavg-ae").build(None, {"share": "decoder"})  # type: ignore[arg-type]
     with pytest.raises(FedrecError, match="Adam with weight decay"):
         AESpec(optimizer="adam", weight_decay=1e-3, compression=False)
+
+
+def test_the_rating_baseline_centres_each_users_ratings_and_adds_its_mean_back(
+        explicit: Split, implicit: Split) -> None:
+    """Under the rating baseline the encoder reads and the decoder fits each rating less the
+    user's training mean, which every prediction gets back (the decoder's output bias is the
+    item half); binarised ratings take none, and fedrec's rating defaults ask for it."""
+    from fedrec.protocols.protocol import user_means
+
+    spec = AESpec(share="decoder", clients=4, hidden=HIDDEN, baseline=True)
+    state = AEState(spec, explicit, spec.partition(explicit.n_users, 0), seed=0)
+    means = user_means(explicit.train)
+    per_rating = np.repeat(means, np.diff(explicit.train.indptr))
+    np.testing.assert_allclose(state.values.numpy(), explicit.train.data - per_rating, rtol=1e-6, atol=1e-6)
+    state.glob["dec.out"].zero_()
+    state.glob["dec.out.b"].copy_(torch.arange(explicit.n_items, dtype=torch.float32))
+    users = np.arange(explicit.n_users)
+    want = means[:, None] + np.arange(explicit.n_items)[None, :]
+    np.testing.assert_allclose(state.scores(users, None), want, rtol=1e-6)
+    np.testing.assert_allclose(state.scores(users, np.tile([4, 1], (len(users), 1))), want[:, [4, 1]], rtol=1e-6)
+    assert AEState(spec, implicit, spec.partition(implicit.n_users, 0), seed=0).offsets is None
+    assert federated_config("personalfr", protocol="ratio-rating").rating_baseline == "user-item"
+    assert federated_config("personalfr", protocol="ratio-rating", paper=True).rating_baseline == "none"
+    plain = dataclasses.replace(spec, baseline=False)
+    assert plain.configured(FederatedConfig(rating_baseline="user-item")) == spec
+    assert plain.configured(FederatedConfig()) is plain

@@ -39,6 +39,17 @@ def test_run_takes_fedrecs_defaults_and_paper_the_papers(tmp_path: Path, capsys:
     code, _, err = outcome(["run", "fedmf", "-d", DATA, "--rounds", "1", "--cold-items", "user-mean", "-q",
                             "-o", str(tmp_path / "c.json")], capsys)
     assert code == 2 and "--cold-items says what a rating model predicts" in err
+    code, _, err = outcome(["run", "fedmf", "-d", DATA, "--rounds", "1", "--rating-baseline", "none", "-q",
+                            "-o", str(tmp_path / "b.json")], capsys)
+    assert code == 2 and "--rating-baseline says what a rating model predicts" in err
+    code, _, err = outcome(["run", "fedmf", "-d", DATA, "-p", "ratio-rating", "--rounds", "1", "--rating-baseline",
+                            "user", "-q", "-o", str(tmp_path / "u.json")], capsys)
+    assert code == 2 and "--rating-baseline must be one of none, user-item (got 'user')" in err
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "u.json").exists()
+    # a rating run records the baseline it fitted beneath the score; the paper's, none
+    assert outcome(["run", "fedmf", "-d", DATA, "-p", "ratio-rating", "--rounds", "2", "-q",
+                    "-o", str(tmp_path / "r.json")], capsys)[0] == 0
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["federated"]["rating_baseline"] == "user-item"
 
 
 def test_a_bench_file_may_run_the_papers_settings(tmp_path: Path) -> None:

@@ -233,4 +233,6 @@ def test_a_papers_settings_follow_the_data_set_and_fedrecs_defaults_do_not(capsy
     shown = " ".join(capsys.readouterr().out.split())
     assert "lastfm-2k" in shown and "--lr 0.05" in shown and "samples" in shown and "--aggregation clients" in shown
     assert "evaluated under sampled, full, rating protocols" in shown
-    assert "under rating protocols (squared error on the ratings): --lr 0.03, --item-lr-scale 1000.0" in shown
+    assert ("under rating protocols (squared error on the ratings): --lr 0.03, --item-lr-scale 1.0, "
+            "--cold-items user-mean, --rating-baseline user-item") in shown
+    assert "its paper's setting for ratings: --lr 0.03, --item-lr-scale 1000.0" in shown

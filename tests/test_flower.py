@@ -69,9 +69,13 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedmf", {"clients_per_round": 0.5, "protocol": "ratio-rating", "negatives": 0, "lr_item": 0.5}),
     # each node predicts its own users' means for the items no training rating names
     ("fedmf", {"protocol": "ratio-rating", "negatives": 0, "lr_item": 0.5, "cold_items": "user-mean"}),
+    # the rating baseline: each client's own mean, an item bias in the rows (fedrec's rule)
+    ("fedmf-bias", {"protocol": "ratio-rating", "negatives": 0, "lr": 0.03, "item_lr_scale": 1.0,
+                    "aggregation": "samples", "rating_baseline": "user-item"}),
     ("metamf", {"protocol": "ratio-rating", "negatives": 0, "lr": 0.01, "lr_item": 0.5,
                 "model": {"hidden": 16, "memory": 12}}),
     ("personalfr", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
+    ("personalfr", {"model": AE, "protocol": "ratio-rating", "rating_baseline": "user-item"}),
     ("personalfr", {"model": AE, "protocol": "ratio-rating-implicit"}),
     ("fedavg-ae", {"clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating-implicit"}),
     # FedCIA: grouped clients of every backbone, each aggregation and upload form

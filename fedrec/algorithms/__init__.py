@@ -57,6 +57,9 @@ class AlgorithmSpec:
     #: (the papers' rates are for ranking): a squared error on 1-5 stars diverges at rates set
     #: for BCE; set on ML-100K's ``ratio-rating`` (docs/learning-rates.md)
     rating_engine: dict[str, Any] = field(default_factory=dict)
+    #: its paper's setting under rating protocols, where it differs from ``rating_engine``
+    #: (the family: the papers' item-row rule, without the rating baseline)
+    rating_paper: dict[str, Any] = field(default_factory=dict)
     #: options `fedrec tune` searches, each log-uniform in (low, high): model options besides
     #: the engine's rates and epochs (FedRAP's regularisers), or an engine rate (``lr``,
     #: ``item_lr_scale``) whose range replaces the decade around its default
@@ -77,7 +80,9 @@ class AlgorithmSpec:
         else:
             base = {**(FEDREC_ENGINE if federated else {}), **self.engine}
         if ranking == "rating":
-            return {**base, **(FEDREC_RATINGS if federated and not paper else {}), **self.rating_engine}
+            if paper:
+                return {**base, **(self.rating_paper or self.rating_engine)}
+            return {**base, **(FEDREC_RATINGS if federated else {}), **self.rating_engine}
         return {**base, **self.per_dataset.get(dataset or "", {})} if paper else dict(base)
 
     def untuned_note(self, dataset: str, ranking: str | None = None) -> str | None:
@@ -107,10 +112,15 @@ class AlgorithmSpec:
         options are one clear error each)."""
         return self.options.parse(values or {}, algorithm=self.name, fixed=self.fixed)
 
-    def build(self, split: Split | None, values: Mapping[str, Any] | Options | None = None) -> Any:
-        """The algorithm's model description for ``split`` under ``values`` (typed or not)."""
+    def build(self, split: Split | None, values: Mapping[str, Any] | Options | None = None,
+              engine: Any = None) -> Any:
+        """The algorithm's model description for ``split`` under ``values`` (typed or not), and
+        under the federated ``engine``'s options where the description depends on them (the
+        family's rating baseline: `fedrec.federated.family.FamilySpec.configured`)."""
         opts = values if isinstance(values, Options) else self.parse(values)
-        return self.builder(split, opts)  # type: ignore[arg-type]
+        model = self.builder(split, opts)  # type: ignore[arg-type]
+        configured = getattr(model, "configured", None)
+        return configured(engine) if engine is not None and configured is not None else model
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -130,8 +140,10 @@ class AlgorithmSpec:
 #: (FedCIA's stop).
 FEDREC_ENGINE: dict[str, Any] = {"patience": 30, "backoffs": 3}
 #: and under rating protocols: the user's training mean for an item no training rating names
-#: (its row is still at its initial value; `fedrec.protocols.protocol.ColdFallback`)
-FEDREC_RATINGS: dict[str, Any] = {"cold_items": "user-mean"}
+#: (its row is still at its initial value; `fedrec.protocols.protocol.ColdFallback`), and the
+#: item-embedding family's score fitted beneath a baseline of the user's training mean and a
+#: learned item bias (`fedrec.federated.family.FamilySpec.baseline`)
+FEDREC_RATINGS: dict[str, Any] = {"cold_items": "user-mean", "rating_baseline": "user-item"}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
 

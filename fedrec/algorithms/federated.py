@@ -71,10 +71,14 @@ def _family(score: str, *, private_score: bool = False, reconstruct: bool = Fals
     return build
 
 
-#: under rating protocols (squared error on the observed ratings, no negatives), chosen on
-#: ML-100K's ratio-rating validation RMSE under the papers' item-row rule
-#: (docs/learning-rates.md, "Ratings")
-RATING_ENGINE = {"lr": 0.03, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0, "aggregation": "clients"}
+#: under rating protocols (squared error on the observed ratings, no negatives) at fedrec's
+#: defaults: the rating baseline beneath the score (`fedrec.algorithms.FEDREC_RATINGS`) and
+#: fedrec's item-row rule, user vectors and item rows both at 0.03 a sample; chosen on ML-100K's
+#: ratio-rating validation RMSE (docs/learning-rates.md, "Ratings")
+RATING_ENGINE = {"lr": 0.03, "item_lr_scale": 1.0, "item_std": 0.1, "negatives": 0, "aggregation": "samples"}
+#: the papers' setting under rating protocols: their item-row rule, the rates chosen for it on
+#: ML-100K's ratio-rating, no baseline (the score is the rating)
+RATING_PAPER = {"lr": 0.03, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0, "aggregation": "clients"}
 #: the item rows' rate under fedrec's rule, whatever the data's size and density
 ITEM_RATE = 30.0
 #: the papers' item-row rule: each row's summed deltas over all the round's clients, item rows
@@ -101,7 +105,7 @@ register(AlgorithmSpec(
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
     _family("dot"), FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
     per_dataset=_table4(0.1, 0.1, 0.05, 0.05), rankings=("sampled", "full", "rating"),
-    rating_engine=RATING_ENGINE, transfers=True,
+    rating_engine=RATING_ENGINE, rating_paper=RATING_PAPER, transfers=True,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",

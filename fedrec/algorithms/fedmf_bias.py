@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import PAPERS_RULE, RATING_ENGINE, FamilyOptions, samples
+from fedrec.algorithms.federated import (
+    PAPERS_RULE,
+    RATING_ENGINE,
+    RATING_PAPER,
+    FamilyOptions,
+    samples,
+)
 from fedrec.federated.family import FamilySpec, loss_for
 from fedrec.federated.scores import Dot, register_score
 from fedrec.protocols.protocol import Split
@@ -48,5 +54,5 @@ register(AlgorithmSpec(
     "FedMF with a private per-user bias (<u, q> + b_u, both on the client)",
     build, FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
     rankings=("sampled", "full", "rating"),
-    rating_engine=RATING_ENGINE,
+    rating_engine=RATING_ENGINE, rating_paper=RATING_PAPER,
 ))

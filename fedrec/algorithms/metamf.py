@@ -49,9 +49,10 @@ class MetaMFOptions(Options):
 
 ENGINE: dict[str, Any] = {"lr": 0.3, "item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
 #: under rating protocols (squared error on the ratings, no negatives): chosen on ML-100K's
-#: ratio-rating validation RMSE (docs/learning-rates.md, "Ratings")
+#: ratio-rating validation RMSE (docs/learning-rates.md, "Ratings"); its score, generated per
+#: user, takes no rating baseline
 RATING_ENGINE: dict[str, Any] = {"lr": 0.01, "item_lr_scale": 1000.0, "item_std": 0.1, "negatives": 0,
-                                 "aggregation": "clients"}
+                                 "aggregation": "clients", "rating_baseline": "none"}
 
 
 def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:

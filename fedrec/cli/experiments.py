@@ -139,6 +139,7 @@ def run_command(
     backoffs: int | None = typer.Option(None, help="Federated: on divergence (a loss or scores not finite, or a loss 1,000 times its lowest) go back to the best round's state and halve the learning rates, up to N times in the run (each recorded in the round history); 0 stops at the first divergence (default 3; 0 under --paper)."),
     aggregation: str | None = typer.Option(None, help="Federated: the server's rule for item rows: clients (the papers' FedAvg: each row's summed deltas over all the round's clients, with the papers' rates), contributors (over the clients that sent the row) or samples (as contributors, each client's item step on its batch's summed loss, not its mean; FedMF's and PFedRec's default). Item-embedding family."),
     cold_items: str | None = typer.Option(None, help="Federated, rating protocols: what is predicted for an item no training rating names: model (its untrained row's score) or user-mean (the user's training mean; default, but model under --paper)."),
+    rating_baseline: str | None = typer.Option(None, help="Federated, rating protocols: the baseline beneath the item-embedding family's score: user-item (the user's training mean, computed on the client, plus a learned item bias; default) or none (the score is the rating, as the papers; under --paper)."),
     paper: bool = typer.Option(False, "--paper", help="Federated: the algorithm's paper setting instead of fedrec's defaults: its item-row rule, the rates it gives for this data set, a fixed budget of rounds (as `fedrec reproduce` runs)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
@@ -215,13 +216,14 @@ def run_command(
         "--dp-clip": dp_clip is not None, "--dp-noise": dp_noise != 0.0, "--dp-delta": dp_delta != 1e-5,
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
         "--aggregation": aggregation is not None, "--backoffs": backoffs is not None, "--paper": paper,
-        "--cold-items": cold_items is not None,
+        "--cold-items": cold_items is not None, "--rating-baseline": rating_baseline is not None,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
-    if cold_items is not None and get_protocol(protocol).ranking != "rating":
-        raise FedrecError(f"--cold-items says what a rating model predicts; protocol '{protocol}' ranks items")
+    for flag, value in (("--cold-items", cold_items), ("--rating-baseline", rating_baseline)):
+        if value is not None and get_protocol(protocol).ranking != "rating":
+            raise FedrecError(f"{flag} says what a rating model predicts; protocol '{protocol}' ranks items")
     from fedrec.core.device import resolve
 
     device = resolve(device)
@@ -248,7 +250,7 @@ def run_command(
             item_std=item_std, negatives=num_negatives, eval_every=eval_every,
             patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
             dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding, aggregation=aggregation, backoffs=backoffs,
-            cold_items=cold_items,
+            cold_items=cold_items, rating_baseline=rating_baseline,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
             attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
             attack_items=attack_items, boost=boost, defence=defence, trim=trim, byzantine=byzantine,
@@ -544,8 +546,12 @@ def algorithms_command(
                                                   for k, v in opts.items()))
         console.print(papers)
     if spec.rating_engine:
-        flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in spec.rating_engine.items())
+        ours = {k: v for k, v in spec.engine_for(None, "rating").items() if spec.engine_for(None).get(k) != v}
+        flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in ours.items())
         console.print(f"under rating protocols (squared error on the ratings): {flags}", highlight=False)
+    if spec.rating_paper:
+        flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in spec.rating_paper.items())
+        console.print(f"and under its paper's setting for ratings: {flags}", highlight=False)
 
 
 def _shown(value: object) -> str:

@@ -3,7 +3,7 @@ model (see `fedrec.federated.autoencoder` for the method)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrec.errors import FedrecError
@@ -47,6 +47,10 @@ class AESpec:
     weight_decay: float | None = None
     #: L2 bound on each client's gradient of a step (0: no clipping)
     clip: float = 0.0
+    #: explicit ratings fitted beneath each user's training mean (computed on the client):
+    #: the encoder reads and the decoder predicts a rating less it, and the decoder's output
+    #: bias is the item half of the baseline (fedrec's default for ratings, ``--rating-baseline``)
+    baseline: bool = False
 
     def __post_init__(self) -> None:
         check(
@@ -60,6 +64,11 @@ class AESpec:
             (self.optimizer == "adam" and self.decay > 0 and not self.compression,
              "Adam with weight decay moves rows a client never trained; use compression or SGD"),
         )
+
+    def configured(self, engine: Any) -> AESpec:
+        """This spec under the engine's options: with the rating baseline where asked for."""
+        wanted = getattr(engine, "rating_baseline", "none") != "none"
+        return replace(self, baseline=True) if wanted and not self.baseline else self
 
     @property
     def decay(self) -> float:
@@ -97,4 +106,5 @@ class AESpec:
         from fedrec.federated.ae_algorithm import AEAlgorithm
         from fedrec.federated.autoencoder import AEState
 
-        return AEAlgorithm(AEState(self, split, self.partition(split.n_users, seed), seed), cfg)
+        spec = self.configured(cfg)
+        return AEAlgorithm(AEState(spec, split, spec.partition(split.n_users, seed), seed), cfg)

@@ -47,7 +47,7 @@ from fedrec.models.autoencoder import (
     pair_outputs,
 )
 from fedrec.partition import Partition
-from fedrec.protocols.protocol import Split
+from fedrec.protocols.protocol import Split, user_means
 
 _SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
 
@@ -91,9 +91,14 @@ class AEState:
         values = train.data.astype(np.float32)
         if self.implicit:  # binarised ratings: input and target are 1 for a positive, 0 otherwise
             values = (values >= split.protocol.positive_at).astype(np.float32)
-        self.values = torch.as_tensor(values)
         self.degree = np.diff(self.indptr)
         pair_user = np.repeat(np.arange(self.n_users), self.degree)
+        # the rating baseline: each user's training mean, taken from its ratings (input and target)
+        # and added to its predictions; the decoder's output bias is the baseline's item half
+        self.offsets = user_means(train) if spec.baseline and not self.implicit else None
+        if self.offsets is not None:
+            values = values - self.offsets[pair_user]
+        self.values = torch.as_tensor(values)
         key = partition.client_of_user[pair_user] * self.n_items + self.items
         keys = np.unique(key)
         self.row_item = keys % self.n_items
@@ -291,11 +296,15 @@ class AEState:
             h = torch.as_tensor(self._codes(distinct))[torch.as_tensor(back)]
             cols = torch.as_tensor(np.asarray(items, dtype=np.int64))
             with torch.no_grad():
-                return ((h[:, None, :] * self.glob["dec.out"][cols]).sum(-1)
-                        + self.glob["dec.out.b"][cols]).cpu().numpy()
-        h = torch.as_tensor(self._codes(np.asarray(users, dtype=np.int64)))
-        with torch.no_grad():
-            return torch.addmm(self.glob["dec.out.b"], h, self.glob["dec.out"].T).cpu().numpy()
+                out = ((h[:, None, :] * self.glob["dec.out"][cols]).sum(-1)
+                       + self.glob["dec.out.b"][cols]).cpu().numpy()
+        else:
+            h = torch.as_tensor(self._codes(np.asarray(users, dtype=np.int64)))
+            with torch.no_grad():
+                out = torch.addmm(self.glob["dec.out.b"], h, self.glob["dec.out"].T).cpu().numpy()
+        if self.offsets is not None:
+            out += self.offsets[np.asarray(users, dtype=np.int64)][:, None]
+        return out
 
     def _codes(self, users: np.ndarray) -> np.ndarray:
         """Last hidden layer of ``users``: each through its client's encoder and the decoder.

@@ -105,6 +105,7 @@ def build_cohort(
     batch_size: int,
     shuffle_keys: np.ndarray,
     ratings: bool = False,
+    label_offsets: np.ndarray | None = None,
 ) -> CohortBatches:
     """Lay out ``clients`` (already in `order_by_activity` order) for lockstep training.
 
@@ -114,7 +115,8 @@ def build_cohort(
     (client by client; a client's positives, then its negatives). Drawing randomness outside
     keeps a round's result independent of how its cohort is cut into memory-sized chunks.
     ``ratings``: a positive's label is its value in ``train`` (the observed rating, for a loss
-    on ratings) instead of 1.
+    on ratings) instead of 1, less the client's ``label_offsets`` entry when given (the rating
+    baseline's offset, `fedrec.federated.family.FamilySpec.baseline`).
     """
     n_items = train.shape[1]
     counts = np.diff(train.indptr)[clients].astype(np.int64)
@@ -134,6 +136,8 @@ def build_cohort(
     pos_at = first[pos_client] + offset
     items[pos_at] = pos_items
     labels[pos_at] = train.data[pos_at_train] if ratings else 1.0
+    if label_offsets is not None:
+        labels[pos_at] -= np.asarray(label_offsets, np.float32)[pos_client]
     if k:
         neg_at = (first[pos_client] + counts[pos_client])[:, None] + offset[:, None] * k + np.arange(k)
         items[neg_at.ravel()] = negatives.ravel()

@@ -34,7 +34,7 @@ from fedrec.federated.uncopied import MAX_STEPS
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.protocol import Split
+from fedrec.protocols.protocol import Split, user_means
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
@@ -44,6 +44,8 @@ CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches t
 AGGREGATIONS = ("clients", "contributors", "samples")
 #: what a rating model predicts for an item no training rating names (`FederatedConfig.cold_items`)
 COLD_ITEMS = ("model", "user-mean")
+#: the baselines beneath a rating model's score (`FederatedConfig.rating_baseline`)
+RATING_BASELINES = ("none", "user-item")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound")
 
@@ -124,6 +126,10 @@ class FederatedConfig:
     #: model's score ("model", its untrained row) or the user's training mean ("user-mean",
     #: fedrec's default for ratings; `fedrec.protocols.protocol.ColdFallback`)
     cold_items: str = "model"
+    #: under rating protocols, the baseline beneath the item-embedding family's score: none
+    #: (the score is the rating, as the papers) or "user-item" (the client's training mean
+    #: plus a learned item bias; fedrec's default for ratings, `FamilySpec.baseline`)
+    rating_baseline: str = "none"
 
     def validate(self) -> None:
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
@@ -155,6 +161,8 @@ class FederatedConfig:
             (self.backoffs < 0, "--backoffs must be >= 0"),
             (self.cold_items not in COLD_ITEMS,
              f"--cold-items must be one of {', '.join(COLD_ITEMS)} (got {self.cold_items!r})"),
+            (self.rating_baseline not in RATING_BASELINES,
+             f"--rating-baseline must be one of {', '.join(RATING_BASELINES)} (got {self.rating_baseline!r})"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
             (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None
@@ -201,7 +209,7 @@ class FederatedConfig:
         then, so a cache key or checkpoint made before they existed still matches."""
         blob = {k: v for k, v in blob.items()
                 if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
-                        or (k == "cold_items" and v == "model"))}
+                        or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none"))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}
@@ -308,7 +316,9 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
 
     def chunk(a: int, b: int, without_copies: bool) -> None:
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
-        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings)
+        offsets = user_means(train, rows[a:b]) if getattr(state.spec, "baseline", False) else None
+        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings,
+                               label_offsets=offsets)
         up = state.train_uncopied(batches, path) if without_copies else None
         if without_copies and up is None:  # a gradient not finite: the copies, in chunks sized for them
             for a2, b2 in chunk_bounds(samples[a:b], per_sample, budget, spec.bytes_per_client):

@@ -82,6 +82,9 @@ class MetaMFSpec(FamilySpec):
     """MetaMF's sizes (official defaults) on top of the family switches (fixed: nothing private
     but the user embedding, no dual personalisation, no reconstruction)."""
 
+    #: its score is generated per user from shared weights; no rating baseline beneath it
+    takes_baseline: ClassVar[bool] = False
+
     shares_unbatched: ClassVar[bool] = True  # `_per_client` takes a shared weight as it is
     score: str = "metamf"
     private_score: bool = False

@@ -67,6 +67,39 @@ class ScoreFunction:
         raise NotImplementedError
 
 
+class ItemBias(ScoreFunction):
+    """``inner``'s score plus a learned bias per item, held as the item row's last column and
+    aggregated like the rest of the row: the item half of a rating baseline
+    (`fedrec.federated.family.FamilySpec.baseline`)."""
+
+    def __init__(self, inner: ScoreFunction) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+item-bias"
+        self.closed_form, self.cost = inner.closed_form, inner.cost
+
+    def item_width(self, spec: Any) -> int:
+        return self.inner.item_width(spec) + 1
+
+    def user_shapes(self, spec: Any) -> dict[str, tuple[int, ...]]:
+        return self.inner.user_shapes(spec)
+
+    def score_shapes(self, spec: Any) -> dict[str, tuple[int, ...]]:
+        return self.inner.score_shapes(spec)
+
+    def init(self, spec: Any, name: str) -> float | None:
+        return self.inner.init(spec, name)
+
+    def logits(self, spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+        return self.inner.logits(spec, p, v[..., :-1]) + v[..., -1]
+
+    def grad(self, spec: Any, name: str, p: dict[str, torch.Tensor], v: torch.Tensor,
+             g: torch.Tensor) -> torch.Tensor:
+        return self.inner.grad(spec, name, p, v[..., :-1], g)
+
+    def item_grad(self, spec: Any, p: dict[str, torch.Tensor], g: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.inner.item_grad(spec, p, g), g[..., None]], -1)
+
+
 class Dot(ScoreFunction):
     """FedMF, FedRecon: <u, q> with a private user vector."""
 

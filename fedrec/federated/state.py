@@ -161,6 +161,9 @@ class FamilyState:
     #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
     #: attacks and pseudo-item padding apply; not a dataclass field)
     plain_average = True
+    #: each client's rating baseline offset, its training mean (`FamilySpec.baseline`), added
+    #: to its scores; None without a baseline (not a dataclass field: set by the spec)
+    offsets = None
     #: the item-row rules of `use_aggregation` apply: the server averages rows through
     #: `FamilyState.aggregate` (not a dataclass field; False where a state aggregates its own way)
     row_rules = True
@@ -513,6 +516,8 @@ class FamilyState:
         p = {k: self.private[k][c] for k in self.spec.private_names()}
         unbatched = self.spec.shares_unbatched  # one weight read by every client (MetaMF)
         p.update({k: t if unbatched else t.expand(len(clients), *t.shape) for k, t in self.shared.items()})
+        if self.offsets is not None:
+            return score(self.spec, p, v) + self.offsets[c][:, None]
         return score(self.spec, p, v)
 
 

@@ -53,7 +53,8 @@ class NodeRole:
         """The algorithm's state for this node's clients (private parameters drawn by id)."""
         state = self.spec.create_state(
             len(self.data.users), self.data.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
-            item_std=self.cfg.item_std, seed=self.run.seed, client_ids=self.data.users)
+            item_std=self.cfg.item_std, seed=self.run.seed, train=self.data.train,
+            client_ids=self.data.users)
         use_aggregation(state, self.cfg.aggregation)
         return state
 

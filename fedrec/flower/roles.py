@@ -69,6 +69,12 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
+    if split is None and ranking == "rating" and getattr(spec, "loss", None) == "bce":
+        # the nodes' loss (`fedrec.federated.family.loss_for`), which a server without data
+        # cannot read off a split: with it, the server's rows are the nodes' (the rating baseline's)
+        spec = replace(spec, loss="mse")
+    configured = getattr(spec, "configured", None)
+    spec = configured(run.federated) if configured is not None else spec
     if run.federated.aggregation != "clients" and secure:
         raise FedrecError(f"secure aggregation sums the item tables alone, and --aggregation "
                           f"{run.federated.aggregation} divides each row by the clients that sent it (which it "

@@ -138,6 +138,17 @@ def get_protocol(name: str) -> Protocol:
     return PROTOCOLS[name]
 
 
+def user_means(train: sp.csr_matrix, rows: np.ndarray | None = None) -> np.ndarray:
+    """Each of ``rows``' (None: every row's) mean rating in ``train``, float32; the mean of
+    every rating in ``train`` for a row without one. A client computes its own from its ratings
+    (the rating baseline's offset, the cold items' fallback)."""
+    sub = train if rows is None else train[np.asarray(rows, dtype=np.int64)]
+    counts = np.diff(sub.indptr)
+    sums = np.asarray(sub.sum(axis=1), dtype=np.float64).ravel()
+    overall = float(train.data.mean()) if train.nnz else 0.0
+    return np.where(counts > 0, sums / np.maximum(counts, 1), overall).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class ColdFallback:
     """Ratings predicted for items no training rating names (``cold``, a mask over items): each
@@ -152,11 +163,7 @@ class ColdFallback:
     def user_means(train: sp.csr_matrix) -> ColdFallback:
         """Each user's training mean (the global mean for a user without one) on the items
         ``train`` never names."""
-        counts = np.diff(train.indptr)
-        sums = np.asarray(train.sum(axis=1)).ravel()
-        overall = float(train.data.mean()) if train.nnz else 0.0
-        value = np.where(counts > 0, sums / np.maximum(counts, 1), overall).astype(np.float32)
-        return ColdFallback(np.asarray(train.getnnz(axis=0) == 0), value)
+        return ColdFallback(np.asarray(train.getnnz(axis=0) == 0), user_means(train))
 
 
 @dataclass
