@@ -545,7 +545,7 @@ def algorithms_command(
                 papers.add_row(dataset, ", ".join(f"{engine_flag(k)} {'n_items x 80' if v is None else v}"
                                                   for k, v in opts.items()))
         console.print(papers)
-    if spec.rating_engine:
+    if spec.rating_engine or (spec.kind == "federated" and "rating" in spec.rankings):
         ours = {k: v for k, v in spec.engine_for(None, "rating").items() if spec.engine_for(None).get(k) != v}
         flags = ", ".join(f"{engine_flag(k)} {v}" for k, v in ours.items())
         console.print(f"under rating protocols (squared error on the ratings): {flags}", highlight=False)
