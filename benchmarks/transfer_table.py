@@ -6,8 +6,13 @@ and under its paper's setting, beside centralised MF, one column per data set:
         --tuned results/transfer-tuned/ml-100k results/transfer-tuned/lastfm-2k
 
 ``--tuned`` adds a third table from `fedrec compare` folders: each method after the same tuning
-budget on validation (its defaults one of the trials), then the same seeds. A method none of
-whose seeds completed is shown as diverged.
+budget on validation (its defaults one of the trials), then the same seeds. ``--defaults-also``
+and ``--papers-also`` add the cells of more bench folders (a GPU's, say) to either side, and
+``--protocol loo-full`` reports full ranking. A method none of whose seeds completed is shown
+as diverged.
+
+    python benchmarks/transfer_table.py results/bench/transfer-defaults results/bench/transfer-papers \
+        --defaults-also results/bench/transfer-defaults-gpu --papers-also results/bench/transfer-papers-gpu
 """
 
 from __future__ import annotations
@@ -49,8 +54,14 @@ def main() -> None:
     ap.add_argument("papers", type=Path)
     ap.add_argument("--protocol", default="loo-sampled")
     ap.add_argument("--tuned", type=Path, nargs="*", default=[], help="fedrec compare folders")
+    ap.add_argument("--defaults-also", type=Path, nargs="*", default=[], help="more cells at the defaults")
+    ap.add_argument("--papers-also", type=Path, nargs="*", default=[], help="more cells at the papers' settings")
     args = ap.parse_args()
     ours, papers = cells(args.defaults), cells(args.papers)
+    for folder in args.defaults_also:
+        ours.update(cells(folder))
+    for folder in args.papers_also:
+        papers.update(cells(folder))
     tuned: dict[tuple[str, str, str], list[float]] = {}
     for folder in args.tuned:
         tuned.update(cells(folder))
