@@ -74,7 +74,20 @@ def test_a_clipped_round_is_each_client_clipped_alone(split: Split) -> None:
     assert 0.1 < np.mean(clipped) < 0.9, f"the clip must bind in some steps only: {np.mean(clipped):.2f}"
 
 
-@pytest.mark.parametrize("name", ["fedmf", "fedncf", "fedrecon", "pfedrec", "fedmf-bias", "fedavgm", "fedadam"])
+def _family_members() -> list[str]:
+    """Every registered algorithm whose options are the family's (so a new member is tested
+    without being listed here)."""
+    from fedrec.algorithms import ALGORITHMS
+    from fedrec.algorithms.federated import FamilyOptions
+
+    return sorted(n for n, a in ALGORITHMS.items() if issubclass(a.options, FamilyOptions))
+
+
+def test_the_family_is_found_from_the_registry() -> None:
+    assert {"fedmf", "fedncf", "fedrecon", "pfedrec", "fedmf-bias", "fedavgm", "fedadam"} <= set(_family_members())
+
+
+@pytest.mark.parametrize("name", _family_members())
 def test_every_family_member_takes_the_clip(name: str) -> None:
     alg = get_algorithm(name)
     assert alg.build(None, {**alg.defaults, "clip": 2.0}).clip == 2.0
