@@ -50,12 +50,12 @@ per-sample activations. A chunk whose uploads the server only sums makes no copi
 (`FamilyState.train_uncopied`: the products read the one shared weight, `_per_client`, corrected
 by each client's earlier steps, `fedrec.federated.uncopied`), and is charged
 ``bytes_per_uncopied_client`` a client and ``bytes_per_uncopied_step`` a step of its history; on
-Ciao, where most clients have one batch, that took a round's training from 15-22 s to 1.1-1.8 s
-on one thread (session 49, for clients of one step; session 50 carries up to 32 steps). The
-engine charges a chunk of copies ``bytes_per_client`` a client and ``bytes_per_sample`` a sample. Until session 39 the copies were spread over the samples of
-the smallest client instead, so a client with many samples was charged many times its copies:
-on Lastfm-2K (smallest client one positive, median ten) 1.1 MB a sample left 868 chunks of a
-median of one client each a round, and the engine stepped them one by one.
+Ciao, where most clients have one batch, a round's training takes 1.1-1.8 s on one thread
+without copies against 15-22 s with them (clients of up to 32 steps go without). The engine
+charges a chunk of copies ``bytes_per_client`` a client and ``bytes_per_sample`` a sample, not
+the copies spread over the samples of the smallest client: that charged a client with many
+samples many times its copies, and on Lastfm-2K (smallest client one positive, median ten)
+1.1 MB a sample left 868 chunks of a median of one client each a round, stepped one by one.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def _per_client(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None)
     """``x[c] @ w[c] (+ b[c])`` for every client c: ``x`` ``(C, in)``, ``w`` ``(C, in, out)``;
     or ``x @ w (+ b)`` where ``w`` is ``(in, out)``, one weight for every client: one matrix
     product that reads the weight once, where ``bmm`` over an expanded weight (stride 0) reads it
-    once a client (on Ciao's rounds, these products were half the CPU time; session 49)."""
+    once a client (on Ciao's rounds those products were half the CPU time)."""
     if w.dim() == 2:
         return x @ w if b is None else torch.addmm(b, x, w)
     if b is None:

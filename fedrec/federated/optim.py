@@ -24,7 +24,7 @@ def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
     runs) takes the step in one pass over p, g, m and v instead of eight elementwise passes:
     PersonalFR's steps were 70% of its round on Ciao, and the kernel is 11x faster on a
     (15, 1000, 500) slice; its result differs from the passes below by float round-off (2.4e-7
-    after ten steps; session 49). It counts steps itself, so it is given the count before."""
+    after ten steps). It counts steps itself, so it is given the count before."""
     if not isinstance(steps, torch.Tensor):
         from torch.optim.adam import adam
 
@@ -82,9 +82,9 @@ def clip_scale(parts: list[tuple[torch.Tensor, torch.Tensor | None]], n_clients:
     ``parts``: gradients with a leading axis that is the client axis (owner None) or one row
     per entry of ``owner`` (the client each row belongs to). Each slice's norm is taken in
     float32 by `torch.linalg.vector_norm`, as ``clip_grad_norm_`` takes each parameter's, and
-    the squares are summed in float64. (A float64 copy of the gradient, before session 40, made
-    MetaMF's clipped steps 2.2x slower than unclipped ones: its per-client weight copies are
-    ~450k numbers each.) ``extra_sq``: squared norms (float64, one a client) of gradients
+    the squares are summed in float64, with no float64 copy of the gradient (one made MetaMF's
+    clipped steps 2.2x slower than unclipped ones: its per-client weight copies are ~450k
+    numbers each). ``extra_sq``: squared norms (float64, one a client) of gradients
     that are not formed, added as they are.
     """
     sq = torch.zeros(n_clients, dtype=torch.float64) if extra_sq is None else extra_sq.clone()

@@ -400,8 +400,8 @@ class FamilyState:
         """Gradients of the batch loss by autograd (any score function), for the step's
         ``n_active`` clients only (``(n_active, ...)``): a leaf over every client, sliced in the
         loss, would have autograd fill and copy a gradient of every client's copy each step
-        (MetaMF on ML-100K: a quarter of its CPU profile; a round 5.9-6.0 s before, 4.5-4.7 s
-        after on one thread, the same figures; session 48)."""
+        (MetaMF on ML-100K: a quarter of its CPU profile; a round 5.9-6.0 s that way, 4.5-4.7 s
+        this way on one thread, the same figures)."""
         n = v.shape[0]
         leaves = {k: params[k][:n].detach().requires_grad_(True) for k in names}
         p = {**params, **leaves}
