@@ -34,7 +34,7 @@ from fedrec.federated.uncopied import MAX_STEPS
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.protocol import Split, user_means
+from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 from fedrec.train.selection import TrainOutcome
 
@@ -307,6 +307,9 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     # clients of at most MAX_STEPS local steps train without copies of the shared weights where
     # the state can (`FamilyState.train_uncopied`): a suffix of the activity order, charged their
     # activations and their steps' history only, so it is chunked apart from the clients before it
+    # the rating baseline's offset of each state client (a row of ``train``), which it fits beneath
+    offsets = getattr(state, "offsets", None)
+    offsets = None if offsets is None else offsets.cpu().numpy()
     steps = cfg.local_epochs * -(-samples // cfg.batch_size)
     uncopied = np.zeros(len(rows), bool)
     if state.uncopied_open(summed=keep is None):
@@ -316,9 +319,8 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
 
     def chunk(a: int, b: int, without_copies: bool) -> None:
         negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
-        offsets = user_means(train, rows[a:b]) if getattr(state.spec, "baseline", False) else None
         batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings,
-                               label_offsets=offsets)
+                               label_offsets=None if offsets is None else offsets[rows[a:b]])
         up = state.train_uncopied(batches, path) if without_copies else None
         if without_copies and up is None:  # a gradient not finite: the copies, in chunks sized for them
             for a2, b2 in chunk_bounds(samples[a:b], per_sample, budget, spec.bytes_per_client):
