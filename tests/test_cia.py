@@ -251,6 +251,38 @@ def test_eigenbasis_finetune_equals_autograd(loss: str) -> None:
     assert ((mine @ mine.transpose(1, 2) - sym) ** 2).sum() < before
 
 
+def test_finetune_at_the_target_stays_finite_where_the_norm_identity_cancels() -> None:
+    """Clients a hair from a target whose eigenvalues are in the thousands (where a long FedCIA
+    run on ML-100K gets): the float32 identity for ‖E Eᵀ − S̄‖² comes out at or below zero there,
+    which once made the normalised step infinite and the tables NaN; the floor bounds the step
+    by the exact gradient's own bound, so the tables stay finite and as far from the target as
+    such steps take them."""
+    g = torch.Generator().manual_seed(0)
+    k, m, d, lr = 4, 300, 8, 0.1
+    q, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    lam = torch.zeros(m, dtype=torch.float64)
+    lam[-d:] = torch.linspace(500, 3000, d, dtype=torch.float64)
+    at = (q[:, -d:] * lam[-d:].sqrt()).float()
+    item = (at[None] + 1e-4 * torch.randn(k, m, d, generator=g)).contiguous()
+    start = item.clone()
+    finetune(item, q.float(), lam.float(), 100, lr, "norm")
+    assert torch.isfinite(item).all()
+    # each step moves a client by at most 2 lr ‖G‖^½ (‖G‖ ≤ Σλ here, up to float32's slack)
+    bound = 100 * 2 * lr * float(lam.sum()) ** 0.5 * 1.01
+    assert (torch.linalg.vector_norm(item - start, dim=(1, 2)) <= bound).all()
+
+
+def test_a_back_off_halves_the_clients_rate_and_the_fine_tunes(split: Split) -> None:
+    from fedrec.federated.cia import CIAAlgorithm
+
+    state = _state(split)
+    cfg = FederatedConfig(lr=0.03)
+    algorithm = CIAAlgorithm(state, cfg, seed=0)
+    assert algorithm.scale_rates(0.5)
+    assert (algorithm.cfg.lr, state.spec.finetune_lr) == (0.015, CIASpec().finetune_lr / 2)
+    assert cfg.lr == 0.03  # the run's config is not edited
+
+
 def _state(split: Split, **kw: object) -> CIAState:
     """Clients start from one shared table; a per-client perturbation stands in for training."""
     spec = CIASpec(**{"clients": 5, "init_std": 0.3, **kw})  # type: ignore[arg-type]

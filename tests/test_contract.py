@@ -184,3 +184,15 @@ def test_each_clients_upload_can_be_kept(name: str) -> None:
     assert len(clients) == len(set(clients)) and set(clients) <= set(plan.clients.tolist())
     if uploads.bytes_up:  # everything but independent clients (no aggregation) uploads
         assert clients and all(u.tensors for u in uploads.per_client)
+
+
+@pytest.mark.parametrize("name", FEDERATED)
+def test_every_trained_algorithm_can_back_off(name: str) -> None:
+    """On a divergence the driver goes back to a good state and halves the rates
+    (`Trainable.scale_rates`); an algorithm that cannot would stop at its first divergence under
+    fedrec's defaults too. Only a one-shot model with nothing trained (GF-CF) has no rates."""
+    from fedrec.experiment import build_trainable, prepare_split
+
+    cfg = config(name, rounds=1)
+    _, algorithm = build_trainable(cfg, prepare_split(cfg))
+    assert algorithm.scale_rates(0.5) is (algorithm.max_rounds != 1)

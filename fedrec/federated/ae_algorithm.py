@@ -4,6 +4,7 @@ update, upload and Equation 5."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,13 @@ class AEAlgorithm(FederatedAlgorithm):
     def __init__(self, state: AEState, cfg: Any) -> None:
         self.state, self.cfg = state, cfg
         self.n_clients, self.seed, self.clients_per_round = state.K, state.seed, cfg.clients_per_round
+
+    def scale_rates(self, factor: float) -> bool:
+        """Scale the rate every local step and the server's Equation 5 read (the driver's
+        back-off)."""
+        self.cfg = dataclasses.replace(self.cfg, lr=self.cfg.lr * factor)
+        self.divergence_hint = f"lower --lr (now {self.cfg.lr:g})"
+        return True
 
     def local_update(self, plan: RoundPlan) -> Uploads:
         cohort, steps = self.state.training_order(plan.clients, self.cfg)

@@ -35,6 +35,7 @@ F_k, and a client scores its users with r_u F_k + β r_u F̄ (``none``: r_u F_k)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -327,6 +328,18 @@ class CIAAlgorithm(FederatedAlgorithm):
         self.state, self.cfg, self.seed = state, cfg, seed
         self.n_clients = state.n_clients
         self.max_rounds = 1 if state.gfcf else None
+
+    def scale_rates(self, factor: float) -> bool:
+        """Scale the clients' Adam rate and the fine-tune's (the driver's back-off); GF-CF has
+        none."""
+        if self.state.gfcf:
+            return False
+        self.cfg = dataclasses.replace(self.cfg, lr=self.cfg.lr * factor)
+        spec = self.state.spec
+        self.state.spec = dataclasses.replace(spec, finetune_lr=spec.finetune_lr * factor)
+        self.divergence_hint = (f"lower --lr (the clients use {self.cfg.lr:g}) or --set finetune_lr= "
+                                f"(the fine-tune uses {self.state.spec.finetune_lr:g})")
+        return True
 
     def local_update(self, plan: RoundPlan) -> Uploads:
         """Every client trains, then computes what it uploads (`CIAState.client_sums`; each

@@ -38,17 +38,32 @@ def finetune(item: torch.Tensor, u: torch.Tensor, lam: torch.Tensor, steps: int,
     lam_sq = float((lam64**2).sum())
     for _ in range(steps):
         gram = e.transpose(1, 2) @ e
+        step = torch.bmm(e, gram)  # ẼG
         if loss == "mse":
             c = torch.full((len(e),), lr * 4.0 / (m * m))
         else:
             # ‖X‖² = ‖G‖² − 2 Σ_i λ_i ‖Ẽ_i‖² + ‖Λ‖², combined in float64 (it cancels near the end)
             rows = torch.linalg.vector_norm(e, dim=2).double() ** 2
-            sq = (gram.double() ** 2).sum((1, 2)) - 2.0 * (rows @ lam64) + lam_sq + offset
+            g_sq = (gram.double() ** 2).sum((1, 2))
+            sq = g_sq - 2.0 * (rows @ lam64) + lam_sq + offset
+            sq = torch.maximum(sq, _norm_floor(step, e, lam, g_sq))
             c = (lr * 2.0 / sq.clamp_min(1e-30).sqrt()).float()  # d‖X‖ = d‖X‖² / (2‖X‖)
         # Ẽ − lr·grad = Ẽ + c (ΛẼ − ẼG) = (1 + cΛ) ⊙ Ẽ − c ẼG, in place
-        step = torch.bmm(e, gram).mul_(c[:, None, None])
+        step.mul_(c[:, None, None])
         e.mul_(1.0 + c[:, None, None] * lam[None, :, None]).sub_(step)
     item.copy_(torch.matmul(u, e))
+
+
+def _norm_floor(eg: torch.Tensor, e: torch.Tensor, lam: torch.Tensor, g_sq: torch.Tensor) -> torch.Tensor:
+    """A lower bound on each client's ‖X‖² = ‖Ẽ Ẽᵀ − Λ‖² that does not cancel: the float32 Gram
+    matrix G holds ‖G‖² to about 1e-7 of itself, so once a client's E Eᵀ is that close to S̄ (a
+    long FedCIA run on ML-100K gets there by round 70, with λ in the thousands) the identity above
+    can come out at or below zero, and the normalised step c = 2 lr / ‖X‖ explodes to NaN. Since
+    X̃Ẽ = ẼG − ΛẼ and ‖X̃Ẽ‖ ≤ ‖X‖ σ_max(Ẽ) ≤ ‖X‖ ‖G‖^½, ‖X̃Ẽ‖² / ‖G‖ ≤ ‖X‖²: taken as a
+    floor it bounds the step's length by 2 lr ‖G‖^½, the exact gradient's own bound, and is
+    never above the true value, so a run whose identity holds takes the same steps."""
+    resid = eg - lam[None, :, None] * e
+    return torch.linalg.vector_norm(resid, dim=(1, 2)).double() ** 2 / g_sq.clamp_min(1e-30).sqrt()
 
 
 def factors(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generator
