@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fedrec.algorithms.fedadam import Adam
 from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.server_opt import Adam
 
 
 def test_server_step_is_adam_on_the_mean_update():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from fedrec.algorithms import get_algorithm
-from fedrec.algorithms.fedavgm import Momentum
 from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.server_opt import Momentum
 
 
 def _run(name: str, **options) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fedrec.errors import UnknownNameError
+from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 
@@ -119,8 +119,17 @@ class AlgorithmSpec:
         family's rating baseline: `fedrec.federated.family.FamilySpec.configured`)."""
         opts = values if isinstance(values, Options) else self.parse(values)
         model = self.builder(split, opts)  # type: ignore[arg-type]
+        self.check_engine(model, engine)
         configured = getattr(model, "configured", None)
         return configured(engine) if engine is not None and configured is not None else model
+
+    def check_engine(self, model: Any, engine: Any) -> None:
+        """Refuse engine options ``model`` (what `build` made) would ignore: a server optimiser
+        where the server aggregates its own way."""
+        named = getattr(engine, "server_opt", None)
+        if named is not None and not getattr(model, "takes_server_opt", False):
+            raise FedrecError(f"--server-opt {named}: {self.name} aggregates its own way; a server optimiser "
+                              "is a part of the item-embedding family and MetaMF")
 
     @property
     def defaults(self) -> dict[str, Any]:

@@ -130,8 +130,16 @@ class FederatedConfig:
     #: (the score is the rating, as the papers) or "user-item" (the client's training mean
     #: plus a learned item bias; fedrec's default for ratings, `FamilySpec.baseline`)
     rating_baseline: str = "none"
+    #: the server optimiser on the round's mean item table and shared weights, as
+    #: ``NAME[:KEY=VALUE,...]`` (`fedrec.federated.server_opt.ServerOpt.parse`: avg, avgm, adam,
+    #: yogi); None: the algorithm's own (FedAvg, or FedAvgM's, FedAdam's, FedYogi's)
+    server_opt: str | None = None
 
     def validate(self) -> None:
+        if self.server_opt is not None:
+            from fedrec.federated.server_opt import ServerOpt
+
+            ServerOpt.parse(self.server_opt)  # one line for a bad name, key or value
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
                   "--item-std": self.item_std, "--ldp": self.ldp, "--clip": self.clip,
                   "--dp-clip": self.dp_clip, "--dp-noise": self.dp_noise, "--dp-delta": self.dp_delta,
@@ -205,11 +213,13 @@ class FederatedConfig:
     @staticmethod
     def identity(blob: dict[str, Any]) -> dict[str, Any]:
         """``blob`` (this config as a dict) less the security options when no attack, defence or
-        target is asked for, and less ``aggregation`` at the papers' rule: they change nothing
+        target is asked for, and less ``aggregation`` at the papers' rule (and the other options
+        at the value that was their only behaviour before they existed): they change nothing
         then, so a cache key or checkpoint made before they existed still matches."""
         blob = {k: v for k, v in blob.items()
                 if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
-                        or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none"))}
+                        or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none")
+                        or (k == "server_opt" and v is None))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

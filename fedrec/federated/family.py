@@ -51,6 +51,7 @@ from fedrec.core.device import here
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.scores import ItemBias, ScoreFunction, get_score
+from fedrec.federated.server_opt import ServerOpt, ServerOptimizer
 from fedrec.protocols.protocol import user_means
 
 if TYPE_CHECKING:
@@ -74,12 +75,17 @@ class FamilySpec:
     loss: str = "bce"
     clip: float = 0.0
     baseline: bool = False
+    #: the server optimiser on the round's mean (`fedrec.federated.server_opt`; None: FedAvg)
+    server: ServerOpt | None = None
     #: the score function also takes shared weights without a client axis (one copy read by
     #: every client, not one a client) and records their products (`logits_taped`), which
     #: `FamilyState.train_uncopied` needs
     shares_unbatched: ClassVar[bool] = False
     #: it can take the rating baseline (``baseline``); MetaMF's generated score cannot
     takes_baseline: ClassVar[bool] = True
+    #: its server averages through `FamilyState.aggregate`, so it takes a server optimiser
+    #: (``--server-opt``); a model without this attribute aggregates its own way and refuses one
+    takes_server_opt: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
@@ -92,12 +98,26 @@ class FamilySpec:
 
     def configured(self, engine: Any) -> FamilySpec:
         """This spec under the engine's options (`fedrec.federated.engine.FederatedConfig`):
-        with the rating baseline where the engine asks for one and the spec fits ratings."""
+        with the rating baseline where the engine asks for one and the spec fits ratings, and
+        with the engine's server optimiser where it names one (``--server-opt``; an algorithm
+        that is defined by its own, FedAvgM, FedAdam, FedYogi, refuses another)."""
+        spec = self
         wanted = getattr(engine, "rating_baseline", "none") != "none" and self.loss == "mse"
         if wanted and not self.takes_baseline:
             raise FedrecError(f"--rating-baseline {engine.rating_baseline}: this algorithm's score takes "
                               "no rating baseline (give --rating-baseline none)")
-        return replace(self, baseline=True) if wanted and not self.baseline else self
+        if wanted and not self.baseline:
+            spec = replace(spec, baseline=True)
+        named = getattr(engine, "server_opt", None)
+        if named is not None:
+            server = ServerOpt.parse(named)
+            if self.server is not None and self.server != server:
+                raise FedrecError(f"--server-opt {named}: this algorithm is FedMF with the server optimiser "
+                                  f"{self.server.text()} (its --set options); for another, run fedmf "
+                                  f"--server-opt {named}")
+            if server != self.server:
+                spec = replace(spec, server=server)
+        return spec
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
         """The federated algorithm the round driver trains (`fedrec.federated.algorithm`), under
@@ -138,11 +158,9 @@ class FamilySpec:
             return "secure aggregation sums item tables only; this algorithm also averages shared weights"
         return None
 
-    def server_optimizer(self):  # type: ignore[no-untyped-def]
-        """How the server applies a round's mean (FedAvg; FedAvgM and FedAdam override it)."""
-        from fedrec.federated.server_opt import ServerOptimizer
-
-        return ServerOptimizer()
+    def server_optimizer(self) -> ServerOptimizer:
+        """How the server applies a round's mean: ``server``'s optimiser, else FedAvg."""
+        return (self.server or ServerOpt()).make()
 
     def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor, tape: SharedTape | None) -> torch.Tensor:
         """Logits ``(C, B)`` of item rows ``v`` with the shared weights in ``p`` unbatched, each

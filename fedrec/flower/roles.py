@@ -69,6 +69,7 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"'{run.algorithm}' cannot be evaluated under protocol '{run.protocol}' "
                           f"({ranking}); see `fedrec protocols`")
     spec = alg.build(split, run.model)
+    alg.check_engine(spec, run.federated)
     if split is None and ranking == "rating" and getattr(spec, "loss", None) == "bce":
         # the nodes' loss (`fedrec.federated.family.loss_for`), which a server without data
         # cannot read off a split: with it, the server's rows are the nodes' (the rating baseline's)
