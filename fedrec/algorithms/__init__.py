@@ -125,11 +125,16 @@ class AlgorithmSpec:
 
     def check_engine(self, model: Any, engine: Any) -> None:
         """Refuse engine options ``model`` (what `build` made) would ignore: a server optimiser
-        where the server aggregates its own way."""
+        where the server aggregates its own way, a client objective where the clients train
+        their own way."""
         named = getattr(engine, "server_opt", None)
         if named is not None and not getattr(model, "takes_server_opt", False):
             raise FedrecError(f"--server-opt {named}: {self.name} aggregates its own way; a server optimiser "
                               "is a part of the item-embedding family and MetaMF")
+        named = getattr(engine, "client_objective", None)
+        if named is not None and not getattr(model, "takes_client_objective", False):
+            raise FedrecError(f"--client-objective {named}: {self.name}'s clients train their own way; a "
+                              "client objective is a part of the item-embedding family and MetaMF")
 
     @property
     def defaults(self) -> dict[str, Any]:

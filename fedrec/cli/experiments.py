@@ -141,6 +141,7 @@ def run_command(
     cold_items: str | None = typer.Option(None, help="Federated, rating protocols: what is predicted for an item no training rating names: model (its untrained row's score) or user-mean (the user's training mean; default, but model under --paper)."),
     rating_baseline: str | None = typer.Option(None, help="Federated, rating protocols: the baseline beneath the item-embedding family's score: user-item (the user's training mean, computed on the client, plus a learned item bias; default) or none (the score is the rating, as the papers; under --paper)."),
     server_opt: str | None = typer.Option(None, "--server-opt", help="Federated, the item-embedding family and MetaMF: the server optimiser on the round's mean, NAME[:KEY=VALUE,...]: avg (FedAvg), avgm (momentum), adam or yogi (Reddi et al. 2021), e.g. yogi:lr=0.05 (keys lr, momentum, beta1, beta2, tau; default: the algorithm's own, FedAvg for most)."),
+    client_objective: str | None = typer.Option(None, "--client-objective", help="Federated, the item-embedding family and MetaMF: a term added to each client's local loss, NAME[:KEY=VALUE,...], e.g. prox:mu=0.01 (FedProx's proximal term; default: the algorithm's own, none for most)."),
     paper: bool = typer.Option(False, "--paper", help="Federated: the algorithm's paper setting instead of fedrec's defaults: its item-row rule, the rates it gives for this data set, a fixed budget of rounds (as `fedrec reproduce` runs)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
@@ -218,7 +219,8 @@ def run_command(
         "--encoding": encoding is not None, "--memory-budget-mb": memory_budget_mb is not None,
         "--aggregation": aggregation is not None, "--backoffs": backoffs is not None, "--paper": paper,
         "--cold-items": cold_items is not None, "--rating-baseline": rating_baseline is not None,
-        "--server-opt": server_opt is not None, "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
+        "--server-opt": server_opt is not None, "--client-objective": client_objective is not None,
+        "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
@@ -252,6 +254,7 @@ def run_command(
             patience=patience, ldp=ldp, clip=clip, dp_clip=dp_clip,
             dp_noise=dp_noise, dp_delta=dp_delta, encoding=encoding, aggregation=aggregation, backoffs=backoffs,
             cold_items=cold_items, rating_baseline=rating_baseline, server_opt=server_opt,
+            client_objective=client_objective,
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
             attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
             attack_items=attack_items, boost=boost, defence=defence, trim=trim, byzantine=byzantine,

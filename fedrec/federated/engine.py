@@ -134,12 +134,20 @@ class FederatedConfig:
     #: ``NAME[:KEY=VALUE,...]`` (`fedrec.federated.server_opt.ServerOpt.parse`: avg, avgm, adam,
     #: yogi); None: the algorithm's own (FedAvg, or FedAvgM's, FedAdam's, FedYogi's)
     server_opt: str | None = None
+    #: a term added to each client's local loss, as ``NAME[:KEY=VALUE,...]``
+    #: (`fedrec.federated.objective.parse_objective`, e.g. FedProx's ``prox:mu=0.01``); None: the
+    #: algorithm's own (none, or FedProx's)
+    client_objective: str | None = None
 
     def validate(self) -> None:
         if self.server_opt is not None:
             from fedrec.federated.server_opt import ServerOpt
 
             ServerOpt.parse(self.server_opt)  # one line for a bad name, key or value
+        if self.client_objective is not None:
+            from fedrec.federated.objective import parse_objective
+
+            parse_objective(self.client_objective)
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,
                   "--item-std": self.item_std, "--ldp": self.ldp, "--clip": self.clip,
                   "--dp-clip": self.dp_clip, "--dp-noise": self.dp_noise, "--dp-delta": self.dp_delta,
@@ -219,7 +227,7 @@ class FederatedConfig:
         blob = {k: v for k, v in blob.items()
                 if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
                         or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none")
-                        or (k == "server_opt" and v is None))}
+                        or (k in ("server_opt", "client_objective") and v is None))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from fedrec.core.device import here
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
+from fedrec.federated.objective import ClientObjective, parse_objective
 from fedrec.federated.scores import ItemBias, ScoreFunction, get_score
 from fedrec.federated.server_opt import ServerOpt, ServerOptimizer
 from fedrec.protocols.protocol import user_means
@@ -77,6 +78,8 @@ class FamilySpec:
     baseline: bool = False
     #: the server optimiser on the round's mean (`fedrec.federated.server_opt`; None: FedAvg)
     server: ServerOpt | None = None
+    #: a term added to each client's local loss (`fedrec.federated.objective`; None: none)
+    objective: ClientObjective | None = None
     #: the score function also takes shared weights without a client axis (one copy read by
     #: every client, not one a client) and records their products (`logits_taped`), which
     #: `FamilyState.train_uncopied` needs
@@ -86,6 +89,9 @@ class FamilySpec:
     #: its server averages through `FamilyState.aggregate`, so it takes a server optimiser
     #: (``--server-opt``); a model without this attribute aggregates its own way and refuses one
     takes_server_opt: ClassVar[bool] = True
+    #: its clients step through `FamilyState.local_update`, which honours a client objective
+    #: (``--client-objective``); a model without this attribute refuses one
+    takes_client_objective: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
@@ -100,7 +106,8 @@ class FamilySpec:
         """This spec under the engine's options (`fedrec.federated.engine.FederatedConfig`):
         with the rating baseline where the engine asks for one and the spec fits ratings, and
         with the engine's server optimiser where it names one (``--server-opt``; an algorithm
-        that is defined by its own, FedAvgM, FedAdam, FedYogi, refuses another)."""
+        that is defined by its own, FedAvgM, FedAdam, FedYogi, refuses another), and with its
+        client objective (``--client-objective``; likewise FedProx's)."""
         spec = self
         wanted = getattr(engine, "rating_baseline", "none") != "none" and self.loss == "mse"
         if wanted and not self.takes_baseline:
@@ -117,6 +124,15 @@ class FamilySpec:
                                   f"--server-opt {named}")
             if server != self.server:
                 spec = replace(spec, server=server)
+        named = getattr(engine, "client_objective", None)
+        if named is not None:
+            objective = parse_objective(named)
+            if self.objective is not None and self.objective != objective:
+                raise FedrecError(f"--client-objective {named}: this algorithm is defined by the client "
+                                  f"objective {self.objective.text()} (its --set options); for another, "
+                                  f"run fedmf --client-objective {named}")
+            if objective != self.objective:
+                spec = replace(spec, objective=objective)
         return spec
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]

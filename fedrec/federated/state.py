@@ -221,7 +221,8 @@ class FamilyState:
             for _ in range(spec.reconstruct):
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
-        loss_sum = sum(self._step(params, rows, step, spec.phases()) for step in steps)
+        sent = (start, cohort.row_ptr) if spec.objective is not None else None
+        loss_sum = sum(self._step(params, rows, step, spec.phases(), sent=sent) for step in steps)
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         return self._finish(cohort, params, start, rows, path, loss_sum)
@@ -243,10 +244,11 @@ class FamilyState:
     def uncopied_open(self, summed: bool) -> bool:
         """Whether `train_uncopied` can train a chunk of clients: only the sum of their uploads
         is wanted (``summed``: no per-client upload is kept), the score function takes the shared
-        weights without copies, and a step is one plain phase (no reconstruction, no dual step)."""
+        weights without copies, and a step is one plain phase (no reconstruction, no dual step,
+        no client objective: its term reads each client's own copy)."""
         spec = self.spec
         return (summed and spec.shares_unbatched and bool(self.shared) and len(spec.phases()) == 1
-                and not spec.reconstruct and not spec.dual)
+                and not spec.reconstruct and not spec.dual and spec.objective is None)
 
     def train_uncopied(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
         """Train a cohort without copying the shared weights per client (the caller has checked
@@ -325,9 +327,11 @@ class FamilyState:
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
-              v: torch.Tensor | None = None) -> float:
+              v: torch.Tensor | None = None, sent: tuple[torch.Tensor, np.ndarray] | None = None) -> float:
         """One minibatch: a plain-SGD step per phase, in order (each client's gradient clipped
-        to ``spec.clip`` first, when set); returns the last phase's loss.
+        to ``spec.clip`` first, when set), then the client objective's step on what the phase
+        trained of what the round sent (``sent``: the rows as downloaded and the clients' row
+        pointers; `fedrec.federated.objective`); returns the last phase's loss.
 
         The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
@@ -354,8 +358,30 @@ class FamilyState:
                 step_rows = self._item_grads(grads[ITEMS], m).reshape(-1, rows.shape[1]).mul_(-self.lr_item)
                 self._apply_item_step(rows, idx, step_rows)
                 v = None
+            if sent is not None:
+                self._objective_step(params, rows, sent, others, train_items, n)
             loss_value = loss
         return loss_value
+
+    def _objective_step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
+                        sent: tuple[torch.Tensor, np.ndarray], names: list[str], train_items: bool,
+                        n: int) -> None:
+        """The client objective's step (`fedrec.federated.objective`) for the step's ``n``
+        active clients: on the shared weights among ``names`` (against the server's copy) and,
+        when the phase trained them, on their item rows (against the rows downloaded)."""
+        objective = self.spec.objective
+        assert objective is not None
+        for k in names:
+            if k in self.shared:
+                d = objective.step(k, params[k][:n], self.shared[k], self.lr_of(k))
+                if d is not None:
+                    params[k][:n].sub_(d)
+        if train_items:
+            start, row_ptr = sent
+            end = int(row_ptr[n])  # the active clients' rows come first (clients ordered by activity)
+            d = objective.step(ITEMS, rows[:end], start[:end], self.lr_item)
+            if d is not None:
+                rows[:end].sub_(d)
 
     def _clip(self, grads: dict[str, torch.Tensor], idx: torch.Tensor,
               extra_sq: torch.Tensor | None = None) -> torch.Tensor:
