@@ -8,7 +8,7 @@ one data set and writes their leaderboard, curves and report.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from fedrec.version import __version__
 
 __all__ = ["Run", "RunConfig", "compare", "list_algorithms", "list_protocols", "load", "run", "__version__"]
 

@@ -17,6 +17,7 @@ from fedrec.algorithms import AlgorithmSpec, get_algorithm
 from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
+from fedrec.core.selection import TrainOutcome
 from fedrec.data.interactions import Interactions
 from fedrec.data.user_sets import looks_like_a_file
 from fedrec.errors import Diverged, FedrecError
@@ -33,7 +34,6 @@ from fedrec.protocols.protocol import (
 )
 from fedrec.results import COMPLETED, DIVERGED, RoundRecord, RunResult, git_revision, peak_memory_mb
 from fedrec.train.centralised import CentralisedModel, TrainConfig
-from fedrec.train.selection import TrainOutcome
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+))?$")
 

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import fedrec
 from fedrec.files import atomic_write
+from fedrec.version import __version__
 
 SCHEMA_VERSION = 1
 #: a run's ``status`` (`RunResult.status`)
@@ -67,7 +67,7 @@ class RunResult:
     #: rounds after which the run was continued from a checkpoint (wall_seconds covers all parts)
     resumed_at: list[int] = field(default_factory=list)
     peak_memory_mb: float = 0.0
-    fedrec_version: str = fedrec.__version__
+    fedrec_version: str = __version__
     git_revision: str | None = None
     #: versions, date, machine and command line of the process that wrote it (`environment`)
     environment: dict[str, str] = field(default_factory=lambda: environment())
@@ -127,7 +127,7 @@ def git_revision() -> str | None:
     package's files (tracked or new) or ``pyproject.toml`` differ from it: a working tree copied
     to another machine, or an edit not yet committed, ran code the commit alone does not name.
     Other files (docs, results, benchmarks) do not count."""
-    package = Path(fedrec.__file__).parent
+    package = Path(__file__).parent
 
     def git(*args: str) -> str | None:
         out = subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, timeout=5,

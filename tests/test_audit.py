@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fedrec.eval.audit import negative_frequency_oracle
 from fedrec.protocols import make_split
-from fedrec.protocols.audit import negative_frequency_oracle
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ import torch
 
 from fedrec.algorithms import ALGORITHMS, get_algorithm
 from fedrec.api import Run, load
+from fedrec.core.selection import lower_is_better
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.train.centralised import TrainConfig
-from fedrec.train.selection import lower_is_better
 
 DATASET = "synthetic:150x300"
 NAMES = sorted(ALGORITHMS)
@@ -146,7 +146,7 @@ FLOWER = [n for n in NAMES if get_algorithm(n).flower]
 
 @pytest.mark.parametrize("name", FLOWER)
 def test_flower_in_process_equals_the_simulator(name: str) -> None:
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     # the graph methods build their graph over every client each round; FedCIA trains them all
     every = name.startswith(("gpfedrec", "gfedpp")) or protocol_of(name) == "ratio-full"

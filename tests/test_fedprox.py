@@ -46,7 +46,7 @@ def test_pfedrec_and_metamf_take_the_term(name: str):
 
 
 def test_flower_in_process_equals_the_simulator_with_the_term():
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     cfg, done = _run("pfedrec", clients_per_round=0.5, client_objective="prox:mu=0.5")
     got = run_in_process(cfg, 3).out

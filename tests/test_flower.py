@@ -19,7 +19,8 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core import checkpoint
 from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
-from fedrec.flower.roles import NodeRole, ServerRole, run_in_process
+from fedrec.flower.dispatch import run_in_process
+from fedrec.flower.family import NodeRole, ServerRole
 
 DATA = "synthetic:60x300"
 
@@ -176,8 +177,8 @@ def test_malformed_uploads_are_named(change: Any, reason: str, caplog: pytest.Lo
 
 
 def _flower_out(path: Path) -> Any:
+    from fedrec.core.selection import TrainOutcome
     from fedrec.results import RoundRecord
-    from fedrec.train.selection import TrainOutcome
 
     blob = json.loads(path.read_text())
     out = TrainOutcome()
@@ -320,7 +321,8 @@ def test_what_the_flower_app_does_not_run_is_refused_clearly(run: RunConfig, sec
 def test_fedcia_nodes_noise_their_own_similarities() -> None:
     """Under --ldp each node adds its clients' Laplace noise before the upload leaves; the
     server's sum then differs from the noiseless one by 6 clients' noise: variance 6 · 2b²."""
-    from fedrec.flower.roles import node_role, server_role, wire
+    from fedrec.flower.dispatch import node_role, server_role
+    from fedrec.flower.roles import wire
 
     b = 0.05
     sums = {}
@@ -340,7 +342,8 @@ def test_fedcia_nodes_noise_their_own_similarities() -> None:
 def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
     """Under --ldp a GPFedRec/GFed-PP node uploads each client's whole table (start + trained
     rows) with Laplace(b) noise on every entry, drawn on the node; the server adds none."""
-    from fedrec.flower.roles import node_role, server_role, wire
+    from fedrec.flower.dispatch import node_role, server_role
+    from fedrec.flower.roles import wire
 
     b = 0.05
     sent = {}

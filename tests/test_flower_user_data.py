@@ -44,7 +44,7 @@ def test_loopback_reads_a_users_file_from_another_folder(tmp_path: Path, monkeyp
     """``-d ../data/mine.csv --columns ... --workdir deployment``, both relative to a folder the
     nodes do not run in: the nodes read the file, the deployment's folder is where it was
     asked for (not inside itself), and the figures are the in-process deployment's."""
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     data = _write_csv(tmp_path / "data" / "mine.csv")
     here = tmp_path / "elsewhere"

@@ -86,7 +86,7 @@ def test_avg_at_its_default_step_is_fedavg_and_a_smaller_step_moves_less():
 
 
 def test_flower_in_process_equals_the_simulator_with_a_server_optimiser():
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     cfg = RunConfig("pfedrec", dataset="synthetic:120x300", seed=1, model={"dim": 8},
                     federated=federated_config("pfedrec", rounds=2, clients_per_round=0.5, server_opt="adam"))

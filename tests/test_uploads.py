@@ -41,7 +41,7 @@ def test_nodes_local_noise_sums_to_the_simulators_noise_sum() -> None:
 
 
 def test_flower_nodes_add_the_ldp_noise_the_server_no_longer_adds() -> None:
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     def table(ldp: float) -> torch.Tensor:
         run = RunConfig("fedmf", dataset="synthetic:90x300", seed=4, model={"dim": 8},
@@ -81,7 +81,7 @@ def test_kept_uploads_are_each_clients_own_and_sum_to_the_folded_round() -> None
 
 def test_flower_reports_the_privacy_its_nodes_noise_buys() -> None:
     from fedrec.experiment import train
-    from fedrec.flower.roles import run_in_process
+    from fedrec.flower.dispatch import run_in_process
 
     run = RunConfig("pfedrec", dataset="synthetic:90x300", seed=4, model={"dim": 8},
                     federated=federated_config("pfedrec", rounds=2, dp_clip=0.5, dp_noise=1.0))

@@ -30,9 +30,17 @@ def _mount() -> None:
 
     app.add_typer(data.app, name="data", help="List, fetch and describe data sets.")
     experiments.register(app)
+    from fedrec.cli.bench import bench_command
     from fedrec.cli.compare import compare_command
     from fedrec.cli.flower import flower_command
+    from fedrec.cli.reproduce import reproduce_command
+    from fedrec.cli.security import audit_privacy_command
+    from fedrec.cli.tune import tune_command
 
+    app.command("reproduce")(reproduce_command)
+    app.command("tune")(tune_command)
+    app.command("audit-privacy")(audit_privacy_command)
+    app.command("bench")(bench_command)
     app.command("compare")(compare_command)
     app.command("flower")(flower_command)
 

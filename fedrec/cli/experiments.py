@@ -34,15 +34,6 @@ def register(app: typer.Typer) -> None:
     app.command("audit-protocol")(audit_command)
     app.command("algorithms")(algorithms_command)
     app.command("protocols")(protocols_command)
-    from fedrec.cli.bench import bench_command
-    from fedrec.cli.reproduce import reproduce_command
-    from fedrec.cli.security import audit_privacy_command
-    from fedrec.cli.tune import tune_command
-
-    app.command("reproduce")(reproduce_command)
-    app.command("tune")(tune_command)
-    app.command("audit-privacy")(audit_privacy_command)
-    app.command("bench")(bench_command)
     app.command("recommend")(recommend_command)
     app.command("convert")(convert_command)
     app.command("plot")(plot_command)
@@ -476,8 +467,8 @@ def audit_command(
     the protocol leaks.
     """
     from fedrec.errors import FedrecError
+    from fedrec.eval.audit import negative_frequency_oracle
     from fedrec.experiment import RunConfig, prepare_split
-    from fedrec.protocols.audit import negative_frequency_oracle
     from fedrec.protocols.protocol import make_split
 
     if rounds < 1 or num_negatives < 1:

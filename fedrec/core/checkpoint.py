@@ -21,9 +21,9 @@ import torch
 
 from fedrec import tensorfile
 from fedrec.core.contract import Trainable
+from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.results import RoundRecord
-from fedrec.train.selection import TrainOutcome
 
 #: the layout of a checkpoint's tree (`fedrec.tensorfile`); 2 was the last pickled one
 FORMAT = 3

@@ -18,11 +18,11 @@ from typing import Any
 
 from fedrec.core import checkpoint as ckpt
 from fedrec.core.contract import Trainable
+from fedrec.core.selection import Selection, TrainOutcome
 from fedrec.errors import Diverged, FedrecError
 from fedrec.eval.metrics import NaNScores
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import Selection, TrainOutcome
 
 OnRound = Callable[[RoundRecord, int, dict[str, float]], None]
 

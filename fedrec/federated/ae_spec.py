@@ -83,12 +83,6 @@ class AESpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
-    def flower_roles(self) -> tuple[type, type]:
-        """A node holds a block of autoencoder clients; the server applies Equation 5."""
-        from fedrec.flower.autoencoder import AENode, AEServer
-
-        return AENode, AEServer
-
     def flower_refusal(self, secure: bool) -> str | None:
         if self.clients == 1:
             return "the Joint autoencoder (one client) has nothing to federate"

@@ -28,14 +28,13 @@ client that receives a new model does; the Joint model (one client) keeps it acr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedrec.federated import draws
-from fedrec.federated.ae_spec import AESpec
 from fedrec.federated.optim import adam_, clip_scale, decay_factor, sgd_
 from fedrec.federated.ragged import ranges
 from fedrec.models.autoencoder import (
@@ -48,6 +47,9 @@ from fedrec.models.autoencoder import (
 )
 from fedrec.partition import Partition
 from fedrec.protocols.protocol import Split, user_means
+
+if TYPE_CHECKING:  # the spec builds this state (`AESpec.algorithm`)
+    from fedrec.federated.ae_spec import AESpec
 
 _SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,13 +46,15 @@ import torch
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
-from fedrec.federated.cia_spec import CIASpec
 from fedrec.federated.similarity import eigen, factors, finetune, reconstruct_sum
 from fedrec.federated.stack import ClientStack
 from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
+
+if TYPE_CHECKING:  # the spec builds this state (`CIASpec.algorithm`)
+    from fedrec.federated.cia_spec import CIASpec
 
 
 class CIAState:

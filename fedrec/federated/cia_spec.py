@@ -61,12 +61,6 @@ class CIASpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
-    def flower_roles(self) -> tuple[type, type]:
-        """A node holds a block of FedCIA clients; the server averages their summed uploads."""
-        from fedrec.flower.cia import CIANode, CIAServer
-
-        return CIANode, CIAServer
-
     def flower_refusal(self, secure: bool) -> str | None:
         if self.clients == 1:
             return "one client has nothing to federate"

@@ -24,6 +24,7 @@ from fedrec.core.contract import FederatedAlgorithm
 from fedrec.core.device import check as check_device
 from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size
+from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
@@ -36,7 +37,6 @@ from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import TrainOutcome
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB

@@ -162,12 +162,6 @@ class FamilySpec:
             state.offsets = here(torch.as_tensor(user_means(train)))
         return state
 
-    def flower_roles(self) -> tuple[type, type]:
-        """The Flower node and server roles that run this spec (`fedrec.flower.roles`)."""
-        from fedrec.flower.family import NodeRole, ServerRole
-
-        return NodeRole, ServerRole
-
     def flower_refusal(self, secure: bool) -> str | None:
         """Why the Flower app cannot run this configuration, or None."""
         if secure and self.shared_names():

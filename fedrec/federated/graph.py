@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,7 +60,6 @@ from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.family import client_params, score
-from fedrec.federated.graph_spec import GraphSpec
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
@@ -72,6 +71,9 @@ from fedrec.federated.user_graph import (
     public_graph,
     public_users,
 )
+
+if TYPE_CHECKING:  # the spec builds this state (`GraphSpec.create_state`)
+    from fedrec.federated.graph_spec import GraphSpec
 
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
 
@@ -89,7 +91,7 @@ class GraphState(FamilyState):
 
     plain_average = False  # every client's table feeds the graph step, never their mean
     row_rules = False  # nor a row's mean over its contributors
-    graph: GraphSpec = field(default_factory=GraphSpec)
+    graph: GraphSpec = None  # type: ignore[assignment]  # always given (`create_graph`)
     table: torch.Tensor | None = None
     dense_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     public: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))

@@ -81,13 +81,6 @@ class GraphSpec:
                                        item_std=item_std, seed=seed, train=train,
                                        client_ids=client_ids, n_total=n_total)
 
-    def flower_roles(self) -> tuple[type, type]:
-        """A node trains its clients from the tables the server sends each; the server keeps
-        every client's uploaded rows and runs the graph step (`fedrec.flower.graph`)."""
-        from fedrec.flower.graph import GraphNode, GraphServer
-
-        return GraphNode, GraphServer
-
     def flower_refusal(self, secure: bool) -> str | None:
         if secure:
             return "the graph step needs each client's table, not a secure sum"

@@ -189,10 +189,6 @@ class RAPSpec:
         """The head as a member of the item-embedding family (for its init and score)."""
         return FamilySpec(score=self.score, private_score=True, dual=False, dim=self.dim)
 
-    def flower_roles(self) -> tuple[type, type]:
-        """FedRAP runs on the item family's Flower roles (its state is a `FamilyState`)."""
-        return self.family.flower_roles()
-
     def flower_refusal(self, secure: bool) -> str | None:
         if secure:
             return "secure aggregation is not wired for FedRAP's sparse C yet"

@@ -33,16 +33,17 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core import checkpoint
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
+from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, fingerprint, prepare_split, recorded_config
 from fedrec.flower import secagg
+from fedrec.flower.dispatch import node_role, server_role
 from fedrec.flower.failures import reply_reason
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
-from fedrec.flower.roles import ServerBase, node_role, server_role
+from fedrec.flower.roles import ServerBase
 from fedrec.flower.server import FlowerServer
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
-from fedrec.train.selection import TrainOutcome
 
 log = logging.getLogger("fedrec.flower")
 STATE_KEY = "fedrec"

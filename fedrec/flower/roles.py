@@ -44,7 +44,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
-from fedrec.experiment import RunConfig, prepare_split
+from fedrec.experiment import RunConfig
 from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
@@ -299,58 +299,7 @@ def shown_ids(clients: np.ndarray, show: int = 8) -> str:
     return head + (f", ... ({len(clients)} in all)" if len(clients) > show else "")
 
 
-def node_role(run: RunConfig, partition: int, partitions: int, split: Split) -> Any:
-    """The node role the run's algorithm declares (`NodeRole`, or `AENode` for the autoencoders)."""
-    node, _ = check_deployable(run, split=split).flower_roles()
-    return node(run, partition, partitions, split)
-
-
-def server_role(run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> Any:
-    """The server role the run's algorithm declares (`ServerRole`, or `AEServer`)."""
-    _, server = check_deployable(run, secure).flower_roles()
-    return server(run, hellos, secure)
-
-
 def wire(payload: Payload) -> Payload:
     """A message as it arrives: its own copies of the arrays (in one process a node must not
     share memory with the server's tensors, as it cannot across processes)."""
     return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
-
-
-def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
-                   fresh: bool = True) -> Any:
-    """A deployment with ``partitions`` nodes, in one process (no Flower): the server role driven
-    by the one round driver over an in-process transport. The reference the Flower app is tested
-    against. With an ``--attack``, one more node is the attacker's (`fedrec.flower.malicious`).
-    ``fresh``: every message is answered by a new node that loads only what the last
-    one declared as its clients' state, as a ClientApp does. Returns the server role, with the
-    run's outcome in ``out``."""
-    from fedrec.core.driver import run_rounds
-    from fedrec.flower.server import FlowerServer, InProcess
-
-    split = split if split is not None else prepare_split(run)
-
-    def make(i: int) -> Any:
-        if i == partitions:  # the attacker's node, after the honest ones
-            from fedrec.flower.malicious import MaliciousNode
-
-            return MaliciousNode(run, split)
-        return node_role(run, i, partitions, split)
-
-    nodes = {i: make(i) for i in range(partitions + (run.federated.attack is not None))}
-    role = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
-    rebuild = make if fresh else None
-    server = FlowerServer(role, InProcess(nodes, rebuild), role.protocol, partitions)
-    cfg = run.federated
-    role.out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,
-                          eval_every=cfg.eval_every, patience=cfg.patience)
-    return role
-
-
-def __getattr__(name: str) -> Any:
-    # the item family's roles live in `fedrec.flower.family` (imported late: it imports this)
-    if name in ("NodeRole", "ServerRole"):
-        from fedrec.flower import family
-
-        return getattr(family, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

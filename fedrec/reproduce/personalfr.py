@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from fedrec.reproduce.runner import PlannedRun
+from fedrec.reproduce.planned import PlannedRun
 
 PROTOCOLS = ("ratio-rating", "ratio-rating-implicit")
 #: the paper's global epochs (Table II)

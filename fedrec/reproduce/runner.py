@@ -13,7 +13,7 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import RunConfig, federated_config, run_resumable
 from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
+from fedrec.reproduce.planned import PlannedRun
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
 from fedrec.results import diverged, load_result
 from fedrec.train.centralised import TrainConfig
@@ -40,31 +41,6 @@ POLICY_CHOICES = {"both": ("leak-free", LEGACY), "leak-free": ("leak-free",), "l
 POLICY_OPTIONS: dict[str, dict[str, Any]] = {
     LEGACY_SPLIT: {"negatives": LEGACY, "repeats": True, "tie_break": "earlier-row-later"},
 }
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One configuration of a reproduction (repeated over seeds and negative policies).
-
-    ``model`` and ``engine`` are extra model and engine options as ``(name, value)`` pairs (a
-    tuple, so that runs stay hashable and shared runs are found by equality). They are not part
-    of the file name: a run that sets any must say so in its ``setting``, unless every run of its
-    name has them (a paper's protocol for the row, as FedCIA's stopping rule); a kept file made
-    before such an option changed is reported when reused (`config_changes`).
-    """
-
-    method: str
-    algorithm: str
-    dual: bool = False
-    protocol: str = "loo-sampled"
-    setting: str = ""
-    ldp: float = 0.0
-    model: tuple[tuple[str, object], ...] = ()
-    engine: tuple[tuple[str, object], ...] = ()
-
-    def file_name(self, negatives: str, seed: int) -> str:
-        setting = f"-{self.setting}" if self.setting else ""
-        return f"{self.method}{setting}-{self.protocol}-{negatives}-s{seed}.json"
 
 
 def _pfedrec_tables() -> dict[str, list[PlannedRun]]:

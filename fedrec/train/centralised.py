@@ -17,9 +17,9 @@ from torch import nn
 
 from fedrec.core.contract import Trainable
 from fedrec.core.driver import run_rounds
+from fedrec.core.selection import TrainOutcome
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
-from fedrec.train.selection import TrainOutcome
 
 
 @dataclass
