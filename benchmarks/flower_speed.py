@@ -5,7 +5,7 @@ simulator on the same run, and where the deployment's time goes.
                                       [--nodes 3 10]
 
 Prints, for each node count: the simulator's seconds a round, the same message flow in one
-process (`fedrec.flower.roles.run_in_process`: the algorithm's work plus the nodes' overhead
+process (`fedrec.flower.dispatch.run_in_process`: the algorithm's work plus the nodes' overhead
 of rebuilding their state from a message), and the deployment's seconds a round (train and
 evaluate exchanges through the SuperLink). What a ClientApp pays for every message is measured
 apart: a fresh process imports fedrec and Flower and loads the node's data split.
@@ -24,8 +24,8 @@ from pathlib import Path
 from fedrec.algorithms import get_algorithm
 from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
+from fedrec.flower.dispatch import run_in_process
 from fedrec.flower.launch import Loopback
-from fedrec.flower.roles import run_in_process
 
 
 def _per_round(history: list) -> float:  # type: ignore[type-arg]

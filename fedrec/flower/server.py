@@ -29,7 +29,7 @@ class Transport(Protocol):
 
 
 class InProcess:
-    """The nodes' roles, called in this process (`fedrec.flower.roles.run_in_process`).
+    """The nodes' roles, called in this process (`fedrec.flower.dispatch.run_in_process`).
 
     With ``rebuild`` (node index -> a new node), every message is answered by a new node that
     loads what the last one kept (``private_state``), as a deployment's ClientApp, a fresh
