@@ -41,6 +41,8 @@ def flower_command(
     lr: float | None = typer.Option(None, help="Learning rate (default: the algorithm's)."),
     lr_item: float | None = typer.Option(None, help="Learning rate of item rows."),
     aggregation: str | None = typer.Option(None, help="The server's rule for item rows, as `fedrec run --aggregation` (default: the algorithm's; clients, the papers' rule, under --secagg)."),
+    server_opt: str | None = typer.Option(None, "--server-opt", help="The server optimiser on the round's mean, as `fedrec run --server-opt` (e.g. yogi:lr=0.05)."),
+    client_objective: str | None = typer.Option(None, "--client-objective", help="A term added to each client's local loss, as `fedrec run --client-objective` (e.g. prox:mu=0.01)."),
     paper: bool = typer.Option(False, "--paper", help="The algorithm's paper setting instead of fedrec's defaults, as `fedrec run --paper`."),
     dim: int | None = typer.Option(None, help="Embedding size."),
     eval_every: int = typer.Option(1, help="Evaluate every N rounds."),
@@ -102,7 +104,8 @@ def flower_command(
                                    clients_per_round=clients_per_round, local_epochs=local_epochs, lr=lr,
                                    lr_item=lr_item, aggregation=aggregation or ("clients" if secagg else None),
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
-                                   dp_noise=dp_noise, dp_delta=dp_delta, device=device),
+                                   dp_noise=dp_noise, dp_delta=dp_delta, server_opt=server_opt,
+                                   client_objective=client_objective, device=device),
     )
     run.validate()
     run.federated.validate()
