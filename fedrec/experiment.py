@@ -301,7 +301,11 @@ def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None
         model = spec.build(split, options if options is not None else cfg.model,
                            engine=cfg.federated if spec.kind == "federated" else None)
     if spec.kind == "federated":
-        return model, model.algorithm(split, cfg.federated, cfg.seed)
+        from fedrec.security.adversary import attach
+
+        algorithm = model.algorithm(split, cfg.federated, cfg.seed)
+        attach(algorithm, split, cfg.federated, cfg.seed)  # the run's attack and defence, if any
+        return model, algorithm
     return model, CentralisedModel(model, split, cfg.train, cfg.seed)
 
 

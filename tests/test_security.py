@@ -308,3 +308,15 @@ def test_exposure_never_counts_a_nan_score_as_recommended():
     known = sp.csr_matrix((1, 4), dtype=bool)
     out = exposure(lambda u, _: scores[u], known, np.array([0]), ks=(1, 3))
     assert out["er@1"] == 0.0 and out["er@3"] == 0.0
+
+
+@pytest.mark.parametrize(("name", "protocol", "option"), [("fedcia", "ratio-full", {"attack": "a-ra"}),
+                                                          ("personalfr", "ratio-rating", {"defence": "median"}),
+                                                          ("fedcia", "ratio-full", {"targets": 1})])
+def test_methods_without_the_security_slot_refuse_it(name: str, protocol: str, option: dict) -> None:
+    """FedCIA's and the autoencoders' rounds have no upload stage the security layer plugs
+    into: an attack, a defence or targets are refused in one line, never ignored."""
+    cfg = RunConfig(algorithm=name, dataset="synthetic:100x300", protocol=protocol,
+                    federated=federated_config(name, rounds=1, **option))
+    with pytest.raises(FedrecError, match="not on (CIAState|AEState) yet"):
+        train(cfg)

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
-from fedrec.errors import FedrecError
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.family import ITEMS
 from fedrec.federated.state import use_aggregation
@@ -24,6 +23,12 @@ from fedrec.protocols.protocol import Split
 
 class CohortAlgorithm(FederatedAlgorithm):
     """A cohort-vectorised state driven round by round (see the module docstring)."""
+
+    #: the run's attack and defence, plugged into the upload stage by the security layer
+    #: (`fedrec.security.adversary.attach`); None: plain uploads, plain aggregation
+    security: Any = None
+    #: it has that slot (an algorithm without it refuses an attack or a defence)
+    takes_security = True
 
     def __init__(self, spec: Any, split: Split, cfg: Any, seed: int) -> None:
         self.spec, self.split, self.cfg, self.seed = spec, split, cfg, seed
@@ -35,7 +40,6 @@ class CohortAlgorithm(FederatedAlgorithm):
         use_aggregation(self.state, cfg.aggregation)
         self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
         self.rounds_done = 0
-        self.security = security_for(spec, self.state, split, cfg, self.lr_item, seed)
 
     def begin_round(self, plan: RoundPlan) -> None:
         self._acc = self.state.begin_round(plan.round)
@@ -119,26 +123,3 @@ class CohortAlgorithm(FederatedAlgorithm):
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.load_client_state_dict(blob)
-
-
-def security_for(spec: Any, state: Any, split: Split, cfg: Any, lr_item: float, seed: int) -> Any:
-    """The run's attack and defence (`fedrec.security.adversary.Security`), or None. They, and
-    pseudo-item padding, are refused for states whose server does not plainly average item
-    rows (the graph methods, CentRAP: not yet)."""
-    from fedrec.security.adversary import Security
-
-    own = bool(getattr(state, "plain_average", False))
-    where = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP and "
-             "their variants)")
-    if cfg.pad_items and not own:
-        raise FedrecError(f"--pad-items runs on {where}, not on {type(state).__name__}'s aggregation yet")
-    sec = Security.build(cfg, split, lr_item, seed)
-    if sec is None:
-        return None
-    if (sec.keeps_uploads or sec.attack is not None) and not own:
-        raise FedrecError(f"--attack and --defence run on {where}, not on {type(state).__name__}'s "
-                          "aggregation yet")
-    if sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
-        raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
-                          "adds the round's noise as one sum, so the two do not combine yet")
-    return sec

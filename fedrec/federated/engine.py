@@ -31,6 +31,7 @@ from fedrec.federated.cohort import build_cohort
 from fedrec.federated.family import FamilySpec, client_params
 from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
+from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
 from fedrec.federated.uncopied import MAX_STEPS
 from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
@@ -193,9 +194,6 @@ class FederatedConfig:
         check_device(self.device)
 
     def _security_checks(self) -> list[tuple[bool, str]]:
-        from fedrec.security.attacks import ATTACKS, UNTARGETED
-        from fedrec.security.robust import DEFENCES
-
         return [
             (self.attack is not None and self.attack not in ATTACKS,
              f"unknown --attack '{self.attack}'; known: {', '.join(ATTACKS)}"),

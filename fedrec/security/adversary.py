@@ -27,6 +27,7 @@ import torch
 
 from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import cohort_size
+from fedrec.errors import FedrecError
 from fedrec.federated.family import ITEMS
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
@@ -130,3 +131,37 @@ class Security:
         if self.attack is not None:
             out["malicious_clients"] = float(self.n_malicious)
         return out
+
+
+#: the methods whose server averages item rows, where the security layer plugs in
+PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
+                 "FedRAP and their variants)")
+
+
+def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
+    """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
+    into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
+    no slot (FedCIA, the autoencoders), and an attack or a defence where its server does not
+    plainly average item rows (the graph methods, CentRAP: not yet); pseudo-item padding
+    (``--pad-items``) likewise."""
+    asked = cfg.attack is not None or cfg.defence is not None or bool(cfg.targets)
+    if not (asked or cfg.pad_items):
+        return
+    state = getattr(algorithm, "state", None)
+    name = type(state).__name__ if state is not None else type(algorithm).__name__
+    slot = bool(getattr(algorithm, "takes_security", False))
+    plain = slot and bool(getattr(state, "plain_average", False))
+    if cfg.pad_items and not plain:
+        raise FedrecError(f"--pad-items runs on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
+    if not asked:
+        return
+    if not slot:
+        raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
+                          f"FedRAP, GPFedRec and GFed-PP, not on {name} yet")
+    sec = Security.build(cfg, split, algorithm.lr_item, seed)
+    if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not plain:
+        raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
+    if sec is not None and sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
+        raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
+                          "adds the round's noise as one sum, so the two do not combine yet")
+    algorithm.security = sec

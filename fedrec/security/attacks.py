@@ -50,11 +50,10 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from fedrec.federated.threats import ATTACKS, UNTARGETED
 from fedrec.security.surrogate import Surrogate
 
-ATTACKS = ("fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "random", "bandwagon", "popular",
-           "fedattack")
-UNTARGETED = ("fedattack",)
+__all__ = ["ATTACKS", "UNTARGETED", "Attack", "Knowledge", "choose_targets", "public_share"]
 
 
 @dataclass

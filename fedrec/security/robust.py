@@ -34,8 +34,8 @@ import torch
 
 from fedrec.core.contract import ClientUpload
 from fedrec.federated.family import ITEMS
+from fedrec.federated.threats import DEFENCES
 
-DEFENCES = ("norm-bound", "median", "trimmed-mean", "krum", "multi-krum", "mean")
 FLAGGING = ("krum", "multi-krum")
 
 
