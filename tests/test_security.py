@@ -320,3 +320,17 @@ def test_methods_without_the_security_slot_refuse_it(name: str, protocol: str, o
                     federated=federated_config(name, rounds=1, **option))
     with pytest.raises(FedrecError, match="not on (CIAState|AEState) yet"):
         train(cfg)
+
+
+def test_the_engine_alone_refuses_security_options() -> None:
+    """The engine's `run_federated` trains without the security layer (it sits above it): given
+    an attack it says where one plugs in, rather than training a clean run."""
+    from fedrec.algorithms import get_algorithm
+    from fedrec.experiment import prepare_split
+    from fedrec.federated.engine import run_federated
+
+    cfg = RunConfig(algorithm="fedmf", dataset="synthetic:100x300",
+                    federated=federated_config("fedmf", rounds=1, attack="a-ra"))
+    split = prepare_split(cfg)
+    with pytest.raises(FedrecError, match="plug in where a run is built"):
+        run_federated(get_algorithm("fedmf").build(split), split, cfg.federated)

@@ -380,6 +380,10 @@ def run_federated(
     the engine options).
     """
     cfg.validate()
+    if cfg.attack is not None or cfg.defence is not None or cfg.targets:
+        # the security layer sits above the engine and plugs in where a run is built
+        raise FedrecError("--attack, --defence and --targets plug in where a run is built: train it with "
+                          "fedrec.experiment.train (or fedrec.run), not the engine's run_federated")
     algorithm = spec.algorithm(split, cfg, seed)
     return train_federated(algorithm, spec, split, cfg, on_round=on_round, checkpoint=checkpoint,
                            resume=resume, fingerprint=fingerprint, keep_best=keep_best)
