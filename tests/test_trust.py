@@ -358,7 +358,7 @@ def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch
     the revision ``-dirty``; docs and results beside it do not."""
     import subprocess
 
-    import fedrec
+    import fedrec.results
     from fedrec.results import git_revision
 
     pkg = tmp_path / "fedrec"
@@ -372,7 +372,7 @@ def test_a_revision_with_uncommitted_changes_says_so(tmp_path: Path, monkeypatch
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
-    monkeypatch.setattr(fedrec, "__file__", str(pkg / "__init__.py"))
+    monkeypatch.setattr(fedrec.results, "__file__", str(pkg / "results.py"))  # the package's folder
     assert git_revision() == head
     (tmp_path / "README.md").write_text("edited\n")  # not code
     (tmp_path / "results.json").write_text("{}")
