@@ -194,3 +194,17 @@ def _convert(value: Any, tp: Any, key: str, who: str) -> Any:
     except (TypeError, ValueError) as e:
         raise FedrecError(f"option {key}{who} expects {_type_name(tp)} (got {value!r})") from e
     return value
+
+
+def parse_named(text: str, flag: str) -> tuple[str, dict[str, str]]:
+    """``NAME`` or ``NAME:KEY=VALUE,...`` (a ``--server-opt`` or ``--client-objective``) as the
+    name and its settings as strings (`typed` converts them); one `FedrecError` line for a
+    setting that is not KEY=VALUE."""
+    name, _, rest = text.strip().partition(":")
+    values: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise FedrecError(f"{flag} {text!r}: settings are KEY=VALUE, separated by commas")
+        values[key.strip()] = value.strip()
+    return name.strip(), values

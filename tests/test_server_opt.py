@@ -100,6 +100,6 @@ def test_flower_in_process_equals_the_simulator_with_a_server_optimiser():
 def test_refusals():
     with pytest.raises(FedrecError, match="fedrap aggregates its own way"):
         _run("fedrap", rounds=1, server_opt="adam")
-    with pytest.raises(FedrecError, match="server optimiser avgm.*run fedmf --server-opt adam"):
+    with pytest.raises(FedrecError, match="FedMF with avgm.*run fedmf --server-opt adam"):
         _run("fedavgm", rounds=1, server_opt="adam")
     _run("fedavgm", rounds=1, server_opt="avgm")  # its own, named: nothing to refuse

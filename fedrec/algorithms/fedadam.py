@@ -11,6 +11,7 @@ FedYogi, the same with Yogi's second moment, is registered here too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
@@ -38,25 +39,23 @@ class FedAdamOptions(FamilyOptions):
               (not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1), "beta1 and beta2 must be in [0, 1)"))
 
 
-def build(split: Split, o: FedAdamOptions) -> FamilySpec:
-    return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
-                      server=ServerOpt("adam", lr=o.server_lr, beta1=o.beta1, beta2=o.beta2, tau=o.tau))
+def _builder(server: str) -> Callable[[Split, FedAdamOptions], FamilySpec]:
+    """FedMF with the adaptive server optimiser ``server`` (adam or yogi) at the options' settings."""
+    def build(split: Split, o: FedAdamOptions) -> FamilySpec:
+        return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
+                          server=ServerOpt(server, lr=o.server_lr, beta1=o.beta1, beta2=o.beta2, tau=o.tau))
+    return build
 
 
 register(AlgorithmSpec(
     "fedadam", "federated",
     "FedAdam: FedMF whose server applies Adam to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    build, FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    _builder("adam"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
 ))
-
-
-def build_yogi(split: Split, o: FedAdamOptions) -> FamilySpec:
-    return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
-                      server=ServerOpt("yogi", lr=o.server_lr, beta1=o.beta1, beta2=o.beta2, tau=o.tau))
 
 
 register(AlgorithmSpec(
     "fedyogi", "federated",
     "FedYogi: FedMF whose server applies Yogi to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    build_yogi, FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    _builder("yogi"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
 ))

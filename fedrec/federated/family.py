@@ -115,25 +115,20 @@ class FamilySpec:
                               "no rating baseline (give --rating-baseline none)")
         if wanted and not self.baseline:
             spec = replace(spec, baseline=True)
-        named = getattr(engine, "server_opt", None)
-        if named is not None:
-            server = ServerOpt.parse(named)
-            if self.server is not None and self.server != server:
-                raise FedrecError(f"--server-opt {named}: this algorithm is FedMF with the server optimiser "
-                                  f"{self.server.text()} (its --set options); for another, run fedmf "
-                                  f"--server-opt {named}")
-            if server != self.server:
-                spec = replace(spec, server=server)
-        named = getattr(engine, "client_objective", None)
-        if named is not None:
-            objective = parse_objective(named)
-            if self.objective is not None and self.objective != objective:
-                raise FedrecError(f"--client-objective {named}: this algorithm is defined by the client "
-                                  f"objective {self.objective.text()} (its --set options); for another, "
-                                  f"run fedmf --client-objective {named}")
-            if objective != self.objective:
-                spec = replace(spec, objective=objective)
-        return spec
+        spec = spec._with_part("server", getattr(engine, "server_opt", None), ServerOpt.parse, "--server-opt")
+        return spec._with_part("objective", getattr(engine, "client_objective", None), parse_objective,
+                               "--client-objective")
+
+    def _with_part(self, field: str, named: str | None, parse: Callable[[str], Any], flag: str) -> FamilySpec:
+        """This spec with the part ``field`` the engine names (``named``, parsed by ``parse``); a
+        spec defined by another one of its own refuses it."""
+        if named is None:
+            return self
+        part, own = parse(named), getattr(self, field)
+        if own is not None and own != part:
+            raise FedrecError(f"{flag} {named}: this algorithm is FedMF with {own.text()} (its --set options); "
+                              f"for another, run fedmf {flag} {named}")
+        return self if part == own else replace(self, **{field: part})
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
         """The federated algorithm the round driver trains (`fedrec.federated.algorithm`), under

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from fedrec.errors import FedrecError, UnknownNameError
-from fedrec.options import typed
+from fedrec.options import parse_named, typed
 
 #: the registered terms, by name (`register_objective`)
 OBJECTIVES: dict[str, type[ClientObjective]] = {}
@@ -68,16 +68,9 @@ def register_objective(cls: type[ClientObjective]) -> type[ClientObjective]:
 def parse_objective(text: str) -> ClientObjective:
     """``NAME`` or ``NAME:KEY=VALUE,...`` (e.g. ``prox:mu=0.01``) as a term; one `FedrecError`
     line for a bad name, key or value."""
-    name, _, rest = text.strip().partition(":")
-    name = name.strip()
+    name, values = parse_named(text, "--client-objective")
     if name not in OBJECTIVES:
         raise UnknownNameError("client objective", name, list(OBJECTIVES))
-    values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise FedrecError(f"--client-objective {text!r}: settings are KEY=VALUE, separated by commas")
-        values[key.strip()] = value.strip()
     settings = {f.name for f in dataclasses.fields(OBJECTIVES[name])}
     term = OBJECTIVES[name](**typed(OBJECTIVES[name], values, f"--client-objective {name}", only=settings))
     term.check()

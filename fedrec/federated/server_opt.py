@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.options import check, typed
+from fedrec.options import check, parse_named, typed
 
 #: the server optimisers a run can name (`ServerOpt.name`)
 SERVER_OPTIMIZERS = ("avg", "avgm", "adam", "yogi")
@@ -69,17 +69,11 @@ class ServerOpt:
     def parse(text: str) -> ServerOpt:
         """``NAME`` or ``NAME:KEY=VALUE,...`` (e.g. ``adam:lr=0.05,tau=0.01``); one
         `FedrecError` line for a bad name, key or value."""
-        name, _, rest = text.strip().partition(":")
-        values: dict[str, str] = {}
-        for item in filter(None, (part.strip() for part in rest.split(","))):
-            key, eq, value = item.partition("=")
-            if not eq or not key.strip():
-                raise FedrecError(f"--server-opt {text!r}: settings are KEY=VALUE, separated by commas")
-            values[key.strip()] = value.strip()
+        name, values = parse_named(text, "--server-opt")
         if "name" in values:
             raise FedrecError(f"--server-opt {text!r}: the optimiser is named before the colon")
         settings = {f.name for f in dataclasses.fields(ServerOpt)} - {"name"}
-        return ServerOpt(name.strip(), **typed(ServerOpt, values, f"--server-opt {name.strip()}", only=settings))
+        return ServerOpt(name, **typed(ServerOpt, values, f"--server-opt {name}", only=settings))
 
     def text(self) -> str:
         """The ``--server-opt`` string that parses back to this (its settings that differ from
