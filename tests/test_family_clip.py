@@ -1,7 +1,7 @@
 """``--set clip`` on the item family's closed-form members (FedMF, FedMF-bias, PFedRec, ...):
 each client's gradient of a step, over its whole model, is clipped as ``clip_grad_norm_`` clips
 one client's model trained alone. MetaMF's autograd path has its own test (tests/test_metamf.py);
-this one covers the closed-form gradients (`fedrec.federated.family.linear_grads`) the option
+this one covers the closed-form gradients (`fedrec.federated.item_model.linear_grads`) the option
 reaches since session 48."""
 
 from __future__ import annotations

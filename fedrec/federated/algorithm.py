@@ -16,7 +16,7 @@ import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.federated.cohort import order_by_activity
-from fedrec.federated.family import ITEMS
+from fedrec.federated.item_model import ITEMS
 from fedrec.federated.state import use_aggregation
 from fedrec.protocols.protocol import Split
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,7 +28,7 @@ from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
-from fedrec.federated.family import FamilySpec, client_params
+from fedrec.federated.item_model import client_params
 from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
@@ -38,6 +38,9 @@ from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
+
+if TYPE_CHECKING:
+    from fedrec.federated.family import FamilySpec
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB

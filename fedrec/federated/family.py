@@ -37,19 +37,15 @@ sum of per-client losses gives each client exactly its own gradient.
 from __future__ import annotations
 
 import functools
-import math
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedrec.core.device import here
 from fedrec.errors import FedrecError
-from fedrec.federated import draws
+from fedrec.federated.item_model import ITEMS
 from fedrec.federated.objective import ClientObjective, parse_objective
 from fedrec.federated.scores import ItemBias, ScoreFunction, get_score
 from fedrec.federated.server_opt import ServerOpt, ServerOptimizer
@@ -58,7 +54,6 @@ from fedrec.protocols.protocol import user_means
 if TYPE_CHECKING:
     from fedrec.federated.uncopied import SharedTape
 
-ITEMS = "items"
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
 LOSSES = ("bce", "mse")
 
@@ -240,104 +235,3 @@ def _with_item_bias(score: ScoreFunction) -> ScoreFunction:
 def loss_for(split: Any) -> str:
     """The family's loss under ``split``'s protocol: squared error where it scores ratings."""
     return "mse" if split is not None and split.protocol.ranking == "rating" else "bce"
-
-
-def init_params(spec: FamilySpec, names: list[str], n: int,
-                gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """``n`` independent draws of the named parameters (leading axis n), from ``gen``.
-
-    Everything, user vectors included, starts like PyTorch's ``nn.Linear`` weights:
-    U(-1/sqrt(fan_in), 1/sqrt(fan_in)). A user vector plays the part of a score function's
-    weight (FedMF is PFedRec's Linear(d, 1) without a bias), and drawing it N(0, 1) against
-    N(0, 1) item rows would start every logit at a std of sqrt(d), deep in the flat part of the
-    sigmoid. Under the ``mlp`` score the user vector is an input of the MLP beside the item
-    row, and starts N(0, 1) like it (as ``nn.Embedding`` in GPFedRec's code).
-    """
-    return _draw_params(spec, names, n, lambda shape: here(torch.rand(shape, generator=gen, device="cpu")),
-                        lambda shape: here(torch.randn(shape, generator=gen, device="cpu")))
-
-
-def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
-                  key: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """`init_params` for ``clients`` from per-client keyed draws (`fedrec.federated.draws`):
-    client c gets the same values whichever clients are drawn with it (simulator, Flower node)."""
-    out: dict[str, torch.Tensor] = {}
-    for name in names:
-        sub = (*key, zlib.crc32(name.encode()))
-
-        def keyed(shape: tuple[int, ...], fn: Callable[..., np.ndarray], sub=sub) -> torch.Tensor:
-            x = fn(sub, clients, math.prod(shape[1:]))
-            return torch.as_tensor(np.asarray(x, np.float32)).reshape(shape)
-
-        out.update(_draw_params(spec, [name], len(clients),
-                                lambda shape, k=keyed: k(shape, draws.uniforms),
-                                lambda shape, k=keyed: k(shape, draws.normals)))
-    return out
-
-
-def _draw_params(spec: FamilySpec, names: list[str], n: int,
-                 uniform: Callable[[tuple[int, ...]], torch.Tensor],
-                 normal: Callable[[tuple[int, ...]], torch.Tensor]) -> dict[str, torch.Tensor]:
-    shapes = {**spec.user_shapes(), **spec.score_shapes()}
-    out = {}
-    for name in names:
-        shape = (n, *shapes[name])
-        bound = spec.scorer.init(spec, name)
-        out[name] = normal(shape) if bound is None else (uniform(shape) * 2 - 1) * bound
-    return out
-
-
-def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
-    """Logits ``(C, B)`` of item rows ``v`` ``(C, B, item_width)`` under per-client params."""
-    return spec.scorer.logits(spec, p, v)
-
-
-def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
-               labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over the step's clients of each client's mean loss (``spec.loss``) over its own batch.
-
-    ``v`` holds the batch's item vectors ``(n_active, B, width)``; parameters are sliced to the
-    ``n_active`` clients still training (clients are ordered by batch count) unless they hold
-    just those (autograd's leaves: no slice to differentiate through).
-    """
-    n = v.shape[0]
-    return mean_loss(spec, score(spec, {k: t if t.shape[0] == n else t[:n] for k, t in p.items()}, v),
-                     labels, mask)
-
-
-def mean_loss(spec: FamilySpec, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over clients of each client's mean loss (``spec.loss``) over the real slots of its
-    row of ``logits`` ``(C, B)``."""
-    if spec.loss == "mse":
-        per_slot = (logits - labels) ** 2 * mask
-    else:
-        per_slot = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * mask
-    return (per_slot.sum(1) / mask.sum(1)).sum()
-
-
-def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
-                 labels: torch.Tensor, mask: torch.Tensor, names: list[str], items: bool
-                 ) -> tuple[float, dict[str, torch.Tensor]]:
-    """Closed-form gradients of `batch_loss` for score functions that have them (dot, linear).
-
-    With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots (d(mean squared
-    error)/dx = 2 (x - y) / n_c), so each gradient is one contraction (`ScoreFunction.grad`): no
-    autograd graph, about half the memory traffic. The gradients are the ``n_active`` clients'
-    (``(n_active, ...)``), as `FamilyState._autograd`'s.
-    """
-    n = v.shape[0]
-    scorer = spec.scorer
-    pn = {k: t[:n] for k, t in p.items()}
-    logits = scorer.logits(spec, pn, v)
-    count = mask.sum(1, keepdim=True)
-    if spec.loss == "mse":
-        err = logits - labels
-        g = 2 * err * mask / count
-        loss = (err**2 * mask / count).sum()
-    else:
-        g = (torch.sigmoid(logits) - labels) * mask / count
-        loss = ((F.softplus(logits) - labels * logits) * mask / count).sum()
-    grads = {name: scorer.grad(spec, name, pn, v, g) for name in names}  # (n_active, ...)
-    if items:
-        grads["items"] = scorer.item_grad(spec, pn, g)
-    return float(loss), grads

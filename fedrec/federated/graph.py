@@ -59,7 +59,7 @@ from fedrec.core.device import here
 from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
-from fedrec.federated.family import client_params, score
+from fedrec.federated.item_model import client_params, score
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath

@@ -69,7 +69,8 @@ import torch.nn.functional as F
 
 from fedrec.core.device import here
 from fedrec.federated import draws
-from fedrec.federated.family import FamilySpec, client_params
+from fedrec.federated.family import FamilySpec
+from fedrec.federated.item_model import client_params
 from fedrec.federated.uncopied import SharedTape
 
 # generated blocks: each has its own hidden layer h_k = relu(c_u H_k + a_k)

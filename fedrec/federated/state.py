@@ -12,7 +12,7 @@ store per name, gathered for a cohort and scattered back after training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,9 +22,8 @@ from fedrec.core.device import here
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import CohortBatches
-from fedrec.federated.family import (
+from fedrec.federated.item_model import (
     ITEMS,
-    FamilySpec,
     batch_loss,
     client_params,
     init_params,
@@ -37,6 +36,9 @@ from fedrec.federated.personal import PersonalRows
 from fedrec.federated.server_opt import ServerOptimizer
 from fedrec.federated.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
 from fedrec.federated.upload import FLOAT_BYTES, UploadPath
+
+if TYPE_CHECKING:
+    from fedrec.federated.family import FamilySpec
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

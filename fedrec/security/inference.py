@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from scipy.stats import rankdata
 
 from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
-from fedrec.federated.family import ITEMS
+from fedrec.federated.item_model import ITEMS
 
 INFERENCE_ATTACKS = ("rows", "direction", "rounds")
 

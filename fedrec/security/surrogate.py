@@ -18,7 +18,8 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.family import FamilySpec, score
+from fedrec.federated.family import FamilySpec
+from fedrec.federated.item_model import score
 from fedrec.federated.scores import get_score
 
 
