@@ -20,7 +20,7 @@ from fedrec.core import checkpoint
 from fedrec.experiment import RunConfig, federated_config, prepare_split, train
 from fedrec.federated.engine import run_federated
 from fedrec.flower.dispatch import run_in_process
-from fedrec.flower.family import NodeRole, ServerRole
+from fedrec.flower.roles import Node, Server
 
 DATA = "synthetic:60x300"
 
@@ -112,23 +112,23 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
 def test_a_node_downloads_only_the_rows_its_clients_touch() -> None:
     run = _run("fedmf", clients_per_round=0.5)
     split = prepare_split(run)
-    nodes = {i: NodeRole(run, i, 3, split) for i in range(3)}
-    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
+    nodes = {i: Node(run, i, 3, split) for i in range(3)}
+    server = Server(run, {i: n.hello() for i, n in nodes.items()})
     for r in (1, 2):
         messages = server.train_messages(r)
         for i, m in messages.items():
-            rows = nodes[i].data.rows_of(m["clients"])
-            touched = np.unique(split.train[nodes[i].data.users[rows]].indices)
+            rows = nodes[i].side.data.rows_of(m["clients"])
+            touched = np.unique(split.train[nodes[i].side.data.users[rows]].indices)
             assert set(touched) <= set(m["items"].tolist())  # every trained row was sent
             assert len(m["items"]) < split.n_items  # and not the whole table
         server.finish_round(r, {i: nodes[i].train(m) for i, m in messages.items()})
 
 
-def _round_with(run: RunConfig, tamper: dict[int, Any]) -> tuple[ServerRole, Any, dict[int, Any]]:
+def _round_with(run: RunConfig, tamper: dict[int, Any]) -> tuple[Server, Any, dict[int, Any]]:
     split = prepare_split(run)
-    nodes = {i: NodeRole(run, i, 3, split) for i in range(3)}
-    server = ServerRole(run, {i: n.hello() for i, n in nodes.items()})
-    before = server.state.items.clone()
+    nodes = {i: Node(run, i, 3, split) for i in range(3)}
+    server = Server(run, {i: n.hello() for i, n in nodes.items()})
+    before = server.side.state.items.clone()
     messages = server.train_messages(1)
     replies = {i: nodes[i].train(m) for i, m in messages.items()}
     for i, change in tamper.items():
@@ -161,7 +161,7 @@ def test_server_rejects_bad_uploads_and_drops_silent_nodes(caplog: pytest.LogCap
     assert run.federated.aggregation == "samples" and 1 <= senders.min() and senders.max() <= p["n"]
     assert (senders < p["n"]).any()  # rows some of its clients did not send
     expect[torch.as_tensor(p["items"])] += torch.as_tensor(p["rows"]) / senders[:, None]
-    torch.testing.assert_close(server.state.items, expect)
+    torch.testing.assert_close(server.side.state.items, expect)
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -218,7 +218,7 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> N
     from fedrec.flower.secagg import QUANTIZATION, RANGE
 
     step = 2 * RANGE / QUANTIZATION
-    diff = (secure["state"]["server"]["role"]["items"] - plain.state.items).abs()  # the one checkpoint format
+    diff = (secure["state"]["server"]["role"]["items"] - plain.side.state.items).abs()  # the one checkpoint format
     assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
     history = json.loads((tmp_path / "secure.json").read_text())["history"]
     assert [h["extra"]["secure_aggregation"] for h in history] == [1.0, 1.0]
@@ -354,9 +354,9 @@ def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
         split = prepare_split(run)
         nodes = {i: node_role(run, i, 3, split) for i in range(3)}
         server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
-        assert server.path.ldp == 0.0
+        assert server.side.path.ldp == 0.0
         replies = {i: nodes[i].train(wire(m)) for i, m in server.train_messages(1).items()}
-        tables = {i: nodes[i].state.whole_tables().numpy() for i in nodes}
+        tables = {i: nodes[i].side.state.whole_tables().numpy() for i in nodes}
         sent[ldp] = (replies, tables)
     replies, _ = sent[b]
     _, clean = sent[0.0]

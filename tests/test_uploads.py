@@ -46,7 +46,7 @@ def test_flower_nodes_add_the_ldp_noise_the_server_no_longer_adds() -> None:
     def table(ldp: float) -> torch.Tensor:
         run = RunConfig("fedmf", dataset="synthetic:90x300", seed=4, model={"dim": 8},
                         federated=federated_config("fedmf", rounds=1, ldp=ldp, paper=True))
-        return run_in_process(run, 3).state.items.clone()
+        return run_in_process(run, 3).side.state.items.clone()
 
     lam = 0.2
     diff = (table(lam) - table(0.0)).numpy()

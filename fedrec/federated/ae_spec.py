@@ -83,6 +83,13 @@ class AESpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of this method's round in a deployment
+        (`fedrec.federated.sides`)."""
+        from fedrec.federated.ae_sides import AEClient, AEServer
+
+        return AEClient, AEServer
+
     def flower_refusal(self, secure: bool) -> str | None:
         if self.clients == 1:
             return "the Joint autoencoder (one client) has nothing to federate"

@@ -26,7 +26,7 @@ the factors. The server keeps one running sum, never a matrix per client.
 
 **Draws** of a client (its initial user vectors, negatives, shuffles) are keyed by its id
 (`fedrec.federated.draws`), and the shared start of the item table by the backbone's index, so a
-Flower node holding a few clients (`fedrec.flower.cia`) trains them exactly as the simulator
+Flower node holding a few clients (`fedrec.federated.cia_sides`) trains them exactly as the simulator
 does. Uploads are summed in float64, so any grouping of the clients gives the same mean.
 
 **GF-CF** (`fedrec.models.gfcf`) has no parameters: one round computes each client's filter
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the spec builds this state (`CIASpec.algorithm`)
 class CIAState:
     """Clients of a run: parameter stacks (one per backbone and dim) or GF-CF filters.
 
-    The simulator holds every client; a Flower node (`fedrec.flower.cia`) the clients
+    The simulator holds every client; a Flower node (`fedrec.federated.cia_sides`) the clients
     ``client_ids`` (global ids of the ``partition``'s clients) over its own users' rows of
     ``train`` and ``sampler``. A round is `train`, then `client_sums` (what the clients upload,
     summed), `combine` (the server) and `apply` (what the server sends back, on every client).

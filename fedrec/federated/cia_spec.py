@@ -61,6 +61,13 @@ class CIASpec:
     def partition(self, n_users: int, seed: int) -> Partition:
         return clients_of(n_users, self.clients, self.grouping, seed)
 
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of this method's round in a deployment
+        (`fedrec.federated.sides`)."""
+        from fedrec.federated.cia_sides import CIAClient, CIAServer
+
+        return CIAClient, CIAServer
+
     def flower_refusal(self, secure: bool) -> str | None:
         if self.clients == 1:
             return "one client has nothing to federate"

@@ -152,6 +152,13 @@ class FamilySpec:
             state.offsets = here(torch.as_tensor(user_means(train)))
         return state
 
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of this method's round in a deployment
+        (`fedrec.federated.sides`)."""
+        from fedrec.federated.family_sides import FamilyClient, FamilyServer
+
+        return FamilyClient, FamilyServer
+
     def flower_refusal(self, secure: bool) -> str | None:
         """Why the Flower app cannot run this configuration, or None."""
         if secure and self.shared_names():

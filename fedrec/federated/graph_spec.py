@@ -81,6 +81,13 @@ class GraphSpec:
                                        item_std=item_std, seed=seed, train=train,
                                        client_ids=client_ids, n_total=n_total)
 
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of this method's round in a deployment
+        (`fedrec.federated.graph_sides`)."""
+        from fedrec.federated.graph_sides import GraphClient, GraphServer
+
+        return GraphClient, GraphServer
+
     def flower_refusal(self, secure: bool) -> str | None:
         if secure:
             return "the graph step needs each client's table, not a secure sum"

@@ -189,6 +189,12 @@ class RAPSpec:
         """The head as a member of the item-embedding family (for its init and score)."""
         return FamilySpec(score=self.score, private_score=True, dual=False, dim=self.dim)
 
+    def sides(self) -> tuple[type, type]:
+        """The item family's sides (`fedrec.federated.family_sides`): FedRAP's state is one."""
+        from fedrec.federated.family_sides import FamilyClient, FamilyServer
+
+        return FamilyClient, FamilyServer
+
     def flower_refusal(self, secure: bool) -> str | None:
         if secure:
             return "secure aggregation is not wired for FedRAP's sparse C yet"

@@ -1,9 +1,9 @@
 """The Flower ServerApp and ClientApp of fedrec (Flower's Message API).
 
-The ClientApp is a node role (`NodeRole`, `AENode`) rebuilt for each message from the run's options (Flower's run
+The ClientApp is a node (`fedrec.flower.roles.Node`) rebuilt for each message from the run's options (Flower's run
 config) and the node's partition (node config ``partition-id`` / ``num-partitions``); the
 private state of its clients lives in the node's ``Context.state`` between messages, never in
-module globals. The ServerApp is a server role (`ServerRole`, `AEServer`) driving rounds through the Grid: one ``train``
+module globals. The ServerApp is a server (`fedrec.flower.roles.Server`) driving rounds through the Grid: one ``train``
 exchange per node holding a sampled client, then an ``evaluate`` exchange. Nodes that do not
 answer within ``round-timeout`` seconds are logged and left out of the round.
 
@@ -40,7 +40,7 @@ from fedrec.flower import secagg
 from fedrec.flower.dispatch import node_role, server_role
 from fedrec.flower.failures import reply_reason
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
-from fedrec.flower.roles import ServerBase
+from fedrec.flower.roles import Server
 from fedrec.flower.server import FlowerServer
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
@@ -300,7 +300,7 @@ def _exchange(grid: Grid, kind: str, payloads: dict[int, dict[str, Any]], timeou
     return out
 
 
-def _result(run: RunConfig, options: dict[str, Any], role: ServerBase, out: TrainOutcome,
+def _result(run: RunConfig, options: dict[str, Any], role: Server, out: TrainOutcome,
             seconds: float) -> RunResult:
     config = recorded_config(run, options)
     return RunResult(

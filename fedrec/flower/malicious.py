@@ -20,7 +20,8 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
-from fedrec.flower.roles import Payload, check_deployable, pack_state, unpack_state, wire_ids
+from fedrec.federated.sides import Payload, wire_ids
+from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
 from fedrec.security.adversary import Security
 

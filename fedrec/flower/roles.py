@@ -1,57 +1,39 @@
-"""What the server and a node do with each message of a federated run, without Flower.
+"""The generic node and server of a deployment: any method's round by side, without Flower.
 
-`fedrec.flower.app` wraps these two roles in a Flower ServerApp and ClientApp; tests also drive
-them directly. Both run the simulator's own objects: a node builds the algorithm's state for the
-clients it holds (`spec.create_state(..., client_ids=)`) and trains them with the simulator's
-`train_cohort`; the server holds a state without clients and calls its `begin_round` and
-`aggregate`. Every draw of a client is keyed by (seed, round, client id) and the server's by
-(seed, round) (`fedrec.federated.draws`, `round_plan`), so a deployment makes the simulator's
-draws and ends with its figures (up to the order of float sums).
+`fedrec.flower.app` wraps these two in a Flower ClientApp and ServerApp; tests also drive them
+directly. Each method says what its node and its server do (its `fedrec.federated.sides` pair,
+``spec.sides()``); what is the same for every method is here: the run's options and the check
+that it can be deployed, which node holds which client, the round's sampled clients by node
+(the simulator's `round_plan`, so a deployment makes the simulator's draws), the nodes that did not
+answer and the replies that fail their method's check (logged, left out of the round), the round's
+record, and each node's private state as bytes between messages.
 
-A run, in messages (each a flat dict of numpy arrays and scalars, see `fedrec.flower.records`):
-
-* ``hello`` (once): a node answers with its client ids, the catalogue size and the rows its
-  clients need in the first round they take part in.
-* ``train`` (a round, one exchange per node that holds a sampled client): the server sends the
-  round, the node's sampled clients, the global rows those clients need and the shared weights;
-  the node trains them, keeps their private state, and replies with the sum of its clients'
-  accepted row deltas (only the rows they touched), shared-weight sums, counts, and the rows it
-  will need in the next round one of its clients takes part in. The schedule is public (seeded),
-  so the node knows that round; a node whose request is missing or stale gets the whole table.
-* ``evaluate``: the server sends the whole table (ranking needs every row); each node scores its
-  clients' validation and test sets and replies with their metrics and user counts. The server
-  averages them, keeps validation for model selection and reads test only at the best
-  validation round.
-
-The server validates every reply (shapes, ids, finite values, counts) and drops a bad one with a
-logged reason; a node that does not answer in time is logged as dropped and the round completes
-with the others.
+The server validates every reply and drops a bad one with a logged reason; a node that does not
+answer in time is logged as dropped and the round completes with the others.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
-import torch
 
 from fedrec import tensorfile
 from fedrec.algorithms import get_algorithm
 from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
-from fedrec.eval.evaluate import evaluate
-from fedrec.experiment import RunConfig
-from fedrec.partition import Partition
-from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.protocol import EvalSet, Protocol, Split, get_protocol
+from fedrec.experiment import RunConfig, prepare_split
+from fedrec.federated.sides import Payload
+from fedrec.protocols.protocol import Protocol, Split, get_protocol
+from fedrec.results import RoundRecord
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("fedrec.flower")
-
-Payload = dict[str, Any]
 
 
 def check_deployable(run: RunConfig, secure: bool = False, split: Split | None = None) -> Any:
@@ -89,96 +71,49 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     return spec
 
 
-def node_users(n_users: int, partition: int, partitions: int) -> np.ndarray:
-    """The clients (users) a node holds: the ``partition``-th of ``partitions`` consecutive
-    blocks of user ids."""
-    if not 0 <= partition < partitions:
-        raise FedrecError(f"partition-id {partition} is outside 0..{partitions - 1}")
-    return np.array_split(np.arange(n_users), partitions)[partition]
+# -- the node ---------------------------------------------------------------------------------
 
 
-# -- a node ----------------------------------------------------------------------------------
+class Node:
+    """A node: its method's client side for the clients of partition ``partition`` of
+    ``partitions`` (read from ``split``, or from the run's data)."""
+
+    def __init__(self, run: RunConfig, partition: int, partitions: int, split: Split | None = None) -> None:
+        split = split if split is not None else prepare_split(run)
+        spec = check_deployable(run, split=split)
+        client_side, _ = spec.sides()
+        self.side = client_side(spec, run.federated, run.seed, split, partition, partitions)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        return self.side.hello(resume_round)
+
+    def train(self, msg: Payload) -> Payload:
+        return self.side.train(msg)
+
+    def train_secure(self, msg: Payload) -> tuple[list[np.ndarray], Payload]:
+        return self.side.train_secure(msg)
+
+    def evaluate(self, msg: Payload) -> Payload:
+        return self.side.evaluate(msg)
+
+    def private_state(self) -> bytes:
+        """Its clients' private state as bytes, for its context and ``--client-state-dir``."""
+        return pack_state(self.side.private_state())
+
+    def load_private_state(self, raw: bytes) -> None:
+        self.side.load_private_state(unpack_state(raw))
 
 
-@dataclass
-class NodeData:
-    """A node's share of a split: its users' rows, renumbered 0..m-1 (``users[k]`` is row k)."""
-
-    users: np.ndarray
-    train: sp.csr_matrix
-    sampler: ComplementSampler
-    valid: EvalSet
-    test: EvalSet
-    protocol: Protocol
-    n_users: int
-    n_items: int
-
-    @staticmethod
-    def of(split: Split, users: np.ndarray) -> NodeData:
-        return NodeData(users, split.train[users], split.sampler.subset(users),
-                        _local_stage(split.valid, users, split.n_users),
-                        _local_stage(split.test, users, split.n_users),
-                        split.protocol, split.n_users, split.n_items)
-
-    def rows_of(self, clients: np.ndarray) -> np.ndarray:
-        """Local rows of global client ids (all must be this node's)."""
-        rows = np.searchsorted(self.users, clients)
-        if len(clients) and (rows.max() >= len(self.users) or (self.users[rows] != clients).any()):
-            raise FedrecError("the server asked a node to train clients it does not hold")
-        return rows
+# -- the server -------------------------------------------------------------------------------
 
 
-def grouped_share(spec: Any, split: Split, seed: int, partition: int, partitions: int
-                  ) -> tuple[int, np.ndarray, np.ndarray, Partition]:
-    """A node's share of grouped clients (FedCIA, the autoencoders): the number of clients in
-    all, the ``partition``-th block of client ids, their users (sorted) and those users'
-    clients renumbered 0..k-1 (a node without clients gets an empty one-client partition)."""
-    everyone = spec.partition(split.n_users, seed)
-    clients = node_users(everyone.n_clients, partition, partitions)
-    users = np.sort(everyone.users_of(clients))
-    local = Partition(np.searchsorted(clients, everyone.client_of_user[users]), max(len(clients), 1))
-    return everyone.n_clients, clients, users, local
-
-
-def _local_stage(stage: EvalSet, users: np.ndarray, n_users: int) -> EvalSet:
-    pos = np.full(n_users, -1)
-    pos[users] = np.arange(len(users))
-    keep = pos[stage.users] >= 0
-    fallback = stage.fallback
-    return EvalSet(users=pos[stage.users[keep]], targets=stage.targets[users],
-                   candidates=None if stage.candidates is None else stage.candidates[keep],
-                   exclude=None if stage.exclude is None else stage.exclude[users],
-                   fallback=None if fallback is None else replace(fallback, value=fallback.value[users]))
-
-
-def stage_metrics(scorer: Any, valid: EvalSet, test: EvalSet, protocol: Protocol) -> Payload:
-    """A node's validation and test metrics (``valid.*``, ``test.*``), each with its number of
-    users and, for RMSE, of rated entries, so the server can average over all nodes."""
-    out: Payload = {}
-    for name, stage in (("valid", valid), ("test", test)):
-        if not len(stage.users):  # a node whose clients hold no user of this stage
-            out[f"{name}.users"] = 0.0
-            continue
-        for k, v in evaluate(scorer, stage, protocol).items():
-            out[f"{name}.{k}"] = float(v)
-        if protocol.ranking == "rating":
-            out[f"{name}.entries"] = float(stage.targets[stage.users].nnz)
-    return out
-
-
-# -- the server ------------------------------------------------------------------------------
-
-
-class ServerBase:
-    """What every server shares: the nodes and the clients each holds (from their first
-    answers), the clients of a round per node, dropped-node logging, selection on validation,
-    test at the best validation round, checkpoints. Subclasses hold the model and implement
-    `train_messages`, `finish_round`, `evaluate_message`, `model_state`, `load_model_state`."""
-
-    #: the most rounds the method has use for (as `fedrec.core.Trainable.max_rounds`)
-    max_rounds: int | None = None
+class Server:
+    """The server: its method's server side, the nodes and the clients each holds (from their
+    first answers), the clients of a round per node, dropped and rejected nodes, the round's
+    record."""
 
     def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
+        """``secure``: uploads are summed by secure aggregation (`finish_secure_round`)."""
         self.run, self.cfg, self.secure = run, run.federated, secure
         self.spec = check_deployable(run, secure)
         self.protocol = get_protocol(run.protocol)
@@ -202,6 +137,9 @@ class ServerBase:
             log.warning("%d clients belong to no node that answered; they will not train", missing)
         self.sent: dict[int, np.ndarray] = {}
         self.gen: torch.Generator | None = None
+        _, server_side = self.spec.sides()
+        self.side = server_side(self.spec, self.cfg, run.seed, hellos, self.n_clients, self.n_items, secure)
+        self.max_rounds = self.side.max_rounds
 
     def round_clients(self, r: int) -> dict[int, np.ndarray]:
         """Round ``r``'s sampled clients (the simulator's `round_plan`) by the node holding them."""
@@ -216,34 +154,60 @@ class ServerBase:
                      for k in np.unique(self.owner[sampled]).tolist()}
         return self.sent
 
-    def answered(self, r: int, replies: dict[int, Payload]) -> tuple[list[tuple[int, np.ndarray, Payload]], list[int]]:
-        """The (node, clients sent, reply) of the nodes that answered, and the silent nodes
-        (logged)."""
-        got, silent = [], []
+    def train_messages(self, r: int) -> dict[int, Payload]:
+        """Round ``r``'s message to each node holding a sampled client."""
+        self.side.begin(r)
+        return {node: self.side.message(r, node, clients) for node, clients in self.round_clients(r).items()}
+
+    def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
+        """Fold the valid replies into the global model; log dropped nodes and bad uploads."""
+        got, dropped = [], []
         for node, clients in self.sent.items():
             if replies.get(node) is None:
-                silent.append(node)
+                dropped.append(node)
                 log.warning("round %d: node %d did not answer (clients %s dropped)", r, node, shown_ids(clients))
             else:
                 got.append((node, clients, replies[node]))
-        return got, silent
+        bad = rejected = 0
+        for node, clients, reply in got:
+            problem = self.side.check(reply, clients)
+            if problem:
+                bad, rejected = bad + 1, rejected + len(clients)
+                log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
+                continue
+            self.side.fold(node, reply)
+        totals = self.side.finish(r, rejected, self.gen)
+        return self._record(r, totals, dropped, {"rejected_nodes": float(bad)})
+
+    def finish_secure_round(self, r: int, summed: list[np.ndarray] | None,
+                            counts: dict[int, Payload]) -> RoundRecord:
+        """Fold a securely aggregated sum (the nodes in ``counts`` took part) into the model."""
+        silent = [n for n in self.sent if n not in counts]
+        for node in silent:
+            log.warning("round %d: node %d did not complete secure aggregation (clients %s dropped)",
+                        r, node, shown_ids(self.sent[node]))
+        problem = self.side.fold_secure(summed, counts, sum(len(self.sent[n]) for n in counts))
+        if problem:
+            log.warning("round %d: %s", r, problem)
+        totals = self.side.finish(r, 0, self.gen)
+        return self._record(r, totals, silent, {"rejected_nodes": 0.0, "secure_aggregation": 1.0})
+
+    def _record(self, r: int, totals: Any, dropped: list[int], extra: dict[str, float]) -> RoundRecord:
+        extra = {**totals.extra, "dropped_nodes": float(len(dropped)),
+                 "dropped_clients": float(sum(len(self.sent[n]) for n in dropped)), **extra}
+        return RoundRecord(round=r, loss=totals.loss_sum / max(totals.client_batches, 1), seconds=0.0,
+                           bytes_up=int(totals.bytes_up), bytes_down=int(totals.bytes_down),
+                           rejected_uploads=int(totals.rejected), extra=extra)
+
+    def evaluate_message(self) -> Payload:
+        return self.side.evaluate_message()
 
     def model_state(self) -> dict[str, Any]:
         """What the server holds (its checkpointed state)."""
-        raise NotImplementedError
+        return self.side.state_dict()
 
     def load_model_state(self, blob: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-def fold_counts(acc: Any, reply: Payload) -> None:
-    """Add a node's counts (clients, rejected, bytes, loss, batches) to the round's `Accumulator`."""
-    acc.n += int(reply["n"])
-    acc.rejected += int(reply["rejected"])
-    acc.bytes_up += int(reply["bytes_up"])
-    acc.bytes_down += int(reply["bytes_down"])
-    acc.loss_sum += float(reply["loss_sum"])
-    acc.client_batches += int(reply["client_batches"])
+        self.side.load_state_dict(blob)
 
 
 def stage_of(payload: Payload, name: str) -> dict[str, float]:
@@ -287,11 +251,6 @@ def unpack_state(raw: bytes, source: str = "the node's saved state") -> dict[str
     if not isinstance(blob, dict):
         raise FedrecError(f"{source}: not a node state (not a table)")
     return blob
-
-
-def wire_ids(ids: np.ndarray) -> np.ndarray:
-    """Ids as they travel: 4 bytes each (the byte counts assume so)."""
-    return np.asarray(ids).astype(np.int32)
 
 
 def shown_ids(clients: np.ndarray, show: int = 8) -> str:

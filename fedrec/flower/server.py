@@ -1,6 +1,6 @@
 """A deployment's server as the one round driver's `Trainable`: Flower is a transport.
 
-`FlowerServer` wraps a server role (`ServerRole`, `AEServer`) and a transport that carries its
+`FlowerServer` wraps a server (`fedrec.flower.roles.Server`) and a transport that carries its
 messages to the nodes: `InProcess` (the nodes' roles called in this process, with copies of
 every message, as a deployment has no shared memory) or, in `fedrec.flower.app`, Flower's grid.
 A round is the role's train messages → the nodes' replies → the role's aggregation; evaluation
@@ -18,7 +18,8 @@ import numpy as np
 
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
-from fedrec.flower.roles import Payload, combine_metrics, stage_of, wire
+from fedrec.federated.sides import Payload
+from fedrec.flower.roles import combine_metrics, stage_of, wire
 from fedrec.results import RoundRecord
 
 

@@ -1,4 +1,5 @@
-"""GPFedRec and GFed-PP on Flower: the server needs each client's table, and sends each its own.
+"""GPFedRec's and GFed-PP's round by side: the server needs each client's table, and sends each its
+own (see `fedrec.federated.sides`).
 
 * **Hello**: a GFed-PP node also sends its public users' interactions (item ids), as the paper's
   public users share theirs; the server builds the user graph from them (`public_graph`).
@@ -27,41 +28,30 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.experiment import RunConfig
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import train_cohort
-from fedrec.flower.family import NodeRole, ServerRole
-from fedrec.flower.roles import (
-    Payload,
-    ServerBase,
-    fold_counts,
-    log,
-    pack_state,
-    unpack_state,
-    wire_ids,
-)
-from fedrec.results import RoundRecord
+from fedrec.federated.family_sides import FamilyClient, FamilyServer, _fold_counts
+from fedrec.federated.sides import Payload, RoundTotals, missing, wire_ids
 
 
-class GraphNode(NodeRole):
+class GraphClient(FamilyClient):
     """A node of GPFedRec / GFed-PP: its clients' private models, trained from the tables sent."""
 
     def make_state(self) -> Any:
         """The state of this node's clients only, with their public flags out of all clients."""
         return self.spec.create_state(
             len(self.data.users), self.data.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
-            item_std=self.cfg.item_std, seed=self.run.seed, client_ids=self.data.users,
+            item_std=self.cfg.item_std, seed=self.seed, client_ids=self.data.users,
             n_total=self.data.n_users)
 
     # a client keeps the table the server sent it and its pull factor (it trains from them and
     # scores with them): on a node they are the clients' state, though the simulator's state
     # counts them the server's (which also holds them)
-    def private_state(self) -> bytes:
-        return pack_state({**self.state.client_state_dict(), "table": self.state.table,
-                           "decay": self.state.decay})
+    def private_state(self) -> dict[str, Any]:
+        return {**self.state.client_state_dict(), "table": self.state.table, "decay": self.state.decay}
 
-    def load_private_state(self, raw: bytes) -> None:
-        blob = unpack_state(raw)
+    def load_private_state(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
         self.state.table, self.state.decay = blob.pop("table"), blob.pop("decay")
         self.state.load_client_state_dict(blob)
 
@@ -83,7 +73,7 @@ class GraphNode(NodeRole):
         rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
         acc = st.begin_round(r)
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
-                     self.data.users[rows], self.run.seed, r, self.path, acc)
+                     self.data.users[rows], self.seed, r, self.path, acc)
         return acc
 
     def train(self, msg: Payload) -> Payload:
@@ -106,68 +96,49 @@ class GraphNode(NodeRole):
                 "decay": self.state.decay[torch.as_tensor(trained)].cpu().numpy(), **self._counts(acc)}
 
 
-class GraphServer(ServerRole):
+class GraphServer(FamilyServer):
     """The server of GPFedRec / GFed-PP: every client's rows, the graph step, each client's table."""
 
-    def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
-        ServerBase.__init__(self, run, hellos, secure)
-        self.lr_item = self.cfg.item_lr(self.n_items)
-        self.state = self.spec.create_state(
-            self.n_clients, self.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
-            item_std=self.cfg.item_std, seed=run.seed, train=self._public_interactions(hellos))
-        self.path = self.cfg.upload_path(self.lr_item).noiseless  # the nodes noise the uploads
+    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
+                 n_items: int, secure: bool) -> None:
+        self.spec, self.cfg, self.n_items, self.n_clients = spec, cfg, n_items, n_clients
+        self.lr_item = cfg.item_lr(n_items)
+        self.state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=self.lr_item,
+                                       item_std=cfg.item_std, seed=seed, train=_public_interactions(hellos, n_clients, n_items))
+        self.path = cfg.upload_path(self.lr_item).noiseless  # the nodes noise the uploads
         self.want, self.acc = {}, None
 
-    def _public_interactions(self, hellos: dict[int, Payload]) -> sp.csr_matrix:
-        """The public users' interactions the nodes sent, as rows of an all-users matrix."""
-        users, items = [], []
-        for h in hellos.values():
-            ptr = np.asarray(h["public_ptr"], np.int64)
-            users.append(np.repeat(np.asarray(h["public_clients"], np.int64), np.diff(ptr)))
-            items.append(np.asarray(h["public_items"], np.int64))
-        u, i = np.concatenate(users), np.concatenate(items)
-        return sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(self.n_clients, self.n_items))
-
-    def train_messages(self, r: int) -> dict[int, Payload]:
+    def begin(self, r: int) -> None:
         self.acc = self.state.begin_round(r)  # last round's graph step
-        st, messages = self.state, {}
-        for node, clients in self.round_clients(r).items():
-            tabled = clients[st.dense_of[clients] >= 0] if st.table is not None else clients[:0]
-            tables = (st.table[torch.as_tensor(st.dense_of[tabled])].cpu().numpy() if len(tabled)
-                      else np.zeros((0, self.n_items, st.graph.dim), np.float32))
-            messages[node] = {"round": r, "clients": wire_ids(clients), "rows": st.items.cpu().numpy(),
-                              "table_clients": wire_ids(tabled), "tables": tables}
-        return messages
 
-    def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
-        acc, st, bad = self.acc, self.state, 0
-        got, dropped = self.answered(r, replies)
-        for node, clients, reply in got:
-            problem = self.check_upload(reply, len(clients)) or self._check_owners(reply, clients)
-            if problem:
-                bad += 1
-                acc.rejected += len(clients)
-                log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
-                continue
-            st.uploads.append((np.asarray(reply["owner"], np.int64), np.asarray(reply["items"], np.int64),
-                               torch.as_tensor(reply["rows"])))
-            st.seen += len(clients)
-            st.decay[torch.as_tensor(np.asarray(reply["decay_clients"], np.int64))] = torch.as_tensor(reply["decay"])
-            fold_counts(acc, reply)
-        st.aggregate(acc, self.path, self.gen)
-        extra = {**st.round_extra(), "dropped_nodes": float(len(dropped)),
-                 "dropped_clients": float(sum(len(self.sent[n]) for n in dropped)),
-                 "rejected_nodes": float(bad)}
-        return RoundRecord(round=r, loss=acc.loss_sum / max(acc.client_batches, 1), seconds=0.0,
-                           bytes_up=acc.bytes_up, bytes_down=acc.bytes_down,
-                           rejected_uploads=acc.rejected, extra=extra)
+    def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
+        st = self.state
+        tabled = clients[st.dense_of[clients] >= 0] if st.table is not None else clients[:0]
+        tables = (st.table[torch.as_tensor(st.dense_of[tabled])].cpu().numpy() if len(tabled)
+                  else np.zeros((0, self.n_items, st.graph.dim), np.float32))
+        return {"round": r, "clients": wire_ids(clients), "rows": st.items.cpu().numpy(),
+                "table_clients": wire_ids(tabled), "tables": tables}
 
-    def check_upload(self, reply: Payload, n_clients: int) -> str | None:
-        keys = ["owner", "items", "rows", "decay_clients", "decay", "n", "rejected", "loss_sum",
-                "client_batches"]
-        missing = [k for k in keys if k not in reply]
-        if missing:
-            return f"missing {', '.join(missing)}"
+    def fold(self, node: int, reply: Payload) -> None:
+        st = self.state
+        st.uploads.append((np.asarray(reply["owner"], np.int64), np.asarray(reply["items"], np.int64),
+                           torch.as_tensor(reply["rows"])))
+        st.seen += int(reply["n"]) + int(reply["rejected"])
+        st.decay[torch.as_tensor(np.asarray(reply["decay_clients"], np.int64))] = torch.as_tensor(reply["decay"])
+        _fold_counts(self.acc, reply)
+
+    def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
+        acc = self.acc
+        acc.rejected += rejected
+        self.state.aggregate(acc, self.path, gen)
+        return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected,
+                           dict(self.state.round_extra()))
+
+    def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        problem = missing(reply, ["owner", "items", "rows", "decay_clients", "decay", "n", "rejected",
+                                  "loss_sum", "client_batches"])
+        if problem:
+            return problem
         owner, items, rows = (np.asarray(reply[k]) for k in ("owner", "items", "rows"))
         if owner.shape != items.shape or rows.shape != (len(items), self.state.graph.dim):
             return f"rows have shape {rows.shape} for {len(items)} (client, item) pairs"
@@ -176,14 +147,10 @@ class GraphServer(ServerRole):
             return "client or item ids out of range"
         if not np.isfinite(rows).all() or not math.isfinite(float(reply["loss_sum"])):
             return "rows or loss hold non-finite values"
-        if int(reply["n"]) + int(reply["rejected"]) != n_clients:
+        if int(reply["n"]) + int(reply["rejected"]) != len(clients):
             return "counts do not add up to the clients sent"
-        return None
-
-    def _check_owners(self, reply: Payload, clients: np.ndarray) -> str | None:
-        """A node speaks only for the clients it was sent, with pull factors in [0, 1]."""
-        owner, decay_clients = np.asarray(reply["owner"]), np.asarray(reply["decay_clients"])
-        decay = np.asarray(reply["decay"])
+        # a node speaks only for the clients it was sent, with pull factors in [0, 1]
+        decay_clients, decay = np.asarray(reply["decay_clients"]), np.asarray(reply["decay"])
         if not (np.isin(owner, clients).all() and np.isin(decay_clients, clients).all()):
             return "rows or pull factors for clients the node was not sent"
         if decay.shape != decay_clients.shape or not ((decay >= 0) & (decay <= 1)).all():
@@ -194,4 +161,12 @@ class GraphServer(ServerRole):
         return {"table": self.state.items.cpu().numpy()}
 
 
-
+def _public_interactions(hellos: dict[int, Payload], n_clients: int, n_items: int) -> sp.csr_matrix:
+    """The public users' interactions the nodes sent, as rows of an all-users matrix."""
+    users, items = [], []
+    for h in hellos.values():
+        ptr = np.asarray(h["public_ptr"], np.int64)
+        users.append(np.repeat(np.asarray(h["public_clients"], np.int64), np.diff(ptr)))
+        items.append(np.asarray(h["public_items"], np.int64))
+    u, i = np.concatenate(users), np.concatenate(items)
+    return sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(n_clients, n_items))

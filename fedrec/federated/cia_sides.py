@@ -1,4 +1,4 @@
-"""FedCIA and its parameter-averaging baselines on Flower: the node and server roles.
+"""FedCIA's and its parameter-averaging baselines' round by side (see `fedrec.federated.sides`).
 
 A client is a group of users (`CIASpec.partition`, drawn from the run's seed); node i holds the
 i-th block of client ids and builds a `CIAState` for them alone (``client_ids=``: initial
@@ -29,50 +29,42 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.experiment import RunConfig
 from fedrec.federated.cia import CIAState, combine
-from fedrec.federated.upload import UploadPath
-from fedrec.flower.roles import (
+from fedrec.federated.sides import (
+    COUNTS,
+    ClientSide,
     NodeData,
     Payload,
-    ServerBase,
-    check_deployable,
+    RoundTotals,
+    ServerSide,
     grouped_share,
-    log,
-    pack_state,
+    missing,
     stage_metrics,
-    unpack_state,
 )
+from fedrec.federated.upload import UploadPath
 from fedrec.protocols.protocol import Split
-from fedrec.results import RoundRecord
-
-COUNTS = ("n", "loss_sum", "client_batches", "bytes_up", "bytes_down")
 
 
 def _numpy(v: Any) -> Any:
     return v.cpu().numpy() if isinstance(v, torch.Tensor) else v
 
 
-class CIANode:
+class CIAClient(ClientSide):
     """A node holding a block of FedCIA clients (groups of users) and their whole models."""
 
-    def __init__(self, run: RunConfig, partition: int, partitions: int, split: Split) -> None:
-        self.run, self.cfg = run, run.federated
-        self.spec = check_deployable(run, split=split)
-        self.n_clients, self.clients, users, local = grouped_share(self.spec, split, run.seed,
-                                                                   partition, partitions)
+    def __init__(self, spec: Any, cfg: Any, seed: int, split: Split, partition: int, partitions: int) -> None:
+        self.cfg = cfg
+        self.n_clients, self.clients, users, local = grouped_share(spec, split, seed, partition, partitions)
         data = NodeData.of(split, users)
-        self.state = CIAState(self.spec, data.train, data.sampler, local, run.seed,
-                              client_ids=self.clients)
+        self.state = CIAState(spec, data.train, data.sampler, local, seed, client_ids=self.clients)
         self.valid, self.test, self.protocol = data.valid, data.test, split.protocol
         self.applied = 0  # the last round whose server step this node's clients took
 
-    def private_state(self) -> bytes:
-        return pack_state({**self.state.client_state(), "global_filter": self.state._global_filter,
-                           "applied": self.applied})
+    def private_state(self) -> dict[str, Any]:
+        return {**self.state.client_state(), "global_filter": self.state._global_filter, "applied": self.applied}
 
-    def load_private_state(self, raw: bytes) -> None:
-        blob = unpack_state(raw)
+    def load_private_state(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
         self.state._global_filter, self.applied = blob.pop("global_filter"), blob.pop("applied")
         self.state.load_client_state(blob)
 
@@ -103,12 +95,13 @@ class CIANode:
         return stage_metrics(self.state.scores, self.valid, self.test, self.protocol)
 
 
-class CIAServer(ServerBase):
+class CIAServer(ServerSide):
     """The server of FedCIA and its baselines: the sum of the nodes' uploads, `combine`."""
 
-    def __init__(self, run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> None:
-        super().__init__(run, hellos, secure)
-        self.max_rounds = 1 if self.spec.models[0][0] == "gfcf" else None  # GF-CF: one shot
+    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
+                 n_items: int, secure: bool) -> None:
+        self.spec, self.n_items = spec, n_items
+        self.max_rounds = 1 if spec.models[0][0] == "gfcf" else None  # GF-CF: one shot
         self.sync: dict[str, Any] = {}  # the last server step, sent with every message
         self.sync_round = 0
         self.keys: set[str] | None = None  # the upload's keys, fixed by the first good reply
@@ -116,43 +109,36 @@ class CIAServer(ServerBase):
     def _sync_payload(self) -> Payload:
         return {"sync_round": self.sync_round, **{f"sync.{k}": _numpy(v) for k, v in self.sync.items()}}
 
-    def train_messages(self, r: int) -> dict[int, Payload]:
-        return {node: {"round": r, "clients": clients, **self._sync_payload()}
-                for node, clients in self.round_clients(r).items()}
+    def begin(self, r: int) -> None:
+        self.sums: dict[str, Any] = {}
+        self.totals = RoundTotals()
+        self.n = 0
 
-    def finish_round(self, r: int, replies: dict[int, Payload]) -> RoundRecord:
-        got, silent = self.answered(r, replies)
-        sums: dict[str, Any] = {}
-        totals = dict.fromkeys(COUNTS, 0.0)
-        rejected = bad = 0
-        for node, clients, reply in got:
-            problem = self.check_upload(reply, len(clients))
-            if problem:
-                rejected, bad = rejected + len(clients), bad + 1
-                log.warning("round %d: rejected the upload of node %d: %s", r, node, problem)
-                continue
-            for k, v in reply.items():
-                if k.startswith("sum."):
-                    name = k[len("sum."):]
-                    sums[name] = sums[name] + np.asarray(v, np.float64) if name in sums else np.asarray(v, np.float64)
-            for k in COUNTS:
-                totals[k] += float(reply[k])
+    def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
+        return {"round": r, "clients": clients, **self._sync_payload()}
+
+    def fold(self, node: int, reply: Payload) -> None:
+        for k, v in reply.items():
+            if k.startswith("sum."):
+                name = k[len("sum."):]
+                v = np.asarray(v, np.float64)
+                self.sums[name] = self.sums[name] + v if name in self.sums else v
+        self.totals.add(reply)
+        self.n += int(reply["n"])
+
+    def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         extra: dict[str, float] = {}
-        if totals["n"] > 0:
-            self.sync, extra = combine(self.spec, {**sums, "n": int(totals["n"])})
+        if self.n > 0:
+            self.sync, extra = combine(self.spec, {**self.sums, "n": self.n})
             self.sync_round = r
-        extra.update({"clients": totals["n"], "dropped_nodes": float(len(silent)),
-                      "dropped_clients": float(sum(len(self.sent[s]) for s in silent)),
-                      "rejected_nodes": float(bad)})
-        return RoundRecord(round=r, loss=totals["loss_sum"] / max(totals["client_batches"], 1.0),
-                           seconds=0.0, bytes_up=int(totals["bytes_up"]),
-                           bytes_down=int(totals["bytes_down"]), rejected_uploads=rejected,
-                           extra=extra)
+        self.totals.rejected = rejected
+        self.totals.extra = {**extra, "clients": float(self.n)}
+        return self.totals
 
-    def check_upload(self, reply: Payload, n_clients: int) -> str | None:
-        missing = [k for k in COUNTS if k not in reply]
-        if missing:
-            return f"missing {', '.join(missing)}"
+    def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        problem = missing(reply, COUNTS)
+        if problem:
+            return problem
         keys = {k for k in reply if k.startswith("sum.")}
         if self.keys is not None and keys != self.keys:
             return f"uploads {sorted(keys)}, expected {sorted(self.keys)}"
@@ -163,16 +149,16 @@ class CIAServer(ServerBase):
                 return f"{k} holds non-finite values"
             if k in ("sum.similarity", "sum.count", "sum.filter") and v.shape != (m, m):
                 return f"{k} has shape {v.shape}, expected ({m}, {m})"
-        if int(reply["n"]) != n_clients or not math.isfinite(float(reply["loss_sum"])):
-            return f"{reply['n']} clients trained of the {n_clients} sent, or a non-finite loss"
+        if int(reply["n"]) != len(clients) or not math.isfinite(float(reply["loss_sum"])):
+            return f"{reply['n']} clients trained of the {len(clients)} sent, or a non-finite loss"
         self.keys = keys
         return None
 
     def evaluate_message(self) -> Payload:
         return self._sync_payload()
 
-    def model_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"sync": self.sync, "sync_round": self.sync_round}
 
-    def load_model_state(self, blob: dict[str, Any]) -> None:
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
         self.sync, self.sync_round = blob["sync"], blob["sync_round"]

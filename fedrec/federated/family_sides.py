@@ -1,0 +1,255 @@
+"""The item-embedding family's round by side (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP, and
+every server optimiser and client objective): see `fedrec.federated.sides`.
+
+* **Client**: the node's state holds its clients' private parameters and a copy of the global
+  rows; a train message carries the round's sampled clients, the global rows they need and the
+  shared weights. The node trains them with the simulator's `train_cohort` and replies with the
+  sum of their accepted row deltas on the rows they touched (and, under fedrec's item-row rules,
+  how many clients sent each row), the shared weights' sums, and the rows it will need in the
+  next round one of its clients takes part in: the schedule is public (seeded), so the node knows
+  that round. Under ``--ldp``/``--dp-noise`` the node noises the sum before it leaves.
+* **Server**: the state without clients; it folds the replies into the engine's `Accumulator` and
+  calls the state's own `aggregate`. A node whose request is missing or stale gets the whole
+  table; under secure aggregation every node gets the whole table (asking for rows would tell
+  which items its users train) and the server receives only the masked sum.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.core.plan import round_plan
+from fedrec.federated.cohort import order_by_activity
+from fedrec.federated.engine import client_negatives, train_cohort
+from fedrec.federated.sides import (
+    ClientSide,
+    NodeData,
+    Payload,
+    RoundTotals,
+    ServerSide,
+    missing,
+    node_users,
+    stage_metrics,
+    wire_ids,
+)
+from fedrec.federated.state import use_aggregation
+from fedrec.protocols.protocol import Split
+
+
+class FamilyClient(ClientSide):
+    """A node of the family: its clients' data and private state."""
+
+    def __init__(self, spec: Any, cfg: Any, seed: int, split: Split, partition: int, partitions: int) -> None:
+        self.spec, self.cfg, self.seed = spec, cfg, seed
+        self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
+        self.lr_item = cfg.item_lr(split.n_items)
+        self.state = self.make_state()
+        self.path = cfg.upload_path(self.lr_item)
+
+    def make_state(self) -> Any:
+        """The algorithm's state for this node's clients (private parameters drawn by id)."""
+        state = self.spec.create_state(
+            len(self.data.users), self.data.n_items, lr=self.cfg.lr, lr_item=self.lr_item,
+            item_std=self.cfg.item_std, seed=self.seed, train=self.data.train,
+            client_ids=self.data.users)
+        use_aggregation(state, self.cfg.aggregation)
+        return state
+
+    def private_state(self) -> dict[str, Any]:
+        return self.state.client_state_dict()
+
+    def load_private_state(self, blob: dict[str, Any]) -> None:
+        self.state.load_client_state_dict(blob)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        return {"clients": self.data.users, "n_clients": self.data.n_users,
+                "n_items": self.data.n_items, **self._want(resume_round)}
+
+    def train(self, msg: Payload) -> Payload:
+        """The sum of the sampled clients' accepted row deltas on the rows they touched."""
+        acc = self._train(msg)
+        sent = acc.item_sum.abs().sum(1) > 0
+        if acc.item_count is not None:  # a row sent with a zero delta still counts its senders
+            sent |= acc.item_count > 0
+        touched = torch.nonzero(sent).flatten()
+        reply = {"items": wire_ids(touched.cpu().numpy()), "rows": acc.item_sum[touched].cpu().numpy(),
+                 **self._counts(acc), **self._want(int(msg["round"]))}
+        if acc.item_count is not None:  # under fedrec's item-row rules: each row's senders
+            reply["senders"] = acc.item_count[touched].cpu().numpy().astype(np.int32)
+        reply.update({f"shared.{k}": v.cpu().numpy() for k, v in acc.shared_sum.items()})
+        return reply
+
+    def train_secure(self, msg: Payload) -> tuple[list[np.ndarray], Payload]:
+        """`train` for secure aggregation: the whole table of row-delta sums (to be masked)
+        and the counts (sent in the clear)."""
+        acc = self._train(msg)
+        return [acc.item_sum.cpu().numpy()], self._counts(acc)
+
+    def _train(self, msg: Payload) -> Any:
+        r = int(msg["round"])
+        st = self.state
+        st.items[torch.as_tensor(msg["items"])] = torch.as_tensor(msg["rows"])
+        st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
+        rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
+        acc = st.begin_round(r)
+        train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
+                     self.data.users[rows], self.seed, r, self.path, acc)
+        if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
+            sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.seed, r)
+            # from the node's own entropy, never the run's seed: the server knows the seed, and
+            # noise it could redraw it could subtract
+            gen = torch.Generator().manual_seed(secrets.randbits(62))
+            acc.item_sum += self.path.local_noise(acc.n, len(sampled), tuple(st.items.shape), gen)
+        return acc
+
+    @staticmethod
+    def _counts(acc: Any) -> Payload:
+        return {"n": acc.n, "rejected": acc.rejected, "loss_sum": float(acc.loss_sum),
+                "client_batches": acc.client_batches, "bytes_up": acc.bytes_up,
+                "bytes_down": acc.bytes_down}
+
+    def _want(self, after: int) -> Payload:
+        """The next round after ``after`` in which some of this node's clients take part, and
+        the item rows they will touch then (their training items and that round's negatives)."""
+        for r in range(after + 1, self.cfg.rounds + 1):
+            sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.seed, r)
+            mine = sampled[np.isin(sampled, self.data.users)]
+            if len(mine):
+                rows = self.data.rows_of(mine)
+                negs = client_negatives(self.cfg.negatives, self.data.train, self.data.sampler,
+                                        rows, mine, self.seed, r)
+                pos = self.data.train[rows].indices
+                items = np.union1d(pos, negs.ravel() if negs is not None else [])
+                return {"want_round": r, "want_items": wire_ids(items)}
+        return {"want_round": 0, "want_items": np.zeros(0, np.int32)}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        st = self.state
+        table = torch.as_tensor(msg["table"])
+        st.items = table
+        if st.spec.dual:
+            st.round_start_items = table  # the server sends the table dual clients score with
+        st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
+        return stage_metrics(st.scores, self.data.valid, self.data.test, self.data.protocol)
+
+
+class FamilyServer(ServerSide):
+    """The family's server: the engine's state without clients; uploads are sums of row deltas
+    (and of shared weights)."""
+
+    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
+                 n_items: int, secure: bool) -> None:
+        self.spec, self.cfg, self.n_items = spec, cfg, n_items
+        self.lr_item = cfg.item_lr(n_items)
+        self.state = spec.create_state(0, n_items, lr=cfg.lr, lr_item=self.lr_item, item_std=cfg.item_std,
+                                       seed=seed, client_ids=np.zeros(0, np.int64))
+        use_aggregation(self.state, cfg.aggregation)
+        # the nodes noise their clients' uploads (`FamilyClient._train`); the server adds none
+        self.path = cfg.upload_path(self.lr_item).noiseless
+        self.want = {} if secure else {node: (int(h["want_round"]), np.asarray(h["want_items"]))
+                                       for node, h in hellos.items()}
+        self.acc: Any = None
+
+    def begin(self, r: int) -> None:
+        self.acc = self.state.begin_round(r)
+
+    def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
+        want_round, items = self.want.get(node, (0, None))
+        if want_round != r or items is None:  # no request for this round: the whole table
+            items = np.arange(self.n_items)
+        return {"round": r, "clients": wire_ids(clients), "items": wire_ids(items),
+                "rows": self.state.items[torch.as_tensor(items)].cpu().numpy(),
+                **{f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()}}
+
+    def fold(self, node: int, reply: Payload) -> None:
+        acc = self.acc
+        acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
+        if acc.item_count is not None:
+            acc.item_count.index_add_(0, torch.as_tensor(reply["items"]),
+                                      torch.as_tensor(reply["senders"], dtype=acc.item_count.dtype))
+        for k in acc.shared_sum:
+            acc.shared_sum[k] += torch.as_tensor(reply[f"shared.{k}"])
+        _fold_counts(acc, reply)
+        self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
+
+    def fold_secure(self, summed: list[np.ndarray] | None, counts: dict[int, Payload], total: int) -> str | None:
+        """Fold a securely aggregated sum (the nodes in ``counts`` took part, holding ``total``
+        of the round's clients); why it was not folded, or None."""
+        acc = self.acc
+        n = sum(int(c["n"]) for c in counts.values())
+        rejected = sum(int(c["rejected"]) for c in counts.values())
+        if summed is None or not counts:
+            return "secure aggregation halted; the global state is unchanged"
+        if (n + rejected != total or summed[0].shape != tuple(acc.item_sum.shape)
+                or not np.isfinite(summed[0]).all()):
+            acc.rejected += total
+            return f"rejected the secure sum (counts {n} + {rejected} for {total} clients, shape {summed[0].shape})"
+        acc.item_sum += torch.as_tensor(summed[0], dtype=acc.item_sum.dtype)
+        for c in counts.values():
+            _fold_counts(acc, c)
+        return None
+
+    def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
+        acc = self.acc
+        acc.rejected += rejected
+        self.state.aggregate(acc, self.path, gen)
+        return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected,
+                           dict(self.state.round_extra()))
+
+    def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        n_clients = len(clients)
+        width = self.state.items.shape[1]
+        problem = missing(reply, ["items", "rows", "n", "rejected", "loss_sum", "client_batches", "want_round",
+                                  "want_items", *(f"shared.{k}" for k in self.state.shared)])
+        if problem:
+            return problem
+        items, rows = np.asarray(reply["items"]), np.asarray(reply["rows"])
+        if items.ndim != 1 or items.dtype.kind not in "iu":
+            return "item ids are not a 1-D integer array"
+        if len(items) and (items.min() < 0 or items.max() >= self.n_items or len(np.unique(items)) != len(items)):
+            return "item ids out of range or repeated"
+        if rows.shape != (len(items), width) or rows.dtype != np.float32:
+            return f"rows have shape {rows.shape} {rows.dtype}, expected ({len(items)}, {width}) float32"
+        if self.state.per_row:
+            senders = np.asarray(reply.get("senders", np.zeros(0)))
+            if (senders.shape != (len(items),) or senders.dtype.kind not in "iu"
+                    or (len(senders) and (senders.min() < 0 or senders.max() > n_clients))):
+                return f"senders must be one count in 0..{n_clients} for each row sent"
+        if not np.isfinite(rows).all():
+            return "rows hold non-finite values"
+        for k, v in self.state.shared.items():
+            got = np.asarray(reply[f"shared.{k}"])
+            if got.shape != tuple(v.shape) or not np.isfinite(got).all():
+                return f"shared weight {k} has shape {got.shape} or non-finite values"
+        n, rejected = int(reply["n"]), int(reply["rejected"])
+        if n < 0 or rejected < 0 or n + rejected != n_clients:
+            return f"counts n={n} rejected={rejected} do not add up to the {n_clients} clients sent"
+        if not math.isfinite(float(reply["loss_sum"])):
+            return "the training loss is not finite"
+        return None
+
+    def evaluate_message(self) -> Payload:
+        st = self.state
+        base = st.round_start_items if (st.spec.dual and st.round_start_items is not None) else st.items
+        return {"table": base.cpu().numpy(), **{f"shared.{k}": v.cpu().numpy() for k, v in st.shared.items()}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        self.state.load_state_dict(blob)
+
+
+def _fold_counts(acc: Any, reply: Payload) -> None:
+    """Add a node's counts (clients, rejected, bytes, loss, batches) to the round's `Accumulator`."""
+    acc.n += int(reply["n"])
+    acc.rejected += int(reply["rejected"])
+    acc.bytes_up += int(reply["bytes_up"])
+    acc.bytes_down += int(reply["bytes_down"])
+    acc.loss_sum += float(reply["loss_sum"])
+    acc.client_batches += int(reply["client_batches"])
