@@ -8,7 +8,7 @@
 
 All clients train every round with the algorithm's engine defaults (PFedRec: 1 local epoch,
 batch 256; FedRAP: 10 local epochs, batch 2048) and validation runs every round, as in the
-issues' targets. The reference engine (`fedrec.federated.reference`) trains the same rounds one
+issues' targets. The reference engine (`tests/reference_engine.py`) trains the same rounds one
 client at a time with plain per-client modules; its seconds per round give the speed ratio.
 ``--scale ml-1m`` builds a 6,040-user / 3,706-item / ~1M-interaction synthetic data set (or
 reads FedCIA's ML-1M split with ``--ml1m-split PATH``). Peak memory is the process's peak RSS.
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,7 +31,6 @@ from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
 from fedrec.federated.family import FamilySpec
-from fedrec.federated.reference import time_reference_rounds
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import get_protocol
 
@@ -132,6 +133,9 @@ def main() -> None:
     if args.reference_rounds and not isinstance(spec, FamilySpec):
         print("reference: none for this algorithm (its equivalence test has its own reference)")
     elif args.reference_rounds:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from reference_engine import time_reference_rounds  # the tests' one-client-at-a-time engine
+
         ref = time_reference_rounds(spec, split, cfg, rounds=args.reference_rounds, seed=args.seed)
         train_only = np.mean([h.seconds for h in out.history])
         print(f"reference (one client at a time): {ref:.2f} s/round of training; "

@@ -1,6 +1,6 @@
 """The cohort-vectorised engine agrees with the one-client-at-a-time reference.
 
-The reference (`fedrec.federated.reference`) trains each client with its own ``nn.Module`` and
+The reference (`tests/reference_engine.py`) trains each client with its own ``nn.Module`` and
 ``torch.optim.SGD``; the engine trains a whole cohort in lockstep. Both start from the same
 state and the same `CohortBatches`, so their results may differ only by float32 rounding.
 """
@@ -13,6 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from reference_engine import (
+    ReferenceState,
+    client_rows,
+    reference_round,
+    reference_scores,
+    reference_train,
+)
 
 from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
@@ -22,13 +29,6 @@ from fedrec.federated import engine
 from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.family import FamilySpec
-from fedrec.federated.reference import (
-    ReferenceState,
-    client_rows,
-    reference_round,
-    reference_scores,
-    reference_train,
-)
 from fedrec.federated.state import FamilyState
 from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split

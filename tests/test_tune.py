@@ -68,6 +68,21 @@ def test_tuning_never_scores_the_test_split(monkeypatch: pytest.MonkeyPatch) -> 
     assert any(len(data.users) == 0 for data in scored)  # the driver's test call found nothing
 
 
+@pytest.mark.parametrize(("alg", "option"), [("fedprox", "mu"), ("fedadam", "server_lr"),
+                                             ("fedyogi", "server_lr"), ("fedavgm", "server_lr")])
+def test_the_hooks_settings_are_searched_as_model_options(alg: str, option: str) -> None:
+    """A client objective's weight and a server optimiser's step are tuned beside the rates, from
+    the algorithm's own default, and a trial's value builds the algorithm."""
+    split = prepare_split(RunConfig(alg, dataset=DATA))
+    space = {p.name: p for p in search_space(get_algorithm(alg), split, DATA)}
+    param = space[option]
+    assert param.where == "model" and param.low < param.default < param.high
+    assert {"lr", "item_lr_scale", "local_epochs"} <= set(space)
+    spec = get_algorithm(alg).build(split, {option: param.high})
+    part = spec.objective if alg == "fedprox" else spec.server
+    assert getattr(part, "mu" if alg == "fedprox" else "lr") == param.high
+
+
 def test_search_spaces_follow_what_each_algorithm_reads() -> None:
     split = prepare_split(RunConfig("fedrap", dataset=DATA))
     rap = {p.name: p for p in search_space(get_algorithm("fedrap"), split, DATA)}

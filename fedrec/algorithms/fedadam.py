@@ -39,6 +39,11 @@ class FedAdamOptions(FamilyOptions):
               (not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1), "beta1 and beta2 must be in [0, 1)"))
 
 
+#: `fedrec tune` also searches the server's step size, which bounds how far a coordinate moves a
+#: round (a decade either side of the default)
+SEARCH = {"server_lr": (1e-2, 1.0)}
+
+
 def _builder(server: str) -> Callable[[Split, FedAdamOptions], FamilySpec]:
     """FedMF with the adaptive server optimiser ``server`` (adam or yogi) at the options' settings."""
     def build(split: Split, o: FedAdamOptions) -> FamilySpec:
@@ -51,11 +56,12 @@ register(AlgorithmSpec(
     "fedadam", "federated",
     "FedAdam: FedMF whose server applies Adam to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
     _builder("adam"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    search=SEARCH,
 ))
 
 
 register(AlgorithmSpec(
     "fedyogi", "federated",
     "FedYogi: FedMF whose server applies Yogi to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    _builder("yogi"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    _builder("yogi"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
 ))

@@ -42,4 +42,5 @@ register(AlgorithmSpec(
     "fedavgm", "federated",
     "FedAvgM: FedMF with server momentum on the mean item update (--set server_lr=, momentum=)",
     build, FedAvgMOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    search={"server_lr": (1e-2, 1.0)},  # `fedrec tune` also searches the server's step (a decade around it)
 ))

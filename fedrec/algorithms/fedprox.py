@@ -31,6 +31,11 @@ class FedProxOptions(FamilyOptions):
         check((not self.mu >= 0, "mu must be >= 0"))
 
 
+#: `fedrec tune` also searches the term's weight: from next to FedMF to holding the local steps
+#: at the round's model
+SEARCH = {"mu": (1e-4, 1.0)}
+
+
 def build(split: Split, o: FedProxOptions) -> FamilySpec:
     return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
                       objective=Proximal(mu=o.mu))
@@ -39,5 +44,5 @@ def build(split: Split, o: FedProxOptions) -> FamilySpec:
 register(AlgorithmSpec(
     "fedprox", "federated",
     "FedProx: FedMF whose clients add the proximal term (mu / 2) ||w - w_round||² to their loss (--set mu=)",
-    build, FedProxOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    build, FedProxOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
 ))

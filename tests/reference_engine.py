@@ -2,7 +2,7 @@
 
 Each client is an ordinary ``nn.Module`` (its score function plus the item rows it downloaded)
 trained with ``torch.optim.SGD``. Nothing here calls the batched `score`/`batch_loss` of
-`fedrec.federated.family`, so agreement with `FamilyState` is evidence that the lockstep layout,
+`fedrec.federated.item_model`, so agreement with `FamilyState` is evidence that the lockstep layout,
 masking of short batches, the active-client prefix and the scatter-add aggregation are right.
 It also gives `benchmarks/` a one-client-at-a-time baseline to time the engine against.
 """
