@@ -72,7 +72,8 @@ class CohortBatches:
     ``clients`` are client ids (here: users) in training order. Local rows of client k are
     ``row_ptr[k]:row_ptr[k+1]`` and hold items ``row_items`` (sorted within a client).
     ``samples_*`` keep each client's sample sequence in order, for the reference engine (a
-    client whose samples fit one batch keeps them unshuffled: its batch holds them all anyway).
+    client whose samples fit one batch keeps them unshuffled: its batch holds them all anyway);
+    a layout built on the device (`fedrec.federated.device_cohort`) keeps none.
     """
 
     clients: np.ndarray
@@ -80,9 +81,9 @@ class CohortBatches:
     row_ptr: np.ndarray
     steps: list[Step]
     steps_per_epoch: int
-    sample_client: np.ndarray
-    sample_row: np.ndarray
-    sample_label: np.ndarray
+    sample_client: np.ndarray | None
+    sample_row: np.ndarray | None
+    sample_label: np.ndarray | None
 
     @property
     def n_rows(self) -> int:

@@ -28,6 +28,7 @@ from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.federated import draws
 from fedrec.federated.cohort import build_cohort
+from fedrec.federated.device_cohort import device_cohort, use_device_layout
 from fedrec.federated.item_model import client_params
 from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
@@ -292,9 +293,13 @@ def client_draws(spec: FamilySpec, cfg: FederatedConfig, train: sp.csr_matrix, s
     samples = counts * (1 + cfg.negatives)
     keys = np.stack([draws.uniforms((seed, draws.SHUFFLE, r, e), clients, samples)
                      for e in range(cfg.local_epochs)])
-    fresh = (client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"]
-             if spec.reconstruct else None)
-    return negs, keys, fresh
+    return negs, keys, fresh_users(spec, clients, seed, r)
+
+
+def fresh_users(spec: FamilySpec, clients: np.ndarray, seed: int, r: int) -> torch.Tensor | None:
+    """FedRecon's freshly drawn user vectors of ``clients`` in round ``r`` (None for a model that
+    keeps its user vectors)."""
+    return client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"] if spec.reconstruct else None
 
 
 def client_negatives(k: int, train: sp.csr_matrix, sampler: ComplementSampler, rows: np.ndarray,
@@ -336,10 +341,18 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
     first = int(np.argmax(uncopied)) if uncopied.any() else len(uncopied)
     assert uncopied[first:].all(), "clients must come in decreasing activity (`order_by_activity`)"
 
+    on_device = use_device_layout(state)
+
     def chunk(a: int, b: int, without_copies: bool) -> None:
-        negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
-        batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings,
-                               label_offsets=None if offsets is None else offsets[rows[a:b]])
+        label_offsets = None if offsets is None else offsets[rows[a:b]]
+        if on_device:  # the same draws and layout, built where the steps run
+            batches = device_cohort(train, sampler, rows[a:b], clients[a:b], cfg.negatives, cfg.local_epochs,
+                                    cfg.batch_size, seed, r, ratings=ratings, label_offsets=label_offsets)
+            fresh = fresh_users(state.spec, clients[a:b], seed, r)
+        else:
+            negs, keys, fresh = client_draws(state.spec, cfg, train, sampler, rows[a:b], clients[a:b], seed, r)
+            batches = build_cohort(train, rows[a:b], negs, cfg.batch_size, keys, ratings=ratings,
+                                   label_offsets=label_offsets)
         up = state.train_uncopied(batches, path) if without_copies else None
         if without_copies and up is None:  # a gradient not finite: the copies, in chunks sized for them
             for a2, b2 in chunk_bounds(samples[a:b], per_sample, budget, spec.bytes_per_client):

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -238,6 +238,8 @@ class RAPState(FamilyState):
     """Global C (``items``), private heads, and every client's D_i (``personal_views``, keyed
     by ``client * n_items + item``; a pair never trained is zero)."""
 
+    #: FedRAP reads its steps as runs of flat slots, built on the host (`step_runs`)
+    device_steps: ClassVar[bool] = False
     rap: RAPSpec = RAPSpec()
     personal_views: KeyedRows | None = None
     lam_now: float = 0.0

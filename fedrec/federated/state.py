@@ -12,7 +12,7 @@ store per name, gathered for a cohort and scattered back after training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -143,6 +143,10 @@ class CohortState(Protocol):
 @dataclass
 class FamilyState:
     """Global item table, shared dense parameters, private stores and personalised rows."""
+
+    #: it reads its steps' slots as tensors, so a GPU run builds its cohorts' layout on the device
+    #: (`fedrec.federated.device_cohort`)
+    device_steps: ClassVar[bool] = True
 
     spec: FamilySpec
     items: torch.Tensor
