@@ -9,7 +9,9 @@
 # ML-100K must be in FEDREC_CACHE (the machine may have no network). Knobs: WORKLOADS
 # (space-separated gpu_speed.py rows), BIG (rows whose split is drawn first on spare cores,
 # default pfedrec-1m-users; empty: none), BUDGET (seconds a row, default 20), BIG_BUDGET (90),
-# TESTS (the gpu tests' files, default the device tests), TEST_TIMEOUT (150). Rows land in
+# TESTS (the gpu tests' files, default the device tests), TEST_TIMEOUT (150), WHEELS (a folder
+# of wheels installed first, e.g. Optuna's for the tuning test), PROFILE (workloads profiled by
+# function after the rows, `gpu_profile.py --cprofile`). Rows land in
 # $OUT/before.jsonl and $OUT/after.jsonl, so a call stopped at its limit keeps what it measured.
 set -u
 OUT=${OUT:-/tmp/gpu-before-after}
@@ -24,14 +26,19 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)" \
     | tee -a "$OUT/gpu.txt"
+if [ -n "${WHEELS:-}" ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$WHEELS"/*.whl || exit 2
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 big=${BIG-pfedrec-1m-users}
 for w in $big; do  # spare cores draw the big splits while the small rows run
-    (PYTHONPATH=$HERE $PY benchmarks/gpu_speed.py --prepare --workload "$w" --split-cache "$SPLITS" \
+    (PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_speed.py --prepare --workload "$w" --split-cache "$SPLITS" \
         > "$OUT/prepare-$w.log" 2>&1; touch "$SPLITS/.prepared-$w") &
 done
 
 workers=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-PYTHONPATH=$HERE timeout "${TEST_TIMEOUT:-150}" $PY -m pytest -m gpu -p no:cacheprovider $workers -q --tb=short -rf \
+PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} timeout "${TEST_TIMEOUT:-150}" $PY -m pytest -m gpu -p no:cacheprovider $workers -q --tb=short -rf \
     ${TESTS:-tests/test_device_cohort.py tests/test_device.py} > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $?"
 tail -n 15 "$OUT/gpu-tests.log"
@@ -39,7 +46,7 @@ tail -n 15 "$OUT/gpu-tests.log"
 row() {  # side, workload, budget
     local dir=$HERE
     [ "$1" = before ] && dir=$HERE/$BEFORE
-    (cd "$dir" && PYTHONPATH=$dir $PY benchmarks/gpu_speed.py --devices cuda --budget-s "$3" \
+    (cd "$dir" && PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_speed.py --devices cuda --budget-s "$3" \
         --split-cache "$SPLITS" --json "$OUT/$1.jsonl" --workload "$2" 2>&1 | tail -n 1 | sed "s/^/$1  /")
 }
 for w in ${WORKLOADS:-pfedrec-ml100k pfedrec-ml1m gpfedrec-ml100k gfedpp-ml100k gpfedrec-ml1m}; do
@@ -50,3 +57,8 @@ for w in $big; do
     { row before "$w" "${BIG_BUDGET:-90}"; row after "$w" "${BIG_BUDGET:-90}"; } | tee -a "$OUT/rows.txt"
 done
 wait
+for w in ${PROFILE:-}; do
+    PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_profile.py "$w" --cprofile --rounds 2 --top 30 \
+        --split-cache "$SPLITS" > "$OUT/cprofile-$w.txt" 2>&1
+    head -n 1 "$OUT/cprofile-$w.txt"
+done

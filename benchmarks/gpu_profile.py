@@ -3,12 +3,15 @@
     python benchmarks/gpu_profile.py pfedrec-ml1m --device cuda --rounds 4
     py-spy record --idle -r 200 -f raw -o spy.txt -- python benchmarks/gpu_profile.py pfedrec-ml1m
     python benchmarks/gpu_profile.py --fold spy.txt          # py-spy's samples by source line
+    python benchmarks/gpu_profile.py pfedrec-ml1m --cprofile  # the host's functions, without py-spy
 
 The run's first round is a warm-up; the next ``--rounds`` run under PyTorch's profiler, which
 prints the rounds' wall time beside the time the device's kernels were busy (their sum: a
 device busy a small share of the wall waits for the host), the count of kernel launches and of
 host<->device copies and synchronisations, and the operators that took the most device and
-host time. py-spy's samples of the same script show which Python lines the host time is in.
+host time. py-spy's samples of the same script show which Python lines the host time is in;
+where py-spy is not installed, ``--cprofile`` gives the host's time by function (Python's
+profiler, which slows the host a little and says so in the wall time it prints).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import cProfile
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -24,7 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def profile(name: str, device: str, rounds: int, split_cache: str | None, top: int, torch_profiler: bool) -> None:
+def profile(name: str, device: str, rounds: int, split_cache: str | None, top: int, torch_profiler: bool,
+            cprofile: bool = False) -> None:
     import gpu_speed
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -40,12 +46,22 @@ def profile(name: str, device: str, rounds: int, split_cache: str | None, top: i
         run_rounds(algorithm, split, rounds=1, eval_every=1)  # warm-up: kernels load, caches fill
         settle()
         start = time.perf_counter()
+        host = cProfile.Profile() if cprofile else None
         with torch_profile(activities=activities) if torch_profiler else contextlib.nullcontext() as prof:
+            if host is not None:
+                host.enable()
             _timed_rounds(algorithm, split, rounds)
             settle()
+            if host is not None:
+                host.disable()
         wall = (time.perf_counter() - start) / rounds
     if prof is None:
-        print(f"== {name} on {device}: {wall:.3f} s a round (train + validation)")
+        print(f"== {name} on {device}: {wall:.3f} s a round (train + validation"
+              f"{', under cProfile' if host is not None else ''})")
+        if host is not None:
+            stats = pstats.Stats(host, stream=sys.stdout)
+            stats.sort_stats("cumulative").print_stats(r"fedrec|torch\.(sort|unique|searchsorted)", top)
+            stats.sort_stats("tottime").print_stats(top)
         return
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events) / rounds
@@ -95,12 +111,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-torch-profiler", action="store_true", help="time the rounds only (for py-spy)")
     ap.add_argument("--fold", metavar="SPY_RAW", help="summarise a py-spy raw file instead")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="the host's time by function (Python's profiler; implies --no-torch-profiler)")
     args = ap.parse_args()
     if args.fold:
         fold(args.fold, args.top)
     elif args.workload:
         profile(args.workload, args.device, args.rounds, args.split_cache, args.top,
-                not args.no_torch_profiler)
+                not (args.no_torch_profiler or args.cprofile), args.cprofile)
     else:
         ap.error("name a workload (see gpu_speed.py --list) or --fold a py-spy file")
 

@@ -16,7 +16,8 @@ def test_closed_form_gradients_equal_autograd():
     v = torch.randn(3, 5, 4, generator=gen)
     y = (torch.rand(3, 5, generator=gen) > 0.5).float()
     m = torch.ones(3, 5)
-    loss, grads = linear_grads(spec, p, v, y, m, ["user", "user_bias"], items=True)
+    loss_t, grads = linear_grads(spec, p, v, y, m, ["user", "user_bias"], items=True)
+    loss = float(loss_t)
     leaves = {k: t.clone().requires_grad_(True) for k, t in p.items()}
     vv = v.clone().requires_grad_(True)
     ref = batch_loss(spec, leaves, vv, y, m)

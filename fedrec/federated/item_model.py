@@ -100,13 +100,14 @@ def mean_loss(spec: FamilySpec, logits: torch.Tensor, labels: torch.Tensor, mask
 
 def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
                  labels: torch.Tensor, mask: torch.Tensor, names: list[str], items: bool
-                 ) -> tuple[float, dict[str, torch.Tensor]]:
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Closed-form gradients of `batch_loss` for score functions that have them (dot, linear).
 
     With logits x, d(mean BCE)/dx = (sigmoid(x) - y) / n_c on real slots (d(mean squared
     error)/dx = 2 (x - y) / n_c), so each gradient is one contraction (`ScoreFunction.grad`): no
     autograd graph, about half the memory traffic. The gradients are the ``n_active`` clients'
-    (``(n_active, ...)``), as `FamilyState._autograd`'s.
+    (``(n_active, ...)``), as `FamilyState._autograd`'s; the loss is a 0-d tensor on the run's
+    device (read once a chunk, not once a step: reading it waits for the device).
     """
     n = v.shape[0]
     scorer = spec.scorer
@@ -123,4 +124,4 @@ def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
     grads = {name: scorer.grad(spec, name, pn, v, g) for name in names}  # (n_active, ...)
     if items:
         grads["items"] = scorer.item_grad(spec, pn, g)
-    return float(loss), grads
+    return loss, grads

@@ -228,10 +228,12 @@ class FamilyState:
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
         sent = (start, cohort.row_ptr) if spec.objective is not None else None
-        loss_sum = sum(self._step(params, rows, step, spec.phases(), sent=sent) for step in steps)
+        loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
+        for step in steps:
+            loss_sum += self._step(params, rows, step, spec.phases(), sent=sent)
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
-        return self._finish(cohort, params, start, rows, path, loss_sum)
+        return self._finish(cohort, params, start, rows, path, float(loss_sum))
 
     def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """What the cohort downloads and holds: its global rows (and a copy to train), and its
@@ -278,7 +280,7 @@ class FamilyState:
         items = ITEMS in names
         mine = [k for k in names if k != ITEMS and k not in self.shared]
         history = SharedHistory(len(cohort.clients), len(cohort.steps), self.lr_of)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64)
         for s in cohort.steps:
             idx, y, m = torch.as_tensor(s.rows), torch.as_tensor(s.labels), torch.as_tensor(s.mask)
             n = idx.shape[0]  # the clients still training this step (a prefix, by batch count)
@@ -302,11 +304,11 @@ class FamilyState:
             if items:
                 self._apply_item_step(rows, idx, self._item_grads(grads[ITEMS], m).reshape(-1, rows.shape[1])
                                       .mul_(-self.lr_item))
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()
         shared_sum = history.summed(self.shared)
         if not (torch.isfinite(rows).all() and all(torch.isfinite(t).all() for t in shared_sum.values())):
             return None
-        return self._finish(cohort, params, start, rows, path, loss_sum, shared_sum)
+        return self._finish(cohort, params, start, rows, path, float(loss_sum), shared_sum)
 
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
                 rows: torch.Tensor, path: UploadPath, loss_sum: float,
@@ -333,18 +335,18 @@ class FamilyState:
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
-              v: torch.Tensor | None = None, sent: tuple[torch.Tensor, np.ndarray] | None = None) -> float:
+              v: torch.Tensor | None = None, sent: tuple[torch.Tensor, np.ndarray] | None = None) -> torch.Tensor:
         """One minibatch: a plain-SGD step per phase, in order (each client's gradient clipped
         to ``spec.clip`` first, when set), then the client objective's step on what the phase
         trained of what the round sent (``sent``: the rows as downloaded and the clients' row
-        pointers; `fedrec.federated.objective`); returns the last phase's loss.
+        pointers; `fedrec.federated.objective`); returns the last phase's loss (a 0-d tensor).
 
         The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
         differentiating w.r.t. ``rows``, without a dense gradient of every local row).
         """
         idx, y, m = step
-        loss_value = 0.0
+        loss_value = torch.zeros(())
         for names in phases:
             if v is None:
                 v = gather_rows(rows, idx)
@@ -428,7 +430,7 @@ class FamilyState:
 
     def _autograd(self, params: dict[str, torch.Tensor], v: torch.Tensor, y: torch.Tensor,
                   m: torch.Tensor, names: list[str], train_items: bool
-                  ) -> tuple[float, dict[str, torch.Tensor]]:
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Gradients of the batch loss by autograd (any score function), for the step's
         ``n_active`` clients only (``(n_active, ...)``): a leaf over every client, sliced in the
         loss, would have autograd fill and copy a gradient of every client's copy each step
@@ -442,7 +444,7 @@ class FamilyState:
             loss = batch_loss(self.spec, p, vv, y, m)
             got = torch.autograd.grad(loss, [*leaves.values(), *([vv] if train_items else [])])
         grads = dict(zip([*leaves, *([ITEMS] if train_items else [])], got, strict=True))
-        return float(loss.detach()), grads
+        return loss.detach(), grads
 
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None:
         """Add a cohort's accepted uploads to the round's running sums (scatter-add of rows)."""
