@@ -111,32 +111,3 @@ def test_runs_that_lay_out_on_the_device_end_with_the_same_figures(name: str, ta
     users = np.arange(plain.split.n_users)
     np.testing.assert_array_equal(laid.model.scores(users, None), plain.model.scores(users, None))
 
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_personal_rows_found_on_the_device_are_the_hosts(device: str) -> None:
-    """A dual client's post-tuned rows written into its candidates' rows: the search on the
-    device (`PersonalRows._override_on_device`, which a GPU run takes) finds the host's rows."""
-    from fedrec.federated.personal import PersonalRows
-
-    rng = np.random.default_rng(4)
-    n_items, width = 50, 3
-    personal = PersonalRows(n_items, width)
-    for clients in (np.array([5, 2, 9, 7]), np.array([2, 11])):  # client 2's rows move to the second block
-        counts = rng.integers(1, 8, len(clients))
-        items = np.concatenate([np.sort(rng.choice(n_items, c, replace=False)) for c in counts])
-        ptr = np.r_[0, np.cumsum(counts)]
-        personal.update(clients, items, ptr, torch.as_tensor(rng.random((len(items), width)), dtype=torch.float32))
-    clients = np.array([9, 2, 3, 11, 5, 7])  # client 3 holds none
-    candidates = rng.integers(0, n_items, (len(clients), 20))
-    want = torch.zeros((len(clients), 20, width))
-    personal.override(want, clients, candidates)
-    got = torch.zeros((len(clients), 20, width), device=device)
-    flat = got.view(-1, width)
-    which = personal._latest[clients]
-    for bid in np.unique(which[which >= 0]).tolist():
-        block = personal._blocks[bid]
-        mine = np.flatnonzero(which == bid)
-        block.rows = block.rows.to(device)
-        personal._override_on_device(flat, block, block.ranks(clients[mine]), mine, candidates, 20)
-    assert (want != 0).any() and (want[2] == 0).all()
-    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)

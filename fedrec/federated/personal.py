@@ -39,18 +39,6 @@ class _Block:
         pos = np.searchsorted(sorted_ids, clients).clip(max=len(sorted_ids) - 1)
         return np.where(sorted_ids[pos] == clients, self.by_id[pos], -1)
 
-    def keys_on(self, device: torch.device) -> torch.Tensor:
-        """``keys`` on ``device`` (copied once), to search them where the rows are."""
-        cache = self.__dict__.setdefault("_device_keys", {})
-        if device not in cache:
-            cache[device] = torch.as_tensor(self.keys, device=device)
-        return cache[device]
-
-    def entries(self, n_items: int) -> tuple[np.ndarray, np.ndarray]:
-        """(owner, item) of every row."""
-        rank = np.repeat(np.arange(len(self.clients), dtype=np.int64), np.diff(self.ptr))
-        return self.clients[rank], self.keys.astype(np.int64) - rank * n_items
-
 
 class PersonalRows:
     """Latest post-tuned rows of each client; a client's new rows replace its old ones."""
@@ -116,29 +104,12 @@ class PersonalRows:
                 flat[torch.as_tensor(target)] = block.rows[torch.as_tensor(at)]
                 continue
             width = items.shape[1]
-            if v.device.type != "cpu":  # search where the rows are: 10^6 clients hold 10^8 keys
-                self._override_on_device(flat, block, ranks, mine, items, width)
-                continue
             query = (ranks[:, None] * self.n_items + items[mine]).ravel().astype(block.keys.dtype)
             pos = np.searchsorted(block.keys, query).clip(max=len(block.keys) - 1)
             hit = np.flatnonzero(block.keys[pos] == query)
             if len(hit):
                 target = (mine[:, None] * width + np.arange(width)).ravel()[hit]
                 flat[torch.as_tensor(target)] = block.rows[torch.as_tensor(pos[hit])]
-
-    def _override_on_device(self, flat: torch.Tensor, block: _Block, ranks: np.ndarray, mine: np.ndarray,
-                            items: np.ndarray, width: int) -> None:
-        """`override`'s search for the rows of ``items`` of the clients at ``mine``, made on
-        the device of ``flat`` (the same rows: an exact integer search)."""
-        dev = flat.device
-        keys = block.keys_on(dev)
-        mine_t = torch.as_tensor(mine, device=dev)
-        query = (torch.as_tensor(ranks, device=dev)[:, None] * self.n_items
-                 + torch.as_tensor(items[mine], device=dev)).reshape(-1).to(keys.dtype)
-        pos = torch.searchsorted(keys, query).clamp_(max=len(keys) - 1)
-        hit = torch.nonzero(keys[pos] == query).flatten()
-        target = (mine_t[:, None] * width + torch.arange(width, device=dev)).reshape(-1)[hit]
-        flat[target] = block.rows[pos[hit]]
 
     def state(self) -> dict[str, object]:
         """All live entries, flattened (for checkpoints)."""
