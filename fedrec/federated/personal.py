@@ -39,6 +39,11 @@ class _Block:
         pos = np.searchsorted(sorted_ids, clients).clip(max=len(sorted_ids) - 1)
         return np.where(sorted_ids[pos] == clients, self.by_id[pos], -1)
 
+    def entries(self, n_items: int) -> tuple[np.ndarray, np.ndarray]:
+        """(owner, item) of every row."""
+        rank = np.repeat(np.arange(len(self.clients), dtype=np.int64), np.diff(self.ptr))
+        return self.clients[rank], self.keys.astype(np.int64) - rank * n_items
+
 
 class PersonalRows:
     """Latest post-tuned rows of each client; a client's new rows replace its old ones."""
