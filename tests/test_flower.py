@@ -109,6 +109,35 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
 
+@pytest.mark.parametrize(("alg", "engine"), [
+    ("fedmf", {"defence": "trimmed-mean"}),
+    ("pfedrec", {"defence": "median", "clients_per_round": 0.5}),
+    ("fedncf", {"defence": "norm-bound", "norm_bound": 0.5}),
+    ("fedrap", {"defence": "median", "clients_per_round": 0.5, "lr_item": 1.0}),
+    ("fedmf", {"defence": "multi-krum", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
+])
+def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
+    """Under --defence the server side asks the nodes for each client's upload and aggregates
+    them by the rule (the simulator's security slot, on the server's side); with an attack, the
+    malicious node's clients are among them."""
+    run = _run(alg, **engine)
+    deployed = run_in_process(run, 2 + (alg == "pfedrec"))
+    simulated = train(run)
+    _same_outcome(deployed.out, simulated.result)
+    if engine["defence"] == "multi-krum":  # the rule's detection figures are the simulator's
+        for x, y in zip(deployed.out.history, simulated.result.history, strict=True):
+            assert x.extra["flagged"] == y.extra["flagged"] and x.extra["flag_recall"] == y.extra["flag_recall"]
+
+
+def test_what_a_deployed_defence_refuses_is_one_line() -> None:
+    from fedrec.errors import FedrecError
+
+    with pytest.raises(FedrecError, match="--defence runs on the methods whose server averages item rows"):
+        run_in_process(_run("gpfedrec", rounds=1, defence="median", model={"dim": 32}), 2)
+    with pytest.raises(FedrecError, match="with --ldp/--dp-noise"):
+        run_in_process(_run("fedmf", rounds=1, defence="median", ldp=0.1), 2)
+
+
 def test_a_node_downloads_only_the_rows_its_clients_touch() -> None:
     run = _run("fedmf", clients_per_round=0.5)
     split = prepare_split(run)

@@ -55,6 +55,10 @@ def flower_command(
     dp_clip: float | None = typer.Option(None, help="DP: clip each client's gradient w.r.t. the item table to this L2 norm (tau)."),
     dp_noise: float = typer.Option(0.0, help="DP: Gaussian noise multiplier z, drawn on the nodes; epsilon is reported."),
     dp_delta: float = typer.Option(1e-5, help="DP: delta of the reported (epsilon, delta)."),
+    defence: str | None = typer.Option(None, help="Robust aggregation per item row, as `fedrec run --defence` (norm-bound, median, trimmed-mean, krum, multi-krum): the nodes then send each client's upload, not their sum."),
+    trim: float = typer.Option(0.1, help="Share trimmed from each end by --defence trimmed-mean."),
+    byzantine: float = typer.Option(0.1, help="Share of a row's uploaders Krum assumes malicious."),
+    norm_bound: float | None = typer.Option(None, help="--defence norm-bound's L2 bound on a client's update (default: the round's median)."),
     secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec and kin without shared weights): the server sees only the sum."),
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
@@ -105,7 +109,8 @@ def flower_command(
                                    lr_item=lr_item, aggregation=aggregation or ("clients" if secagg else None),
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
                                    dp_noise=dp_noise, dp_delta=dp_delta, server_opt=server_opt,
-                                   client_objective=client_objective, device=device),
+                                   client_objective=client_objective, device=device, defence=defence, trim=trim,
+                                   byzantine=byzantine, norm_bound=norm_bound),
     )
     run.validate()
     run.federated.validate()

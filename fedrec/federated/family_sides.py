@@ -12,20 +12,26 @@ every server optimiser and client objective): see `fedrec.federated.sides`.
   calls the state's own `aggregate`. A node whose request is missing or stale gets the whole
   table; under secure aggregation every node gets the whole table (asking for rows would tell
   which items its users train) and the server receives only the masked sum.
+* **A robust rule** (``--defence``) looks at each client's upload: the server side's ``rule``
+  slot (`fedrec.security.adversary.Security`, plugged in by the deployment) asks the nodes for
+  their clients' uploads one by one (``per_client``), and the rule's sums replace the plain ones,
+  as in the simulator.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import round_plan
 from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, train_cohort
+from fedrec.federated.item_model import ITEMS
 from fedrec.federated.sides import (
     ClientSide,
     NodeData,
@@ -71,7 +77,14 @@ class FamilyClient(ClientSide):
                 "n_items": self.data.n_items, **self._want(resume_round)}
 
     def train(self, msg: Payload) -> Payload:
-        """The sum of the sampled clients' accepted row deltas on the rows they touched."""
+        """The sum of the sampled clients' accepted row deltas on the rows they touched; or, when
+        the server asks (``per_client``: a robust rule), each client's own upload."""
+        if msg.get("per_client"):
+            kept: list[Any] = []
+            acc = self._train(msg, kept)
+            return {**per_client_payload([u for chunk in kept for u in chunk.per_client()], self.data.users,
+                                         self.state.shared),
+                    **self._counts(acc), **self._want(int(msg["round"]))}
         acc = self._train(msg)
         sent = acc.item_sum.abs().sum(1) > 0
         if acc.item_count is not None:  # a row sent with a zero delta still counts its senders
@@ -90,7 +103,7 @@ class FamilyClient(ClientSide):
         acc = self._train(msg)
         return [acc.item_sum.cpu().numpy()], self._counts(acc)
 
-    def _train(self, msg: Payload) -> Any:
+    def _train(self, msg: Payload, keep: list[Any] | None = None) -> Any:
         r = int(msg["round"])
         st = self.state
         st.items[torch.as_tensor(msg["items"])] = torch.as_tensor(msg["rows"])
@@ -98,7 +111,7 @@ class FamilyClient(ClientSide):
         rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
         acc = st.begin_round(r)
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
-                     self.data.users[rows], self.seed, r, self.path, acc)
+                     self.data.users[rows], self.seed, r, self.path, acc, keep=keep)
         if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
             sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.seed, r)
             # from the node's own entropy, never the run's seed: the server knows the seed, and
@@ -140,11 +153,17 @@ class FamilyClient(ClientSide):
 
 class FamilyServer(ServerSide):
     """The family's server: the engine's state without clients; uploads are sums of row deltas
-    (and of shared weights)."""
+    (and of shared weights), or each client's upload under a robust ``rule``."""
+
+    #: it has a slot for a robust rule: its server plainly averages item rows
+    takes_rule: ClassVar[bool] = True
+    #: the round's robust aggregation (an object with `fedrec.security.adversary.Security`'s
+    #: ``sums`` and ``last``), plugged in by the deployment; None: the plain sums
+    rule: Any = None
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
-        self.spec, self.cfg, self.n_items = spec, cfg, n_items
+        self.spec, self.cfg, self.n_items, self.n_clients = spec, cfg, n_items, n_clients
         self.lr_item = cfg.item_lr(n_items)
         self.state = spec.create_state(0, n_items, lr=cfg.lr, lr_item=self.lr_item, item_std=cfg.item_std,
                                        seed=seed, client_ids=np.zeros(0, np.int64))
@@ -157,6 +176,7 @@ class FamilyServer(ServerSide):
 
     def begin(self, r: int) -> None:
         self.acc = self.state.begin_round(r)
+        self.kept: list[ClientUpload] = []
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         want_round, items = self.want.get(node, (0, None))
@@ -164,10 +184,22 @@ class FamilyServer(ServerSide):
             items = np.arange(self.n_items)
         return {"round": r, "clients": wire_ids(clients), "items": wire_ids(items),
                 "rows": self.state.items[torch.as_tensor(items)].cpu().numpy(),
-                **{f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()}}
+                **{f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()},
+                **({"per_client": 1} if self.rule is not None else {})}
 
     def fold(self, node: int, reply: Payload) -> None:
         acc = self.acc
+        if self.rule is not None:  # each client's upload, for the rule
+            ups = client_uploads(reply, list(self.state.shared))
+            for u in ups:
+                # the rows each benign client sent count its senders, as the simulator's running
+                # sums count them (a malicious client's, beyond the data's users, do not)
+                if u.accepted and u.client < self.n_clients:
+                    acc.contributed(torch.as_tensor(u.items))
+            self.kept.extend(ups)
+            _fold_counts(acc, reply)
+            self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
+            return
         acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
         if acc.item_count is not None:
             acc.item_count.index_add_(0, torch.as_tensor(reply["items"]),
@@ -197,11 +229,16 @@ class FamilyServer(ServerSide):
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         acc = self.acc
         acc.rejected += rejected
+        if self.rule is not None:
+            acc.item_sum, acc.shared_sum, acc.n = self.rule.sums(self.kept, *self.state.items.shape,
+                                                                 self.state.shared)
         self.state.aggregate(acc, self.path, gen)
-        return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected,
-                           dict(self.state.round_extra()))
+        extra = {**self.state.round_extra(), **(self.rule.last if self.rule is not None else {})}
+        return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected, extra)
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        if self.rule is not None:
+            return check_per_client(reply, clients, self.n_items, self.state.items.shape[1], self.state.shared)
         n_clients = len(clients)
         width = self.state.items.shape[1]
         problem = missing(reply, ["items", "rows", "n", "rejected", "loss_sum", "client_batches", "want_round",
@@ -253,3 +290,58 @@ def _fold_counts(acc: Any, reply: Payload) -> None:
     acc.bytes_down += int(reply["bytes_down"])
     acc.loss_sum += float(reply["loss_sum"])
     acc.client_batches += int(reply["client_batches"])
+
+
+def per_client_payload(uploads: list[ClientUpload], ids: np.ndarray, shared: dict[str, torch.Tensor]) -> Payload:
+    """Clients' own uploads as one message: each client's id (``ids`` maps an upload's client, a
+    row of the sender's state, to its id), whether it was accepted, its rows between ``ptr``
+    entries, and its shared weights stacked."""
+    counts = [len(u.items) for u in uploads]
+    width = uploads[0].tensors[ITEMS].shape[1] if uploads else 0
+    return {"owner": wire_ids(np.asarray(ids)[[u.client for u in uploads]]),
+            "accepted": np.array([u.accepted for u in uploads], np.int8),
+            "ptr": np.r_[0, np.cumsum(counts)].astype(np.int64),
+            "items": wire_ids(np.concatenate([u.items for u in uploads]) if uploads else np.zeros(0)),
+            "rows": (torch.cat([u.tensors[ITEMS] for u in uploads]).cpu().numpy() if uploads
+                     else np.zeros((0, width), np.float32)),
+            **{f"shared.{k}": (torch.stack([u.tensors[k] for u in uploads]).cpu().numpy() if uploads
+                               else np.zeros((0, *v.shape), np.float32)) for k, v in shared.items()}}
+
+
+def client_uploads(reply: Payload, shared: list[str]) -> list[ClientUpload]:
+    """The clients' uploads of a `per_client_payload` message."""
+    ptr, items, rows = np.asarray(reply["ptr"]), np.asarray(reply["items"], np.int64), np.asarray(reply["rows"])
+    owner, accepted = np.asarray(reply["owner"], np.int64), np.asarray(reply["accepted"])
+    stacked = {k: np.asarray(reply[f"shared.{k}"]) for k in shared}
+    return [ClientUpload(int(owner[k]), items[ptr[k]:ptr[k + 1]],
+                         {ITEMS: torch.as_tensor(rows[ptr[k]:ptr[k + 1]]),
+                          **{n: torch.as_tensor(v[k]) for n, v in stacked.items()}}, bool(accepted[k]))
+            for k in range(len(owner))]
+
+
+def check_per_client(reply: Payload, clients: np.ndarray, n_items: int, width: int,
+                     shared: dict[str, torch.Tensor]) -> str | None:
+    """Why a `per_client_payload` reply for ``clients`` cannot be folded, or None."""
+    problem = missing(reply, ["owner", "accepted", "ptr", "items", "rows", "n", "rejected", "loss_sum",
+                              "client_batches", "want_round", "want_items", *(f"shared.{k}" for k in shared)])
+    if problem:
+        return problem
+    owner, ptr = np.asarray(reply["owner"]), np.asarray(reply["ptr"])
+    items, rows = np.asarray(reply["items"]), np.asarray(reply["rows"])
+    if owner.ndim != 1 or owner.dtype.kind not in "iu" or not np.isin(owner, clients).all() \
+            or len(np.unique(owner)) != len(owner) or len(owner) != len(clients):
+        return "uploads are not one for each client sent"
+    if (ptr.shape != (len(owner) + 1,) or ptr[0] != 0 or (np.diff(ptr) < 0).any() or ptr[-1] != len(items)
+            or np.asarray(reply["accepted"]).shape != owner.shape):
+        return "row pointers or accepted flags do not match the uploads"
+    if items.dtype.kind not in "iu" or (len(items) and (items.min() < 0 or items.max() >= n_items)):
+        return "item ids out of range"
+    if rows.shape != (len(items), width) or rows.dtype != np.float32 or not np.isfinite(rows).all():
+        return f"rows have shape {rows.shape} {rows.dtype} or non-finite values"
+    for k, v in shared.items():
+        got = np.asarray(reply[f"shared.{k}"])
+        if got.shape != (len(owner), *v.shape) or not np.isfinite(got).all():
+            return f"shared weight {k} has shape {got.shape} or non-finite values"
+    if int(reply["n"]) + int(reply["rejected"]) != len(clients):
+        return "counts do not add up to the clients sent"
+    return None

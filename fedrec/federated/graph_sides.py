@@ -22,7 +22,7 @@ graph step (equal in distribution, tested).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -98,6 +98,9 @@ class GraphClient(FamilyClient):
 
 class GraphServer(FamilyServer):
     """The server of GPFedRec / GFed-PP: every client's rows, the graph step, each client's table."""
+
+    #: its graph step reads every client's table: no robust rule of item rows yet
+    takes_rule: ClassVar[bool] = False
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
+from fedrec.federated.family_sides import per_client_payload
 from fedrec.federated.sides import Payload, wire_ids
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
@@ -63,6 +64,11 @@ class MaliciousNode:
         shared = {k[len("shared."):]: torch.as_tensor(v) for k, v in msg.items() if k.startswith("shared.")}
         clients = np.asarray(msg["clients"], np.int64) - self.n_users
         sent, n_bytes = self.security.malicious_uploads(self.model_spec, table, shared, r, clients)
+        counts = {"n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
+                  "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
+        if msg.get("per_client"):  # the server's robust rule looks at each client's upload
+            ids = np.arange(self.n_users + self.security.n_malicious)  # the uploads name their ids
+            return {**per_client_payload(sent, ids, shared), **counts}
         total = torch.zeros_like(table)
         shared_sum = {k: torch.zeros_like(v) for k, v in shared.items()}
         for up in sent:
@@ -71,9 +77,7 @@ class MaliciousNode:
                 shared_sum[k] += up.tensors[k]
         touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
         return {"items": wire_ids(touched.cpu().numpy()), "rows": total[touched].cpu().numpy(),
-                **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()},
-                "n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
-                "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
+                **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
 
     def evaluate(self, msg: Payload) -> Payload:
         return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user

@@ -62,9 +62,13 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         raise FedrecError(f"secure aggregation sums the item tables alone, and --aggregation "
                           f"{run.federated.aggregation} divides each row by the clients that sent it (which it "
                           "hides): run it with --aggregation clients (the papers' rule)")
-    if run.federated.defence is not None:
-        raise FedrecError("--defence runs in the simulator only: Flower nodes send sums of their clients' "
-                          "uploads, and a per-row robust rule needs each client's")
+    if run.federated.defence is not None and secure:
+        raise FedrecError("--defence looks at each client's upload, and secure aggregation shows the server "
+                          "only their sum: run one or the other")
+    if run.federated.defence is not None and not getattr(spec.sides()[1], "takes_rule", False):
+        from fedrec.security.adversary import PLAIN_AVERAGE
+
+        raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{run.algorithm}'")
     refusal = spec.flower_refusal(secure)
     if refusal:
         raise FedrecError(f"'{run.algorithm}': {refusal}")
@@ -140,6 +144,21 @@ class Server:
         _, server_side = self.spec.sides()
         self.side = server_side(self.spec, self.cfg, run.seed, hellos, self.n_clients, self.n_items, secure)
         self.max_rounds = self.side.max_rounds
+        if self.cfg.defence is not None:
+            self._plug_defence()
+
+    def _plug_defence(self) -> None:
+        """The run's robust rule in the server side's ``rule`` slot, where its server plainly
+        averages item rows (as the simulator's `fedrec.security.adversary.attach` requires)."""
+        from fedrec.security.adversary import PLAIN_AVERAGE, Security
+
+        state = getattr(self.side, "state", None)
+        if not (getattr(self.side, "takes_rule", False) and getattr(state, "plain_average", False)):
+            raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{self.run.algorithm}'")
+        if self.cfg.dp_noise > 0 or self.cfg.ldp > 0:
+            raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the nodes "
+                              "noise their clients' sum, so the two do not combine yet")
+        self.side.rule = Security.defence(self.cfg, self.n_clients, self.n_extra, self.n_items, self.run.seed)
 
     def round_clients(self, r: int) -> dict[int, np.ndarray]:
         """Round ``r``'s sampled clients (the simulator's `round_plan`) by the node holding them."""

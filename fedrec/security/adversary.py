@@ -81,6 +81,16 @@ class Security:
             sec.rule = RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound)
         return sec
 
+    @staticmethod
+    def defence(cfg: Any, n_benign: int, n_malicious: int, n_items: int, seed: int) -> Security:
+        """The run's defence alone (a deployment's server: it has no data to draw targets from;
+        ``n_malicious`` clients beyond the ``n_benign`` users are an attacker's, which the
+        defence's detection figures count against)."""
+        assert cfg.defence is not None
+        return Security(n_benign, n_malicious, np.zeros(0, np.int64), sp.csr_matrix((n_benign, n_items)),
+                        cfg.clients_per_round, seed,
+                        rule=RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound))
+
     @property
     def keeps_uploads(self) -> bool:
         """Whether the round must keep each client's upload (a defence looks at each)."""
