@@ -183,10 +183,7 @@ def data_signature(split: Split) -> dict[str, Any]:
 
 def run_device(config: RunConfig) -> str:
     """The device a run's algorithm runs on (the engine's or the centralised trainer's)."""
-    from fedrec.algorithms import get_algorithm
-
-    federated = get_algorithm(config.algorithm).kind == "federated"
-    return (config.federated if federated else config.train).device
+    return config.trainer.device
 
 
 def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> Run:

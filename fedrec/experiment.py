@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Callable
@@ -14,14 +13,13 @@ from typing import Any
 import torch
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
-from fedrec.core.device import check as check_device
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.core.selection import TrainOutcome
 from fedrec.data.interactions import Interactions
 from fedrec.data.user_sets import looks_like_a_file
 from fedrec.errors import Diverged, FedrecError
-from fedrec.federated.engine import FederatedConfig, engine_flag, train_federated
+from fedrec.federated.engine import FederatedConfig, engine_flag
 from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
@@ -112,6 +110,23 @@ class RunConfig:
             out["held_out"] = "random"
         return out
 
+    @property
+    def trainer_field(self) -> str:
+        """Which of ``federated`` and ``train`` the algorithm trains with: the one place a run
+        tells a federated algorithm from a centralised one (`AlgorithmSpec.kind`)."""
+        return "federated" if get_algorithm(self.algorithm).kind == "federated" else "train"
+
+    @property
+    def trainer(self) -> FederatedConfig | TrainConfig:
+        """The options of the loop the algorithm trains with: the federated engine's or the
+        centralised trainer's (both give ``device``, ``negatives``, ``rounds``, ``validate()``
+        and ``driver()``, the round driver's settings)."""
+        return getattr(self, self.trainer_field)  # type: ignore[no-any-return]
+
+    def with_trainer(self, **changes: Any) -> RunConfig:
+        """This config with ``changes`` to its trainer's options."""
+        return replace(self, **{self.trainer_field: replace(self.trainer, **changes)})
+
     def validate(self) -> None:
         """Reject impossible options before any data is read: the data options, and the
         options of the trainer the algorithm runs with (the engine's or the centralised one's)."""
@@ -123,21 +138,7 @@ class RunConfig:
             raise FedrecError(
                 f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
             )
-        if get_algorithm(self.algorithm).kind == "federated":
-            self.federated.validate()
-            return
-        t = self.train
-        check(
-            (not all(math.isfinite(v) for v in (t.lr, t.weight_decay)), "--lr and --weight-decay must be finite numbers"),
-            (t.epochs < 1, f"--epochs must be >= 1 (got {t.epochs})"),
-            (t.batch_size < 1, f"--batch-size must be >= 1 (got {t.batch_size})"),
-            (t.lr <= 0, f"--lr must be > 0 (got {t.lr})"),
-            (t.weight_decay < 0, f"--weight-decay must be >= 0 (got {t.weight_decay})"),
-            (t.negatives < 1, f"--num-negatives must be >= 1 (got {t.negatives})"),
-            (t.patience < 0, f"--patience must be >= 0 (got {t.patience})"),
-            (t.eval_every < 1, f"--eval-every must be >= 1 (got {t.eval_every})"),
-        )
-        check_device(t.device)
+        self.trainer.validate()
 
 
 def random_holdout(blob: dict[str, Any]) -> bool:
@@ -314,7 +315,7 @@ def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     engine's or the centralised trainer's options, whichever the algorithm runs with."""
     blob = asdict(cfg)
     blob["model"] = options
-    blob.pop("federated" if get_algorithm(cfg.algorithm).kind != "federated" else "train")
+    blob.pop("train" if cfg.trainer_field == "federated" else "federated")
     return blob
 
 
@@ -355,9 +356,7 @@ def run(
 def saving_every(cfg: RunConfig, every: int) -> RunConfig:
     """``cfg`` with its run saving itself every ``every`` rounds (centralised: epochs); how
     often is not part of a run's identity (`fedrec.core.checkpoint.FREE`)."""
-    if get_algorithm(cfg.algorithm).kind == "federated":
-        return replace(cfg, federated=replace(cfg.federated, checkpoint_every=every))
-    return replace(cfg, train=replace(cfg.train, checkpoint_every=every))
+    return cfg.with_trainer(checkpoint_every=every)
 
 
 def run_resumable(cfg: RunConfig, out: str | Path, every: int,
@@ -435,10 +434,10 @@ def train(
                           "see `fedrec protocols`")
     cfg = ratings_without_negatives(cfg, spec)
     split = split if split is not None else prepare_split(cfg)
-    k = cfg.federated.negatives if spec.kind == "federated" else cfg.train.negatives
+    k = cfg.trainer.negatives
     if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k
         raise FedrecError(f"--num-negatives {k} is not below the number of items ({split.n_items})")
-    device = (cfg.federated if spec.kind == "federated" else cfg.train).device
+    device = cfg.trainer.device
     with on(device):  # every tensor the algorithm creates lives on the run's device
         model, trainable = build_trainable(cfg, split, options)
         if prepare is not None:
@@ -446,15 +445,8 @@ def train(
         config = recorded_config(cfg, asdict(options))
         driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
                                   "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
-        if spec.kind == "federated":
-            outcome, diverged = _until_divergence(
-                lambda: train_federated(trainable, model, split, cfg.federated, **driver))
-        else:
-            driver["keep_best"] = True  # the centralised baselines always end at their best epoch
-            outcome, diverged = _until_divergence(
-                lambda: run_rounds(trainable, split, rounds=cfg.train.epochs, eval_every=cfg.train.eval_every,
-                                   patience=cfg.train.patience, checkpoint_every=cfg.train.checkpoint_every,
-                                   **driver))
+        # the trainer's rounds, evaluation, stop and back-offs (the centralised one: always its best epoch)
+        outcome, diverged = _until_divergence(lambda: run_rounds(trainable, split, **{**driver, **cfg.trainer.driver()}))
     result = RunResult(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,

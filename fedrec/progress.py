@@ -34,13 +34,7 @@ OnRoundNote = Callable[[RoundNote], None]
 
 def total_rounds(cfg: Any) -> int:
     """The rounds (federated) or epochs (centralised) ``cfg`` trains for."""
-    return int(cfg.federated.rounds if _federated(cfg) else cfg.train.epochs)
-
-
-def _federated(cfg: Any) -> bool:
-    from fedrec.algorithms import get_algorithm
-
-    return get_algorithm(cfg.algorithm).kind == "federated"
+    return int(cfg.trainer.rounds)
 
 
 def noting(job: int, cfg: Any, note: OnRoundNote) -> Callable[..., None]:
@@ -49,7 +43,7 @@ def noting(job: int, cfg: Any, note: OnRoundNote) -> Callable[..., None]:
     from fedrec.protocols.protocol import PROTOCOLS
 
     total = total_rounds(cfg)
-    unit = "round" if _federated(cfg) else "epoch"
+    unit = "round" if cfg.trainer_field == "federated" else "epoch"
     metric = PROTOCOLS[cfg.protocol].select if cfg.protocol in PROTOCOLS else ""
 
     def on_round(record: Any, best_round: int, best_valid: dict[str, float]) -> None:

@@ -235,6 +235,11 @@ class FederatedConfig:
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}
         return blob
 
+    def driver(self) -> dict[str, Any]:
+        """How the round driver (`fedrec.core.run_rounds`) runs these options."""
+        return {"rounds": self.rounds, "eval_every": self.eval_every, "patience": self.patience,
+                "checkpoint_every": self.checkpoint_every, "backoffs": self.backoffs}
+
     def chunk_budget_mb(self) -> float:
         """The working set of one trained chunk: ``memory_budget_mb``, else the device's default."""
         if self.memory_budget_mb is not None:
@@ -410,8 +415,7 @@ def train_federated(algorithm: FederatedAlgorithm, spec: Any, split: Split, cfg:
     """Drive a built algorithm with ``cfg``'s rounds, evaluation and checkpoint options."""
     if driver.get("fingerprint") is None:
         driver["fingerprint"] = {"spec": asdict(spec), "config": asdict(cfg)}
-    return run_rounds(algorithm, split, rounds=cfg.rounds, eval_every=cfg.eval_every,
-                      patience=cfg.patience, checkpoint_every=cfg.checkpoint_every, backoffs=cfg.backoffs, **driver)
+    return run_rounds(algorithm, split, **cfg.driver(), **driver)
 
 
 def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str, float | str]:

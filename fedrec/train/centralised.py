@@ -7,6 +7,7 @@ scores the test set when validation improves, and leaves the model at its best e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,10 @@ import torch
 from torch import nn
 
 from fedrec.core.contract import Trainable
+from fedrec.core.device import check as check_device
 from fedrec.core.driver import run_rounds
 from fedrec.core.selection import TrainOutcome
+from fedrec.options import check
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 
@@ -35,6 +38,31 @@ class TrainConfig:
     eval_every: int = 1
     device: str = "cpu"
     checkpoint_every: int = 0
+
+    @property
+    def rounds(self) -> int:
+        """The round driver's rounds: a centralised round is one epoch."""
+        return self.epochs
+
+    def validate(self) -> None:
+        """Reject impossible options, each in one line."""
+        check(
+            (not all(math.isfinite(v) for v in (self.lr, self.weight_decay)), "--lr and --weight-decay must be finite numbers"),
+            (self.epochs < 1, f"--epochs must be >= 1 (got {self.epochs})"),
+            (self.batch_size < 1, f"--batch-size must be >= 1 (got {self.batch_size})"),
+            (self.lr <= 0, f"--lr must be > 0 (got {self.lr})"),
+            (self.weight_decay < 0, f"--weight-decay must be >= 0 (got {self.weight_decay})"),
+            (self.negatives < 1, f"--num-negatives must be >= 1 (got {self.negatives})"),
+            (self.patience < 0, f"--patience must be >= 0 (got {self.patience})"),
+            (self.eval_every < 1, f"--eval-every must be >= 1 (got {self.eval_every})"),
+        )
+        check_device(self.device)
+
+    def driver(self) -> dict[str, Any]:
+        """How the round driver (`fedrec.core.run_rounds`) runs these options: an epoch a round,
+        ending at the best epoch (the centralised baselines do not back off)."""
+        return {"rounds": self.epochs, "eval_every": self.eval_every, "patience": self.patience,
+                "checkpoint_every": self.checkpoint_every, "keep_best": True}
 
 
 def model_scorer(model: nn.Module, device: str) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
