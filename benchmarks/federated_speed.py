@@ -7,8 +7,8 @@
     python benchmarks/federated_speed.py --algorithm fedcia-mf --reference-rounds 0   # ratio-full
 
 All clients train every round with the algorithm's engine defaults (PFedRec: 1 local epoch,
-batch 256; FedRAP: 10 local epochs, batch 2048) and validation runs every round, as in the
-issues' targets. The reference engine (`tests/reference_engine.py`) trains the same rounds one
+batch 256; FedRAP: 10 local epochs, batch 2048) and validation runs every round, as the speed
+targets assume. The reference engine (`tests/reference_engine.py`) trains the same rounds one
 client at a time with plain per-client modules; its seconds per round give the speed ratio.
 ``--scale ml-1m`` builds a 6,040-user / 3,706-item / ~1M-interaction synthetic data set (or
 reads FedCIA's ML-1M split with ``--ml1m-split PATH``). Peak memory is the process's peak RSS.

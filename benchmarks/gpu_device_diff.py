@@ -11,9 +11,9 @@ For an MLP tower (FedNCF, GPFedRec, GFed-PP) it also prints, from a third, instr
 run, how close each of those users' first-layer pre-activations came to ReLU's kink in each
 round (the smallest |pre-activation| over the largest, per client): a margin near float32's
 rounding (about 1e-7) means the devices' different sums can fall on either side of zero and
-the gradient step jumps. Session 47 found gfedpp-no-ugc's user 20 off by 0.4% after two rounds
-on an H100 (results/gpu/h100-lastfm-2k-tuned/README.md); session 48 measured its margin in
-round 2 at 1.1e-8 (the median client's: 1.5e-4).
+the gradient step jumps. gfedpp-no-ugc's user 20 ended 0.4% off after two rounds on an H100
+(results/gpu/h100-lastfm-2k-tuned/README.md); its margin in round 2 is 1.1e-8 (the median
+client's: 1.5e-4).
 """
 
 from __future__ import annotations

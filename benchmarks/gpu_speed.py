@@ -1,4 +1,4 @@
-"""Seconds per round and peak memory of the GPU issue's workloads, on CUDA and on the CPU.
+"""Seconds per round and peak memory of the GPU workloads (docs/scale.md), on CUDA and on the CPU.
 
     python benchmarks/gpu_speed.py                       # every workload, CUDA (if present) and CPU
     python benchmarks/gpu_speed.py --workload pfedrec-ml100k --devices cpu --rounds 5
@@ -13,7 +13,7 @@ evaluation, the total for the workload's rounds (measured, or the median round t
 rounds when ``--rounds`` asks for fewer: marked ``~``), and the peak memories. The CPU column
 of the big workloads is skipped unless ``--cpu-all`` (a PFedRec round over 10^6 users takes
 minutes on two cores). ``--budget-s`` stops a row after that many seconds and extrapolates
-from the rounds it finished, so one call fits a GPU lease. Targets are issue 18's (one
+from the rounds it finished, so one call fits a GPU lease. Each workload names its target (one
 H100-class GPU).
 """
 
@@ -57,7 +57,7 @@ WORKLOADS = [
     Workload("personalfr-ml100k", "personalfr", "ml-100k", 800, "<= 30 s"),
     Workload("pfedrec-1m-users", "pfedrec", "1000000x100000x20000000", 1, "<= 10 s, <= 40 GB",
              cpu=False),
-    # session 38's leads (docs/scale.md, "Long runs on a lent GPU"): MetaMF ran ten times slower
+    # leads from long GPU runs (docs/scale.md, "Long runs on a lent GPU"): MetaMF ran ten times slower
     # on an H200 than on the CPU, and a full-ranking GFed-PP round seven times its sampled one
     Workload("metamf-ml100k", "metamf", "ml-100k", 100, "as fast as the CPU"),
     Workload("gfedpp-ml100k-full", "gfedpp", "ml-100k", 100, "as its sampled row", protocol="loo-full"),

@@ -76,7 +76,7 @@ for mw in $METHODS; do
     pids+=($!)
 done
 wait "${pids[@]}"
-if [ "$(left)" -gt 60 ]; then  # the CUDA tests, this session's --device cuda --workers of `fedrec tune` among them
+if [ "$(left)" -gt 60 ]; then  # the CUDA tests, `fedrec tune --device cuda --workers` among them
     xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
     timeout "$(left)" $PY -m pytest -m gpu $xdist -p no:cacheprovider -q --tb=short -rf tests/test_device.py \
         > "$OUT/tests.log" 2>&1

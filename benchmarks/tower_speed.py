@@ -1,5 +1,5 @@
 """Time the family's MLP tower (GPFedRec, GFed-PP, FedNCF) against the same tower on the
-concatenated input [u, v], the form it had before session 39.
+concatenated input [u, v], the form it had before it was taken in two parts.
 
     OMP_NUM_THREADS=1 python benchmarks/tower_speed.py
 

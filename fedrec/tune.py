@@ -21,7 +21,7 @@ each trial also saves itself every that many rounds beside the journal (`trial_c
 the cut-off trial goes on from its last save instead of its first round: it re-reports the saved
 rounds to the pruner, whose decision reads the trial's best figure so far, so it ends as the same
 trial left uncut would (a search whose trials outlast the process that runs them: an hour-long
-search over 15-minute GPU leases, or two-hour trials over a CPU's sessions).
+search over 15-minute GPU leases, or two-hour trials on a CPU that a run cannot hold for long).
 
 Trials can train side by side (``workers``, `_parallel`: a GPU's use, where one 100-round trial
 leaves the device mostly idle): this process draws each trial's settings in order (Optuna's

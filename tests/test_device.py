@@ -101,11 +101,11 @@ def test_cohort_sorts_give_numpys_stable_order_on_each_device(device: str, high:
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
 @pytest.mark.parametrize(("clients", "rows"), [(7, 13), (1, 13), (7, 1)])
 def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, clients: int, rows: int) -> None:
-    """The MLP tower's first layer taken in two parts (u W_u + v W_v, session 39) gives the
-    tower over the concatenated [u, v] and the same gradients, on each device, with user vectors
-    as large as GFed-PP's user rate (79 times the items') makes them. It passes on an H100
-    (session 48), where one user of gfedpp-no-ugc ends 0.4% off after two rounds since that
-    change: not the tower but a ReLU kink (`ROUND_OFF_GAIN`)."""
+    """The MLP tower's first layer taken in two parts (u W_u + v W_v) gives the tower over the
+    concatenated [u, v] and the same gradients, on each device, with user vectors as large as
+    GFed-PP's user rate (79 times the items') makes them. It passes on an H100, where one user of
+    gfedpp-no-ugc ends 0.4% off after two rounds: not the tower but a ReLU kink
+    (`ROUND_OFF_GAIN`)."""
     from types import SimpleNamespace
 
     import torch.nn.functional as F
@@ -143,8 +143,8 @@ def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, 
 #: client's closest: 1.5e-4; `benchmarks/gpu_device_diff.py` measures it), under float32's
 #: rounding, so CUDA's differently ordered sums can put it on the other side and that client's
 #: step jumps: its scores end 0.4% of their scale off on an H100, every other user's to 1.2e-7.
-#: Which commit shows it is chance (it appeared with session 39's two-part tower, whose sums
-#: are ordered differently, and not before).
+#: Which commit shows it is chance (it appeared with the two-part tower, whose sums are ordered
+#: differently, and not before).
 ROUND_OFF_GAIN = {"fedcia": 0.1, "fedcia-mf": 0.1, "gfedpp-no-ugc": 0.01}
 
 

@@ -2,7 +2,7 @@
 each client's gradient of a step, over its whole model, is clipped as ``clip_grad_norm_`` clips
 one client's model trained alone. MetaMF's autograd path has its own test (tests/test_metamf.py);
 this one covers the closed-form gradients (`fedrec.federated.item_model.linear_grads`) the option
-reaches since session 48."""
+reaches."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Regression fixture: every registered algorithm's per-round figures at seed 0 must not move.
 
-`tests/fixtures/regression.json` was recorded before the one-engine redesign (issue 16) by
+`tests/fixtures/regression.json` was recorded before the one-engine redesign by
 running this module as a script (``python tests/test_regression.py --write``). Each case runs
 an algorithm for a few rounds on a small synthetic data set under a protocol it supports and
 compares the loss and validation figures of every round, and the test figures at the best
@@ -10,11 +10,11 @@ has to be measured and explained, not absorbed.
 Re-recorded since, with the reason (``--write NAME ...`` rewrites only those cases):
 
 * FedCIA's family (fedcia, fedcia-mf, fedcia-lightgcn, fedlightgcn, stacked, lightgcn,
-  fedcia+ldp), issue 16: its clients' initial vectors, negatives and shuffles became draws keyed
+  fedcia+ldp), with the one engine: its clients' initial vectors, negatives and shuffles became draws keyed
   by client id (as every other method's already were), so that a Flower node trains its clients
   as the simulator does; and uploads are summed in float64. Another random stream, same
   distributions: GF-CF's cases, which draw nothing, did not move (0.00e+00).
-* fedrap, fedrap-l2, fedrap-no, session 35: FedRAP's step sums the slots of each distinct row
+* fedrap, fedrap-l2, fedrap-no: FedRAP's step sums the slots of each distinct row
   before updating it (one update a row, not one a slot), so float32 sums run in another order:
   after one local update of 10 epochs the rows differ by at most 4.8e-7 (of 1.3). At this
   case's item rate (scale 100) training is chaotic: the first round's loss moved by 2.0e-5
@@ -40,7 +40,7 @@ ROUNDS = 3
 TOLERANCE = 1e-5
 #: FedCIA's trained cases: its similarity fine-tune amplifies float32 round-off by three or four
 #: orders of magnitude in three rounds, so a CPU whose kernels round differently moves them more
-#: than `TOLERANCE` (session 30, on an AVX-512 machine, with the code that last matched the
+#: than `TOLERANCE` (measured on an AVX-512 machine, with the code that last matched the
 #: recording: losses up to 4.4e-4 and validation figures up to 0.010 apart, measured under ATen's
 #: default, AVX2 and AVX-512 kernels alike; GF-CF's cases draw nothing and stay exact). They are
 #: held to (loss, figures) tolerances ten and three times that spread; the best round exactly.

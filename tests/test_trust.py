@@ -1,4 +1,4 @@
-"""Trustworthy runs (issue 17): each failure a new user met, re-run.
+"""Trustworthy runs: each failure a new user met, re-run.
 
 Bad options are one line and exit 2 before any work, with no file left; output files are
 checked up front, replaced only when asked, and written atomically under unique names.
