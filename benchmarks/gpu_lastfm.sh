@@ -6,8 +6,8 @@
 # 1. the leak-free board's cells at their defaults that results/ lacks
 #    (benchmarks/leaderboard-lastfm2k-gpu.toml; once the sampled ones are in: the full-ranking ones);
 # 2. a `fedrec reproduce` of GFed-PP's Table 2 on Lastfm-2K: REPRO (default: GFed-PP and
-#    GPFedRec under the official code's negatives on fedrec's split, seed 0; results/gpu/h200-lastfm-2k/
-#    holds a run of "--negatives legacy-split --seeds 0,1,2,3,4 --methods gpfedrec").
+#    GPFedRec under the official code's negatives on fedrec's split, seed 0; GPFedRec's ten runs
+#    in results/reproduce-h200/lastfm-2k/ came from this call, see results/gpu/h200-lastfm-2k/).
 # DATA is a folder holding HetRec's user_taggedartists.dat (the machine has no network and no
 # ../shared): an ignored folder of the repo that every call names in `carry` (a call that does
 # not finds it gone, and the registry falls back to downloading). Both stop at BUDGET seconds
