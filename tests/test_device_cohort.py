@@ -16,6 +16,7 @@ import torch
 from fedrec.federated import draws, engine
 from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.device_cohort import device_cohort, uniforms
+from fedrec.federated.rap import step_runs
 from fedrec.protocols import negatives
 from fedrec.protocols.negatives import ComplementSampler
 
@@ -71,6 +72,14 @@ def test_the_device_layout_is_the_numpy_layout(device: str, k: int, epochs: int,
     np.testing.assert_array_equal(got.clients, want.clients)
     np.testing.assert_array_equal(got.row_items, want.row_items)
     np.testing.assert_array_equal(got.row_ptr, want.row_ptr)
+    for whole in (True, False):  # FedRAP reads a step as runs of equal rows (`step_runs`)
+        for s, t in zip(got.steps, want.steps, strict=True):
+            for a, b in zip(step_runs(s, whole), step_runs(t, whole), strict=True):
+                assert (a.n_active, a.block) == (b.n_active, b.block)
+                for name in ("rows", "owner", "mult", "labels", "weight"):
+                    x, y = getattr(a, name), getattr(b, name)
+                    assert x.dtype == y.dtype and x.device.type == device, name
+                    torch.testing.assert_close(x.cpu(), y, rtol=0, atol=0)
     assert got.steps_per_epoch == want.steps_per_epoch and len(got.steps) == len(want.steps) > 0
     for s, t in zip(got.steps, want.steps, strict=True):
         assert (s.n_active, s.batch_size) == (t.n_active, t.batch_size)
@@ -84,13 +93,11 @@ def test_the_device_layout_is_the_numpy_layout(device: str, k: int, epochs: int,
 
 @pytest.mark.parametrize(("name", "takes"), [("pfedrec", True), ("fedmf", True), ("fedrecon", True),
                                              ("gpfedrec", True), ("metamf", True), ("fedprox", True),
-                                             ("fedrap", False)])
+                                             ("fedrap", True), ("fedrap-d", True)])
 def test_runs_that_lay_out_on_the_device_end_with_the_same_figures(name: str, takes: bool,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The device layout forced on the CPU: every round's figures and the final scores are the
-    numpy layout's, bit for bit (chunks of a small memory budget, so a round has several).
-    FedRAP reads its steps as flat runs on the host (`fedrec.federated.rap.step_runs`) and keeps
-    the host layout."""
+    numpy layout's, bit for bit (chunks of a small memory budget, so a round has several)."""
     from test_contract import config
 
     from fedrec.experiment import train

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,6 +101,8 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     rows = step.flat_rows
     if not len(rows):
         return []
+    if isinstance(rows, torch.Tensor):  # a step laid out on the device (`fedrec.federated.device_cohort`)
+        return _device_runs(step, whole_clients)
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     run_rows = rows[starts]
     mult = np.diff(np.r_[starts, len(rows)]).astype(np.float32)
@@ -122,6 +124,37 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
         lo, hi = int(run_rows[a]), int(run_rows[b - 1]) + 1
         as_t = [torch.as_tensor(x[a:b]) for x in (run_rows, owner, mult, labels, weight)]
         parts.append(Runs(*as_t, step.n_active, (lo, hi) if hi - lo == b - a else None))
+    return parts
+
+
+def _device_runs(step: Step, whole_clients: bool) -> list[Runs]:
+    """`step_runs` of a step whose slots are tensors on the device: the same runs, made there
+    (labels are 0/1, so their sums are exact in any order; weights are 1/n in float64, then
+    float32, as numpy makes them)."""
+    rows, owner_all = step.flat_rows, step.flat_owner
+    dev = rows.device
+    new = torch.ones(len(rows), dtype=torch.bool, device=dev)
+    new[1:] = rows[1:] != rows[:-1]
+    starts = torch.nonzero(new).flatten()
+    run_rows = rows[starts]
+    mult = torch.diff(starts, append=torch.tensor([len(rows)], device=dev)).float()
+    owner = owner_all[starts]
+    labels = torch.zeros(len(starts), device=dev).index_add_(0, torch.cumsum(new, 0) - 1, step.flat_labels)
+    weight = (1.0 / torch.bincount(owner_all, minlength=step.n_active)[owner].double()).float()
+    cut = 0
+    if whole_clients:
+        gaps = torch.nonzero(run_rows[1:] != run_rows[:-1] + 1).flatten()
+        cut = int(gaps[-1]) + 1 if len(gaps) else 0
+        if cut and int(owner[cut]) == int(owner[cut - 1]):
+            later = torch.nonzero(owner[cut:] != owner[cut]).flatten()
+            cut = cut + int(later[0]) if len(later) else len(run_rows)
+    parts = []
+    for a, b in ((0, cut), (cut, len(run_rows))):
+        if a == b:
+            continue
+        lo, hi = int(run_rows[a]), int(run_rows[b - 1]) + 1
+        parts.append(Runs(run_rows[a:b], owner[a:b], mult[a:b], labels[a:b], weight[a:b], step.n_active,
+                          (lo, hi) if hi - lo == b - a else None))
     return parts
 
 
@@ -238,8 +271,6 @@ class RAPState(FamilyState):
     """Global C (``items``), private heads, and every client's D_i (``personal_views``, keyed
     by ``client * n_items + item``; a pair never trained is zero)."""
 
-    #: FedRAP reads its steps as runs of flat slots, built on the host (`step_runs`)
-    device_steps: ClassVar[bool] = False
     rap: RAPSpec = RAPSpec()
     personal_views: KeyedRows | None = None
     lam_now: float = 0.0
