@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.cohort import CohortBatches
+from fedrec.rounds.cohort import CohortBatches
 
 
 def train_alone(params: dict[str, torch.Tensor], table: torch.Tensor, cohort: CohortBatches, k: int,

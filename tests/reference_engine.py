@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from fedrec.core.plan import sample_clients
-from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, client_draws
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.state import FamilyState
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
 
 
 class DotScorer(nn.Module):

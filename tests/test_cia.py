@@ -16,16 +16,16 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated import draws
 from fedrec.federated.cia import CIAState
 from fedrec.federated.cia_spec import CIASpec
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.similarity import finetune
 from fedrec.federated.stack import ClientStack, propagate
-from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds import draws
+from fedrec.rounds.upload import UploadPath
 
 DIM, BATCH, LR = 4, 5, 0.05
 
@@ -192,7 +192,7 @@ def test_scoring_vectors_are_computed_once_until_a_parameter_changes(
 def test_adam_step_is_torchs_formula_to_the_bit() -> None:
     """`adam_` with one count per leading row computes lr * (m / bc1) / (sqrt(v / bc2) + eps) in
     reused buffers: the same bits as the expression written out."""
-    from fedrec.federated.optim import BETA1, BETA2, EPS, adam_
+    from fedrec.rounds.optim import BETA1, BETA2, EPS, adam_
 
     g = torch.Generator().manual_seed(0)
     p, grad = torch.randn(5, 7, 3, generator=g), torch.randn(5, 7, 3, generator=g)
@@ -211,7 +211,7 @@ def test_adam_step_is_torchs_formula_to_the_bit() -> None:
 def test_adam_step_of_a_prefix_is_torch_optim_adams() -> None:
     """`adam_` with one step count (torch's fused kernel) moves a prefix slice as
     ``torch.optim.Adam`` moves that slice alone, weight decay included, and nothing else."""
-    from fedrec.federated.optim import adam_
+    from fedrec.rounds.optim import adam_
 
     g = torch.Generator().manual_seed(0)
     p = torch.randn(5, 7, 3, generator=g)

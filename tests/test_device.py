@@ -88,7 +88,7 @@ def test_cuda_without_cuda_is_one_clear_error() -> None:
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
 @pytest.mark.parametrize("high", [2**20, 2**40])  # int32 and int64 keys
 def test_cohort_sorts_give_numpys_stable_order_on_each_device(device: str, high: int) -> None:
-    from fedrec.federated.cohort import DEVICE_SORT_MIN, argsort_ints
+    from fedrec.rounds.cohort import DEVICE_SORT_MIN, argsort_ints
 
     keys = np.random.default_rng(3).integers(0, high, 3 * DEVICE_SORT_MIN)
     keys[::7] = keys[0]  # ties: a stable sort keeps their order

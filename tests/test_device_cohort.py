@@ -1,4 +1,4 @@
-"""The layout built with torch on the run's device (`fedrec.federated.device_cohort`) is the numpy
+"""The layout built with torch on the run's device (`fedrec.rounds.device_cohort`) is the numpy
 layout of `client_draws` and `build_cohort`, element for element: the same keyed draws, the same
 rows, the same steps and blocks. On the CPU here (so CI checks it), on CUDA where there is one;
 and whole runs that take it end with the numpy layout's figures."""
@@ -13,12 +13,13 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from fedrec.federated import draws, engine
-from fedrec.federated.cohort import build_cohort, order_by_activity
-from fedrec.federated.device_cohort import device_cohort, uniforms
+from fedrec.federated import engine
 from fedrec.federated.rap import step_runs
 from fedrec.protocols import negatives
 from fedrec.protocols.negatives import ComplementSampler
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import build_cohort, order_by_activity
+from fedrec.rounds.device_cohort import device_cohort, uniforms
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])]

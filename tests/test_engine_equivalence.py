@@ -26,13 +26,13 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.eval.evaluate import evaluate
 from fedrec.federated import engine
-from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.state import FamilyState
-from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import build_cohort, order_by_activity
+from fedrec.rounds.upload import UploadPath
 from fedrec.train.centralised import TrainOutcome
 
 SEED = 1

@@ -15,12 +15,12 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.state import FamilyState
-from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.upload import UploadPath
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.3, 40.0, 8, 2

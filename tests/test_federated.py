@@ -147,7 +147,7 @@ def test_cli_federated_run_and_resume(tmp_path, capsys):
 def test_ldp_noise_is_finite_laplace():
     import torch
 
-    from fedrec.federated.upload import UploadPath
+    from fedrec.rounds.upload import UploadPath
 
     noise = UploadPath(ldp=0.5).noise_sum(1, (1000, 1000), torch.Generator().manual_seed(0))
     assert bool(torch.isfinite(noise).all())

@@ -23,11 +23,9 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.federated import graph as graph_module
-from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.graph import GraphState
 from fedrec.federated.graph_spec import GraphSpec
-from fedrec.federated.upload import UploadPath
 from fedrec.federated.user_graph import (
     FactoredGraph,
     Gram,
@@ -38,6 +36,8 @@ from fedrec.federated.user_graph import (
 )
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.upload import UploadPath
 
 TOL = {"rtol": 1e-4, "atol": 2e-5}
 LR, LR_ITEM, BATCH, EPOCHS, DIM, LAYERS = 0.1, 12.0, 8, 2, 6, (8, 4)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrec.federated.keyed_rows import KeyedRows
+from fedrec.rounds.keyed_rows import KeyedRows
 
 WIDTH = 3
 batches = st.lists(st.lists(st.integers(0, 10**12), min_size=0, max_size=40, unique=True), max_size=8)

@@ -1,5 +1,5 @@
-"""The package's layers import one way (data -> protocols -> eval -> core -> models -> engine ->
-training -> methods -> security -> deployment -> studies -> CLI) and no modules import each
+"""The package's layers import one way (data -> protocols -> eval -> core -> models -> a round's
+parts -> engine -> training -> methods -> security -> deployment -> studies -> CLI) and no modules import each
 other in a circle: the import-linter contract in pyproject.toml, and its import graph, where a
 module-level and a function-level import count alike (one read only by a type checker does not).
 The contract's ``ignore_imports`` are known exceptions, the same for both checks."""

@@ -21,14 +21,14 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, run
-from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import chunk_bounds, train_cohort
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.federated.state import FamilyState
-from fedrec.federated.uncopied import MAX_STEPS
-from fedrec.federated.upload import UploadPath
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.uncopied import MAX_STEPS
+from fedrec.rounds.upload import UploadPath
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.05, 2.0, 8, 2

@@ -22,12 +22,12 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated.cohort import CohortBatches, build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, privacy_spent, run_federated
 from fedrec.federated.rap import RAPSpec, RAPState, curriculum, step_runs
-from fedrec.federated.upload import UploadPath, clip_clients, decode_sparse, encode_sparse
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.upload import UploadPath, clip_clients, decode_sparse, encode_sparse
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 LR, LR_ITEM, BATCH, EPOCHS = 0.1, 3.0, 8, 2

@@ -16,12 +16,12 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.cohort import build_cohort, order_by_activity
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.item_model import batch_loss, linear_grads
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split, user_means
+from fedrec.rounds.cohort import build_cohort, order_by_activity
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from fedrec.experiment import RunConfig, federated_config
-from fedrec.federated.upload import UploadPath
+from fedrec.rounds.upload import UploadPath
 
 
 def _draws(path: UploadPath, parts: list[int], samples: int, seed: int) -> np.ndarray:

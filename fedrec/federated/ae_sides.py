@@ -1,4 +1,4 @@
-"""PersonalFR's and the rating autoencoder's round by side (see `fedrec.federated.sides`).
+"""PersonalFR's and the rating autoencoder's round by side (see `fedrec.rounds.sides`).
 
 A client is a group of users (`AESpec.partition`, drawn from the run's seed); node i holds the
 i-th block of client ids and builds an `AEState` for them alone (`client_ids=`: shuffles and
@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from fedrec.federated.autoencoder import AEState, apply_round
-from fedrec.federated.sides import (
+from fedrec.models.autoencoder import ROW_TABLES, init_params
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.sides import (
     COUNTS,
     ClientSide,
     NodeData,
@@ -35,8 +37,6 @@ from fedrec.federated.sides import (
     stage_metrics,
     wire_ids,
 )
-from fedrec.models.autoencoder import ROW_TABLES, init_params
-from fedrec.protocols.protocol import Split
 
 #: what a reply counts beyond `COUNTS`: the multiply-adds the round took, and the users it trained
 FIGURES = ("macs", "macs_fedrec", "users_trained")

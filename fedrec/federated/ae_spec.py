@@ -85,7 +85,7 @@ class AESpec:
 
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
-        (`fedrec.federated.sides`)."""
+        (`fedrec.rounds.sides`)."""
         from fedrec.federated.ae_sides import AEClient, AEServer
 
         return AEClient, AEServer

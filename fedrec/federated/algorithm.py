@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
-from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.item_model import ITEMS
 from fedrec.federated.state import use_aggregation
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import order_by_activity
 
 
 class CohortAlgorithm(FederatedAlgorithm):

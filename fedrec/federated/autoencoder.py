@@ -15,14 +15,14 @@ the previous global value, so the average of the round is
 ``G_j + (1/|S|) Σ_{clients with j} (row_j - G_j)``. The client tells the server its item ids
 once, in round 1 (counted). Without compression the whole model travels (counted so); the rows
 a client did not touch then differ from the global ones only by weight decay, which the server
-applies in closed form (`fedrec.federated.optim.decay_factor`) instead of simulating n rows.
+applies in closed form (`fedrec.rounds.optim.decay_factor`) instead of simulating n rows.
 
 **All clients of a round at once.** A client's local data are its users' rating vectors,
 trained for ``local_epochs`` in batches of ``batch_size`` users. Clients are ordered by their
 number of local steps, so those still training at step t are a prefix; the step runs every
 active client's own layers with batched matmuls over a client axis and the row tables as one
 flat table (client k's rows at ``row offset k``), and each active client takes its own
-optimiser step (`fedrec.federated.optim`). Optimiser state starts afresh every round, as a
+optimiser step (`fedrec.rounds.optim`). Optimiser state starts afresh every round, as a
 client that receives a new model does; the Joint model (one client) keeps it across epochs.
 """
 
@@ -34,9 +34,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated import draws
-from fedrec.federated.optim import adam_, clip_scale, decay_factor, sgd_
-from fedrec.federated.ragged import ranges
 from fedrec.models.autoencoder import (
     ROW_TABLES,
     codes,
@@ -47,6 +44,9 @@ from fedrec.models.autoencoder import (
 )
 from fedrec.partition import Partition
 from fedrec.protocols.protocol import Split, user_means
+from fedrec.rounds import draws
+from fedrec.rounds.optim import adam_, clip_scale, decay_factor, sgd_
+from fedrec.rounds.ragged import ranges
 
 if TYPE_CHECKING:  # the spec builds this state (`AESpec.algorithm`)
     from fedrec.federated.ae_spec import AESpec

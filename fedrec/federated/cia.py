@@ -25,7 +25,7 @@ Laplace LDP (``--ldp δ``) noises what travels: every entry of the dense matrix,
 the factors. The server keeps one running sum, never a matrix per client.
 
 **Draws** of a client (its initial user vectors, negatives, shuffles) are keyed by its id
-(`fedrec.federated.draws`), and the shared start of the item table by the backbone's index, so a
+(`fedrec.rounds.draws`), and the shared start of the item table by the backbone's index, so a
 Flower node holding a few clients (`fedrec.federated.cia_sides`) trains them exactly as the simulator
 does. Uploads are summed in float64, so any grouping of the clients gives the same mean.
 
@@ -45,13 +45,13 @@ import torch
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
-from fedrec.federated import draws
 from fedrec.federated.similarity import eigen, factors, finetune, reconstruct_sum
 from fedrec.federated.stack import ClientStack
-from fedrec.federated.upload import UploadPath
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
+from fedrec.rounds import draws
+from fedrec.rounds.upload import UploadPath
 
 if TYPE_CHECKING:  # the spec builds this state (`CIASpec.algorithm`)
     from fedrec.federated.cia_spec import CIASpec

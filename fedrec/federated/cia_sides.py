@@ -1,4 +1,4 @@
-"""FedCIA's and its parameter-averaging baselines' round by side (see `fedrec.federated.sides`).
+"""FedCIA's and its parameter-averaging baselines' round by side (see `fedrec.rounds.sides`).
 
 A client is a group of users (`CIASpec.partition`, drawn from the run's seed); node i holds the
 i-th block of client ids and builds a `CIAState` for them alone (``client_ids=``: initial
@@ -30,7 +30,8 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.federated.cia import CIAState, combine
-from fedrec.federated.sides import (
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.sides import (
     COUNTS,
     ClientSide,
     NodeData,
@@ -41,8 +42,7 @@ from fedrec.federated.sides import (
     missing,
     stage_metrics,
 )
-from fedrec.federated.upload import UploadPath
-from fedrec.protocols.protocol import Split
+from fedrec.rounds.upload import UploadPath
 
 
 def _numpy(v: Any) -> Any:

@@ -63,7 +63,7 @@ class CIASpec:
 
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
-        (`fedrec.federated.sides`)."""
+        (`fedrec.rounds.sides`)."""
         from fedrec.federated.cia_sides import CIAClient, CIAServer
 
         return CIAClient, CIAServer

@@ -26,19 +26,19 @@ from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size
 from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
-from fedrec.federated import draws
-from fedrec.federated.cohort import build_cohort
-from fedrec.federated.device_cohort import device_cohort, use_device_layout
 from fedrec.federated.item_model import client_params
-from fedrec.federated.padding import pseudo_rows
 from fedrec.federated.state import Accumulator, CohortState
 from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
-from fedrec.federated.uncopied import MAX_STEPS
-from fedrec.federated.upload import ENCODINGS, UploadPath
 from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import build_cohort
+from fedrec.rounds.device_cohort import device_cohort, use_device_layout
+from fedrec.rounds.padding import pseudo_rows
+from fedrec.rounds.uncopied import MAX_STEPS
+from fedrec.rounds.upload import ENCODINGS, UploadPath
 
 if TYPE_CHECKING:
     from fedrec.federated.family import FamilySpec
@@ -290,7 +290,7 @@ def client_draws(spec: FamilySpec, cfg: FederatedConfig, train: sp.csr_matrix, s
     ``rows``): training negatives ``(n_positives, k)`` in CSR order, shuffle keys
     ``(epochs, n_samples)`` and FedRecon's fresh user vectors (``spec``: the state's model, whose
     ``reconstruct`` asks for them). Each client's draws are keyed by
-    (seed, round, client id) (`fedrec.federated.draws`), so a Flower node that holds a few
+    (seed, round, client id) (`fedrec.rounds.draws`), so a Flower node that holds a few
     clients makes exactly the draws the simulator makes for them.
     """
     counts = np.diff(train.indptr)[rows]

@@ -52,7 +52,7 @@ from fedrec.federated.server_opt import ServerOpt, ServerOptimizer
 from fedrec.protocols.protocol import user_means
 
 if TYPE_CHECKING:
-    from fedrec.federated.uncopied import SharedTape
+    from fedrec.rounds.uncopied import SharedTape
 
 #: the losses a member fits: ranking (1/0 labels) or explicit ratings (`loss_for`)
 LOSSES = ("bce", "mse")
@@ -154,7 +154,7 @@ class FamilySpec:
 
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
-        (`fedrec.federated.sides`)."""
+        (`fedrec.rounds.sides`)."""
         from fedrec.federated.family_sides import FamilyClient, FamilyServer
 
         return FamilyClient, FamilyServer
@@ -171,7 +171,7 @@ class FamilySpec:
 
     def logits_taped(self, p: dict[str, torch.Tensor], v: torch.Tensor, tape: SharedTape | None) -> torch.Tensor:
         """Logits ``(C, B)`` of item rows ``v`` with the shared weights in ``p`` unbatched, each
-        product of one passed through ``tape`` (`fedrec.federated.uncopied.SharedTape.product`);
+        product of one passed through ``tape`` (`fedrec.rounds.uncopied.SharedTape.product`);
         a spec that ``shares_unbatched`` provides it."""
         raise NotImplementedError(f"{type(self).__name__} does not share unbatched weights")
 
@@ -201,7 +201,7 @@ class FamilySpec:
     @property
     def bytes_per_uncopied_step(self) -> int:
         """What each local step adds to a client's working set in `FamilyState.train_uncopied`:
-        its products' inputs and output gradients (`fedrec.federated.uncopied.SharedHistory`)."""
+        its products' inputs and output gradients (`fedrec.rounds.uncopied.SharedHistory`)."""
         return 0
 
     @property

@@ -1,5 +1,5 @@
 """The item-embedding family's round by side (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, FedRAP, and
-every server optimiser and client objective): see `fedrec.federated.sides`.
+every server optimiser and client objective): see `fedrec.rounds.sides`.
 
 * **Client**: the node's state holds its clients' private parameters and a copy of the global
   rows; a train message carries the round's sampled clients, the global rows they need and the
@@ -29,10 +29,12 @@ import torch
 
 from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import round_plan
-from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import client_negatives, train_cohort
 from fedrec.federated.item_model import ITEMS
-from fedrec.federated.sides import (
+from fedrec.federated.state import use_aggregation
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import order_by_activity
+from fedrec.rounds.sides import (
     ClientSide,
     NodeData,
     Payload,
@@ -43,8 +45,6 @@ from fedrec.federated.sides import (
     stage_metrics,
     wire_ids,
 )
-from fedrec.federated.state import use_aggregation
-from fedrec.protocols.protocol import Split
 
 
 class FamilyClient(ClientSide):

@@ -57,12 +57,9 @@ import torch
 
 from fedrec.core.device import here
 from fedrec.errors import FedrecError, UnstableSetting
-from fedrec.federated import draws
-from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.item_model import client_params, score
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
-from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 from fedrec.federated.user_graph import (
     Gram,
     Graph,
@@ -71,6 +68,9 @@ from fedrec.federated.user_graph import (
     public_graph,
     public_users,
 )
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import CohortBatches
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 if TYPE_CHECKING:  # the spec builds this state (`GraphSpec.create_state`)
     from fedrec.federated.graph_spec import GraphSpec

@@ -1,5 +1,5 @@
 """GPFedRec's and GFed-PP's round by side: the server needs each client's table, and sends each its
-own (see `fedrec.federated.sides`).
+own (see `fedrec.rounds.sides`).
 
 * **Hello**: a GFed-PP node also sends its public users' interactions (item ids), as the paper's
   public users share theirs; the server builds the user graph from them (`public_graph`).
@@ -28,10 +28,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.federated.cohort import order_by_activity
 from fedrec.federated.engine import train_cohort
 from fedrec.federated.family_sides import FamilyClient, FamilyServer, _fold_counts
-from fedrec.federated.sides import Payload, RoundTotals, missing, wire_ids
+from fedrec.rounds.cohort import order_by_activity
+from fedrec.rounds.sides import Payload, RoundTotals, missing, wire_ids
 
 
 class GraphClient(FamilyClient):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.core.device import here
-from fedrec.federated import draws
+from fedrec.rounds import draws
 
 if TYPE_CHECKING:
     from fedrec.federated.family import FamilySpec
@@ -42,7 +42,7 @@ def init_params(spec: FamilySpec, names: list[str], n: int,
 
 def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
                   key: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """`init_params` for ``clients`` from per-client keyed draws (`fedrec.federated.draws`):
+    """`init_params` for ``clients`` from per-client keyed draws (`fedrec.rounds.draws`):
     client c gets the same values whichever clients are drawn with it (simulator, Flower node)."""
     out: dict[str, torch.Tensor] = {}
     for name in names:

@@ -48,7 +48,7 @@ V is N(0, item_std²) like every item table here.
 its local steps, and each step's gradient is as large: about 3 copies per client, which dwarf the
 per-sample activations. A chunk whose uploads the server only sums makes no copies
 (`FamilyState.train_uncopied`: the products read the one shared weight, `_per_client`, corrected
-by each client's earlier steps, `fedrec.federated.uncopied`), and is charged
+by each client's earlier steps, `fedrec.rounds.uncopied`), and is charged
 ``bytes_per_uncopied_client`` a client and ``bytes_per_uncopied_step`` a step of its history; on
 Ciao, where most clients have one batch, a round's training takes 1.1-1.8 s on one thread
 without copies against 15-22 s with them (clients of up to 32 steps go without). The engine
@@ -68,10 +68,10 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.core.device import here
-from fedrec.federated import draws
 from fedrec.federated.family import FamilySpec
 from fedrec.federated.item_model import client_params
-from fedrec.federated.uncopied import SharedTape
+from fedrec.rounds import draws
+from fedrec.rounds.uncopied import SharedTape
 
 # generated blocks: each has its own hidden layer h_k = relu(c_u H_k + a_k)
 BLOCKS = ("layer1", "layer2", "items")
@@ -157,7 +157,7 @@ class MetaMFSpec(FamilySpec):
                      item_std: float, seed: int, train: Any = None,
                      client_ids: Any = None):  # type: ignore[no-untyped-def]
         """A `FamilyState` initialised as the official code (module docstring); user vectors
-        are drawn by client id (`fedrec.federated.draws`), ``client_ids`` as in `FamilySpec`."""
+        are drawn by client id (`fedrec.rounds.draws`), ``client_ids`` as in `FamilySpec`."""
         from fedrec.federated.personal import PersonalRows
         from fedrec.federated.state import FamilyState
 

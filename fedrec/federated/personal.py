@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from fedrec.federated.ragged import ranges
+from fedrec.rounds.ragged import ranges
 
 
 @dataclass

@@ -36,7 +36,7 @@ touches exactly the rows of its batch, and the plain update needs no dense pass 
   only its leaky negatives hide, by training every evaluation negative.)
 
 The D_i are kept only for the (client, item) pairs a client has trained
-(`fedrec.federated.keyed_rows`): memory follows the data. On dense data sets clients end up
+(`fedrec.rounds.keyed_rows`): memory follows the data. On dense data sets clients end up
 touching most items through their fresh negatives (ML-100K, 10 local epochs: 25% of the pairs
 after one round, 69% after 10, 87% after 50), so there the store approaches a dense table's
 size; on sparse ones (Ciao, a million-user federation) a dense table could not be held at all.
@@ -52,13 +52,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.cohort import CohortBatches, Step
 from fedrec.federated.family import FamilySpec
-from fedrec.federated.keyed_rows import KeyedRows
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gather_rows
-from fedrec.federated.upload import FLOAT_BYTES, UploadPath
 from fedrec.options import check
+from fedrec.rounds.cohort import CohortBatches, Step
+from fedrec.rounds.keyed_rows import KeyedRows
+from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
 REGULARISERS = ("l1", "l2", "none")
@@ -101,7 +101,7 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     rows = step.flat_rows
     if not len(rows):
         return []
-    if isinstance(rows, torch.Tensor):  # a step laid out on the device (`fedrec.federated.device_cohort`)
+    if isinstance(rows, torch.Tensor):  # a step laid out on the device (`fedrec.rounds.device_cohort`)
         return _device_runs(step, whole_clients)
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     run_rows = rows[starts]

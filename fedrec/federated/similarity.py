@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrec.federated.upload import UploadPath
+from fedrec.rounds.upload import UploadPath
 
 
 def eigen(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:

@@ -10,7 +10,7 @@ gradient.
 
 Clients are ordered by their number of training pairs (most first), so at step t the clients
 that still have a batch are a prefix; only that prefix takes an Adam step
-(`fedrec.federated.optim`: `torch.optim.Adam` cannot step a slice of a parameter, and stepping
+(`fedrec.rounds.optim`: `torch.optim.Adam` cannot step a slice of a parameter, and stepping
 a finished client with a zero gradient would still move it by momentum, which a client
 training alone never does). With that, a stack equals K separate `torch.optim.Adam` trainings (tested).
 
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.core.device import here
-from fedrec.federated import draws
-from fedrec.federated.optim import adam_
 from fedrec.protocols.negatives import ComplementSampler
+from fedrec.rounds import draws
+from fedrec.rounds.optim import adam_
 
 BACKBONES = ("mf", "mlp", "lightgcn")
 
@@ -62,7 +62,7 @@ class ClientStack:
         K = len(order)
         # users' vectors: keyed by client id; the item table and MLP weights: one draw shared by
         # every client of the backbone (the common start of a federated model), the same on
-        # every Flower node (`fedrec.federated.draws`)
+        # every Flower node (`fedrec.rounds.draws`)
         user = draws.ragged_normals((*key, 1), self.clients, sizes * dim)
         gen = torch.Generator().manual_seed(draws.seed_of((*key, 2)))
         self.params: dict[str, torch.Tensor] = {

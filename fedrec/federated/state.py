@@ -5,7 +5,7 @@
 global state; `scores` serves evaluation. Shared weights are copied per client for its local
 steps, except where the score function's products allow each client's steps to be carried as
 outer products and only the uploads' sum is wanted (`FamilyState.train_uncopied`,
-`fedrec.federated.uncopied`). Private parameters live in one ``(n_clients, ...)``
+`fedrec.rounds.uncopied`). Private parameters live in one ``(n_clients, ...)``
 store per name, gathered for a cohort and scattered back after training.
 """
 
@@ -20,8 +20,6 @@ import torch
 from fedrec.core.contract import ClientUpload
 from fedrec.core.device import here
 from fedrec.errors import FedrecError
-from fedrec.federated import draws
-from fedrec.federated.cohort import CohortBatches
 from fedrec.federated.item_model import (
     ITEMS,
     batch_loss,
@@ -31,11 +29,13 @@ from fedrec.federated.item_model import (
     mean_loss,
     score,
 )
-from fedrec.federated.optim import clip_scale
 from fedrec.federated.personal import PersonalRows
 from fedrec.federated.server_opt import ServerOptimizer
-from fedrec.federated.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
-from fedrec.federated.upload import FLOAT_BYTES, UploadPath
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import CohortBatches
+from fedrec.rounds.optim import clip_scale
+from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
+from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 if TYPE_CHECKING:
     from fedrec.federated.family import FamilySpec
@@ -62,7 +62,7 @@ class CohortUpload:
     bytes_down: int
     loss_sum: float
     client_batches: int
-    #: pseudo rows (`fedrec.federated.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
+    #: pseudo rows (`fedrec.rounds.padding`): client k's at ``ptr[k]:ptr[k+1]`` of (items, rows)
     padding: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
     #: the clients' shared weights already summed (`FamilyState.train_uncopied`; every client
     #: accepted), in place of ``shared``'s one copy a client
@@ -145,7 +145,7 @@ class FamilyState:
     """Global item table, shared dense parameters, private stores and personalised rows."""
 
     #: it reads its steps' slots as tensors, so a GPU run builds its cohorts' layout on the device
-    #: (`fedrec.federated.device_cohort`)
+    #: (`fedrec.rounds.device_cohort`)
     device_steps: ClassVar[bool] = True
 
     spec: FamilySpec
@@ -260,7 +260,7 @@ class FamilyState:
 
     def train_uncopied(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
         """Train a cohort without copying the shared weights per client (the caller has checked
-        `uncopied_open`; `fedrec.federated.uncopied` says why it holds).
+        `uncopied_open`; `fedrec.rounds.uncopied` says why it holds).
 
         Each step's products read the one shared W, corrected by the client's earlier steps of
         the round (`SharedHistory`); the clients' private parameters and item rows step as in

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.sides import Payload
 from fedrec.flower.roles import Node, Server, wire
 from fedrec.protocols.protocol import Split
+from fedrec.rounds.sides import Payload
 
 
 def node_role(run: RunConfig, partition: int, partitions: int, split: Split) -> Node:

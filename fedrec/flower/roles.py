@@ -1,7 +1,7 @@
 """The generic node and server of a deployment: any method's round by side, without Flower.
 
 `fedrec.flower.app` wraps these two in a Flower ClientApp and ServerApp; tests also drive them
-directly. Each method says what its node and its server do (its `fedrec.federated.sides` pair,
+directly. Each method says what its node and its server do (its `fedrec.rounds.sides` pair,
 ``spec.sides()``); what is the same for every method is here: the run's options and the check
 that it can be deployed, which node holds which client, the round's sampled clients by node
 (the simulator's `round_plan`, so a deployment makes the simulator's draws), the nodes that did not
@@ -26,9 +26,9 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.sides import Payload
 from fedrec.protocols.protocol import Protocol, Split, get_protocol
 from fedrec.results import RoundRecord
+from fedrec.rounds.sides import Payload
 
 if TYPE_CHECKING:
     import torch

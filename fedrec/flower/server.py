@@ -18,9 +18,9 @@ import numpy as np
 
 from fedrec.core.contract import Trainable
 from fedrec.errors import FedrecError
-from fedrec.federated.sides import Payload
 from fedrec.flower.roles import combine_metrics, stage_of, wire
 from fedrec.results import RoundRecord
+from fedrec.rounds.sides import Payload
 
 
 class Transport(Protocol):

@@ -29,7 +29,7 @@ from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import cohort_size
 from fedrec.errors import FedrecError
 from fedrec.federated.item_model import ITEMS
-from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
 from fedrec.security.robust import FLAGGING, RobustRule

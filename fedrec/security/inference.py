@@ -197,7 +197,7 @@ def _scores(score: np.ndarray, guess: np.ndarray, truth: np.ndarray) -> dict[str
 def view_for(cfg, lr_item: float, n_clients: int, secagg: int = 0) -> ServerView:  # type: ignore[no-untyped-def]
     """What the server receives from a client under ``cfg``'s upload path (a
     `fedrec.federated.engine.FederatedConfig`): each client adds its own share of the DP noise,
-    N(0, (2 z S)² / n), as a Flower node does (`fedrec.federated.upload.UploadPath.local_noise`)."""
+    N(0, (2 z S)² / n), as a Flower node does (`fedrec.rounds.upload.UploadPath.local_noise`)."""
     from fedrec.core.plan import cohort_size
 
     path = cfg.upload_path(lr_item)

@@ -73,7 +73,7 @@ class CohortBatches:
     ``row_ptr[k]:row_ptr[k+1]`` and hold items ``row_items`` (sorted within a client).
     ``samples_*`` keep each client's sample sequence in order, for the reference engine (a
     client whose samples fit one batch keeps them unshuffled: its batch holds them all anyway);
-    a layout built on the device (`fedrec.federated.device_cohort`) keeps none.
+    a layout built on the device (`fedrec.rounds.device_cohort`) keeps none.
     """
 
     clients: np.ndarray

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrec.federated import draws
-from fedrec.federated.upload import FLOAT_BYTES, INDEX_BYTES
+from fedrec.rounds import draws
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 
 
 def pseudo_rows(clients: np.ndarray, row_items: np.ndarray, row_ptr: np.ndarray, delta: torch.Tensor,

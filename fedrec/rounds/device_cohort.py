@@ -2,9 +2,9 @@
 
 On a GPU, building a cohort's layout in numpy on the host and copying it over is most of a round:
 the kernels of PFedRec's round at ML-1M size are busy 59 ms of about a second (H200 profile,
-`docs/scale.md`). The layout is integer hashing (`fedrec.federated.draws`), gathers, cumulative
+`docs/scale.md`). The layout is integer hashing (`fedrec.rounds.draws`), gathers, cumulative
 sums and stable sorts, all of which torch runs on the device; this module makes the same draws and
-the same layout as `fedrec.federated.engine.client_draws` and `fedrec.federated.cohort.build_cohort`
+the same layout as `fedrec.federated.engine.client_draws` and `fedrec.rounds.cohort.build_cohort`
 with torch, element for element (a test compares them on the CPU, and the `gpu` tests on CUDA), so
 every figure stays the same. Only per-client arrays and the cohort's (client, item) rows come back
 to the host; the per-sample arrays (negatives, shuffle keys, the steps' slots) stay on the device.
@@ -22,9 +22,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.federated import draws
-from fedrec.federated.cohort import CohortBatches, Step
 from fedrec.protocols.negatives import ComplementSampler
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import CohortBatches, Step
 
 # SplitMix64's constants as the int64 holding the same bits: torch's int64 arithmetic wraps as
 # numpy's uint64 does, and the shifts are made logical with a mask
@@ -45,14 +45,14 @@ def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _mix(z: torch.Tensor) -> torch.Tensor:
-    """`fedrec.federated.draws._mix` on int64 tensors."""
+    """`fedrec.rounds.draws._mix` on int64 tensors."""
     z = (z ^ _srl(z, 30)) * _C1
     z = (z ^ _srl(z, 27)) * _C2
     return z ^ _srl(z, 31)
 
 
 def uniforms(key: tuple[int, ...], clients: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """`fedrec.federated.draws.uniforms` on the device of ``clients`` (int64 ids) and ``counts``."""
+    """`fedrec.rounds.draws.uniforms` on the device of ``clients`` (int64 ids) and ``counts``."""
     k = int(draws._key(key).astype(np.int64)[0])
     base = _mix(clients * _GOLDEN + k)
     total = int(counts.sum())
@@ -184,7 +184,7 @@ def device_cohort(train: sp.csr_matrix, sampler: ComplementSampler, rows: np.nda
 
 def _one_batch_step(client: torch.Tensor, row: torch.Tensor, label: torch.Tensor, batch_size: int
                     ) -> DeviceStep | None:
-    """`fedrec.federated.cohort._one_batch_step` on the device."""
+    """`fedrec.rounds.cohort._one_batch_step` on the device."""
     if not len(client):
         return None
     order = torch.sort(row, stable=True).indices
@@ -197,7 +197,7 @@ def _one_batch_step(client: torch.Tensor, row: torch.Tensor, label: torch.Tensor
 
 def _lockstep(client: torch.Tensor, row: torch.Tensor, label: torch.Tensor, per_client: np.ndarray,
               first: torch.Tensor, batch_size: int, tail: DeviceStep | None) -> list[Step]:
-    """`fedrec.federated.cohort._lockstep` on the device."""
+    """`fedrec.rounds.cohort._lockstep` on the device."""
     if not len(client):
         return [] if tail is None else [tail]
     dev = client.device

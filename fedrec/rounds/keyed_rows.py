@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrec.federated.ragged import ranges
+from fedrec.rounds.ragged import ranges
 
 
 class KeyedRows:
