@@ -30,7 +30,7 @@ from fedrec.data.preprocess import PreprocessConfig, preprocess
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, prepare_split
 from fedrec.federated.engine import run_federated
-from fedrec.federated.family import FamilySpec
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import get_protocol
 

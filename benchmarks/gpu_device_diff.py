@@ -53,7 +53,7 @@ def _kink_margins(cfg: Any) -> dict[tuple[int, int], float]:
     per-chunk draws wrapped (the tower does not know its clients; the draws do)."""
     import fedrec.federated.engine as engine
     from fedrec.experiment import train
-    from fedrec.federated.scores import Tower
+    from fedrec.federated.family.scores import Tower
 
     now: dict[str, Any] = {}
     closest: dict[tuple[int, int], float] = {}
@@ -85,7 +85,7 @@ def main() -> None:
 
     from fedrec.core.device import on
     from fedrec.experiment import train
-    from fedrec.federated.scores import Tower
+    from fedrec.federated.family.scores import Tower
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("algorithm")

@@ -1,6 +1,6 @@
 """Per-round quantiles of each client's gradient norm per step, for the members of the item
 family trained by autograd (MetaMF, FedNCF, GPFedRec, GFed-PP): what to look at before
-choosing ``--set clip`` (`fedrec.federated.state.FamilyState._clip`).
+choosing ``--set clip`` (`fedrec.federated.family.state.FamilyState._clip`).
 
     OMP_NUM_THREADS=1 python benchmarks/grad_norms.py metamf -d lastfm-2k \
         --data-dir ../shared/data/lastfm-2k-hetrec -p loo-full --rounds 80
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import fedrec
-from fedrec.federated.state import FamilyState
+from fedrec.federated.family.state import FamilyState
 
 
 def main() -> None:

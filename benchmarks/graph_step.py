@@ -1,5 +1,5 @@
 """Time GFed-PP's server step on a data set: the product Ã X of the public users' graph with one
-column block of every user's item table (`fedrec.federated.graph`), with Ã formed (dense, as
+column block of every user's item table (`fedrec.federated.graph.state`), with Ã formed (dense, as
 the server keeps it above 10 % non-zero), Ã as a sparse CSR tensor, and Ã factored through the
 public users' interactions R (`FactoredGraph`: D^-1/2 (R (Rᵀ D^-1/2 X) - diag), never formed)
 at several column widths. The factored form does fewer multiplications (2 nnz(R) against n² a
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.graph import BLOCK_BYTES
-from fedrec.federated.user_graph import FactoredGraph, graph_nnz, public_graph
+from fedrec.federated.graph.state import BLOCK_BYTES
+from fedrec.federated.graph.user_graph import FactoredGraph, graph_nnz, public_graph
 
 
 def median_ms(f: Callable[[], object], repeats: int = 5) -> float:

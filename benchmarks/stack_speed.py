@@ -26,7 +26,7 @@ import torch
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.federated.stack import ClientStack
+from fedrec.federated.cia.stack import ClientStack
 from fedrec.protocols import make_split
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-1m-fedcia"

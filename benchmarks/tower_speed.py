@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.scores import get_score
+from fedrec.federated.family.scores import get_score
 
 DIM, LAYERS = 32, (32, 16, 8)
 

@@ -2,7 +2,7 @@
 
 Each client is an ordinary ``nn.Module`` (its score function plus the item rows it downloaded)
 trained with ``torch.optim.SGD``. Nothing here calls the batched `score`/`batch_loss` of
-`fedrec.federated.item_model`, so agreement with `FamilyState` is evidence that the lockstep layout,
+`fedrec.federated.family.model`, so agreement with `FamilyState` is evidence that the lockstep layout,
 masking of short batches, the active-client prefix and the scatter-add aggregation are right.
 It also gives `benchmarks/` a one-client-at-a-time baseline to time the engine against.
 """
@@ -21,8 +21,8 @@ from torch import nn
 
 from fedrec.core.plan import sample_clients
 from fedrec.federated.engine import FederatedConfig, client_draws
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.state import FamilyState
+from fedrec.federated.family.spec import FamilySpec
+from fedrec.federated.family.state import FamilyState
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
 

@@ -9,7 +9,7 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 
 
 def _algorithm(name: str, aggregation: str, **engine: object):  # type: ignore[no-untyped-def]

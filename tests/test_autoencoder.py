@@ -23,8 +23,8 @@ from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.eval.evaluate import evaluate
 from fedrec.experiment import RunConfig, federated_config, run
-from fedrec.federated.ae_spec import AESpec
-from fedrec.federated.autoencoder import AEState
+from fedrec.federated.ae.spec import AESpec
+from fedrec.federated.ae.state import AEState
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import EvalSet, Split, get_protocol

@@ -16,11 +16,11 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated.cia import CIAState
-from fedrec.federated.cia_spec import CIASpec
+from fedrec.federated.cia.similarity import finetune
+from fedrec.federated.cia.spec import CIASpec
+from fedrec.federated.cia.stack import ClientStack, propagate
+from fedrec.federated.cia.state import CIAState
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.federated.similarity import finetune
-from fedrec.federated.stack import ClientStack, propagate
 from fedrec.models.gfcf import LocalFilter
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -273,7 +273,7 @@ def test_finetune_at_the_target_stays_finite_where_the_norm_identity_cancels() -
 
 
 def test_a_back_off_halves_the_clients_rate_and_the_fine_tunes(split: Split) -> None:
-    from fedrec.federated.cia import CIAAlgorithm
+    from fedrec.federated.cia.state import CIAAlgorithm
 
     state = _state(split)
     cfg = FederatedConfig(lr=0.03)
@@ -300,7 +300,7 @@ def test_server_mean_is_the_mean_of_client_similarities(split: Split, monkeypatc
     def capture(item, u, lam, *args):  # type: ignore[no-untyped-def]
         seen["mean"] = (u.double() * lam.double()) @ u.double().T
 
-    monkeypatch.setattr("fedrec.federated.cia.finetune", capture)
+    monkeypatch.setattr("fedrec.federated.cia.state.finetune", capture)
     up, down, _ = state.aggregate(UploadPath(), np.random.default_rng(0))
     per_client = [e @ e.T for s in state.stacks for e in s.params["item"].double()]
     assert len(per_client) == 5
@@ -315,7 +315,7 @@ def _server_mean(state: CIAState, path: UploadPath, monkeypatch: pytest.MonkeyPa
     def capture(item, u, lam, *args):  # type: ignore[no-untyped-def]
         seen["mean"] = (u.double() * lam.double()) @ u.double().T
 
-    monkeypatch.setattr("fedrec.federated.cia.finetune", capture)
+    monkeypatch.setattr("fedrec.federated.cia.state.finetune", capture)
     up, _, _ = state.aggregate(path, np.random.default_rng(0))
     monkeypatch.undo()
     return seen["mean"], up

@@ -110,7 +110,7 @@ def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, 
 
     import torch.nn.functional as F
 
-    from fedrec.federated.scores import get_score
+    from fedrec.federated.family.scores import get_score
 
     tower, spec = get_score("mlp"), SimpleNamespace(dim=8, layers=(16, 8))
     gen = torch.Generator().manual_seed(5)

@@ -27,8 +27,8 @@ from fedrec.data.synthetic import synthetic
 from fedrec.eval.evaluate import evaluate
 from fedrec.federated import engine
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.state import FamilyState
+from fedrec.federated.family.spec import FamilySpec
+from fedrec.federated.family.state import FamilyState
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import build_cohort, order_by_activity

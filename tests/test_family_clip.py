@@ -1,7 +1,7 @@
 """``--set clip`` on the item family's closed-form members (FedMF, FedMF-bias, PFedRec, ...):
 each client's gradient of a step, over its whole model, is clipped as ``clip_grad_norm_`` clips
 one client's model trained alone. MetaMF's autograd path has its own test (tests/test_metamf.py);
-this one covers the closed-form gradients (`fedrec.federated.item_model.linear_grads`) the option
+this one covers the closed-form gradients (`fedrec.federated.family.model.linear_grads`) the option
 reaches."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.state import FamilyState
+from fedrec.federated.family.spec import FamilySpec
+from fedrec.federated.family.state import FamilyState
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.server_opt import Adam
+from fedrec.federated.family.server_opt import Adam
 
 
 def test_server_step_is_adam_on_the_mean_update():

@@ -6,7 +6,7 @@ import torch
 
 from fedrec.algorithms import get_algorithm
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.server_opt import Momentum
+from fedrec.federated.family.server_opt import Momentum
 
 
 def _run(name: str, **options) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.item_model import batch_loss, linear_grads
+from fedrec.federated.family.model import batch_loss, linear_grads
+from fedrec.federated.family.spec import FamilySpec
 
 
 def test_closed_form_gradients_equal_autograd():

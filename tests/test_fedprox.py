@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.objective import Proximal
+from fedrec.federated.family.objective import Proximal
 
 
 def _run(name: str, rounds: int = 2, model: dict | None = None, **engine: object):  # type: ignore[no-untyped-def]

@@ -22,11 +22,11 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
-from fedrec.federated import graph as graph_module
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.federated.graph import GraphState
-from fedrec.federated.graph_spec import GraphSpec
-from fedrec.federated.user_graph import (
+from fedrec.federated.graph import state as graph_module
+from fedrec.federated.graph.spec import GraphSpec
+from fedrec.federated.graph.state import GraphState
+from fedrec.federated.graph.user_graph import (
     FactoredGraph,
     Gram,
     graph_nnz,

@@ -22,8 +22,8 @@ from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.experiment import RunConfig, federated_config, run
 from fedrec.federated.engine import chunk_bounds, train_cohort
+from fedrec.federated.family.state import FamilyState
 from fedrec.federated.metamf import MetaMFSpec
-from fedrec.federated.state import FamilyState
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity

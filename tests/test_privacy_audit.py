@@ -10,7 +10,7 @@ import pytest
 from fedrec.core.contract import Uploads
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.inference import audit_privacy
 

@@ -17,8 +17,8 @@ from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.federated.engine import FederatedConfig, run_federated
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.item_model import batch_loss, linear_grads
+from fedrec.federated.family.model import batch_loss, linear_grads
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds.cohort import build_cohort, order_by_activity

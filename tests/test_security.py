@@ -10,7 +10,7 @@ import torch
 from fedrec.core.contract import ClientUpload
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 from fedrec.security.exposure import exposure
 from fedrec.security.robust import RobustRule
 

@@ -12,7 +12,7 @@ import torch
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.federated.engine import FederatedConfig
-from fedrec.federated.server_opt import Adam, ServerOpt, Yogi
+from fedrec.federated.family.server_opt import Adam, ServerOpt, Yogi
 
 
 def test_yogi_moves_its_second_moment_additively_towards_the_squared_update():

@@ -116,7 +116,7 @@ class AlgorithmSpec:
               engine: Any = None) -> Any:
         """The algorithm's model description for ``split`` under ``values`` (typed or not), and
         under the federated ``engine``'s options where the description depends on them (the
-        family's rating baseline: `fedrec.federated.family.FamilySpec.configured`)."""
+        family's rating baseline: `fedrec.federated.family.spec.FamilySpec.configured`)."""
         opts = values if isinstance(values, Options) else self.parse(values)
         model = self.builder(split, opts)  # type: ignore[arg-type]
         self.check_engine(model, engine)
@@ -156,7 +156,7 @@ FEDREC_ENGINE: dict[str, Any] = {"patience": 30, "backoffs": 3}
 #: and under rating protocols: the user's training mean for an item no training rating names
 #: (its row is still at its initial value; `fedrec.protocols.protocol.ColdFallback`), and the
 #: item-embedding family's score fitted beneath a baseline of the user's training mean and a
-#: learned item bias (`fedrec.federated.family.FamilySpec.baseline`)
+#: learned item bias (`fedrec.federated.family.spec.FamilySpec.baseline`)
 FEDREC_RATINGS: dict[str, Any] = {"cold_items": "user-mean", "rating_baseline": "user-item"}
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}

@@ -1,4 +1,4 @@
-"""PersonalFR and its baselines on the rating autoencoder; see `fedrec.federated.autoencoder`.
+"""PersonalFR and its baselines on the rating autoencoder; see `fedrec.federated.ae.state`.
 
 Model options (``--set KEY=VALUE``): ``clients`` (100; 0 = one user per client), ``grouping``
 (random, as the paper; or contiguous), ``hidden`` (``256/128``: encoder [n, 256, 128], decoder
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.ae_spec import AESpec
+from fedrec.federated.ae.spec import AESpec
 from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 

@@ -1,4 +1,4 @@
-"""FedCIA and the models it federates; see `fedrec.federated.cia`.
+"""FedCIA and the models it federates; see `fedrec.federated.cia.state`.
 
 Model options (``--set KEY=VALUE``): ``backbone`` (mf, mlp, lightgcn, gfcf, or ``mixed`` for
 thirds of MF, MLP and LightGCN), ``dims`` (several sizes, e.g. ``128/256/512``: thirds of the
@@ -21,7 +21,7 @@ from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.errors import FedrecError
-from fedrec.federated.cia_spec import CIASpec
+from fedrec.federated.cia.spec import CIASpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 

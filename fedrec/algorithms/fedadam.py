@@ -5,7 +5,7 @@
 with d = mean - current, v starting at tau^2 and no bias correction, as in the paper. ``tau`` (1e-3) is the
 paper's adaptivity constant. Each coordinate then moves by at most about ``server_lr`` a round,
 so the server step no longer scales with the item rows' learning rate. The optimiser is
-`fedrec.federated.server_opt.Adam`, which ``--server-opt adam`` gives any member of the family;
+`fedrec.federated.family.server_opt.Adam`, which ``--server-opt adam`` gives any member of the family;
 FedYogi, the same with Yogi's second moment, is registered here too.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.server_opt import ServerOpt
+from fedrec.federated.family.server_opt import ServerOpt
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.options import check
 from fedrec.protocols.protocol import Split
 

@@ -4,7 +4,7 @@ The server keeps a momentum buffer of the round's pseudo-gradient (mean - curren
 table: ``m <- momentum * m + (mean - x)``, then ``x <- x + server_lr * m``. With
 ``momentum=0`` and ``server_lr=1`` it is FedMF exactly. The default effective step
 ``server_lr / (1 - momentum) = 1`` is Hsu et al.'s advice (the mean's own step size). The
-optimiser is `fedrec.federated.server_opt.Momentum`, which ``--server-opt avgm`` gives any
+optimiser is `fedrec.federated.family.server_opt.Momentum`, which ``--server-opt avgm`` gives any
 member of the family.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.server_opt import ServerOpt
+from fedrec.federated.family.server_opt import ServerOpt
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.options import check
 from fedrec.protocols.protocol import Split
 

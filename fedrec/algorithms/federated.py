@@ -1,6 +1,6 @@
 """FedMF, FedNCF, FedRecon and PFedRec: members of the item-embedding family.
 
-Each is a `FamilySpec` (see `fedrec.federated.family`); ``dual=True`` adds PFedRec's dual
+Each is a `FamilySpec` (see `fedrec.federated.family.spec`); ``dual=True`` adds PFedRec's dual
 personalisation (private score function, post-tuned item table kept by the client) to any of
 them, as in PFedRec's Table 2. FedMF also fits explicit ratings (squared error, no negatives)
 under rating protocols, as in its paper (Chai et al., 2020).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.family import FamilySpec, loss_for
+from fedrec.federated.family.spec import FamilySpec, loss_for
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 

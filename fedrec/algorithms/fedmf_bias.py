@@ -20,8 +20,8 @@ from fedrec.algorithms.federated import (
     FamilyOptions,
     samples,
 )
-from fedrec.federated.family import FamilySpec, loss_for
-from fedrec.federated.scores import Dot, register_score
+from fedrec.federated.family.scores import Dot, register_score
+from fedrec.federated.family.spec import FamilySpec, loss_for
 from fedrec.protocols.protocol import Split
 
 

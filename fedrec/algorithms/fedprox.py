@@ -3,7 +3,7 @@ whose clients add a proximal term (mu / 2) ||w - w_round||² to their local loss
 downloaded (item rows and shared weights), which holds their local steps near the round's model
 when clients' data differ.
 
-The term is `fedrec.federated.objective.Proximal`, taken as its exact proximal step (stable at
+The term is `fedrec.federated.family.objective.Proximal`, taken as its exact proximal step (stable at
 any item rate); ``--client-objective prox:mu=...`` gives it to any member of the item-embedding
 family and MetaMF (PFedRec, FedNCF, ...). This module is the walkthrough of
 docs/adding-an-algorithm.md: one file and one test.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.objective import Proximal
+from fedrec.federated.family.objective import Proximal
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.options import check
 from fedrec.protocols.protocol import Split
 

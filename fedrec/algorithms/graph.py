@@ -1,4 +1,4 @@
-"""GPFedRec, GFed-PP and GFed-PP's ablations (Table 3); see `fedrec.federated.graph`.
+"""GPFedRec, GFed-PP and GFed-PP's ablations (Table 3); see `fedrec.federated.graph.state`.
 
 Model options go through ``--set`` (``--set public_ratio=0.5 --set alpha=0.3``). Learning
 rates follow the official GPFedRec code, which GFed-PP's paper builds on: MLP 0.1, user vector
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.graph_spec import GraphSpec
+from fedrec.federated.graph.spec import GraphSpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split
 

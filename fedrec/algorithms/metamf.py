@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.family import loss_for
+from fedrec.federated.family.spec import loss_for
 from fedrec.federated.metamf import MetaMFSpec
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import Split

@@ -1,6 +1,6 @@
 """Options of a federated run, and the cohort-vectorised training of the item-embedding family.
 
-A round of that family (`fedrec.federated.algorithm.CohortAlgorithm`, driven by the one round
+A round of that family (`fedrec.federated.family.algorithm.CohortAlgorithm`, driven by the one round
 driver `fedrec.core.run_rounds`): sample clients (seeded), draw the cohort's training negatives
 and shuffle keys, train the cohort in memory-sized chunks (each chunk all at once, `train_cohort`),
 fold every chunk's uploads into running sums, aggregate. All randomness of round r comes from
@@ -26,8 +26,8 @@ from fedrec.core.driver import run_rounds
 from fedrec.core.plan import cohort_size
 from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
-from fedrec.federated.item_model import client_params
-from fedrec.federated.state import Accumulator, CohortState
+from fedrec.federated.family.model import client_params
+from fedrec.federated.family.state import Accumulator, CohortState
 from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
 from fedrec.options import check
 from fedrec.protocols.negatives import ComplementSampler
@@ -41,7 +41,7 @@ from fedrec.rounds.uncopied import MAX_STEPS
 from fedrec.rounds.upload import ENCODINGS, UploadPath
 
 if TYPE_CHECKING:
-    from fedrec.federated.family import FamilySpec
+    from fedrec.federated.family.spec import FamilySpec
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
@@ -136,21 +136,21 @@ class FederatedConfig:
     #: plus a learned item bias; fedrec's default for ratings, `FamilySpec.baseline`)
     rating_baseline: str = "none"
     #: the server optimiser on the round's mean item table and shared weights, as
-    #: ``NAME[:KEY=VALUE,...]`` (`fedrec.federated.server_opt.ServerOpt.parse`: avg, avgm, adam,
+    #: ``NAME[:KEY=VALUE,...]`` (`fedrec.federated.family.server_opt.ServerOpt.parse`: avg, avgm, adam,
     #: yogi); None: the algorithm's own (FedAvg, or FedAvgM's, FedAdam's, FedYogi's)
     server_opt: str | None = None
     #: a term added to each client's local loss, as ``NAME[:KEY=VALUE,...]``
-    #: (`fedrec.federated.objective.parse_objective`, e.g. FedProx's ``prox:mu=0.01``); None: the
+    #: (`fedrec.federated.family.objective.parse_objective`, e.g. FedProx's ``prox:mu=0.01``); None: the
     #: algorithm's own (none, or FedProx's)
     client_objective: str | None = None
 
     def validate(self) -> None:
         if self.server_opt is not None:
-            from fedrec.federated.server_opt import ServerOpt
+            from fedrec.federated.family.server_opt import ServerOpt
 
             ServerOpt.parse(self.server_opt)  # one line for a bad name, key or value
         if self.client_objective is not None:
-            from fedrec.federated.objective import parse_objective
+            from fedrec.federated.family.objective import parse_objective
 
             parse_objective(self.client_objective)
         floats = {"--lr": self.lr, "--lr-item": self.lr_item, "--item-lr-scale": self.item_lr_scale,

@@ -1,6 +1,6 @@
 """MetaMF (Lin et al., SIGIR 2020): a score function generated per user by a shared hypernetwork.
 
-MetaMF is a member of the item family (`fedrec.federated.family`) whose score function is
+MetaMF is a member of the item family (`fedrec.federated.family.spec`) whose score function is
 *generated*: `MetaMFSpec` extends `FamilySpec` with the hypernetwork's sizes and its score, and
 `FamilyState` trains it like any other member (autograd over per-client parameter copies, one
 joint SGD step per batch, shared weights averaged by the server, item rows sent as deltas).
@@ -68,8 +68,8 @@ import torch
 import torch.nn.functional as F
 
 from fedrec.core.device import here
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.item_model import client_params
+from fedrec.federated.family.model import client_params
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.rounds import draws
 from fedrec.rounds.uncopied import SharedTape
 
@@ -158,8 +158,8 @@ class MetaMFSpec(FamilySpec):
                      client_ids: Any = None):  # type: ignore[no-untyped-def]
         """A `FamilyState` initialised as the official code (module docstring); user vectors
         are drawn by client id (`fedrec.rounds.draws`), ``client_ids`` as in `FamilySpec`."""
-        from fedrec.federated.personal import PersonalRows
-        from fedrec.federated.state import FamilyState
+        from fedrec.federated.family.personal import PersonalRows
+        from fedrec.federated.family.state import FamilyState
 
         gen = torch.Generator().manual_seed(seed)
         items = here(torch.randn((n_items, self.item_width), generator=gen, device="cpu")) * item_std

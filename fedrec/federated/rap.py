@@ -52,9 +52,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.personal import PersonalRows
-from fedrec.federated.state import Accumulator, CohortUpload, FamilyState, gather_rows
+from fedrec.federated.family.personal import PersonalRows
+from fedrec.federated.family.spec import FamilySpec
+from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState, gather_rows
 from fedrec.options import check
 from fedrec.rounds.cohort import CohortBatches, Step
 from fedrec.rounds.keyed_rows import KeyedRows
@@ -223,8 +223,8 @@ class RAPSpec:
         return FamilySpec(score=self.score, private_score=True, dual=False, dim=self.dim)
 
     def sides(self) -> tuple[type, type]:
-        """The item family's sides (`fedrec.federated.family_sides`): FedRAP's state is one."""
-        from fedrec.federated.family_sides import FamilyClient, FamilyServer
+        """The item family's sides (`fedrec.federated.family.sides`): FedRAP's state is one."""
+        from fedrec.federated.family.sides import FamilyClient, FamilyServer
 
         return FamilyClient, FamilyServer
 
@@ -254,8 +254,8 @@ class RAPSpec:
         return self.lam * w, self.mu * w
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
-        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
-        from fedrec.federated.algorithm import CohortAlgorithm
+        """The federated algorithm the round driver trains (`fedrec.federated.family.algorithm`)."""
+        from fedrec.federated.family.algorithm import CohortAlgorithm
 
         return CohortAlgorithm(self, split, cfg, seed)
 

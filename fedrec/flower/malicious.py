@@ -20,7 +20,7 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
-from fedrec.federated.family_sides import per_client_payload
+from fedrec.federated.family.sides import per_client_payload
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import Payload, wire_ids

@@ -53,7 +53,7 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     spec = alg.build(split, run.model)
     alg.check_engine(spec, run.federated)
     if split is None and ranking == "rating" and getattr(spec, "loss", None) == "bce":
-        # the nodes' loss (`fedrec.federated.family.loss_for`), which a server without data
+        # the nodes' loss (`fedrec.federated.family.spec.loss_for`), which a server without data
         # cannot read off a split: with it, the server's rows are the nodes' (the rating baseline's)
         spec = replace(spec, loss="mse")
     configured = getattr(spec, "configured", None)

@@ -117,7 +117,7 @@ def build_cohort(
     keeps a round's result independent of how its cohort is cut into memory-sized chunks.
     ``ratings``: a positive's label is its value in ``train`` (the observed rating, for a loss
     on ratings) instead of 1, less the client's ``label_offsets`` entry when given (the rating
-    baseline's offset, `fedrec.federated.family.FamilySpec.baseline`).
+    baseline's offset, `fedrec.federated.family.spec.FamilySpec.baseline`).
     """
     n_items = train.shape[1]
     counts = np.diff(train.indptr)[clients].astype(np.int64)

@@ -1,7 +1,7 @@
 """Optimiser steps on a *prefix* of a client-stacked parameter.
 
-Simulators that train many clients at once (`fedrec.federated.stack`,
-`fedrec.federated.autoencoder`) order clients so that the ones that still have a batch at step
+Simulators that train many clients at once (`fedrec.federated.cia.stack`,
+`fedrec.federated.ae.state`) order clients so that the ones that still have a batch at step
 t are a prefix of the client axis. Only that prefix may step: a client that has finished (or a
 row that belongs to it) must not move, while `torch.optim` would still move it by momentum
 and weight decay. These functions update slices in place with torch's formulas (Adam's

@@ -1,6 +1,6 @@
 """A round by side: what a node holding some clients does, and what the server does.
 
-The simulator trains a whole cohort in one process (`fedrec.federated.algorithm`); a deployment
+The simulator trains a whole cohort in one process (`fedrec.federated.family.algorithm`); a deployment
 splits the same round between nodes, each holding a block of clients, and a server holding no
 client. Each method family says what its two sides do, beside its state, as a `ClientSide` and a
 `ServerSide`; a spec names its pair (``spec.sides()``). Both sides call the simulator's own steps

@@ -3,7 +3,7 @@
 `Security.build` reads the engine options (``--attack``, ``--malicious``, ``--targets``,
 ``--prior-knowledge``, ``--attack-items``, ``--boost``, ``--defence``, ``--trim``,
 ``--byzantine``, ``--norm-bound``). In a round of the item-embedding family
-(`fedrec.federated.algorithm.CohortAlgorithm`):
+(`fedrec.federated.family.algorithm.CohortAlgorithm`):
 
 1. the benign clients train as always; their uploads are kept per client;
 2. the sampled malicious clients (ids ``n_users ..``, the same share of them as of the benign
@@ -28,7 +28,7 @@ import torch
 from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import cohort_size
 from fedrec.errors import FedrecError
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions

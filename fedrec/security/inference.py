@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from scipy.stats import rankdata
 
 from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 
 INFERENCE_ATTACKS = ("rows", "direction", "rounds")
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import ClientUpload
-from fedrec.federated.item_model import ITEMS
+from fedrec.federated.family.model import ITEMS
 from fedrec.federated.threats import DEFENCES
 
 FLAGGING = ("krum", "multi-krum")

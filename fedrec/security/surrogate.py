@@ -4,7 +4,7 @@ A malicious client is a client: it downloads the global item table and, for meth
 average their score function (FedNCF's MLP and head, MetaMF's generator), those shared weights
 too. What it does not know are the benign users' private parameters (user vectors, PFedRec's
 private linear layer). So the attacker scores an item for an *approximated* user by the run's
-own score function (`fedrec.federated.scores`) with the approximated private parameters and
+own score function (`fedrec.federated.family.scores`) with the approximated private parameters and
 the global shared weights: a dot product for FedMF and FedRecon, PFedRec's linear layer, NeuMF
 for FedNCF. Everything here is differentiable, so the attacks take their gradients by autograd.
 """
@@ -18,9 +18,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from fedrec.federated.family import FamilySpec
-from fedrec.federated.item_model import score
-from fedrec.federated.scores import get_score
+from fedrec.federated.family.model import score
+from fedrec.federated.family.scores import get_score
+from fedrec.federated.family.spec import FamilySpec
 
 
 @dataclass

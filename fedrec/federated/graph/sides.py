@@ -29,7 +29,7 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.federated.engine import train_cohort
-from fedrec.federated.family_sides import FamilyClient, FamilyServer, _fold_counts
+from fedrec.federated.family.sides import FamilyClient, FamilyServer, _fold_counts
 from fedrec.rounds.cohort import order_by_activity
 from fedrec.rounds.sides import Payload, RoundTotals, missing, wire_ids
 

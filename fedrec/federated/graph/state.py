@@ -57,10 +57,10 @@ import torch
 
 from fedrec.core.device import here
 from fedrec.errors import FedrecError, UnstableSetting
-from fedrec.federated.item_model import client_params, score
-from fedrec.federated.personal import PersonalRows
-from fedrec.federated.state import Accumulator, CohortUpload, FamilyState
-from fedrec.federated.user_graph import (
+from fedrec.federated.family.model import client_params, score
+from fedrec.federated.family.personal import PersonalRows
+from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
+from fedrec.federated.graph.user_graph import (
     Gram,
     Graph,
     graph_nnz,
@@ -73,7 +73,7 @@ from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 if TYPE_CHECKING:  # the spec builds this state (`GraphSpec.create_state`)
-    from fedrec.federated.graph_spec import GraphSpec
+    from fedrec.federated.graph.spec import GraphSpec
 
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
 

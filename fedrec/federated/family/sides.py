@@ -30,8 +30,8 @@ import torch
 from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import round_plan
 from fedrec.federated.engine import client_negatives, train_cohort
-from fedrec.federated.item_model import ITEMS
-from fedrec.federated.state import use_aggregation
+from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.state import use_aggregation
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import order_by_activity
 from fedrec.rounds.sides import (

@@ -70,7 +70,7 @@ class ScoreFunction:
 class ItemBias(ScoreFunction):
     """``inner``'s score plus a learned bias per item, held as the item row's last column and
     aggregated like the rest of the row: the item half of a rating baseline
-    (`fedrec.federated.family.FamilySpec.baseline`)."""
+    (`fedrec.federated.family.spec.FamilySpec.baseline`)."""
 
     def __init__(self, inner: ScoreFunction) -> None:
         self.inner = inner

@@ -14,7 +14,7 @@ gradient d = mean - current into the server's step:
 
 A run names one with ``--server-opt NAME[:KEY=VALUE,...]`` (`ServerOpt.parse`, e.g.
 ``yogi:lr=0.05``) for any member of the item-embedding family and MetaMF (the spec takes it in
-`fedrec.federated.family.FamilySpec.configured`); ``fedavgm``, ``fedadam`` and ``fedyogi`` are
+`fedrec.federated.family.spec.FamilySpec.configured`); ``fedavgm``, ``fedadam`` and ``fedyogi`` are
 FedMF with theirs. Each keeps its buffers per server tensor, in the server's state.
 """
 
@@ -38,7 +38,7 @@ DEFAULT_LR = {"avg": 1.0, "avgm": 0.1, "adam": 0.1, "yogi": 0.1}
 
 @dataclass(frozen=True)
 class ServerOpt:
-    """A server optimiser and its settings (`fedrec.federated.server_opt`)."""
+    """A server optimiser and its settings (`fedrec.federated.family.server_opt`)."""
 
     #: one of `SERVER_OPTIMIZERS`
     name: str = "avg"

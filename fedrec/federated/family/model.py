@@ -1,6 +1,6 @@
-"""The item-embedding family's model, apart from its spec (`fedrec.federated.family.FamilySpec`):
+"""The item-embedding family's model, apart from its spec (`fedrec.federated.family.spec.FamilySpec`):
 every parameter's draw, the scores, the per-client losses and the closed-form gradients. The
-engine's kernels (`fedrec.federated.state`) read these; they take the spec as an argument and do
+engine's kernels (`fedrec.federated.family.state`) read these; they take the spec as an argument and do
 not import it, so the spec can build the state without an import circle.
 """
 
@@ -19,7 +19,7 @@ from fedrec.core.device import here
 from fedrec.rounds import draws
 
 if TYPE_CHECKING:
-    from fedrec.federated.family import FamilySpec
+    from fedrec.federated.family.spec import FamilySpec
 
 #: the item table's name among a client's uploads
 ITEMS = "items"

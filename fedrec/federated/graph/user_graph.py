@@ -1,4 +1,4 @@
-"""The server's user graphs of GPFedRec and GFed-PP (see `fedrec.federated.graph`): which
+"""The server's user graphs of GPFedRec and GFed-PP (see `fedrec.federated.graph.state`): which
 users are public, the graph of public users' interactions, the neighbour graph of uploaded
 tables, and the blocked Gram matrix both build on.
 """

@@ -1,4 +1,4 @@
-"""The options of FedCIA and its parameter-averaging baselines (see `fedrec.federated.cia`)."""
+"""The options of FedCIA and its parameter-averaging baselines (see `fedrec.federated.cia.state`)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
-from fedrec.federated.stack import BACKBONES
+from fedrec.federated.cia.stack import BACKBONES
 from fedrec.options import check
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 
 if TYPE_CHECKING:
-    from fedrec.federated.cia import CIAAlgorithm
+    from fedrec.federated.cia.state import CIAAlgorithm
 
 AGGREGATIONS = ("cia", "waa", "none")
 FINETUNE_LOSSES = ("norm", "mse")
@@ -64,7 +64,7 @@ class CIASpec:
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
         (`fedrec.rounds.sides`)."""
-        from fedrec.federated.cia_sides import CIAClient, CIAServer
+        from fedrec.federated.cia.sides import CIAClient, CIAServer
 
         return CIAClient, CIAServer
 
@@ -81,7 +81,7 @@ class CIASpec:
             raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
         if cfg.dp_noise > 0 or cfg.clip is not None:
             raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
-        from fedrec.federated.cia import CIAAlgorithm, CIAState
+        from fedrec.federated.cia.state import CIAAlgorithm, CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)
         return CIAAlgorithm(state, cfg, seed)

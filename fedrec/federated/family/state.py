@@ -20,7 +20,7 @@ import torch
 from fedrec.core.contract import ClientUpload
 from fedrec.core.device import here
 from fedrec.errors import FedrecError
-from fedrec.federated.item_model import (
+from fedrec.federated.family.model import (
     ITEMS,
     batch_loss,
     client_params,
@@ -29,8 +29,8 @@ from fedrec.federated.item_model import (
     mean_loss,
     score,
 )
-from fedrec.federated.personal import PersonalRows
-from fedrec.federated.server_opt import ServerOptimizer
+from fedrec.federated.family.personal import PersonalRows
+from fedrec.federated.family.server_opt import ServerOptimizer
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.optim import clip_scale
@@ -38,7 +38,7 @@ from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared
 from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 if TYPE_CHECKING:
-    from fedrec.federated.family import FamilySpec
+    from fedrec.federated.family.spec import FamilySpec
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -176,7 +176,7 @@ class FamilyState:
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
-        """How the server applies the round's mean (`fedrec.federated.server_opt`)."""
+        """How the server applies the round's mean (`fedrec.federated.family.server_opt`)."""
         if self._server_opt is None:
             self._server_opt = self.spec.server_optimizer()
         return self._server_opt
@@ -339,7 +339,7 @@ class FamilyState:
         """One minibatch: a plain-SGD step per phase, in order (each client's gradient clipped
         to ``spec.clip`` first, when set), then the client objective's step on what the phase
         trained of what the round sent (``sent``: the rows as downloaded and the clients' row
-        pointers; `fedrec.federated.objective`); returns the last phase's loss (a 0-d tensor).
+        pointers; `fedrec.federated.family.objective`); returns the last phase's loss (a 0-d tensor).
 
         The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
@@ -374,7 +374,7 @@ class FamilyState:
     def _objective_step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
                         sent: tuple[torch.Tensor, np.ndarray], names: list[str], train_items: bool,
                         n: int) -> None:
-        """The client objective's step (`fedrec.federated.objective`) for the step's ``n``
+        """The client objective's step (`fedrec.federated.family.objective`) for the step's ``n``
         active clients: on the shared weights among ``names`` (against the server's copy) and,
         when the phase trained them, on their item rows (against the rows downloaded)."""
         objective = self.spec.objective

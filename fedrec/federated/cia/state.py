@@ -3,7 +3,7 @@
 Clients hold groups of users (the paper: 100 clients of consecutive user ids; or one user per
 client) and each keeps a whole model of its own. Per round (the paper's Algorithm 1):
 
-1. every client trains its model on its own data (BPR, Adam; `fedrec.federated.stack`);
+1. every client trains its model on its own data (BPR, Adam; `fedrec.federated.cia.stack`);
 2. aggregation, one of
    * ``cia``: each client uploads its item similarity S_k = E_k E_kᵀ (E_k its layer-0 item
      table; for GF-CF its filter F_k), the server averages them into S̄ and every client
@@ -16,7 +16,7 @@ client) and each keeps a whole model of its own. Per round (the paper's Algorith
    * ``none``: independent models (the paper's "no aggregation" columns); with one client,
      the centralised model.
 
-**The fine-tune** runs in S̄'s eigenbasis (`fedrec.federated.similarity`): O(M d²) a step.
+**The fine-tune** runs in S̄'s eigenbasis (`fedrec.federated.cia.similarity`): O(M d²) a step.
 
 **Uploads** go through one path: the dense matrix (M² floats), or with ``upload_rank`` L its
 truncated eigendecomposition (M·L + L floats; from the client's thin SVD of E_k, so a client
@@ -26,7 +26,7 @@ the factors. The server keeps one running sum, never a matrix per client.
 
 **Draws** of a client (its initial user vectors, negatives, shuffles) are keyed by its id
 (`fedrec.rounds.draws`), and the shared start of the item table by the backbone's index, so a
-Flower node holding a few clients (`fedrec.federated.cia_sides`) trains them exactly as the simulator
+Flower node holding a few clients (`fedrec.federated.cia.sides`) trains them exactly as the simulator
 does. Uploads are summed in float64, so any grouping of the clients gives the same mean.
 
 **GF-CF** (`fedrec.models.gfcf`) has no parameters: one round computes each client's filter
@@ -45,8 +45,8 @@ import torch
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
-from fedrec.federated.similarity import eigen, factors, finetune, reconstruct_sum
-from fedrec.federated.stack import ClientStack
+from fedrec.federated.cia.similarity import eigen, factors, finetune, reconstruct_sum
+from fedrec.federated.cia.stack import ClientStack
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
@@ -54,13 +54,13 @@ from fedrec.rounds import draws
 from fedrec.rounds.upload import UploadPath
 
 if TYPE_CHECKING:  # the spec builds this state (`CIASpec.algorithm`)
-    from fedrec.federated.cia_spec import CIASpec
+    from fedrec.federated.cia.spec import CIASpec
 
 
 class CIAState:
     """Clients of a run: parameter stacks (one per backbone and dim) or GF-CF filters.
 
-    The simulator holds every client; a Flower node (`fedrec.federated.cia_sides`) the clients
+    The simulator holds every client; a Flower node (`fedrec.federated.cia.sides`) the clients
     ``client_ids`` (global ids of the ``partition``'s clients) over its own users' rows of
     ``train`` and ``sampler``. A round is `train`, then `client_sums` (what the clients upload,
     summed), `combine` (the server) and `apply` (what the server sends back, on every client).

@@ -1,4 +1,4 @@
-"""The options of GPFedRec and GFed-PP (see `fedrec.federated.graph` for the methods)."""
+"""The options of GPFedRec and GFed-PP (see `fedrec.federated.graph.state` for the methods)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from fedrec.federated.family import FamilySpec
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.options import check
 
 if TYPE_CHECKING:
-    from fedrec.federated.graph import GraphState
+    from fedrec.federated.graph.state import GraphState
 
 METHODS = ("gpfedrec", "gfedpp")
 SIMILARITIES = ("cosine", "legacy-distance")
@@ -65,8 +65,8 @@ class GraphSpec:
         return self.method == "gpfedrec"
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
-        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`)."""
-        from fedrec.federated.algorithm import CohortAlgorithm
+        """The federated algorithm the round driver trains (`fedrec.federated.family.algorithm`)."""
+        from fedrec.federated.family.algorithm import CohortAlgorithm
 
         return CohortAlgorithm(self, split, cfg, seed)
 
@@ -75,7 +75,7 @@ class GraphSpec:
                      client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
         """The state of every client (simulator, server), or of ``client_ids`` out of
         ``n_total`` (a Flower node: no graph, its clients' public flags)."""
-        from fedrec.federated.graph import GraphState
+        from fedrec.federated.graph.state import GraphState
 
         return GraphState.create_graph(self, n_clients, n_items, lr=lr, lr_item=lr_item,
                                        item_std=item_std, seed=seed, train=train,
@@ -83,8 +83,8 @@ class GraphSpec:
 
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
-        (`fedrec.federated.graph_sides`)."""
-        from fedrec.federated.graph_sides import GraphClient, GraphServer
+        (`fedrec.federated.graph.sides`)."""
+        from fedrec.federated.graph.sides import GraphClient, GraphServer
 
         return GraphClient, GraphServer
 

@@ -1,5 +1,5 @@
 """The autoencoders (PersonalFR, FedAvg-AE, Joint) as the round driver's federated algorithm:
-an `AEState` (`fedrec.federated.autoencoder`) whose round is spelled out as download, local
+an `AEState` (`fedrec.federated.ae.state`) whose round is spelled out as download, local
 update, upload and Equation 5."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
-from fedrec.federated.autoencoder import AEState
+from fedrec.federated.ae.state import AEState
 from fedrec.models.autoencoder import ROW_TABLES
 
 

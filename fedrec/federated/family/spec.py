@@ -22,7 +22,7 @@ they are updated:
   protocols: no negatives; the score is the predicted rating, as in FedMF's and MetaMF's papers).
 * ``baseline``: under ``mse``, a rating baseline beneath the score: the client's training mean
   (computed on the client, never sent) plus a learned bias per item (the item row's last
-  column, `fedrec.federated.scores.ItemBias`), so the score fits what they leave. With 1-5
+  column, `fedrec.federated.family.scores.ItemBias`), so the score fits what they leave. With 1-5
   stars and few ratings a user, a score that must produce the rating itself fits a private
   vector to each user's few ratings (FedMF on Ciao: test RMSE 3.1 against 1.035 for the
   users' means); fedrec's defaults for ratings take it (``--rating-baseline``).
@@ -45,10 +45,10 @@ import torch
 
 from fedrec.core.device import here
 from fedrec.errors import FedrecError
-from fedrec.federated.item_model import ITEMS
-from fedrec.federated.objective import ClientObjective, parse_objective
-from fedrec.federated.scores import ItemBias, ScoreFunction, get_score
-from fedrec.federated.server_opt import ServerOpt, ServerOptimizer
+from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.objective import ClientObjective, parse_objective
+from fedrec.federated.family.scores import ItemBias, ScoreFunction, get_score
+from fedrec.federated.family.server_opt import ServerOpt, ServerOptimizer
 from fedrec.protocols.protocol import user_means
 
 if TYPE_CHECKING:
@@ -71,9 +71,9 @@ class FamilySpec:
     loss: str = "bce"
     clip: float = 0.0
     baseline: bool = False
-    #: the server optimiser on the round's mean (`fedrec.federated.server_opt`; None: FedAvg)
+    #: the server optimiser on the round's mean (`fedrec.federated.family.server_opt`; None: FedAvg)
     server: ServerOpt | None = None
-    #: a term added to each client's local loss (`fedrec.federated.objective`; None: none)
+    #: a term added to each client's local loss (`fedrec.federated.family.objective`; None: none)
     objective: ClientObjective | None = None
     #: the score function also takes shared weights without a client axis (one copy read by
     #: every client, not one a client) and records their products (`logits_taped`), which
@@ -126,23 +126,23 @@ class FamilySpec:
         return self if part == own else replace(self, **{field: part})
 
     def algorithm(self, split: Any, cfg: Any, seed: int):  # type: ignore[no-untyped-def]
-        """The federated algorithm the round driver trains (`fedrec.federated.algorithm`), under
+        """The federated algorithm the round driver trains (`fedrec.federated.family.algorithm`), under
         the engine options ``cfg`` (`configured`)."""
-        from fedrec.federated.algorithm import CohortAlgorithm
+        from fedrec.federated.family.algorithm import CohortAlgorithm
 
         return CohortAlgorithm(self.configured(cfg), split, cfg, seed)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
                      client_ids: Any = None):  # type: ignore[no-untyped-def]
-        """The engine's state for this algorithm (`fedrec.federated.state.FamilyState`).
+        """The engine's state for this algorithm (`fedrec.federated.family.state.FamilyState`).
 
         ``train`` (the training matrix, a row per client of the state) is what a server that
         receives interactions would see; this family's server never does: under the rating
         baseline each client takes its own row's mean from it, and otherwise it is ignored.
         ``client_ids``: the ids of the state's clients when it holds only some (a Flower node's).
         """
-        from fedrec.federated.state import FamilyState
+        from fedrec.federated.family.state import FamilyState
 
         state = FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
                                    item_std=item_std, seed=seed, client_ids=client_ids)
@@ -155,7 +155,7 @@ class FamilySpec:
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
         (`fedrec.rounds.sides`)."""
-        from fedrec.federated.family_sides import FamilyClient, FamilyServer
+        from fedrec.federated.family.sides import FamilyClient, FamilyServer
 
         return FamilyClient, FamilyServer
 
@@ -177,7 +177,7 @@ class FamilySpec:
 
     @property
     def scorer(self) -> ScoreFunction:
-        """The score function named by ``score`` (`fedrec.federated.scores`), with the item
+        """The score function named by ``score`` (`fedrec.federated.family.scores`), with the item
         bias of the rating baseline when ``baseline``."""
         return _with_item_bias(get_score(self.score)) if self.baseline else get_score(self.score)
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import FederatedAlgorithm, RoundPlan, Uploads
-from fedrec.federated.item_model import ITEMS
-from fedrec.federated.state import use_aggregation
+from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.state import use_aggregation
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.cohort import order_by_activity
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrec.federated.autoencoder import AEState, apply_round
+from fedrec.federated.ae.state import AEState, apply_round
 from fedrec.models.autoencoder import ROW_TABLES, init_params
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (

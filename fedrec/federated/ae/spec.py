@@ -1,5 +1,5 @@
 """The options of the rating autoencoders: PersonalFR, FedAvg of the autoencoder, the Joint
-model (see `fedrec.federated.autoencoder` for the method)."""
+model (see `fedrec.federated.ae.state` for the method)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class AESpec:
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment
         (`fedrec.rounds.sides`)."""
-        from fedrec.federated.ae_sides import AEClient, AEServer
+        from fedrec.federated.ae.sides import AEClient, AEServer
 
         return AEClient, AEServer
 
@@ -104,8 +104,8 @@ class AESpec:
         """The federated algorithm the round driver trains."""
         if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
             raise FedrecError("the autoencoder runs take no upload noise or clipping options")
-        from fedrec.federated.ae_algorithm import AEAlgorithm
-        from fedrec.federated.autoencoder import AEState
+        from fedrec.federated.ae.algorithm import AEAlgorithm
+        from fedrec.federated.ae.state import AEState
 
         spec = self.configured(cfg)
         return AEAlgorithm(AEState(spec, split, spec.partition(split.n_users, seed), seed), cfg)

@@ -10,7 +10,7 @@ gradient mu (w - w_round). A term is a frozen dataclass whose fields are its set
 registering it by name (`register_objective`, in a module imported before a run names it, as
 an algorithm's module is) makes it ``--client-objective NAME[:KEY=VALUE,...]`` for every
 member, and a method that is defined by one takes it in its spec
-(`fedrec.federated.family.FamilySpec.objective`).
+(`fedrec.federated.family.spec.FamilySpec.objective`).
 The gradient is not clipped by ``--set clip=``, which bounds the data term's.
 """
 

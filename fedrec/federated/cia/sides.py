@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.federated.cia import CIAState, combine
+from fedrec.federated.cia.state import CIAState, combine
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,

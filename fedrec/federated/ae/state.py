@@ -49,7 +49,7 @@ from fedrec.rounds.optim import adam_, clip_scale, decay_factor, sgd_
 from fedrec.rounds.ragged import ranges
 
 if TYPE_CHECKING:  # the spec builds this state (`AESpec.algorithm`)
-    from fedrec.federated.ae_spec import AESpec
+    from fedrec.federated.ae.spec import AESpec
 
 _SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
 

@@ -1,0 +1,1 @@
+"""PersonalFR and the rating autoencoders: their spec, state, round and sides."""

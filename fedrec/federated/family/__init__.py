@@ -1,0 +1,1 @@
+"""The item-embedding family (FedMF, FedNCF, FedRecon, PFedRec; MetaMF and FedRAP build on it): its spec, model, score functions, batched state, post-tuned rows, round, sides, client objectives and server optimisers."""

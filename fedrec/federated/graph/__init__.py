@@ -1,0 +1,1 @@
+"""GPFedRec and GFed-PP: their spec, state with the server's user graph, and sides."""
