@@ -617,3 +617,23 @@ def test_a_deployment_checks_its_data_before_any_process_starts(tmp_path: Path, 
         main(["flower", "fedmf", "-d", "synthetic:100x120", "--rounds", "1", "--mode", "loopback"])
     said = capsys.readouterr().err
     assert done.value.code == 2 and "evaluation negatives" in said and started == []
+
+
+def test_each_clients_upload_crosses_flowers_records_intact() -> None:
+    """A defended round's reply (each client's upload: ids, flags, pointers, rows, stacked
+    shared weights) survives Flower's records as it survives the in-process transport."""
+    from fedrec.core.contract import ClientUpload
+    from fedrec.federated.family.sides import client_uploads, per_client_payload
+    from fedrec.flower.records import from_record, to_record
+
+    gen = torch.Generator().manual_seed(0)
+    ups = [ClientUpload(k, np.sort(np.random.default_rng(k).choice(50, k + 1, replace=False)),
+                        {"items": torch.randn(k + 1, 4, generator=gen), "w": torch.randn(3, 2, generator=gen)},
+                        accepted=k != 1) for k in range(3)]
+    ids = np.array([10, 20, 30])
+    back = client_uploads(from_record(to_record(per_client_payload(ups, ids, {"w": torch.zeros(3, 2)}))), ["w"])
+    assert [u.client for u in back] == [10, 20, 30] and [u.accepted for u in back] == [True, False, True]
+    for a, b in zip(ups, back, strict=True):
+        np.testing.assert_array_equal(a.items, b.items)
+        for k in ("items", "w"):
+            torch.testing.assert_close(a.tensors[k], b.tensors[k], rtol=0, atol=0)
