@@ -66,13 +66,16 @@ class DeviceSampler:
     """A `ComplementSampler`'s arrays on a device, for `sample_at` there (the same draws)."""
 
     def __init__(self, sampler: ComplementSampler, device: torch.device) -> None:
-        def put(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.as_tensor(np.asarray(a, np.int64), device=device)
+        def put(a: np.ndarray | None, dtype: type = np.int64) -> torch.Tensor | None:
+            return None if a is None else torch.as_tensor(np.asarray(a, dtype), device=device)
 
         self.n_allowed = put(sampler.n_allowed)
         self.indptr = put(sampler.indptr)
         self.stride = sampler._stride
-        self.table, self.table_ptr = put(sampler._table), put(sampler._table_ptr)
+        # the table keeps its compact width (int16 below 32,768 items); a gather widens it
+        table = sampler._table
+        self.table = None if table is None else put(table, table.dtype)
+        self.table_ptr = put(sampler._table_ptr)
         self.keys = None if self.table is not None else put(sampler._keys)
 
     @staticmethod
@@ -87,7 +90,7 @@ class DeviceSampler:
         """`ComplementSampler.sample_at` (the caller has checked that every user has an item left)."""
         r = (u * self.n_allowed[users][:, None].double()).long()
         if self.table is not None:
-            return self.table[self.table_ptr[users][:, None] + r]
+            return self.table[self.table_ptr[users][:, None] + r].long()
         q = users[:, None] * self.stride + r
         assert self.keys is not None and self.indptr is not None
         return r + torch.searchsorted(self.keys, q, right=True) - self.indptr[users][:, None]

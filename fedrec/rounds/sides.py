@@ -27,6 +27,7 @@ A run, in messages:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,31 +46,32 @@ Payload = dict[str, Any]
 COUNTS = ("n", "loss_sum", "client_batches", "bytes_up", "bytes_down")
 
 
-class ClientSide:
-    """A node: the clients it holds and their private state (built from the node's data)."""
+class ClientSide(ABC):
+    """A node: the clients it holds and their private state. A subclass is built as
+    ``Side(spec, cfg, seed, split, partition, partitions)``: the method's spec and engine options,
+    the run's seed, the data set's split (a node reads its own copy) and which of ``partitions``
+    blocks of clients it holds."""
 
-    def __init__(self, spec: Any, cfg: Any, seed: int, split: Split, partition: int, partitions: int) -> None:
-        raise NotImplementedError
-
+    @abstractmethod
     def hello(self, resume_round: int = 0) -> Payload:
         """Who this node is (``clients``, ``n_clients``, ``n_items``) and what the server needs
         before its first round (after ``resume_round`` on a resume)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def train(self, msg: Payload) -> Payload:
         """Train the sampled clients of round ``msg['round']``; their uploads and `COUNTS`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def evaluate(self, msg: Payload) -> Payload:
         """Validation and test metrics of this node's clients under the model sent."""
-        raise NotImplementedError
 
+    @abstractmethod
     def private_state(self) -> dict[str, Any]:
         """What the node's clients keep between messages (tensors and numbers)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load_private_state(self, blob: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take back what `private_state` gave."""
 
 
 @dataclass
@@ -90,8 +92,10 @@ class RoundTotals:
         self.bytes_down += float(reply["bytes_down"])
 
 
-class ServerSide:
-    """The server: the global model, built from the nodes' first answers (``hellos``).
+class ServerSide(ABC):
+    """The server: the global model. A subclass is built as ``Side(spec, cfg, seed, hellos,
+    n_clients, n_items, secure)``, from the nodes' first answers (``hellos``) and whether their
+    uploads are summed by secure aggregation.
 
     A round is `begin` → `message` for each node holding a sampled client → `check` and `fold`
     for each reply that arrived → `finish`."""
@@ -99,39 +103,37 @@ class ServerSide:
     #: the most rounds the method has use for (as `fedrec.core.Trainable.max_rounds`)
     max_rounds: int | None = None
 
-    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
-                 n_items: int, secure: bool) -> None:
-        raise NotImplementedError
-
-    def begin(self, r: int) -> None:
+    def begin(self, r: int) -> None:  # noqa: B027  (a side with nothing to start keeps it)
         """Start round ``r`` (before its messages)."""
 
+    @abstractmethod
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         """Round ``r``'s message to ``node`` for its sampled ``clients``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         """Why a node's reply for ``clients`` cannot be folded, or None."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fold(self, node: int, reply: Payload) -> None:
         """Add a checked reply to the round."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         """Aggregate the folded replies (``rejected``: clients whose node's reply was not folded;
         ``gen``: the round's server generator, `fedrec.core.plan.round_plan`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def evaluate_message(self) -> Payload:
         """The model every node scores its clients with."""
-        raise NotImplementedError
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What the server holds (its checkpointed state)."""
 
+    @abstractmethod
     def load_state_dict(self, blob: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take back what `state_dict` gave."""
 
 
 def missing(reply: Payload, keys: Any) -> str | None:
