@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -39,9 +39,6 @@ from fedrec.rounds.device_cohort import device_cohort, use_device_layout
 from fedrec.rounds.padding import pseudo_rows
 from fedrec.rounds.uncopied import MAX_STEPS
 from fedrec.rounds.upload import ENCODINGS, UploadPath
-
-if TYPE_CHECKING:
-    from fedrec.federated.family.spec import FamilySpec
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
@@ -283,7 +280,7 @@ def chunk_bounds(samples: np.ndarray, bytes_per_sample: float, budget_mb: float,
     return bounds
 
 
-def client_draws(spec: FamilySpec, cfg: FederatedConfig, train: sp.csr_matrix, sampler: ComplementSampler,
+def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler: ComplementSampler,
                  rows: np.ndarray, clients: np.ndarray, seed: int, r: int
                  ) -> tuple[np.ndarray | None, np.ndarray, torch.Tensor | None]:
     """Round ``r``'s draws of ``clients`` (ids; their rows of ``train`` and ``sampler`` are
@@ -301,7 +298,7 @@ def client_draws(spec: FamilySpec, cfg: FederatedConfig, train: sp.csr_matrix, s
     return negs, keys, fresh_users(spec, clients, seed, r)
 
 
-def fresh_users(spec: FamilySpec, clients: np.ndarray, seed: int, r: int) -> torch.Tensor | None:
+def fresh_users(spec: Any, clients: np.ndarray, seed: int, r: int) -> torch.Tensor | None:
     """FedRecon's freshly drawn user vectors of ``clients`` in round ``r`` (None for a model that
     keeps its user vectors)."""
     return client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"] if spec.reconstruct else None

@@ -28,7 +28,7 @@ client that receives a new model does; the Joint model (one client) keeps it acr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +47,6 @@ from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds import draws
 from fedrec.rounds.optim import adam_, clip_scale, decay_factor, sgd_
 from fedrec.rounds.ragged import ranges
-
-if TYPE_CHECKING:  # the spec builds this state (`AESpec.algorithm`)
-    from fedrec.federated.ae.spec import AESpec
 
 _SCORE_CHUNK = 512  # users whose codes are computed at once when scoring
 
@@ -77,10 +74,11 @@ class AEState:
     first layer is stored that way, and ``pair_pos`` places each training rating in it.
     """
 
-    def __init__(self, spec: AESpec, split: Split, partition: Partition, seed: int,
+    def __init__(self, spec: Any, split: Split, partition: Partition, seed: int,
                  client_ids: np.ndarray | None = None) -> None:
-        """``client_ids``: the ids of the partition's clients when the state holds only some (a
-        Flower node's); each client's shuffles and dropout are drawn by id and round."""
+        """``spec``: the method's `fedrec.federated.ae.spec.AESpec` (not imported: the spec builds
+        this state). ``client_ids``: the ids of the partition's clients when the state holds only
+        some (a Flower node's); each client's shuffles and dropout are drawn by id and round."""
         self.spec, self.hidden = spec, spec.hidden
         self.seed = seed
         self.partition = partition

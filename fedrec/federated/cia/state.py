@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -53,9 +53,6 @@ from fedrec.protocols.negatives import ComplementSampler
 from fedrec.rounds import draws
 from fedrec.rounds.upload import UploadPath
 
-if TYPE_CHECKING:  # the spec builds this state (`CIASpec.algorithm`)
-    from fedrec.federated.cia.spec import CIASpec
-
 
 class CIAState:
     """Clients of a run: parameter stacks (one per backbone and dim) or GF-CF filters.
@@ -64,9 +61,11 @@ class CIAState:
     ``client_ids`` (global ids of the ``partition``'s clients) over its own users' rows of
     ``train`` and ``sampler``. A round is `train`, then `client_sums` (what the clients upload,
     summed), `combine` (the server) and `apply` (what the server sends back, on every client).
+    ``spec`` is the method's `fedrec.federated.cia.spec.CIASpec` (not imported: the spec builds
+    this state).
     """
 
-    def __init__(self, spec: CIASpec, train: sp.csr_matrix, sampler: ComplementSampler,
+    def __init__(self, spec: Any, train: sp.csr_matrix, sampler: ComplementSampler,
                  partition: Partition, seed: int, client_ids: np.ndarray | None = None) -> None:
         self.spec, self.train_matrix, self.sampler, self.seed = spec, train, sampler, seed
         self.n_users, self.n_items = train.shape
@@ -302,7 +301,7 @@ class CIAState:
         return out if items is None else np.take_along_axis(out, items, axis=1)
 
 
-def combine(spec: CIASpec, sums: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+def combine(spec: Any, sums: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     """The server's step on the clients' summed uploads: what it sends back to every client
     (`CIAState.apply`) and the round's figures. ``sums["n"]``: how many clients uploaded."""
     n = max(int(sums["n"]), 1)

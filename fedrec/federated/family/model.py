@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,14 +18,11 @@ import torch.nn.functional as F
 from fedrec.core.device import here
 from fedrec.rounds import draws
 
-if TYPE_CHECKING:
-    from fedrec.federated.family.spec import FamilySpec
-
 #: the item table's name among a client's uploads
 ITEMS = "items"
 
 
-def init_params(spec: FamilySpec, names: list[str], n: int,
+def init_params(spec: Any, names: list[str], n: int,
                 gen: torch.Generator) -> dict[str, torch.Tensor]:
     """``n`` independent draws of the named parameters (leading axis n), from ``gen``.
 
@@ -40,7 +37,7 @@ def init_params(spec: FamilySpec, names: list[str], n: int,
                         lambda shape: here(torch.randn(shape, generator=gen, device="cpu")))
 
 
-def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
+def client_params(spec: Any, names: list[str], clients: np.ndarray,
                   key: tuple[int, ...]) -> dict[str, torch.Tensor]:
     """`init_params` for ``clients`` from per-client keyed draws (`fedrec.rounds.draws`):
     client c gets the same values whichever clients are drawn with it (simulator, Flower node)."""
@@ -58,7 +55,7 @@ def client_params(spec: FamilySpec, names: list[str], clients: np.ndarray,
     return out
 
 
-def _draw_params(spec: FamilySpec, names: list[str], n: int,
+def _draw_params(spec: Any, names: list[str], n: int,
                  uniform: Callable[[tuple[int, ...]], torch.Tensor],
                  normal: Callable[[tuple[int, ...]], torch.Tensor]) -> dict[str, torch.Tensor]:
     shapes = {**spec.user_shapes(), **spec.score_shapes()}
@@ -70,12 +67,12 @@ def _draw_params(spec: FamilySpec, names: list[str], n: int,
     return out
 
 
-def score(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+def score(spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Logits ``(C, B)`` of item rows ``v`` ``(C, B, item_width)`` under per-client params."""
     return spec.scorer.logits(spec, p, v)
 
 
-def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
+def batch_loss(spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor,
                labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum over the step's clients of each client's mean loss (``spec.loss``) over its own batch.
 
@@ -88,7 +85,7 @@ def batch_loss(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
                      labels, mask)
 
 
-def mean_loss(spec: FamilySpec, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def mean_loss(spec: Any, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum over clients of each client's mean loss (``spec.loss``) over the real slots of its
     row of ``logits`` ``(C, B)``."""
     if spec.loss == "mse":
@@ -98,7 +95,7 @@ def mean_loss(spec: FamilySpec, logits: torch.Tensor, labels: torch.Tensor, mask
     return (per_slot.sum(1) / mask.sum(1)).sum()
 
 
-def linear_grads(spec: FamilySpec, p: dict[str, torch.Tensor], v: torch.Tensor,
+def linear_grads(spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor,
                  labels: torch.Tensor, mask: torch.Tensor, names: list[str], items: bool
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Closed-form gradients of `batch_loss` for score functions that have them (dot, linear).

@@ -12,7 +12,7 @@ store per name, gathered for a cohort and scattered back after training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -36,9 +36,6 @@ from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.optim import clip_scale
 from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
 from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
-
-if TYPE_CHECKING:
-    from fedrec.federated.family.spec import FamilySpec
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -148,7 +145,9 @@ class FamilyState:
     #: (`fedrec.rounds.device_cohort`)
     device_steps: ClassVar[bool] = True
 
-    spec: FamilySpec
+    #: the member's spec (`fedrec.federated.family.spec.FamilySpec`); the spec builds its state,
+    #: so this module does not import it, even for a type (the package imports one way)
+    spec: Any
     items: torch.Tensor
     shared: dict[str, torch.Tensor]
     private: dict[str, torch.Tensor]
@@ -182,7 +181,7 @@ class FamilyState:
         return self._server_opt
 
     @staticmethod
-    def create(spec: FamilySpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+    def create(spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                item_std: float, seed: int, client_ids: np.ndarray | None = None) -> FamilyState:
         """The state at round 0. The global table and shared weights come from a generator
         seeded by ``seed``; each client's private parameters from draws keyed by its id, so a

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -72,9 +72,6 @@ from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
-if TYPE_CHECKING:  # the spec builds this state (`GraphSpec.create_state`)
-    from fedrec.federated.graph.spec import GraphSpec
-
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
 
 
@@ -91,7 +88,8 @@ class GraphState(FamilyState):
 
     plain_average = False  # every client's table feeds the graph step, never their mean
     row_rules = False  # nor a row's mean over its contributors
-    graph: GraphSpec = None  # type: ignore[assignment]  # always given (`create_graph`)
+    #: its `fedrec.federated.graph.spec.GraphSpec` (not imported: the spec builds this state)
+    graph: Any = None  # type: ignore[assignment]  # always given (`create_graph`)
     table: torch.Tensor | None = None
     dense_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     public: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
@@ -108,7 +106,7 @@ class GraphState(FamilyState):
     _ptr: torch.Tensor | None = None
 
     @staticmethod
-    def create_graph(graph: GraphSpec, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+    def create_graph(graph: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: sp.csr_matrix | None,
                      client_ids: np.ndarray | None = None, n_total: int | None = None) -> GraphState:
         kappa = lr_item * graph.reg * 2.0 / (n_items * graph.dim)
