@@ -98,51 +98,25 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     place; the head is gathered. ``whole_clients=False`` (CentRAP, whose clients share C) keeps
     one part.
     """
-    rows = step.flat_rows
+    # the step's slots as tensors where they are (a layout built on the device keeps them there,
+    # `fedrec.rounds.device_cohort`); labels are 0/1, so their sums are exact in any order, and
+    # weights are 1/n in float64, then float32
+    rows = torch.as_tensor(step.flat_rows)
     if not len(rows):
         return []
-    if isinstance(rows, torch.Tensor):  # a step laid out on the device (`fedrec.rounds.device_cohort`)
-        return _device_runs(step, whole_clients)
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    run_rows = rows[starts]
-    mult = np.diff(np.r_[starts, len(rows)]).astype(np.float32)
-    owner = step.flat_owner[starts]
-    labels = np.add.reduceat(step.flat_labels, starts).astype(np.float32)
-    weight = (1.0 / np.bincount(step.flat_owner, minlength=step.n_active)[owner]).astype(np.float32)
-    cut = 0
-    if whole_clients:
-        # the first run after the last gap in the rows, moved on to the next client's first run
-        gaps = np.flatnonzero(run_rows[1:] != run_rows[:-1] + 1)
-        cut = int(gaps[-1]) + 1 if len(gaps) else 0
-        if cut and owner[cut] == owner[cut - 1]:
-            later = np.flatnonzero(owner[cut:] != owner[cut])
-            cut = cut + int(later[0]) if len(later) else len(run_rows)
-    parts = []
-    for a, b in ((0, cut), (cut, len(run_rows))):
-        if a == b:
-            continue
-        lo, hi = int(run_rows[a]), int(run_rows[b - 1]) + 1
-        as_t = [torch.as_tensor(x[a:b]) for x in (run_rows, owner, mult, labels, weight)]
-        parts.append(Runs(*as_t, step.n_active, (lo, hi) if hi - lo == b - a else None))
-    return parts
-
-
-def _device_runs(step: Step, whole_clients: bool) -> list[Runs]:
-    """`step_runs` of a step whose slots are tensors on the device: the same runs, made there
-    (labels are 0/1, so their sums are exact in any order; weights are 1/n in float64, then
-    float32, as numpy makes them)."""
-    rows, owner_all = step.flat_rows, step.flat_owner
-    dev = rows.device
-    new = torch.ones(len(rows), dtype=torch.bool, device=dev)
+    owner_all = torch.as_tensor(step.flat_owner)
+    new = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
     new[1:] = rows[1:] != rows[:-1]
     starts = torch.nonzero(new).flatten()
     run_rows = rows[starts]
-    mult = torch.diff(starts, append=torch.tensor([len(rows)], device=dev)).float()
+    mult = torch.diff(starts, append=torch.full((1,), len(rows), device=rows.device)).float()
     owner = owner_all[starts]
-    labels = torch.zeros(len(starts), device=dev).index_add_(0, torch.cumsum(new, 0) - 1, step.flat_labels)
+    labels = torch.zeros(len(starts), device=rows.device).index_add_(
+        0, torch.cumsum(new, 0) - 1, torch.as_tensor(step.flat_labels))
     weight = (1.0 / torch.bincount(owner_all, minlength=step.n_active)[owner].double()).float()
     cut = 0
     if whole_clients:
+        # the first run after the last gap in the rows, moved on to the next client's first run
         gaps = torch.nonzero(run_rows[1:] != run_rows[:-1] + 1).flatten()
         cut = int(gaps[-1]) + 1 if len(gaps) else 0
         if cut and int(owner[cut]) == int(owner[cut - 1]):
