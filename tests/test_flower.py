@@ -352,16 +352,15 @@ def test_what_the_flower_app_does_not_run_is_refused_clearly(run: RunConfig, sec
 def test_fedcia_nodes_noise_their_own_similarities() -> None:
     """Under --ldp each node adds its clients' Laplace noise before the upload leaves; the
     server's sum then differs from the noiseless one by 6 clients' noise: variance 6 · 2b²."""
-    from fedrec.flower.dispatch import node_role, server_role
-    from fedrec.flower.roles import wire
+    from fedrec.flower.roles import Node, Server, wire
 
     b = 0.05
     sums = {}
     for ldp in (0.0, b):
         run = _run("fedcia", rounds=1, protocol="ratio-full", model=CIA, ldp=ldp)
         split = prepare_split(run)
-        nodes = {i: node_role(run, i, 3, split) for i in range(3)}
-        server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+        nodes = {i: Node(run, i, 3, split) for i in range(3)}
+        server = Server(run, {i: wire(n.hello()) for i, n in nodes.items()})
         messages = server.train_messages(1)
         sums[ldp] = sum(np.asarray(nodes[i].train(wire(m))["sum.similarity"]) for i, m in messages.items())
     noise = sums[b] - sums[0.0]
@@ -373,16 +372,15 @@ def test_fedcia_nodes_noise_their_own_similarities() -> None:
 def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
     """Under --ldp a GPFedRec/GFed-PP node uploads each client's whole table (start + trained
     rows) with Laplace(b) noise on every entry, drawn on the node; the server adds none."""
-    from fedrec.flower.dispatch import node_role, server_role
-    from fedrec.flower.roles import wire
+    from fedrec.flower.roles import Node, Server, wire
 
     b = 0.05
     sent = {}
     for ldp in (0.0, b):
         run = _run(alg, rounds=1, ldp=ldp, model={"dim": 32})
         split = prepare_split(run)
-        nodes = {i: node_role(run, i, 3, split) for i in range(3)}
-        server = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+        nodes = {i: Node(run, i, 3, split) for i in range(3)}
+        server = Server(run, {i: wire(n.hello()) for i, n in nodes.items()})
         assert server.side.path.ldp == 0.0
         replies = {i: nodes[i].train(wire(m)) for i, m in server.train_messages(1).items()}
         tables = {i: nodes[i].side.state.whole_tables().numpy() for i in nodes}

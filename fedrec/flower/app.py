@@ -37,10 +37,9 @@ from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, fingerprint, prepare_split, recorded_config
 from fedrec.flower import secagg
-from fedrec.flower.dispatch import node_role, server_role
 from fedrec.flower.failures import reply_reason
 from fedrec.flower.records import RUN_KEY, from_record, run_from_json, to_record
-from fedrec.flower.roles import Server
+from fedrec.flower.roles import Node, Server
 from fedrec.flower.server import FlowerServer
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult, git_revision, peak_memory_mb
@@ -64,7 +63,7 @@ def _node(context: Context, fixed: dict[str, Any] | None) -> Any:
     opts = _options(context, fixed)
     run_json = str(opts[RUN_KEY])
     cfg = context.node_config
-    node = node_role(run_from_json(run_json), int(cfg["partition-id"]), int(cfg["num-partitions"]),
+    node = Node(run_from_json(run_json), int(cfg["partition-id"]), int(cfg["num-partitions"]),
                      _split(run_json))
     if STATE_KEY in context.state:
         node.load_private_state(context.state[STATE_KEY]["private"])
@@ -225,7 +224,7 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
         raise FedrecError(f"no node answered the first message ({len(failed)} of {len(nodes)} failed): "
                           + "; ".join(reasons[:3]))
     secure = bool(opts.get("secagg", False))
-    role = server_role(run, dict(sorted(hellos.items())), secure=secure)
+    role = Server(run, dict(sorted(hellos.items())), secure=secure)
     if resume:
         log.info("resuming after round %d from %s", after, ckpt)
 

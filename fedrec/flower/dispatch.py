@@ -11,17 +11,6 @@ from typing import Any
 from fedrec.experiment import RunConfig, prepare_split
 from fedrec.flower.roles import Node, Server, wire
 from fedrec.protocols.protocol import Split
-from fedrec.rounds.sides import Payload
-
-
-def node_role(run: RunConfig, partition: int, partitions: int, split: Split) -> Node:
-    """The node holding partition ``partition`` of ``partitions`` of the run's clients."""
-    return Node(run, partition, partitions, split)
-
-
-def server_role(run: RunConfig, hellos: dict[int, Payload], secure: bool = False) -> Server:
-    """The server of the run, from its nodes' first answers."""
-    return Server(run, hellos, secure)
 
 
 def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
@@ -42,10 +31,10 @@ def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
             from fedrec.flower.malicious import MaliciousNode
 
             return MaliciousNode(run, split)
-        return node_role(run, i, partitions, split)
+        return Node(run, i, partitions, split)
 
     nodes = {i: make(i) for i in range(partitions + (run.federated.attack is not None))}
-    role = server_role(run, {i: wire(n.hello()) for i, n in nodes.items()})
+    role = Server(run, {i: wire(n.hello()) for i, n in nodes.items()})
     rebuild = make if fresh else None
     server = FlowerServer(role, InProcess(nodes, rebuild), role.protocol, partitions)
     cfg = run.federated

@@ -69,6 +69,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         from fedrec.security.adversary import PLAIN_AVERAGE
 
         raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{run.algorithm}'")
+    if run.federated.defence is not None and (run.federated.dp_noise > 0 or run.federated.ldp > 0):
+        raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the nodes "
+                          "noise their clients' sum, so the two do not combine yet")
     refusal = spec.flower_refusal(secure)
     if refusal:
         raise FedrecError(f"'{run.algorithm}': {refusal}")
@@ -152,12 +155,8 @@ class Server:
         averages item rows (as the simulator's `fedrec.security.adversary.attach` requires)."""
         from fedrec.security.adversary import PLAIN_AVERAGE, Security
 
-        state = getattr(self.side, "state", None)
-        if not (getattr(self.side, "takes_rule", False) and getattr(state, "plain_average", False)):
+        if not getattr(self.side.state, "plain_average", False):  # (FedRAP-D shares no C to defend)
             raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{self.run.algorithm}'")
-        if self.cfg.dp_noise > 0 or self.cfg.ldp > 0:
-            raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the nodes "
-                              "noise their clients' sum, so the two do not combine yet")
         self.side.rule = Security.defence(self.cfg, self.n_clients, self.n_extra, self.n_items, self.run.seed)
 
     def round_clients(self, r: int) -> dict[int, np.ndarray]:

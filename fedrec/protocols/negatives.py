@@ -93,14 +93,18 @@ class ComplementSampler:
             out[start:start + len(block)] = self.sample_at(block, rng.random((len(block), k)))
         return out
 
+    def require_allowed(self, users: np.ndarray) -> np.ndarray:
+        """How many items each of ``users`` may draw; one clear error if one has none."""
+        allowed = self.n_allowed[users]
+        if len(users) and allowed.min() <= 0:
+            raise FedrecError(f"user {users[np.argmin(allowed)]} has no item left to sample as a negative")
+        return allowed
+
     def sample_at(self, users: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The items at uniform positions ``u`` (``(len(users), k)`` in [0, 1)) of each user's
         allowed items: `sample` with the uniforms given (per-client keyed draws)."""
         users = np.asarray(users, dtype=np.int64)
-        allowed = self.n_allowed[users]
-        if len(users) and allowed.min() <= 0:
-            bad = users[np.argmin(allowed)]
-            raise FedrecError(f"user {bad} has no item left to sample as a negative")
+        allowed = self.require_allowed(users)
         r = (u * allowed[:, None]).astype(np.int64)
         if self._table is not None:
             return self._table[self._table_ptr[users][:, None] + r].astype(np.int64)

@@ -87,7 +87,7 @@ class DeviceSampler:
         return cache[device]
 
     def sample_at(self, users: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """`ComplementSampler.sample_at` (the caller has checked that every user has an item left)."""
+        """`ComplementSampler.sample_at` (the caller has checked `ComplementSampler.require_allowed`)."""
         r = (u * self.n_allowed[users][:, None].double()).long()
         if self.table is not None:
             return self.table[self.table_ptr[users][:, None] + r].long()
@@ -157,9 +157,7 @@ def device_cohort(train: sp.csr_matrix, sampler: ComplementSampler, rows: np.nda
     if label_offsets is not None:
         labels[pos_at] -= put(np.asarray(label_offsets, np.float32), torch.float32)[pos_client]
     if k:
-        allowed = sampler.n_allowed[rows]
-        if C and allowed.min() <= 0:  # `ComplementSampler.sample_at`'s error, before any draw
-            sampler.sample_at(rows[[int(np.argmin(allowed))]], np.zeros((1, k)))
+        sampler.require_allowed(rows)  # before any draw
         u = uniforms((seed, draws.NEGATIVES, r), ids, counts * k).reshape(-1, k)
         negs = DeviceSampler.of(sampler, dev).sample_at(torch.repeat_interleave(put(rows), counts, output_size=P), u)
         neg_at = (first[pos_client] + counts[pos_client])[:, None] + offset[:, None] * k + torch.arange(k, device=dev)
