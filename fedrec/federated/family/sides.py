@@ -191,11 +191,11 @@ class FamilyServer(ServerSide):
         acc = self.acc
         if self.rule is not None:  # each client's upload, for the rule
             ups = client_uploads(reply, list(self.state.shared))
-            for u in ups:
-                # the rows each benign client sent count its senders, as the simulator's running
-                # sums count them (a malicious client's, beyond the data's users, do not)
-                if u.accepted and u.client < self.n_clients:
-                    acc.contributed(torch.as_tensor(u.items))
+            # the rows each benign client sent count its senders, as the simulator's running sums
+            # count them (a malicious client's, beyond the data's users, do not)
+            benign = [u.items for u in ups if u.accepted and u.client < self.n_clients]
+            if benign:
+                acc.contributed(torch.as_tensor(np.concatenate(benign)))
             self.kept.extend(ups)
             _fold_counts(acc, reply)
             self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
