@@ -55,6 +55,9 @@ WORKLOADS = [
     Workload("fedcia-mf-per-user", "fedcia-mf", "ml-100k", 1, "<= 2 s a round",
              model=(("clients", 0),)),
     Workload("personalfr-ml100k", "personalfr", "ml-100k", 800, "<= 30 s"),
+    # the same with validation every 10 rounds (--eval-every 10): its training's share
+    Workload("personalfr-ml100k-eval10", "personalfr", "ml-100k", 800, "<= 30 s",
+             engine=(("eval_every", 10),)),
     Workload("pfedrec-1m-users", "pfedrec", "1000000x100000x20000000", 1, "<= 10 s, <= 40 GB",
              cpu=False),
     # leads from long GPU runs (docs/scale.md, "Long runs on a lent GPU"): MetaMF ran ten times slower
@@ -198,7 +201,8 @@ def measure(w: Workload, device: str, rounds: int, seed: int, cache: str | None 
 
 def summarise(w: Workload, device: str, lines: list[str], finished: bool) -> dict[str, Any] | None:
     """A row from a child's output: medians of its rounds; the measured total when all of the
-    workload's rounds ran, else the median round times the workload's rounds (extrapolated)."""
+    workload's rounds ran, else extrapolated: the median round's training and its median validation
+    (one in `eval_every` rounds) times the workload's rounds."""
     tagged = lambda tag: [json.loads(x[len(tag):]) for x in lines if x.startswith(tag)]  # noqa: E731
     rounds, loaded = tagged("ROUND "), tagged("LOADED ")
     if not rounds:
@@ -206,11 +210,15 @@ def summarise(w: Workload, device: str, lines: list[str], finished: bool) -> dic
     median = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     end = json.loads(lines[-1]) if finished else None
     complete = end is not None and end["rounds"] == w.rounds
+    every = dict(w.engine).get("eval_every", 1)  # validated rounds: one in `every`, as extrapolated
+    evals = [r["eval_s"] for r in rounds if r["eval_s"] > 0] or [0.0]
+    per_round = (statistics.median(r["round_s"] - r["eval_s"] for r in rounds)
+                 + statistics.median(evals) / every)
     return {
         "workload": w.name, "device": device, "rounds": len(rounds), "of": w.rounds,
         "train_s": median("train_s"), "aggregate_s": median("aggregate_s"), "eval_s": median("eval_s"),
         "round_s": median("round_s"), "load_s": loaded[0]["load_s"] if loaded else None,
-        "total_s": end["wall_s"] if complete else median("round_s") * w.rounds, "extrapolated": not complete,
+        "total_s": end["wall_s"] if complete else per_round * w.rounds, "extrapolated": not complete,
         "host_peak_gb": (end or rounds[-1])["host_peak_gb"],
         "device_peak_gb": (end or rounds[-1])["device_peak_gb"],
         "test": end["test"] if end else None, "target": w.target, **(loaded[0] if loaded else {}),

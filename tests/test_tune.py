@@ -54,9 +54,9 @@ def test_tuning_never_scores_the_test_split(monkeypatch: pytest.MonkeyPatch) -> 
     scored = []
     original = ev.evaluate
 
-    def spy(scores, data, protocol):  # type: ignore[no-untyped-def]
+    def spy(scores, data, protocol, **kw):  # type: ignore[no-untyped-def]
         scored.append(data)
-        return original(scores, data, protocol)
+        return original(scores, data, protocol, **kw)
 
     monkeypatch.setattr(ev, "evaluate", spy)
     tune("fedmf", DATA, trials=2, rounds=2)

@@ -135,10 +135,13 @@ class Trainable(ABC):
         """Figures of ``stage`` (``valid`` or ``test``) of ``split``, of all users or of those
         where ``users`` (a boolean mask) holds. A Flower server overrides it: its nodes score
         their own clients and it combines their figures."""
+        from fedrec.core.device import eval_chunk_users
         from fedrec.eval.evaluate import evaluate, restrict
 
         data = getattr(split, stage)
-        return evaluate(self.scores, data if users is None else restrict(data, users), split.protocol)
+        width = data.candidates.shape[1] if split.protocol.ranking == "sampled" else split.n_items
+        return evaluate(self.scores, data if users is None else restrict(data, users), split.protocol,
+                        chunk_users=eval_chunk_users(width))
 
     def run_extra(self) -> dict[str, Any]:
         """Algorithm-specific figures for the results JSON."""

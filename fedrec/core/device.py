@@ -70,3 +70,19 @@ def settle() -> None:
     dev = torch.get_default_device()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def eval_chunk_users(width: int) -> int:
+    """How many users an evaluation scores at once with ``width`` candidate items each: 1,024
+    on the CPU, whose caches favour small blocks; on a GPU up to 2^25 scores (128 MB of
+    float32), so that a 10^6-user validation is tens of launches and host steps rather than
+    a thousand chunks' worth, each waiting for the device."""
+    if torch.get_default_device().type != "cuda":
+        return 1024
+    return max(1024, (1 << 25) // max(1, width))
+
+
+def score_cells() -> int:
+    """Item-row cells (users x items x row width) a state scores in one block: 2^22 on the CPU,
+    2^28 (1 GB of float32) on a GPU (see `eval_chunk_users`)."""
+    return 1 << 28 if torch.get_default_device().type == "cuda" else 1 << 22

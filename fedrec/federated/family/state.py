@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fedrec.core.contract import ClientUpload
-from fedrec.core.device import here
+from fedrec.core.device import here, score_cells
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import (
     ITEMS,
@@ -523,8 +523,10 @@ class FamilyState:
     # -- evaluation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def scores(self, clients: np.ndarray, items: np.ndarray | None, chunk_cells: int = 1 << 22) -> np.ndarray:
-        """Scores of ``items`` (``(n, C)``, or None = all) for ``clients`` under their own state."""
+    def scores(self, clients: np.ndarray, items: np.ndarray | None, chunk_cells: int | None = None) -> np.ndarray:
+        """Scores of ``items`` (``(n, C)``, or None = all) for ``clients`` under their own state,
+        ``chunk_cells`` item-row cells at a time (default: `fedrec.core.device.score_cells`)."""
+        chunk_cells = chunk_cells or score_cells()
         n_items = self.items.shape[0]
         width = n_items if items is None else items.shape[1]
         out = np.empty((len(clients), width), np.float32)
