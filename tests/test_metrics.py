@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.metrics import ndcg_score
 
-from fedrec.eval.metrics import ALL_METRICS, ranking_metrics, rmse
+from fedrec.eval.metrics import ALL_METRICS, NaNScores, ranking_metrics, rmse
 
 PER_USER = ("hr", "ndcg", "mrr", "precision", "recall")
 
@@ -287,3 +287,23 @@ def test_held_out_ratings_are_scored_a_row_a_user() -> None:
     want = rmse(bias[rows] + 0.01 * cols, targets.data)  # each rating scored alone
     assert got["rmse"] == pytest.approx(want, rel=1e-6) and got["users"] == len(users)
     assert sorted(scored) == sorted(set(rows.tolist()))  # once a user; users 1 and 6 not at all
+
+
+@pytest.mark.parametrize("ties", ["random", "pessimistic", "optimistic"])
+def test_one_relevant_a_row_counts_as_the_tie_groups_do(ties: str) -> None:
+    """Rows with one relevant candidate (sampled ranking) take a path of two counts a row;
+    it gives what the tie-group path gives (reached here through a sparse ``relevant``)."""
+    rng = np.random.default_rng(3)
+    for n_cand, levels in ((7, 3), (30, 5), (101, 1000), (12, 1)):
+        scores = rng.integers(0, levels, (200, n_cand)).astype(np.float32)  # many ties
+        relevant = np.zeros(scores.shape, bool)
+        relevant[np.arange(200), rng.integers(0, n_cand, 200)] = True
+        for per_user in (False, True):
+            fast = ranking_metrics(scores, relevant, ks=(1, 5, 10, 200), ties=ties, per_user=per_user)
+            tied = ranking_metrics(scores, sp.csr_matrix(relevant), ks=(1, 5, 10, 200), ties=ties,
+                                   per_user=per_user)
+            assert fast.keys() == tied.keys()
+            for key in fast:
+                np.testing.assert_allclose(fast[key], tied[key], rtol=1e-12, atol=1e-15, err_msg=key)
+    with pytest.raises(NaNScores):
+        ranking_metrics(np.array([[np.nan, 1.0]]), np.array([[True, False]]))

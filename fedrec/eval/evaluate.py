@@ -121,9 +121,13 @@ def restrict(stage: EvalSet, keep: np.ndarray) -> EvalSet:
 
 
 def _chunked(scorer: Scorer, users: np.ndarray, items: np.ndarray, chunk: int) -> np.ndarray:
-    # candidates are stored compactly (int32); scorers get int64 ids, a chunk at a time
-    parts = [
-        np.asarray(scorer(users[s : s + chunk], items[s : s + chunk].astype(np.int64)), dtype=np.float64)
-        for s in range(0, len(users), chunk)
-    ]
-    return np.concatenate(parts) if parts else np.zeros((0, items.shape[1]))
+    """Scores of each user's candidates, ``chunk`` users at a time, written into one array (no
+    concatenated copy). Candidates are stored compactly (int32); scorers get int64 ids. Float32
+    scores stay float32: they rank as float64 does, at half the bytes."""
+    out = np.zeros((len(users), items.shape[1]))
+    for s in range(0, len(users), chunk):
+        part = np.asarray(scorer(users[s : s + chunk], items[s : s + chunk].astype(np.int64)))
+        if s == 0 and part.dtype == np.float32:
+            out = np.empty(out.shape, np.float32)
+        out[s : s + len(part)] = part
+    return out

@@ -37,21 +37,25 @@ class _Block:
 class _Index:
     """Every live block merged: its keys as one increasing array, each block's ranks moved
     past the ranks before it, so that one search finds any client's rows (int64 on the rows'
-    device: 8 bytes a row, kept from the first evaluation after an update to the next update),
-    and its rows in one tensor."""
+    device: 8 bytes a row, kept from the first evaluation after an update to the next update);
+    on a GPU its rows in one tensor as well (`PersonalRows._index`)."""
 
+    bids: list[int]  # the blocks in merged order
     keys: torch.Tensor
     ptr: np.ndarray  # the client of rank k holds merged positions ptr[k]:ptr[k+1]
+    starts: torch.Tensor  # block k holds merged positions starts[k]:starts[k+1] (CPU)
     rank: np.ndarray  # each client's rank (-1: no rows)
-    rows: torch.Tensor
+    rows: torch.Tensor | None
 
 
 class PersonalRows:
     """Latest post-tuned rows of each client; a client's new rows replace its old ones."""
 
-    def __init__(self, n_items: int, width: int) -> None:
+    def __init__(self, n_items: int, width: int, merge_rows: bool | None = None) -> None:
         self.n_items = n_items
         self.width = width
+        #: merge the blocks' rows for evaluation (`_index`); None: on a GPU, not on the CPU
+        self.merge_rows = merge_rows
         self._blocks: dict[int, _Block] = {}
         self._live: dict[int, int] = {}  # block id -> how many clients point at it
         self._latest = np.zeros(0, np.int64)  # block id holding each client's rows, -1: none
@@ -87,12 +91,11 @@ class PersonalRows:
         """Write each client's own rows into ``v`` (``(n, C, width)`` rows of ``items``; None:
         every item in order, ``C = n_items``).
 
-        Sampled items are found by one search of the merged keys (`_index`) and written with
-        one gather, on the rows' device: an evaluation scores users in chunks, and a search
-        and copy a chunk and block (2,000 blocks times 977 chunks in a 10^6-user validation)
-        was most of its time. Every item (full ranking): each client's rows go straight to
-        their columns, one copy of the rows it holds, instead of a search for each of the
-        ``n_items`` columns.
+        Sampled items are found by one search of the merged keys (`_index`): an evaluation
+        scores users in chunks, and a search a chunk and block (2,000 blocks times 977 chunks in
+        a 10^6-user validation) was most of its time. Every item (full ranking): each client's
+        rows go straight to their columns, one copy of the rows it holds, instead of a search
+        for each of the ``n_items`` columns.
         """
         if not self._blocks:
             return
@@ -109,21 +112,34 @@ class PersonalRows:
         if items is None:
             start = index.ptr[rank]
             count = index.ptr[rank + 1] - start
-            at = torch.as_tensor(ranges(start, count))  # the clients' rows in the merged rows
+            at = torch.as_tensor(ranges(start, count))  # the clients' rows, merged positions
             owner = torch.as_tensor(np.repeat(mine * self.n_items - rank * self.n_items, count))
-            flat = v.view(-1, v.shape[-1])
-            flat[owner + index.keys[at]] = index.rows[at]
+            target = owner + index.keys[at]
+        else:
+            query = torch.as_tensor(rank)[:, None] * self.n_items + torch.as_tensor(items[mine])
+            pos = torch.searchsorted(index.keys, query).clamp_(max=len(index.keys) - 1)
+            k, col = (index.keys[pos] == query).nonzero(as_tuple=True)  # one wait a chunk on a GPU
+            target, at = torch.as_tensor(mine)[k] * items.shape[1] + col, pos[k, col]
+        if not len(at):
             return
-        query = torch.as_tensor(rank)[:, None] * self.n_items + torch.as_tensor(items[mine])
-        pos = torch.searchsorted(index.keys, query).clamp_(max=len(index.keys) - 1)
-        k, col = (index.keys[pos] == query).nonzero(as_tuple=True)  # one wait a chunk on a GPU
         flat = v.view(-1, v.shape[-1])
-        flat[torch.as_tensor(mine)[k] * items.shape[1] + col] = index.rows[pos[k, col]]
+        if index.rows is not None:
+            flat[target] = index.rows[at]
+            return
+        block = torch.searchsorted(index.starts, at, right=True) - 1  # the rows stay in their blocks
+        order = torch.argsort(block, stable=True)
+        block, at, target = block[order].numpy(), at[order], target[order]
+        cuts = np.flatnonzero(np.diff(block)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(block)], strict=True):
+            b = int(block[lo])
+            flat[target[lo:hi]] = self._blocks[index.bids[b]].rows[at[lo:hi] - int(index.starts[b])]
 
     def _index(self) -> _Index:
-        """The live blocks merged for search, made once after each update. Their rows move into
-        one tensor a block at a time, each block then holding a view of it, so the merge holds
-        at most one block's rows twice."""
+        """The live blocks merged for search, made once after each update. On a GPU their rows
+        move into one tensor too, so a chunk's rows are one gather rather than one a block (each
+        a launch); a block at a time, each block then holding a view of it, so the merge holds
+        at most one block's rows twice. On the CPU the rows stay where they are (a copy of
+        every row a round costs more there than the gathers a block)."""
         if self._merged is None:
             bids = sorted(self._blocks)
             blocks = [self._blocks[b] for b in bids]
@@ -137,11 +153,14 @@ class PersonalRows:
                 latest = np.flatnonzero(self._latest[b.clients] == bid)
                 rank[b.clients[latest]] = base[k] + latest
             like = blocks[0].rows
-            rows = torch.empty((int(starts[-1]), self.width), dtype=like.dtype, device=like.device)
-            for k, b in enumerate(blocks):
-                rows[starts[k] : starts[k + 1]] = b.rows
-                b.rows = rows[starts[k] : starts[k + 1]]
-            self._merged = _Index(torch.as_tensor(keys, device=like.device), ptr, rank, rows)
+            rows = None
+            if self.merge_rows or (self.merge_rows is None and like.device.type != "cpu"):
+                rows = torch.empty((int(starts[-1]), self.width), dtype=like.dtype, device=like.device)
+                for k, b in enumerate(blocks):
+                    rows[starts[k] : starts[k + 1]] = b.rows
+                    b.rows = rows[starts[k] : starts[k + 1]]
+            self._merged = _Index(bids, torch.as_tensor(keys, device=like.device), ptr,
+                                  torch.as_tensor(starts), rank, rows)
         return self._merged
 
     def state(self) -> dict[str, object]:
