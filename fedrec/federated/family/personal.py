@@ -128,7 +128,7 @@ class PersonalRows:
             return
         block = torch.searchsorted(index.starts, at, right=True) - 1  # the rows stay in their blocks
         order = torch.argsort(block, stable=True)
-        block, at, target = block[order].numpy(), at[order], target[order]
+        block, at, target = block[order].cpu().numpy(), at[order], target[order]
         cuts = np.flatnonzero(np.diff(block)) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(block)], strict=True):
             b = int(block[lo])
