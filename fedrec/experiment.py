@@ -442,9 +442,9 @@ def train(
         model, trainable = build_trainable(cfg, split, options)
         if prepare is not None:
             prepare(trainable, split)
-        config = recorded_config(cfg, asdict(options))
+        config = recorded_config(cfg, options.values())
         driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
-                                  "fingerprint": fingerprint(cfg, asdict(options)), "keep_best": keep_best}
+                                  "fingerprint": fingerprint(cfg, options.values()), "keep_best": keep_best}
         # the trainer's rounds, evaluation, stop and back-offs (the centralised one: always its best epoch)
         outcome, diverged = _until_divergence(lambda: run_rounds(trainable, split, **{**driver, **cfg.trainer.driver()}))
     result = RunResult(

@@ -16,7 +16,7 @@ import inspect
 import re
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 from fedrec.errors import FedrecError
@@ -46,9 +46,35 @@ def typed(cls: type, values: typing.Mapping[str, Any], what: str,
     return {k: _convert(v, hints[k], k, f" ({what})") for k, v in values.items()}
 
 
+def internal(default: Any) -> Any:
+    """A field of an algorithm's description that the algorithm sets, not the user: its class
+    gives the value (FedMF's score function, GPFedRec's method), `Options.for_split` what the
+    data decides (the loss). Not parsed, listed or recorded as an option."""
+    return field(default=default, metadata={"option": False})
+
+
+def option_fields(cls: type) -> list[Field[Any]]:
+    """The fields of dataclass ``cls`` a user sets (all but `internal` ones), in order."""
+    return [f for f in fields(cls) if f.metadata.get("option", True)]
+
+
 @dataclass(frozen=True)
 class Options:
-    """Base of every algorithm's options (see the module docstring)."""
+    """Base of every algorithm's options (see the module docstring).
+
+    An algorithm's options class is its model description too where it subclasses the
+    description (``class RAPOptions(RAPSpec, Options)``): `for_split` then returns it as the
+    run's model, with what the data decides filled in, and no builder copies fields across.
+    """
+
+    def for_split(self, split: Any) -> Any:
+        """The model description for ``split`` (an algorithm's builder where it has none):
+        these options, with what the data decides filled in by a subclass."""
+        return self
+
+    def values(self) -> dict[str, Any]:
+        """The options as set (`internal` fields left out): what a results file records."""
+        return {f.name: getattr(self, f.name) for f in option_fields(type(self))}
 
     @classmethod
     def parse(cls: type[T], values: typing.Mapping[str, Any], *, algorithm: str = "",
@@ -56,7 +82,7 @@ class Options:
         """``values`` (strings or Python values) as typed options; ``fixed`` are options the
         algorithm itself sets (a variant such as ``fedrap-no``), which a value may not contradict."""
         hints = typing.get_type_hints(cls)
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in option_fields(cls)}
         who = f" of '{algorithm}'" if algorithm else ""
         unknown = sorted(k for k in values if k.replace("-", "_") not in known)
         if unknown:
@@ -80,7 +106,7 @@ class Options:
     def describe(cls) -> dict[str, str]:
         """Each option's type, for listings and error messages."""
         hints = typing.get_type_hints(cls)
-        return {f.name: _type_name(hints[f.name]) for f in fields(cls)}
+        return {f.name: _type_name(hints[f.name]) for f in option_fields(cls)}
 
     @classmethod
     def help(cls) -> dict[str, str]:
@@ -90,13 +116,13 @@ class Options:
         for klass in cls.__mro__:
             for name, text in _field_comments(klass).items():
                 found.setdefault(name, text)
-        return {f.name: found.get(f.name, "") for f in fields(cls)}
+        return {f.name: found.get(f.name, "") for f in option_fields(cls)}
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Each option's default value."""
         out = {}
-        for f in fields(cls):
+        for f in option_fields(cls):
             if f.default is not MISSING:
                 out[f.name] = f.default
             elif f.default_factory is not MISSING:

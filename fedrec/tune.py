@@ -451,7 +451,7 @@ def _fixed_options(spec: AlgorithmSpec, fixed: dict[str, Any]) -> dict[str, Any]
     algorithm's search draws (`AlgorithmSpec.search`)."""
     if not fixed:
         return {}
-    typed = dataclasses.asdict(spec.parse(fixed))
+    typed = spec.parse(fixed).values()
     names = [k.replace("-", "_") for k in fixed]
     searched = sorted(set(names) & set(spec.search))
     if searched:

@@ -154,12 +154,12 @@ def train_client(spec: FamilySpec, model: ClientModel, batches: Batches, lr: flo
         loss_fn(model(idx), y).backward()
         opt.step()
 
-    if spec.reconstruct:
+    if spec.reconstruct_epochs:
         opt = torch.optim.SGD(user, lr=lr)
-        for _ in range(spec.reconstruct):
+        for _ in range(spec.reconstruct_epochs):
             for idx, y in batches[: len(batches) // epochs]:
                 step(opt, idx, y)
-    score_params = dense + ([] if spec.reconstruct else user)
+    score_params = dense + ([] if spec.reconstruct_epochs else user)
     groups = [[{"params": score_params, "lr": lr}], [{"params": [model.rows], "lr": lr_item}]]
     if not spec.dual:
         groups = [groups[0] + groups[1]]

@@ -196,3 +196,25 @@ def test_every_trained_algorithm_can_back_off(name: str) -> None:
     cfg = config(name, rounds=1)
     _, algorithm = build_trainable(cfg, prepare_split(cfg))
     assert algorithm.scale_rates(0.5) is (algorithm.max_rounds != 1)
+
+
+def test_every_federated_algorithms_options_are_its_spec() -> None:
+    """No builder copies option fields into a spec: the parsed options, with what the data
+    decides filled in, are what the engine trains; the fields a method sets itself are not
+    options (refused by --set, not listed, not recorded)."""
+    from dataclasses import fields
+
+    from fedrec.algorithms import ALGORITHMS
+    from fedrec.errors import FedrecError
+
+    for name, alg in ALGORITHMS.items():
+        if alg.kind != "federated":
+            continue
+        assert alg.builder is None, name
+        spec = alg.build(None, {})
+        assert isinstance(spec, alg.options), name
+        listed = set(alg.options.describe())
+        assert set(alg.defaults) == listed, name
+        for internal in {f.name for f in fields(alg.options)} - listed:
+            with pytest.raises(FedrecError, match="unknown option"):
+                alg.parse({internal: getattr(spec, internal)})

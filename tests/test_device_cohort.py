@@ -65,7 +65,7 @@ def test_the_device_layout_is_the_numpy_layout(device: str, k: int, epochs: int,
     offsets = np.random.default_rng(3).random(40).astype(np.float32) if ratings else None
     seed, r = 5, 3
     cfg = replace(engine.FederatedConfig(), negatives=k, local_epochs=epochs, batch_size=batch)
-    spec = type("Spec", (), {"reconstruct": 0})()
+    spec = type("Spec", (), {"reconstruct_epochs": 0})()
     negs, keys, _ = engine.client_draws(spec, cfg, train, sampler, rows, ids, seed, r)
     want = build_cohort(train, rows, negs, batch, keys, ratings=ratings, label_offsets=offsets)
     got = device_cohort(train, sampler, rows, ids, k, epochs, batch, seed, r, ratings=ratings,

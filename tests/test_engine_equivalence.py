@@ -237,7 +237,7 @@ def test_uploads_match_reference(split: Split, name: str) -> None:
     negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
     keys = rng.random((2, int(counts.sum()) * 5))
     cohort = build_cohort(split.train, clients, negs, cfg.batch_size, keys)
-    fresh = torch.randn(len(clients), spec.item_width) if spec.reconstruct else None
+    fresh = torch.randn(len(clients), spec.item_width) if spec.reconstruct_epochs else None
 
     acc = state.begin_round(1)
     up = state.local_update(cohort, cfg.upload_path(), fresh)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedrec.errors import FedrecError, UnknownNameError
@@ -21,7 +21,8 @@ from fedrec.protocols.protocol import Split
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """A named algorithm: ``builder(split, options)`` returns its model description.
+    """A named algorithm: ``builder(split, options)`` returns its model description, or the
+    options are the description (``builder`` None: `fedrec.options.Options.for_split`).
 
     ``kind`` picks the trainer: ``centralised`` builds an ``nn.Module`` trained one epoch a
     round; ``federated`` builds a frozen spec whose ``algorithm(split, cfg, seed)`` is a
@@ -36,7 +37,9 @@ class AlgorithmSpec:
     name: str
     kind: str
     description: str
-    builder: Callable[[Split, Any], Any]
+    #: the model description from the split and the parsed options; None: the options are
+    #: the description (`Options.for_split`)
+    builder: Callable[[Split, Any], Any] | None
     options: type[Options] = Options
     engine: dict[str, Any] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +121,7 @@ class AlgorithmSpec:
         under the federated ``engine``'s options where the description depends on them (the
         family's rating baseline: `fedrec.federated.family.spec.FamilySpec.configured`)."""
         opts = values if isinstance(values, Options) else self.parse(values)
-        model = self.builder(split, opts)  # type: ignore[arg-type]
+        model = opts.for_split(split) if self.builder is None else self.builder(split, opts)
         self.check_engine(model, engine)
         configured = getattr(model, "configured", None)
         return configured(engine) if engine is not None and configured is not None else model
@@ -139,7 +142,7 @@ class AlgorithmSpec:
     @property
     def defaults(self) -> dict[str, Any]:
         """The options it runs with when none are given."""
-        return asdict(self.parse())
+        return self.parse().values()
 
     @property
     def lr(self) -> float | None:

@@ -15,23 +15,18 @@ optimizer=sgd --lr 0.1`` (what `fedrec reproduce personalfr` runs).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.ae.spec import AESpec
 from fedrec.options import Options
-from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
 class AEOptions(AESpec, Options):
     """`AESpec`'s fields, typed and checked by its own validation; ``share`` is set by each
-    algorithm."""
-
-
-def _build(split: Split, o: AEOptions) -> AESpec:
-    return AESpec(**asdict(o))
+    algorithm. The options are the run's model description."""
 
 
 ENGINE: dict[str, Any] = {"lr": 1e-3, "rounds": 800, "clients_per_round": 0.1, "local_epochs": 5,
@@ -39,7 +34,7 @@ ENGINE: dict[str, Any] = {"lr": 1e-3, "rounds": 800, "clients_per_round": 0.1, "
 
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None) -> None:
-    register(AlgorithmSpec(name, "federated", text, _build, AEOptions, {**ENGINE, **(engine or {})},
+    register(AlgorithmSpec(name, "federated", text, None, AEOptions, {**ENGINE, **(engine or {})},
                            fixed, rankings=("rating", "rated"), flower=fixed.get("clients") != 1,
                            ignores=("negatives", "lr_item", "item_lr_scale", "item_std", "encoding",
                                     "memory_budget_mb", "dp_clip")))

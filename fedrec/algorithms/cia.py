@@ -16,7 +16,7 @@ epoch, early stopping after 10 rounds without a better validation F1@10, as the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
@@ -27,8 +27,9 @@ from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
-class CIAOptions(Options):
-    """See the module docstring; ``dims`` empty means ``dim`` for every client."""
+class CIAOptions(CIASpec, Options):
+    """`CIASpec`'s options and three of its own that `for_split` compiles into its ``models``;
+    ``dims`` empty means ``dim`` for every client."""
 
     #: embedding size of every client's model
     dim: int = 64
@@ -36,35 +37,18 @@ class CIAOptions(Options):
     backbone: str = "mf"
     #: several embedding sizes (e.g. 128/256/512), one per share of the clients; empty: dim
     dims: tuple[int, ...] = ()
-    #: cia (average item similarities), waa (average parameters) or none (independent models)
-    aggregation: str = "cia"
-    #: clients the users are grouped into (0: one user per client)
-    clients: int = 100
-    #: how users are grouped: contiguous blocks of ids (the official split) or random
-    grouping: str = "contiguous"
-    #: LightGCN's propagation layers
-    layers: int = 3
-    #: gradient steps a client fine-tunes its item table towards the averaged similarity
-    finetune_steps: int = 100
-    #: step size of that fine-tune
-    finetune_lr: float = 0.1
-    #: the fine-tune's loss: norm (the official code's Frobenius norm) or mse (the paper's)
-    finetune_loss: str = "norm"
-    #: rank of the uploaded similarity's eigendecomposition (0: the dense matrix travels)
-    upload_rank: int = 0
-    #: all (the whole item-item similarity) or local (only the items a client has)
-    scope: str = "all"
-    #: GF-CF: weight of the averaged filter in a user's scores
-    beta: float = 60.0
-    #: GF-CF: weight of the ideal low-pass filter
-    ideal_weight: float = 0.3
-    #: GF-CF: singular vectors kept by the ideal low-pass filter
-    filter_rank: int = 32
 
     def validate(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
               (self.backbone == "mixed" and len(self.dims) > 1,
                "give either backbone=mixed or several dims, not both"))
+
+    def for_split(self, split: Split | None) -> CIASpec:
+        """The spec for ``split``: every (backbone, dim) pair the clients take in turn."""
+        if split is not None and split.protocol.ranking == "rating":
+            raise FedrecError("FedCIA's models rank items; use a ranking protocol (ratio-full)")
+        backbones = ["mf", "mlp", "lightgcn"] if self.backbone == "mixed" else [self.backbone]
+        return replace(self, models=tuple((b, d) for b in backbones for d in (self.dims or (self.dim,))))
 
 
 @dataclass(frozen=True)
@@ -73,15 +57,6 @@ class StackedOptions(CIAOptions):
 
     #: cia (average item similarities), waa (average parameters) or none (independent models)
     aggregation: str = "none"
-
-
-def _build(split: Split, o: CIAOptions) -> CIASpec:
-    if split is not None and split.protocol.ranking == "rating":
-        raise FedrecError("FedCIA's models rank items; use a ranking protocol (ratio-full)")
-    backbones = ["mf", "mlp", "lightgcn"] if o.backbone == "mixed" else [o.backbone]
-    models = tuple((b, d) for b in backbones for d in (o.dims or (o.dim,)))
-    kwargs = {k: v for k, v in asdict(o).items() if k not in ("dim", "backbone", "dims")}
-    return CIASpec(models=models, **kwargs)
 
 
 ENGINE: dict[str, Any] = {"lr": 0.03, "batch_size": 4096, "negatives": 1, "patience": 10,
@@ -98,7 +73,7 @@ IGNORES = ("lr_item", "item_lr_scale", "item_std", "encoding", "memory_budget_mb
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None,
               options: type[CIAOptions] = CIAOptions) -> None:
-    register(AlgorithmSpec(name, "federated", text, _build, options,
+    register(AlgorithmSpec(name, "federated", text, None, options,
                            {**ENGINE, **(engine or {})}, fixed, flower=fixed.get("clients") != 1,
                            ignores=IGNORES))
 

@@ -11,19 +11,19 @@ FedYogi, the same with Yogi's second moment, is registered here too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
 from fedrec.federated.family.server_opt import ServerOpt
 from fedrec.federated.family.spec import FamilySpec
-from fedrec.options import check
+from fedrec.options import check, internal
 from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
 class FedAdamOptions(FamilyOptions):
+    optimizer: str = internal("adam")
     #: the server's Adam step size on the mean item update
     server_lr: float = 0.1
     #: decay of the server's first-moment (mean) estimate
@@ -38,24 +38,28 @@ class FedAdamOptions(FamilyOptions):
         check((self.server_lr <= 0 or self.tau <= 0, "server_lr and tau must be > 0"),
               (not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1), "beta1 and beta2 must be in [0, 1)"))
 
+    def for_split(self, split: Split | None) -> FamilySpec:
+        """FedMF with the adaptive server optimiser (``optimizer``) at these settings."""
+        server = ServerOpt(self.optimizer, lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau)
+        return replace(super().for_split(split), server=server)
+
+
+@dataclass(frozen=True)
+class FedYogiOptions(FedAdamOptions):
+    """FedYogi: FedAdam's options, Yogi's second moment."""
+
+    optimizer: str = internal("yogi")
+
 
 #: `fedrec tune` also searches the server's step size, which bounds how far a coordinate moves a
 #: round (a decade either side of the default)
 SEARCH = {"server_lr": (1e-2, 1.0)}
 
 
-def _builder(server: str) -> Callable[[Split, FedAdamOptions], FamilySpec]:
-    """FedMF with the adaptive server optimiser ``server`` (adam or yogi) at the options' settings."""
-    def build(split: Split, o: FedAdamOptions) -> FamilySpec:
-        return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
-                          server=ServerOpt(server, lr=o.server_lr, beta1=o.beta1, beta2=o.beta2, tau=o.tau))
-    return build
-
-
 register(AlgorithmSpec(
     "fedadam", "federated",
     "FedAdam: FedMF whose server applies Adam to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    _builder("adam"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    None, FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
     search=SEARCH,
 ))
 
@@ -63,5 +67,5 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "fedyogi", "federated",
     "FedYogi: FedMF whose server applies Yogi to the mean item update (--set server_lr=, beta1=, beta2=, tau=)",
-    _builder("yogi"), FedAdamOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
+    None, FedYogiOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
 ))

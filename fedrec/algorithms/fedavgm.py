@@ -10,7 +10,7 @@ member of the family.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
@@ -32,15 +32,14 @@ class FedAvgMOptions(FamilyOptions):
         check((self.server_lr <= 0, "server_lr must be > 0"),
               (not 0 <= self.momentum < 1, "momentum must be in [0, 1)"))
 
-
-def build(split: Split, o: FedAvgMOptions) -> FamilySpec:
-    return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
-                      server=ServerOpt("avgm", lr=o.server_lr, momentum=o.momentum))
+    def for_split(self, split: Split | None) -> FamilySpec:
+        """FedMF with server momentum at these settings."""
+        return replace(super().for_split(split), server=ServerOpt("avgm", lr=self.server_lr, momentum=self.momentum))
 
 
 register(AlgorithmSpec(
     "fedavgm", "federated",
     "FedAvgM: FedMF with server momentum on the mean item update (--set server_lr=, momentum=)",
-    build, FedAvgMOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    None, FedAvgMOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
     search={"server_lr": (1e-2, 1.0)},  # `fedrec tune` also searches the server's step (a decade around it)
 ))

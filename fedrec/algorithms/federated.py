@@ -16,32 +16,38 @@ vector for 20 epochs a round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.family.spec import FamilySpec, loss_for
-from fedrec.options import Options, check
+from fedrec.options import Options, check, internal
 from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
-class FamilyOptions(Options):
-    """``dim``: embedding size; ``dual``: PFedRec's dual personalisation; ``clip``: each
-    client's gradient norm per local step, its whole model's as ``clip_grad_norm_`` takes it
-    (0: off, the papers' setting), which bounds the step a client with few samples takes at a
-    large item rate."""
-
-    #: embedding size of the user vector and the item rows
-    dim: int = 32
-    #: PFedRec's dual personalisation: private score function, item rows post-tuned per client
-    dual: bool = False
-    #: L2 bound on each client's gradient of a local step (0: no clipping)
-    clip: float = 0.0
+class FamilyOptions(FamilySpec, Options):
+    """A member's options, which are its spec (`FamilySpec`'s fields other than the `internal`
+    ones its class sets): ``dim``, ``dual`` (PFedRec's dual personalisation), ``clip`` (each
+    client's gradient norm per local step, its whole model's as ``clip_grad_norm_`` takes it;
+    0: off, the papers' setting), which bounds the step a client with few samples takes at a
+    large item rate. The split decides the loss (`for_split`)."""
 
     def validate(self) -> None:
-        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
-              (self.clip < 0, f"clip must be >= 0 (0: off; got {self.clip})"))
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))  # clip: `FamilySpec`'s own check
+
+    def for_split(self, split: Split | None) -> FamilySpec:
+        """The spec for ``split``: its loss (`loss_for`), and a private score function wherever
+        the member is dual."""
+        loss = "bce" if split is None else loss_for(split)
+        return replace(self, loss=loss, private_score=self.private_score or self.dual)
+
+
+@dataclass(frozen=True)
+class FedNCFOptions(FamilyOptions):
+    """FedNCF: NeuMF's GMF and MLP halves."""
+
+    score: str = internal("ncf")
 
 
 @dataclass(frozen=True)
@@ -56,19 +62,12 @@ class ReconOptions(FamilyOptions):
         check((self.reconstruct_epochs < 1, "reconstruct_epochs must be >= 1"))
 
 
-def _family(score: str, *, private_score: bool = False, reconstruct: bool = False):  # type: ignore[no-untyped-def]
-    def build(split: Split, o: FamilyOptions) -> FamilySpec:
-        return FamilySpec(
-            score=score,
-            private_score=private_score or o.dual,
-            dual=o.dual,
-            reconstruct=o.reconstruct_epochs if isinstance(o, ReconOptions) else 0,
-            dim=o.dim,
-            loss=loss_for(split),
-            clip=o.clip,
-        )
+@dataclass(frozen=True)
+class PFedRecOptions(FamilyOptions):
+    """PFedRec: a private Linear(d, 1) score function (and, fixed by its registration, dual)."""
 
-    return build
+    score: str = internal("linear")
+    private_score: bool = internal(True)
 
 
 #: under rating protocols (squared error on the observed ratings, no negatives) at fedrec's
@@ -103,26 +102,26 @@ def _table4(ml100k: float, ml1m: float, lastfm: float, amazon: float) -> dict[st
 register(AlgorithmSpec(
     "fedmf", "federated",
     "FedMF: private user vector, item table averaged (no encryption); --dual for DualPer",
-    _family("dot"), FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    None, FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
     per_dataset=_table4(0.1, 0.1, 0.05, 0.05), rankings=("sampled", "full", "rating"),
     rating_engine=RATING_ENGINE, rating_paper=RATING_PAPER, transfers=True,
 ))
 register(AlgorithmSpec(
     "fedncf", "federated",
     "FedNCF: private user vectors; item table, MLP and head averaged; --dual keeps the MLP private",
-    _family("ncf"), FamilyOptions, samples(0.5), flower=True,
+    None, FedNCFOptions, samples(0.5), flower=True,
     paper={"aggregation": "clients", "item_lr_scale": 20000.0}, per_dataset=_table4(0.5, 0.5, 0.5, 0.5),
     transfers=True,
 ))
 register(AlgorithmSpec(
     "fedrecon", "federated",
     "FedRecon: user vector re-trained from scratch each round before the item update; --dual for DualPer",
-    _family("dot", reconstruct=True), ReconOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
+    None, ReconOptions, samples(0.1), flower=True, paper=PAPERS_RULE,
     per_dataset=_table4(0.1, 0.1, 0.1, 0.05), transfers=True,
 ))
 register(AlgorithmSpec(
     "pfedrec", "federated",
     "PFedRec: private Linear(d,1) score function, item table post-tuned on the client, averaged",
-    _family("linear", private_score=True), FamilyOptions, samples(0.1), fixed={"dual": True},
+    None, PFedRecOptions, samples(0.1), fixed={"dual": True},
     flower=True, paper=PAPERS_RULE, per_dataset=_table4(0.1, 0.1, 0.05, 0.01), transfers=True,
 ))

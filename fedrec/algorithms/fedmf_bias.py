@@ -8,6 +8,7 @@ algorithm that uses it; the engine does not change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,8 +22,7 @@ from fedrec.algorithms.federated import (
     samples,
 )
 from fedrec.federated.family.scores import Dot, register_score
-from fedrec.federated.family.spec import FamilySpec, loss_for
-from fedrec.protocols.protocol import Split
+from fedrec.options import internal
 
 
 class DotBias(Dot):
@@ -44,15 +44,17 @@ class DotBias(Dot):
 register_score(DotBias())
 
 
-def build(split: Split, o: FamilyOptions) -> FamilySpec:
-    return FamilySpec(score="dot-bias", private_score=o.dual, dual=o.dual, dim=o.dim, loss=loss_for(split),
-                      clip=o.clip)
+@dataclass(frozen=True)
+class FedMFBiasOptions(FamilyOptions):
+    """FedMF's options; the score takes the private per-user bias."""
+
+    score: str = internal("dot-bias")
 
 
 register(AlgorithmSpec(
     "fedmf-bias", "federated",
     "FedMF with a private per-user bias (<u, q> + b_u, both on the client)",
-    build, FamilyOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
+    None, FedMFBiasOptions, samples(0.1), flower=True, paper=PAPERS_RULE, transfers=True,
     rankings=("sampled", "full", "rating"),
     rating_engine=RATING_ENGINE, rating_paper=RATING_PAPER,
 ))

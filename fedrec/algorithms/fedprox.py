@@ -11,7 +11,7 @@ docs/adding-an-algorithm.md: one file and one test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
@@ -30,19 +30,18 @@ class FedProxOptions(FamilyOptions):
         super().validate()
         check((not self.mu >= 0, "mu must be >= 0"))
 
+    def for_split(self, split: Split | None) -> FamilySpec:
+        """FedMF whose clients add the proximal term at weight ``mu``."""
+        return replace(super().for_split(split), objective=Proximal(mu=self.mu))
+
 
 #: `fedrec tune` also searches the term's weight: from next to FedMF to holding the local steps
 #: at the round's model
 SEARCH = {"mu": (1e-4, 1.0)}
 
 
-def build(split: Split, o: FedProxOptions) -> FamilySpec:
-    return FamilySpec(score="dot", private_score=o.dual, dual=o.dual, dim=o.dim, clip=o.clip,
-                      objective=Proximal(mu=o.mu))
-
-
 register(AlgorithmSpec(
     "fedprox", "federated",
     "FedProx: FedMF whose clients add the proximal term (mu / 2) ||w - w_round||² to their loss (--set mu=)",
-    build, FedProxOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
+    None, FedProxOptions, samples(0.1), flower=True, paper=PAPERS_RULE, search=SEARCH,
 ))

@@ -8,60 +8,42 @@ local epoch, all clients every round.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.graph.spec import GraphSpec
-from fedrec.options import Options, check
-from fedrec.protocols.protocol import Split
+from fedrec.options import Options, check, internal
 
 
 @dataclass(frozen=True)
-class GraphOptions(Options):
-    #: embedding size of the user vector and the item rows
-    dim: int = 32
-    #: learning rate of the private user vector as a multiple of --lr
-    user_lr_scale: float = 79.0
+class GPFedRecOptions(GraphSpec, Options):
+    """GPFedRec: ``reg`` weighs the MSE pull to the personalised table; ``similarity``,
+    ``threshold`` and ``mp_layers`` shape the user graph (`GraphSpec`'s fields)."""
+
+    method: str = internal("gpfedrec")
+    public_ratio: float = internal(1.0)
+    alpha: float = internal(0.5)
+    gcn_layers: int = internal(1)
+    ablation: str = internal("none")
 
     def validate(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
 
 
 @dataclass(frozen=True)
-class GPFedRecOptions(GraphOptions):
-    """``reg``: weight of the MSE pull to the personalised table; ``similarity``, ``threshold``
-    and ``mp_layers`` shape the user graph."""
+class GFedPPOptions(GraphSpec, Options):
+    """GFed-PP: ``public_ratio`` of users who share their interactions; ``alpha`` mixes the
+    graph's table into a public user's start; ``ablation`` (set by the variants) turns a part
+    off (`GraphSpec`'s fields)."""
 
-    #: weight of the MSE pull of the local item table towards the personalised one
-    reg: float = 1.0
-    #: user graph from cosine similarity, or legacy-distance (the official code's cosine distance)
-    similarity: str = "cosine"
-    #: neighbours are users more similar than threshold x the mean similarity
-    threshold: float = 1.0
-    #: message-passing steps over the user graph that make the personalised tables
-    mp_layers: int = 1
+    method: str = internal("gfedpp")
+    reg: float = internal(1.0)
+    similarity: str = internal("cosine")
+    threshold: float = internal(1.0)
+    mp_layers: int = internal(1)
 
-
-@dataclass(frozen=True)
-class GFedPPOptions(GraphOptions):
-    """``public_ratio`` of users who share their interactions; ``alpha`` mixes the graph's
-    table into a public user's start; ``ablation`` (set by the variants) turns a part off."""
-
-    #: share of users, drawn by seed, who share their interactions with the server
-    public_ratio: float = 1.0
-    #: weight of the graph's table in a public user's start (alpha s_i + (1 - alpha) q_g)
-    alpha: float = 0.5
-    #: graph-convolution steps over the user graph of public users' co-interactions
-    gcn_layers: int = 1
-    #: the part a variant turns off: none, iei, ugc or upie
-    ablation: str = "none"
-
-
-def _graph(method: str):  # type: ignore[no-untyped-def]
-    def build(split: Split, o: GraphOptions) -> GraphSpec:
-        return GraphSpec(method=method, **asdict(o))
-
-    return build
+    def validate(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
 
 
 ENGINE: dict[str, object] = {"lr": 0.1}
@@ -70,7 +52,7 @@ register(AlgorithmSpec(
     "gpfedrec", "federated",
     "GPFedRec: user graph from the cosine similarity of uploaded item tables; personalised tables "
     "regularise local training (--set similarity=legacy-distance: the official code's graph)",
-    _graph("gpfedrec"), GPFedRecOptions, dict(ENGINE), flower=True,
+    None, GPFedRecOptions, dict(ENGINE), flower=True,
 ))
 
 VARIANTS = {
@@ -81,5 +63,5 @@ VARIANTS = {
     "gfedpp-no-upie": ("GFed-PP w/o U-PIE: public users start from q_g too", "upie"),
 }
 for _name, (_text, _ablation) in VARIANTS.items():
-    register(AlgorithmSpec(_name, "federated", _text, _graph("gfedpp"), GFedPPOptions, dict(ENGINE),
+    register(AlgorithmSpec(_name, "federated", _text, None, GFedPPOptions, dict(ENGINE),
                            {"ablation": _ablation}, flower=True))

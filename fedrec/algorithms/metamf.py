@@ -16,7 +16,7 @@ behind them are in docs/learning-rates.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
@@ -27,24 +27,19 @@ from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
-class MetaMFOptions(Options):
-    """``dim``: user embedding and generated item vector; ``factors``, ``memory``, ``hidden``:
-    the official code's sizes; ``clip``: each client's gradient norm per step (0: off)."""
+class MetaMFOptions(MetaMFSpec, Options):
+    """`MetaMFSpec`'s options, which are its spec: ``dim`` (user embedding and generated item
+    vector); ``factors``, ``memory``, ``hidden`` (the official code's sizes); ``clip`` (each
+    client's gradient norm per step, 0: off). The split decides the loss (`for_split`)."""
 
     #: size of the private user embedding and of the generated item vectors
     dim: int = 32
-    #: width of the shared item table V (its rows travel)
-    factors: int = 8
-    #: width of the collaborative memory read from the user embedding
-    memory: int = 128
-    #: width of the meta recommender's hidden layers that generate the user's weights
-    hidden: int = 512
-    #: L2 bound on each client's gradient of a local step (0: no clipping)
-    clip: float = 0.0
 
     def validate(self) -> None:
-        check((min(self.dim, self.factors, self.memory, self.hidden) < 1, "MetaMF's sizes must be >= 1"),
-              (self.clip < 0, "MetaMF's clip must be >= 0 (0: off)"))
+        check((min(self.dim, self.factors, self.memory, self.hidden) < 1, "MetaMF's sizes must be >= 1"))
+
+    def for_split(self, split: Split | None) -> MetaMFSpec:
+        return replace(self, loss="bce" if split is None else loss_for(split))
 
 
 ENGINE: dict[str, Any] = {"lr": 0.3, "item_lr_scale": 30000.0, "memory_budget_mb": 128.0}
@@ -55,15 +50,10 @@ RATING_ENGINE: dict[str, Any] = {"lr": 0.01, "item_lr_scale": 1000.0, "item_std"
                                  "aggregation": "clients", "rating_baseline": "none"}
 
 
-def build(split: Split, o: MetaMFOptions) -> MetaMFSpec:
-    return MetaMFSpec(dim=o.dim, factors=o.factors, memory=o.memory, hidden=o.hidden,
-                      loss=loss_for(split), clip=o.clip)
-
-
 register(AlgorithmSpec(
     "metamf", "federated",
     "MetaMF: private user embedding; memory and hypernetwork generating each user's item "
     "table and score MLP averaged; item table V (n_items x 8) averaged",
-    build, MetaMFOptions, ENGINE, flower=True, rankings=("sampled", "full", "rating"),
+    None, MetaMFOptions, ENGINE, flower=True, rankings=("sampled", "full", "rating"),
     rating_engine=RATING_ENGINE,
 ))

@@ -8,12 +8,11 @@ on, the papers' rule stays as ``--paper``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.federated.rap import RAPSpec
 from fedrec.options import Options, check
-from fedrec.protocols.protocol import Split
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,6 @@ class RAPOptions(RAPSpec, Options):
 
     def validate(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))
-
-
-def _build(split: Split, o: RAPOptions) -> RAPSpec:
-    return RAPSpec(**asdict(o))
 
 
 # fedrec's defaults: the family's item-row rule (`fedrec.algorithms.federated.samples`: C's rows
@@ -78,10 +73,10 @@ def _search(fixed: dict[str, object]) -> dict[str, tuple[float, float]]:
 MEASURED = ("fedrap", "fedrap-c")
 
 for name, (text, fixed) in VARIANTS.items():
-    register(AlgorithmSpec(name, "federated", text, _build, RAPOptions, dict(ENGINE), fixed, flower=True,
+    register(AlgorithmSpec(name, "federated", text, None, RAPOptions, dict(ENGINE), fixed, flower=True,
                            search=_search(fixed), paper=dict(PAPER), transfers=name in MEASURED))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",
-    _build, RAPOptions, {**ENGINE, "encoding": "rows"}, {"centralised": True}, paper=dict(PAPER),
+    None, RAPOptions, {**ENGINE, "encoding": "rows"}, {"centralised": True}, paper=dict(PAPER),
 ))

@@ -286,7 +286,7 @@ def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler:
     """Round ``r``'s draws of ``clients`` (ids; their rows of ``train`` and ``sampler`` are
     ``rows``): training negatives ``(n_positives, k)`` in CSR order, shuffle keys
     ``(epochs, n_samples)`` and FedRecon's fresh user vectors (``spec``: the state's model, whose
-    ``reconstruct`` asks for them). Each client's draws are keyed by
+    ``reconstruct_epochs`` asks for them). Each client's draws are keyed by
     (seed, round, client id) (`fedrec.rounds.draws`), so a Flower node that holds a few
     clients makes exactly the draws the simulator makes for them.
     """
@@ -301,7 +301,7 @@ def client_draws(spec: Any, cfg: FederatedConfig, train: sp.csr_matrix, sampler:
 def fresh_users(spec: Any, clients: np.ndarray, seed: int, r: int) -> torch.Tensor | None:
     """FedRecon's freshly drawn user vectors of ``clients`` in round ``r`` (None for a model that
     keeps its user vectors)."""
-    return client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"] if spec.reconstruct else None
+    return client_params(spec, ["user"], clients, (seed, draws.FRESH_USER, r))["user"] if spec.reconstruct_epochs else None
 
 
 def client_negatives(k: int, train: sp.csr_matrix, sampler: ComplementSampler, rows: np.ndarray,

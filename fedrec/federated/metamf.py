@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from fedrec.core.device import here
 from fedrec.federated.family.model import client_params
 from fedrec.federated.family.spec import FamilySpec
+from fedrec.options import internal
 from fedrec.rounds import draws
 from fedrec.rounds.uncopied import SharedTape
 
@@ -87,11 +88,14 @@ class MetaMFSpec(FamilySpec):
     takes_baseline: ClassVar[bool] = False
 
     shares_unbatched: ClassVar[bool] = True  # `_per_client` takes a shared weight as it is
-    score: str = "metamf"
-    private_score: bool = False
-    dual: bool = False
+    score: str = internal("metamf")
+    private_score: bool = internal(False)
+    dual: bool = internal(False)
+    #: width of the shared item table V (its rows travel)
     factors: int = 8
+    #: width of the collaborative memory read from the user embedding
     memory: int = 128
+    #: width of the meta recommender's hidden layers that generate the user's weights
     hidden: int = 512
 
     @property

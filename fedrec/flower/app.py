@@ -21,7 +21,6 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +237,7 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     server = FlowerServer(role, GridTransport(grid, timeout), role.protocol, len(hellos),
                           secure_sum if secure else None)
     cfg = run.federated
-    options = asdict(get_algorithm(run.algorithm).parse(run.model))
+    options = get_algorithm(run.algorithm).parse(run.model).values()
     out = run_rounds(server, None, select=role.protocol.select, rounds=cfg.rounds,
                      eval_every=cfg.eval_every, patience=cfg.patience, on_round=on_round,
                      checkpoint=ckpt, checkpoint_every=1 if ckpt is not None else 0, resume=resume,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
 from fedrec.federated.cia.stack import BACKBONES
-from fedrec.options import check
+from fedrec.options import check, internal
 from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 
@@ -25,20 +25,32 @@ class CIASpec:
     ``models[c % len(models)]`` (several pairs: the heterogeneous runs of Section 6.6).
     ``clients`` = 0 means one user per client."""
 
-    models: tuple[tuple[str, int], ...] = (("mf", 64),)
+    models: tuple[tuple[str, int], ...] = internal((("mf", 64),))
+    #: cia (average item similarities), waa (average parameters) or none (independent models)
     aggregation: str = "cia"
+    #: clients the users are grouped into (0: one user per client)
     clients: int = 100
+    #: how users are grouped: contiguous blocks of ids (the official split) or random
     grouping: str = "contiguous"
+    #: LightGCN's propagation layers
     layers: int = 3
-    tower: tuple[int, ...] = (64, 32, 16, 8)
-    init_std: float = 0.1
+    tower: tuple[int, ...] = internal((64, 32, 16, 8))
+    init_std: float = internal(0.1)
+    #: gradient steps a client fine-tunes its item table towards the averaged similarity
     finetune_steps: int = 100
+    #: step size of that fine-tune
     finetune_lr: float = 0.1
+    #: the fine-tune's loss: norm (the official code's Frobenius norm) or mse (the paper's)
     finetune_loss: str = "norm"
+    #: rank of the uploaded similarity's eigendecomposition (0: the dense matrix travels)
     upload_rank: int = 0
+    #: all (the whole item-item similarity) or local (only the items a client has)
     scope: str = "all"
+    #: GF-CF: weight of the averaged filter in a user's scores
     beta: float = 60.0
+    #: GF-CF: weight of the ideal low-pass filter
     ideal_weight: float = 0.3
+    #: GF-CF: singular vectors kept by the ideal low-pass filter
     filter_rank: int = 32
 
     def __post_init__(self) -> None:

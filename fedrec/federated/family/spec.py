@@ -15,7 +15,7 @@ they are updated:
 * ``dual``: PFedRec's dual personalisation. Each batch first updates the score function with
   the item rows fixed, then post-tunes the item rows with the updated score function; the
   client keeps its post-tuned rows and is evaluated with them.
-* ``reconstruct``: FedRecon. The user vector is re-initialised every round and trained alone
+* ``reconstruct_epochs``: FedRecon. The user vector is re-initialised every round and trained alone
   for that many local epochs before the item update, which then leaves it fixed.
 * ``loss``: ``bce`` on 1/0 labels (training positives and sampled negatives: ranking
   protocols) or ``mse``, the squared error of the score against the observed rating (rating
@@ -49,6 +49,7 @@ from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.objective import ClientObjective, parse_objective
 from fedrec.federated.family.scores import ItemBias, ScoreFunction, get_score
 from fedrec.federated.family.server_opt import ServerOpt, ServerOptimizer
+from fedrec.options import check, internal
 from fedrec.protocols.protocol import user_means
 
 if TYPE_CHECKING:
@@ -62,19 +63,24 @@ LOSSES = ("bce", "mse")
 class FamilySpec:
     """Which member of the family a run is (see the module docstring)."""
 
-    score: str
-    private_score: bool
-    dual: bool
-    reconstruct: int = 0
+    # Fields a member sets are `internal`; the rest are a member's options
+    # (`fedrec.algorithms.federated.FamilyOptions`: the options are the spec).
+    score: str = internal("dot")
+    private_score: bool = internal(False)
+    #: PFedRec's dual personalisation: private score function, item rows post-tuned per client
+    dual: bool = False
+    reconstruct_epochs: int = internal(0)
+    #: embedding size of the user vector and the item rows
     dim: int = 32
-    layers: tuple[int, ...] = (32, 16, 8)
-    loss: str = "bce"
+    layers: tuple[int, ...] = internal((32, 16, 8))
+    loss: str = internal("bce")
+    #: L2 bound on each client's gradient of a local step (0: no clipping)
     clip: float = 0.0
-    baseline: bool = False
-    #: the server optimiser on the round's mean (`fedrec.federated.family.server_opt`; None: FedAvg)
-    server: ServerOpt | None = None
-    #: a term added to each client's local loss (`fedrec.federated.family.objective`; None: none)
-    objective: ClientObjective | None = None
+    baseline: bool = internal(False)
+    # the server optimiser on the round's mean (`fedrec.federated.family.server_opt`; None: FedAvg)
+    server: ServerOpt | None = internal(None)
+    # a term added to each client's local loss (`fedrec.federated.family.objective`; None: none)
+    objective: ClientObjective | None = internal(None)
     #: the score function also takes shared weights without a client axis (one copy read by
     #: every client, not one a client) and records their products (`logits_taped`), which
     #: `FamilyState.train_uncopied` needs
@@ -91,8 +97,7 @@ class FamilySpec:
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:  # a typo would otherwise train under the ranking loss
             raise ValueError(f"FamilySpec.loss must be one of {', '.join(LOSSES)}, not {self.loss!r}")
-        if self.clip < 0:
-            raise ValueError(f"FamilySpec.clip must be >= 0 (0: off), not {self.clip}")
+        check((self.clip < 0, f"clip must be >= 0 (0: off; got {self.clip})"))  # an option: one clear line
         if self.baseline and (self.loss != "mse" or not self.takes_baseline):
             raise ValueError("FamilySpec.baseline is a rating baseline: it needs loss 'mse' and a "
                              "member that takes one")
@@ -227,7 +232,7 @@ class FamilySpec:
 
     def phases(self) -> list[list[str]]:
         """Parameter groups stepped in sequence on every batch of the main local pass."""
-        user = [] if self.reconstruct else list(self.user_shapes())
+        user = [] if self.reconstruct_epochs else list(self.user_shapes())
         score = user + list(self.score_shapes())
         if self.dual:
             return [score, [ITEMS]] if score else [[ITEMS]]

@@ -220,10 +220,10 @@ class FamilyState:
                  for s in cohort.steps]
         if fresh_user is not None:
             params["user"] = fresh_user.clone()
-        if spec.reconstruct:  # one reconstruction epoch = one pass over the data; rows are fixed
+        if spec.reconstruct_epochs:  # one reconstruction epoch = one pass over the data; rows are fixed
             epoch = steps[: cohort.steps_per_epoch]
             gathered = [gather_rows(rows, idx) for idx, _, _ in epoch]
-            for _ in range(spec.reconstruct):
+            for _ in range(spec.reconstruct_epochs):
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
         sent = (start, cohort.row_ptr) if spec.objective is not None else None
@@ -255,7 +255,7 @@ class FamilyState:
         no client objective: its term reads each client's own copy)."""
         spec = self.spec
         return (summed and spec.shares_unbatched and bool(self.shared) and len(spec.phases()) == 1
-                and not spec.reconstruct and not spec.dual and spec.objective is None)
+                and not spec.reconstruct_epochs and not spec.dual and spec.objective is None)
 
     def train_uncopied(self, cohort: CohortBatches, path: UploadPath) -> CohortUpload | None:
         """Train a cohort without copying the shared weights per client (the caller has checked

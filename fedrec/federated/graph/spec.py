@@ -9,7 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.federated.family.spec import FamilySpec
-from fedrec.options import check
+from fedrec.options import check, internal
 
 if TYPE_CHECKING:
     from fedrec.federated.graph.state import GraphState
@@ -21,19 +21,32 @@ ABLATIONS = ("none", "iei", "ugc", "upie")
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """A GPFedRec or GFed-PP configuration (see the module docstring)."""
+    """A GPFedRec or GFed-PP configuration (see the module docstring); each method's options
+    (`fedrec.algorithms.graph`) are this class with the other method's fields `internal`."""
 
-    method: str = "gfedpp"
+    method: str = internal("gfedpp")
+    #: embedding size of the user vector and the item rows
     dim: int = 32
-    layers: tuple[int, ...] = (32, 16, 8)
+    layers: tuple[int, ...] = internal((32, 16, 8))
+    #: learning rate of the private user vector as a multiple of --lr
     user_lr_scale: float = 79.0
+    # GPFedRec's
+    #: weight of the MSE pull of the local item table towards the personalised one
     reg: float = 1.0
+    #: user graph from cosine similarity, or legacy-distance (the official code's cosine distance)
     similarity: str = "cosine"
+    #: neighbours are users more similar than threshold x the mean similarity
     threshold: float = 1.0
+    #: message-passing steps over the user graph that make the personalised tables
     mp_layers: int = 1
+    # GFed-PP's
+    #: share of users, drawn by seed, who share their interactions with the server
     public_ratio: float = 1.0
+    #: weight of the graph's table in a public user's start (alpha s_i + (1 - alpha) q_g)
     alpha: float = 0.5
+    #: graph-convolution steps over the user graph of public users' co-interactions
     gcn_layers: int = 1
+    #: the part a variant turns off: none, iei, ugc or upie
     ablation: str = "none"
 
     def __post_init__(self) -> None:
