@@ -236,3 +236,47 @@ def test_given_split_is_the_files_and_needs_one() -> None:
         assert part[data.users[rows], data.items[rows]].all()
     with pytest.raises(FedrecError, match="given-full reads the split a data set's file fixes"):
         make_split(preprocess(x, PreprocessConfig(implicit=True)), "given-full")
+
+
+def _spread_over_time(users: int = 60, items: int = 80, per_user: int = 20):  # type: ignore[no-untyped-def]
+    """Users whose rows fall anywhere on one timeline (the synthetic generator gives each user
+    a stretch of its own, which a global cut would leave with no history)."""
+    from fedrec.data.interactions import Interactions
+
+    rng = np.random.default_rng(5)
+    u = np.repeat(np.arange(users), per_user)
+    i = np.concatenate([rng.choice(items, per_user, replace=False) for _ in range(users)])
+    return Interactions.from_raw(u, i, None, rng.integers(0, 10_000, len(u)), implicit=True)
+
+
+def test_global_time_split_cuts_every_user_at_one_time():
+    from fedrec.protocols.split import timeline_leak
+
+    small_data = _spread_over_time()
+    s = make_split(small_data, "time-full", seed=3)
+    ts, label = small_data.timestamps, s.label
+    assert ts[label == TRAIN].max() < ts[label == VALID].min() <= ts[label == VALID].max() < ts[label == TEST].min()
+    n = len(small_data)
+    assert (label == TEST).sum() >= 0.2 * n and (label == VALID).sum() >= 0.1 * (label != TEST).sum() - 1
+    assert timeline_leak(small_data, label) == {"later_train_share": 0.0, "targets_with_later_train": 0.0}
+    loo = make_split(small_data, "loo-full", seed=3)  # a per-user split trains on later rows
+    leak = timeline_leak(small_data, loo.label)
+    assert leak["targets_with_later_train"] > 0.5 and 0 < leak["later_train_share"] < 1
+    trained = np.diff(s.train.indptr) > 0  # evaluated users have a history before the cut
+    assert len(s.test.users) and trained[s.test.users].all() and trained[s.valid.users].all()
+    assert s.held_out_by == "time"
+
+
+def test_global_time_split_puts_a_cut_timestamps_rows_on_the_later_side():
+    from fedrec.data.interactions import Interactions
+    from fedrec.protocols.split import global_time_split
+
+    ts = np.array([1, 2, 3, 4, 5, 6, 7, 7, 7, 7])  # the 80% cut falls inside the ties at 7
+    x = Interactions.from_raw(np.arange(10) % 3, np.arange(10), None, ts, implicit=True)
+    label = global_time_split(x, 0.2, 0.0)
+    assert (label == TEST).tolist() == [False] * 6 + [True] * 4
+    with pytest.raises(FedrecError, match="no time column"):
+        global_time_split(dataclasses.replace(x, clock=False))
+    flat = Interactions.from_raw(np.arange(4), np.arange(4), None, np.zeros(4, np.int64), implicit=True)
+    with pytest.raises(FedrecError, match="nothing is left to train on"):
+        global_time_split(flat)

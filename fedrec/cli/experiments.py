@@ -461,15 +461,18 @@ def audit_command(
     seed: int = typer.Option(0),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA"),
 ) -> None:
-    """Score the negative-frequency oracle (a scorer that learns nothing) under each negative policy.
+    """Score the negative-frequency oracle (a scorer that learns nothing) under each negative
+    policy, and measure the split's timeline leak.
 
     Near chance means training negatives do not reveal the held-out items; near 1.0 means
-    the protocol leaks.
+    the protocol leaks. The timeline leak is the training interactions later than the test
+    ones (a per-user split's; none under time-full).
     """
     from fedrec.errors import FedrecError
     from fedrec.eval.audit import negative_frequency_oracle
     from fedrec.experiment import RunConfig, prepare_split
     from fedrec.protocols.protocol import make_split
+    from fedrec.protocols.split import timeline_leak
 
     if rounds < 1 or num_negatives < 1:
         raise FedrecError("--rounds and --num-negatives must be >= 1")
@@ -491,7 +494,16 @@ def audit_command(
             table.add_row(name, str(r), *(f"{m[c]:.4f}" for c in cols))
             name = ""
     console.print(table)
-    console.print("chance level with 1 target among C candidates: hr@10 = 10/C.")
+    if base.protocol.ranking == "sampled":
+        console.print("chance level with 1 target among C candidates: hr@10 = 10/C.")
+    leak = timeline_leak(base.data, base.label)
+    if base.data.clock:  # the other leak: training rows later than the test rows (Ji et al., TOIS 2023)
+        console.print(f"timeline: {100 * leak['targets_with_later_train']:.1f}% of test interactions have a "
+                      f"later training interaction; on average {100 * leak['later_train_share']:.1f}% of "
+                      "training interactions are later than a test one (0 under time-full, one cut-off "
+                      "time for every user)", highlight=False)
+    else:
+        console.print("timeline: the data set has no timestamps, so no split of it is by time", highlight=False)
 
 
 def algorithms_command(

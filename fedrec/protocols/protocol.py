@@ -16,7 +16,15 @@ import scipy.sparse as sp
 from fedrec.data.interactions import Interactions
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.protocols.negatives import ComplementSampler
-from fedrec.protocols.split import TEST, TRAIN, VALID, held_out_by, leave_one_out, ratio_split
+from fedrec.protocols.split import (
+    TEST,
+    TRAIN,
+    VALID,
+    global_time_split,
+    held_out_by,
+    leave_one_out,
+    ratio_split,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,15 @@ PROTOCOLS: dict[str, Protocol] = {
             "leave-one-out by time; the target is ranked against every item the user did not "
             "train on (the validation item is also removed when testing).",
             split="loo", ranking="full", metrics=("hr", "ndcg", "mrr"), select="ndcg@10",
+        ),
+        Protocol(
+            "time-full",
+            "global temporal split (Ji et al., TOIS 2023): one cut-off time for every user, so no "
+            "training interaction is later than a test one; the latest 20% of all interactions "
+            "are the test set, the latest 10% before them validation, the rest training. Full "
+            "ranking against every item the user did not train on; users with no interaction "
+            "before the cut are not evaluated.",
+            split="time", ranking="full", metrics=("hr", "ndcg", "mrr", "recall"), select="ndcg@10",
         ),
         Protocol(
             "ratio-full",
@@ -332,6 +349,8 @@ def make_split(
             raise FedrecError(f"protocol {p.name} reads the split a data set's file fixes, and "
                               "this data set has none (ml-1m-fedcia has one)")
         label = x.given_split.astype(np.int8)
+    elif p.split == "time":
+        label = global_time_split(x, p.test_ratio, p.valid_ratio)
     else:
         label = ratio_split(x, p.test_ratio, p.valid_ratio, seed)
     train = _csr(x, label == TRAIN)
@@ -341,6 +360,9 @@ def make_split(
     test_t = _csr(x, label == TEST)
     valid_users = np.flatnonzero(np.diff(valid_t.indptr))
     test_users = np.flatnonzero(np.diff(test_t.indptr))
+    if p.split == "time":  # a user whose rows all fall after a cut has no history to rank from
+        trained = np.diff(train.indptr) > 0
+        valid_users, test_users = valid_users[trained[valid_users]], test_users[trained[test_users]]
     train_b = _binary(train)
     rng = np.random.default_rng([seed, 1])
 

@@ -1,4 +1,5 @@
-"""Per-user train/validation/test splits, vectorised with lexsort instead of group-by loops."""
+"""Train/validation/test splits, vectorised with lexsort instead of group-by loops: per user
+(leave-one-out, ratio) or along one timeline for every user (`global_time_split`)."""
 
 from __future__ import annotations
 
@@ -54,11 +55,60 @@ def leave_one_out(x: Interactions, tie_break: str = "later-row-later", seed: int
 
 
 def held_out_by(x: Interactions, split: str) -> str:
-    """How a ``split`` ("loo", "ratio" or "given") of ``x`` picks its held-out rows: "time"
-    (each user's latest), "random" (seeded) or "file" (the data set fixes them)."""
+    """How a ``split`` ("loo", "ratio", "time" or "given") of ``x`` picks its held-out rows:
+    "time" (each user's latest, or the latest of all), "random" (seeded) or "file" (the data
+    set fixes them)."""
     if split == "given":
         return "file"
-    return "time" if split == "loo" and x.clock else "random"
+    return "time" if split in ("loo", "time") and x.clock else "random"
+
+
+def global_time_split(x: Interactions, test_ratio: float = 0.2, valid_ratio: float = 0.1) -> np.ndarray:
+    """Label each row TRAIN/VALID/TEST along one timeline for every user (Ji et al., "A Critical
+    Study on Data Leakage in Recommender System Offline Evaluation", TOIS 2023): the latest
+    ``test_ratio`` of all rows are TEST, the latest ``valid_ratio`` of the rows before them VALID.
+
+    Each cut is a time, not a row count: every row at the cut's timestamp goes to the later
+    side, so no training row is as late as a validation or test row and no validation row as
+    late as a test row (a per-user split lets a user's test item precede other users' training
+    rows, which then tell the model what became popular later). The shares are therefore at
+    least the ratios asked, more where many rows share the cut's timestamp. Needs the source's
+    clock (``x.clock``): a file's row order is no timeline.
+    """
+    if not (0 < test_ratio < 1 and 0 <= valid_ratio < 1):
+        raise FedrecError(f"split ratios must lie in (0, 1): test {test_ratio}, valid {valid_ratio}")
+    if not x.clock:
+        raise FedrecError(f"a global temporal split needs timestamps, and '{x.name}' has none "
+                          "(its file has no time column)")
+    label = np.full(len(x), TRAIN, dtype=np.int8)
+    if not len(x):
+        return label
+    ts = np.sort(x.timestamps)
+    test_at = ts[min(len(ts) - 1, int(np.floor((1 - test_ratio) * len(ts))))]
+    before = int(np.searchsorted(ts, test_at, side="left"))  # rows earlier than the test cut
+    if not before:
+        raise FedrecError(f"'{x.name}': every row shares the test cut's timestamp; nothing is left "
+                          "to train on")
+    valid_at = ts[min(before, int(np.floor((1 - valid_ratio) * before)))] if before else test_at
+    label[x.timestamps >= valid_at] = VALID
+    label[x.timestamps >= test_at] = TEST
+    return label
+
+
+def timeline_leak(x: Interactions, label: np.ndarray) -> dict[str, float]:
+    """How much of the future a split's training rows hold, measured against its test rows
+    (Ji et al., TOIS 2023): ``later_train_share``, the mean over test rows of the share of
+    training rows later than that row; ``targets_with_later_train``, the share of test rows
+    with at least one later training row. Both are 0 under a global temporal split; a per-user
+    split leaves later rows of other users in training."""
+    train_ts = np.sort(x.timestamps[label == TRAIN])
+    test_ts = x.timestamps[label == TEST]
+    if not len(test_ts) or not len(train_ts) or not x.clock:
+        return {"later_train_share": float("nan") if not x.clock else 0.0,
+                "targets_with_later_train": float("nan") if not x.clock else 0.0}
+    later = len(train_ts) - np.searchsorted(train_ts, test_ts, side="right")
+    return {"later_train_share": float(later.mean() / len(train_ts)),
+            "targets_with_later_train": float((later > 0).mean())}
 
 
 def ratio_split(
