@@ -97,7 +97,8 @@ class ComplementSampler:
         """How many items each of ``users`` may draw; one clear error if one has none."""
         allowed = self.n_allowed[users]
         if len(users) and allowed.min() <= 0:
-            raise FedrecError(f"user {users[np.argmin(allowed)]} has no item left to sample as a negative")
+            raise FedrecError(f"user {users[np.argmin(allowed)]} has no item left to sample as a negative: "
+                              "every item is among its training items or the items it is evaluated on")
         return allowed
 
     def sample_at(self, users: np.ndarray, u: np.ndarray) -> np.ndarray:
