@@ -124,10 +124,10 @@ def _chunked(scorer: Scorer, users: np.ndarray, items: np.ndarray, chunk: int) -
     """Scores of each user's candidates, ``chunk`` users at a time, written into one array (no
     concatenated copy). Candidates are stored compactly (int32); scorers get int64 ids. Float32
     scores stay float32: they rank as float64 does, at half the bytes."""
-    out = np.zeros((len(users), items.shape[1]))
+    out: np.ndarray | None = None
     for s in range(0, len(users), chunk):
         part = np.asarray(scorer(users[s : s + chunk], items[s : s + chunk].astype(np.int64)))
-        if s == 0 and part.dtype == np.float32:
-            out = np.empty(out.shape, np.float32)
+        if out is None:
+            out = np.empty((len(users), items.shape[1]), np.float32 if part.dtype == np.float32 else np.float64)
         out[s : s + len(part)] = part
-    return out
+    return out if out is not None else np.zeros((0, items.shape[1]))

@@ -106,8 +106,9 @@ def ranking_metrics(
         hi = min(lo + step, n_users)
         if single is not None:
             scored[lo:hi] = True
+            above, tied = _target_counts(scores[lo:hi], single[lo:hi])  # once a chunk, for every k
             for k in ks:
-                for name, values in _one_relevant_at_k(scores[lo:hi], single[lo:hi], k, needed, ties).items():
+                for name, values in _one_relevant_at_k(above, tied, n_cand, k, needed, ties).items():
                     per[f"{name}@{k}"][lo:hi] = values
             continue
         excl = None if excl_rows is None else excl_rows(lo, hi)
@@ -198,39 +199,42 @@ def _single_relevant(relevant: object) -> np.ndarray | None:
     return col
 
 
-def _one_relevant_at_k(s: np.ndarray, col: np.ndarray, k: int, needed: set[str],
+def _target_counts(s: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the candidates scored above the relevant one (at column ``col``), and the others
+    scored equal to it."""
+    target = s[np.arange(len(s)), col][:, None]
+    if np.isnan(s).any():
+        raise NaNScores("scores contain NaN")
+    return np.count_nonzero(s > target, axis=1), np.count_nonzero(s == target, axis=1) - 1
+
+
+def _one_relevant_at_k(g: np.ndarray, e: np.ndarray, n_cand: int, k: int, needed: set[str],
                        ties: str) -> dict[str, np.ndarray]:
-    """Per-row metrics at ``k`` of rows with one relevant candidate, at column ``col``: the
-    values `_metrics_at_k` gives, from two counts a row instead of a sort. With g candidates
-    scored above it and e others equal to it, its 0-based position is g + e (pessimistic), g
+    """Per-row metrics at ``k`` of rows with one relevant candidate, the values `_metrics_at_k`
+    gives, from two counts a row (`_target_counts`) instead of a sort. With g candidates scored
+    above it and e others equal to it, its 0-based position is g + e (pessimistic), g
     (optimistic), or uniform over g..g+e (random), so each metric is a mean over that range of
     positions: the number below k (HR, recall, precision x k), or the sum of 1/log2(p + 2)
     (NDCG, whose ideal is 1) or of 1/(p + 1) (MRR) below k, from running sums."""
-    target = s[np.arange(len(s)), col][:, None]
-    if np.isnan(target).any() or np.isnan(s).any():
-        raise NaNScores("scores contain NaN")
-    g = np.count_nonzero(s > target, axis=1)
-    e = np.count_nonzero(s == target, axis=1) - 1
     lo = g + e if ties == "pessimistic" else g
     hi = g if ties == "optimistic" else g + e  # positions lo..hi, each as likely
     last = np.minimum(hi, k - 1)
-    inside = np.maximum(last - lo + 1, 0)
     width = (hi - lo + 1).astype(np.float64)
     upto = np.maximum(last + 1, lo)  # positions lo..upto-1 are the ones below k
+    hits = (upto - lo) / width
     out: dict[str, np.ndarray] = {}
-    hits = inside / width
     if "precision" in needed:
         out["precision"] = hits / k
     if "recall" in needed:
         out["recall"] = hits
     if "hr" in needed:
         out["hr"] = hits
-    n = s.shape[1] + 1
+    positions = np.arange(n_cand + 1)
     if "ndcg" in needed:
-        disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(n) + 2.0))])
+        disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(positions + 2.0))])
         out["ndcg"] = (disc[upto] - disc[lo]) / width
     if "mrr" in needed:
-        harm = np.concatenate([[0.0], np.cumsum(1.0 / (np.arange(n) + 1.0))])
+        harm = np.concatenate([[0.0], np.cumsum(1.0 / (positions + 1.0))])
         out["mrr"] = (harm[upto] - harm[lo]) / width
     return out
 

@@ -43,7 +43,7 @@ class _Index:
     bids: list[int]  # the blocks in merged order
     keys: torch.Tensor
     ptr: np.ndarray  # the client of rank k holds merged positions ptr[k]:ptr[k+1]
-    starts: torch.Tensor  # block k holds merged positions starts[k]:starts[k+1] (CPU)
+    starts: torch.Tensor  # block k holds merged positions starts[k]:starts[k+1]
     rank: np.ndarray  # each client's rank (-1: no rows)
     rows: torch.Tensor | None
 
@@ -135,11 +135,13 @@ class PersonalRows:
             flat[target[lo:hi]] = self._blocks[index.bids[b]].rows[at[lo:hi] - int(index.starts[b])]
 
     def _index(self) -> _Index:
-        """The live blocks merged for search, made once after each update. On a GPU their rows
-        move into one tensor too, so a chunk's rows are one gather rather than one a block (each
-        a launch); a block at a time, each block then holding a view of it, so the merge holds
-        at most one block's rows twice. On the CPU the rows stay where they are (a copy of
-        every row a round costs more there than the gathers a block)."""
+        """The live blocks merged for search, made once after each update.
+
+        On a GPU (`merge_rows`) the blocks' rows move into one tensor too, so a chunk's rows are
+        one gather rather than a launch a block. They move a block at a time, each block then
+        holding a view of the merged tensor, so the merge never holds more than one block's
+        rows twice. On the CPU the rows stay in their blocks: copying every row once a round
+        costs more there than a gather a block."""
         if self._merged is None:
             bids = sorted(self._blocks)
             blocks = [self._blocks[b] for b in bids]
@@ -160,7 +162,7 @@ class PersonalRows:
                     rows[starts[k] : starts[k + 1]] = b.rows
                     b.rows = rows[starts[k] : starts[k + 1]]
             self._merged = _Index(bids, torch.as_tensor(keys, device=like.device), ptr,
-                                  torch.as_tensor(starts), rank, rows)
+                                  torch.as_tensor(starts, device=like.device), rank, rows)
         return self._merged
 
     def state(self) -> dict[str, object]:
