@@ -82,9 +82,15 @@ def _random_baseline(split: Any) -> dict[str, float]:
 LOCAL_ONLY = {"fedrap-d", "gfedpp-no-iei"}
 
 
+#: rounds a method needs before it ranks above chance, where 8 are not enough: FedCA's clients
+#: first fit only their own items, so a held-out item keeps its random start until the other
+#: clients' models reach it through aggregation (on ML-100K from about round 15, docs/fedca.md)
+SLOW_START = {"fedca": 40, "fedca-avg": 40, "fedca-ncf": 40}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_learns_above_chance(name: str) -> None:
-    done = train(config(name, rounds=8))
+    done = train(config(name, rounds=SLOW_START.get(name, 8)))
     if name in LOCAL_ONLY:
         losses = [h.loss for h in done.result.history]
         assert losses[-1] < 0.95 * losses[0], losses

@@ -337,6 +337,7 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     (RunConfig("mf"), False, "centralised"),
     (RunConfig("fedncf"), True, "averages shared weights"),
     (RunConfig("ae"), False, "simulator only"),
+    (RunConfig("fedca"), False, "its own mixture"),
     (RunConfig("personalfr", protocol="ratio-rating", model={"clients": 1}), False, "Joint"),
     (RunConfig("personalfr", protocol="loo-sampled"), False, "cannot be evaluated"),
     (RunConfig("personalfr", protocol="ratio-rating"), True, "shared weights"),

@@ -43,6 +43,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     if alg.kind != "federated":
         raise FedrecError(f"'{run.algorithm}' is centralised: there is nothing to deploy")
     if not alg.flower:  # the papers' centralised baselines under federated names (tested)
+        why = getattr(alg.options, "not_deployed", None)  # a federated method the app does not run
+        if why:
+            raise FedrecError(f"'{run.algorithm}' runs in the simulator only (`fedrec run`): {why}")
         raise FedrecError(f"'{run.algorithm}' is a centralised baseline (one client or one server "
                           "holds every user): there is nothing to deploy; it runs in the simulator "
                           "only (`fedrec run`)")

@@ -1,0 +1,43 @@
+"""FedCA (composite aggregation) on its two backbones; see `fedrec.federated.ca.state`.
+
+Model options (``--set KEY=VALUE``): ``dim`` (16), ``aggregation`` (composite; fedavg: the
+FedAvg mean of the aggregated clients), ``complementarity`` (0.3), ``similarity`` (0.3),
+``aggregated`` (0.1 of a round's clients), ``interpolation`` (0.9 of its own model a client
+keeps), ``principal`` (4 directions), ``layers`` (16/8, ncf) and ``weight_decay`` (1e-3, ncf).
+
+Engine defaults (the official code's): Adam 1e-2, 10 local epochs, batches of 256, 4
+negatives a positive, every client every round, 100 rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.federated.ca.spec import CASpec
+from fedrec.options import Options
+
+
+@dataclass(frozen=True)
+class CAOptions(CASpec, Options):
+    """`CASpec`'s fields, typed and checked by its own validation: the options are the spec."""
+
+
+ENGINE: dict[str, Any] = {"lr": 1e-2, "rounds": 100, "local_epochs": 10, "batch_size": 256,
+                          "negatives": 4, "clients_per_round": 1.0}
+#: engine options of the item-embedding family's server that FedCA's whole-model clients do not read
+IGNORES = ("lr_item", "item_lr_scale", "encoding", "memory_budget_mb", "dp_clip", "pad_items")
+
+
+def _register(name: str, text: str, fixed: dict[str, Any]) -> None:
+    register(AlgorithmSpec(name, "federated", text, None, CAOptions, ENGINE, fixed, ignores=IGNORES))
+
+
+_register("fedca", "FedCA: each client keeps its whole model (FCF: sigmoid <u, q>); a share of "
+          "each round's clients is aggregated, each with its own weights from model similarity "
+          "and data complementarity (--set aggregation=fedavg for the plain mean)", {"backbone": "fcf"})
+_register("fedca-avg", "FedCA's ablation without similarity or complementarity: each aggregated "
+          "client takes the FedAvg mean of the aggregated clients' models", {"aggregation": "fedavg"})
+_register("fedca-ncf", "FedCA on the FedNCF backbone (an MLP over [u, q], aggregated with the "
+          "item table)", {"backbone": "ncf"})

@@ -1,0 +1,1 @@
+"""FedCA: its spec, state and round, and the composite-aggregation server step."""
