@@ -39,5 +39,5 @@ _register("fedca", "FedCA: each client keeps its whole model (FCF: sigmoid <u, q
           "and data complementarity (--set aggregation=fedavg for the plain mean)", {"backbone": "fcf"})
 _register("fedca-avg", "FedCA's ablation without similarity or complementarity: each aggregated "
           "client takes the FedAvg mean of the aggregated clients' models", {"aggregation": "fedavg"})
-_register("fedca-ncf", "FedCA on the FedNCF backbone (an MLP over [u, q], aggregated with the "
+_register("fedca-ncf", "FedCA on the FedNCF backbone (an MLP over the user vector and the item row, aggregated with the "
           "item table)", {"backbone": "ncf"})

@@ -32,6 +32,7 @@ import scipy.sparse as sp
 from scipy.stats import rankdata
 
 from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
+from fedrec.errors import FedrecError
 from fedrec.federated.family.model import ITEMS
 
 INFERENCE_ATTACKS = ("rows", "direction", "rounds")
@@ -162,7 +163,8 @@ def _row_tensor(u: ClientUpload) -> np.ndarray:
     as a client with ``width`` items, and must not be read as rows."""
     rows = u.tensors.get(ITEMS)
     if rows is None:
-        raise ValueError("this algorithm's uploads hold no item rows to audit")
+        raise FedrecError("the privacy audit's attacks read uploaded item rows, which this algorithm "
+                          "does not upload (FedCIA: item similarities)")
     return rows.detach().float().cpu().numpy()
 
 

@@ -25,7 +25,8 @@ class CASpec:
     client never trained keeps nearly its random start, and on a leak-free split FedCA ranks at
     chance level (docs/fedca.md)."""
 
-    #: each client's model: fcf (sigmoid of <u, q>) or ncf (an MLP over [u, q])
+    #: each client's model: fcf (sigmoid of <u, q>) or ncf (an MLP over the user vector and
+    #: the item row)
     backbone: str = "fcf"
     #: embedding size of the user vector and the item rows
     dim: int = 16

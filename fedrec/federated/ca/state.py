@@ -54,7 +54,7 @@ from fedrec.federated.ca.composite import (
     similarity,
 )
 from fedrec.federated.engine import client_negatives
-from fedrec.federated.family.model import batch_loss, client_params, init_params
+from fedrec.federated.family.model import ITEMS, batch_loss, client_params, init_params
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
@@ -226,6 +226,8 @@ class CAAlgorithm(FederatedAlgorithm):
         self.n_clients, self.seed = state.split.n_users, state.seed
         self.clients_per_round = cfg.clients_per_round
         self.divergence_hint = "lower --lr"
+        #: the server's copy of each client's table, kept only while uploads are kept (audits)
+        self._known: torch.Tensor | None = None
 
     def scale_rates(self, factor: float) -> bool:
         """Scale the clients' Adam rate (the driver's back-off)."""
@@ -247,13 +249,25 @@ class CAAlgorithm(FederatedAlgorithm):
         state.received[new] = True
         bytes_up = len(members) * (per + spec.principal * spec.dim) * 4
         bytes_down = (len(members) + len(new)) * per * 4
-        kept = None
-        if self.keep_uploads and up is not None:
-            items = np.arange(state.tables.shape[1])
-            kept = [ClientUpload(int(c), items, {k: v[j] for k, v in up.items() if k != "samples"})
-                    for j, c in enumerate(members)]
+        kept = self._per_client(members, up) if self.keep_uploads and up is not None else None
         return Uploads(payload=(members, up), per_client=kept, loss_sum=loss, client_batches=batches,
                        bytes_up=bytes_up, bytes_down=bytes_down, extra={"aggregated": float(len(members))})
+
+    def _per_client(self, members: np.ndarray, up: dict[str, torch.Tensor]) -> list[ClientUpload]:
+        """Each aggregated client's upload as the server reads it: its basis and tower, and as
+        its item rows (``ITEMS``) its table less the server's last copy of it (the common start,
+        or the table the server computed for it at its last aggregation). That difference is
+        exactly the client's training since then, zero on every row it did not touch, which is
+        what a privacy audit (`fedrec.security.inference`) reads."""
+        state = self.state
+        if self._known is None:
+            self._known = state.start.expand_as(state.tables).clone()
+        idx = torch.as_tensor(members)
+        steps = up["tables"] - self._known[idx]
+        items = np.arange(state.tables.shape[1])
+        return [ClientUpload(int(c), items, {ITEMS: steps[j], **{k: v[j] for k, v in up.items()
+                                                              if k not in ("samples", "tables")}})
+                for j, c in enumerate(members)]
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
         members, up = uploads.payload
@@ -261,6 +275,8 @@ class CAAlgorithm(FederatedAlgorithm):
             return
         w = self.state.weights(up)
         self.state.apply(members, up, w)
+        if self._known is not None:  # the server computed what each aggregated client now holds
+            self._known[torch.as_tensor(members)] = self.state.tables[torch.as_tensor(members)]
         uploads.extra["self_weight"] = float(torch.diagonal(w).mean())
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
