@@ -125,3 +125,31 @@ def test_a_shared_weight_is_never_read_as_item_rows():
     # 4 items and a shared (4, 8) MLP weight: only the item rows are the client's rows
     up = ClientUpload(0, np.arange(4), {ITEMS: torch.ones(4, 3), "W0": torch.zeros(4, 8)})
     assert _row_tensor(up).shape == (4, 3)
+
+
+def test_imia_recovers_a_clients_positives_when_its_model_is_known(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """IMIA's mechanism (`fedrec.security.imia`): a client's step simulated under the right
+    labels is closest to the step it sent. Told the client's private user vector (which the
+    server never has), it finds the positives; not told, it is near chance on FedMF's steps
+    (docs/security.md)."""
+    import numpy as np
+    import torch
+
+    import fedrec.security.imia as imia
+    from fedrec.federated.family.spec import FamilySpec
+
+    spec = FamilySpec(score="dot", dim=8)
+    gen = torch.Generator().manual_seed(0)
+    user = torch.randn(1, 8, generator=gen)
+    start = torch.randn(60, 8, generator=gen) * 0.5
+    truth = np.zeros(60, bool)
+    truth[:12] = True
+    attack = imia.IMIA(spec, lambda items: start[items], {}, lr=0.1, lr_item=0.5, per_sample=False,
+                       epochs=2, batch_size=16, positive_share=0.2, confirm=0.05)
+    monkeypatch.setattr(imia, "init_params", lambda *a: {"user": user.clone()})
+    sent = attack.simulate(start, torch.as_tensor(truth, dtype=torch.float32), torch.Generator().manual_seed(9))
+    told = attack.guess(start, sent, seed=[1])
+    assert told.sum() >= 4 and (told & truth).sum() / told.sum() > 0.8
+    monkeypatch.setattr(imia, "init_params", lambda *a: {"user": torch.randn(1, 8, generator=gen)})
+    blind = attack.guess(start, sent, seed=[1])
+    assert (blind & truth).sum() / max(blind.sum(), 1) < (told & truth).sum() / told.sum()

@@ -12,6 +12,9 @@ K clients):
   for a positive, - for a sampled negative, so the rows' first principal direction separates
   the two; it is oriented so the positive side holds the fewer rows (there are ``k`` negatives
   a positive) and each row is scored by its projection;
+* ``imia`` — IMIA itself (`fedrec.security.imia`; item-family clients only, uploads as sent):
+  the server retrains a fresh copy of the client on guessed labels and confirms the labels whose
+  simulated step is closest to the sent one; scored among the rows the client sent;
 * ``rounds`` — over rounds: positives are sent every round, negatives are redrawn, so the mean
   over the client's rounds of the ``rows`` score (a row's frequency without noise) singles out
   positives; the noise on a dense table also averages out.
@@ -26,6 +29,7 @@ beside the random guess (precision = the client's density, AUC 0.5).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,7 +39,7 @@ from fedrec.core.contract import ClientUpload, RoundPlan, Uploads
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import ITEMS
 
-INFERENCE_ATTACKS = ("rows", "direction", "rounds")
+INFERENCE_ATTACKS = ("rows", "direction", "rounds", "imia")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,11 @@ class PrivacyAudit:
     view: ServerView
     seed: int
     rounds: list[dict[str, float]] = field(default_factory=list)
+    #: the IMIA attack (`fedrec.security.imia`) where the algorithm's uploads allow it, on
+    #: ``imia_clients`` benign uploads of a round spread over the round's order (most active
+    #: first): it retrains each client several times
+    imia: Any = None
+    imia_clients: int = 50
     _sum: np.ndarray | None = field(default=None, repr=False)
     _seen: np.ndarray | None = field(default=None, repr=False)
     _always: np.ndarray | None = field(default=None, repr=False)
@@ -102,6 +111,13 @@ class PrivacyAudit:
                 for k, v in _scores(score, guess, truth).items():
                     figures.setdefault(f"{name}_{k}", []).append(v)
             figures.setdefault("random_precision", []).append(truth.mean())
+        if self.imia is not None and self.view.exact and not self.view.secagg and not self.view.dense:
+            for u in benign[:: max(1, len(benign) // self.imia_clients)][: self.imia_clients]:  # every activity level
+                truth = np.isin(u.items, self.train.indices[self.train.indptr[u.client]:self.train.indptr[u.client + 1]])
+                sent = _row_tensor_torch(u)
+                guess = self.imia.guess(self.imia.rows_sent(u.items), sent, seed=[self.seed, plan.round, u.client])
+                for k, v in _scores(guess.astype(float), guess, truth).items():
+                    figures.setdefault(f"imia_{k}", []).append(v)
         self.rounds.append({k: float(np.nanmean(v)) for k, v in figures.items()} | {"round": float(plan.round)})
 
     def _received(self, ups: list[ClientUpload], n_items: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -156,6 +172,13 @@ class PrivacyAudit:
         out = {k: float(np.nanmean(v)) for k, v in figures.items()}
         last = self.rounds[-1] if self.rounds else {}
         return {**{k: v for k, v in last.items() if k != "round"}, **out, "rounds_seen": float(len(self.rounds))}
+
+
+def _row_tensor_torch(u: ClientUpload):  # type: ignore[no-untyped-def]
+    """`_row_tensor` as a float32 CPU tensor."""
+    import torch
+
+    return torch.as_tensor(_row_tensor(u))
 
 
 def _row_tensor(u: ClientUpload) -> np.ndarray:
@@ -225,6 +248,9 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
         lr_item = getattr(trainable, "lr_item", 1.0)
         audit = PrivacyAudit(split.train, cfg.federated.negatives, view_for(cfg.federated, lr_item, split.n_users, secagg),
                              cfg.seed)
+        from fedrec.security.imia import for_algorithm
+
+        audit.imia = for_algorithm(trainable, cfg.federated.negatives)
         trainable.keep_uploads = True
         trainable.observers = (*trainable.observers, audit)
         holder.append(audit)
