@@ -1,0 +1,1 @@
+"""FedDAE: its spec, and its state and round (the gated dual-encoder VAE)."""
