@@ -66,7 +66,7 @@ class IMIA:
         guessed[rng.permutation(n)[:expect]] = True
         for _ in range(self.passes):
             step = self.simulate(start, torch.as_tensor(guessed, dtype=start.dtype), gen)
-            distance = torch.linalg.vector_norm(step - sent, dim=1).numpy()
+            distance = torch.linalg.vector_norm(step - sent, dim=1).cpu().numpy()
             budget = int(self.confirm * n)
             for row in np.argsort(distance, kind="stable"):
                 if budget <= 0:
@@ -90,7 +90,7 @@ class IMIA:
         rows = start.clone()
         n = len(rows)
         for _ in range(self.epochs):
-            order = torch.randperm(n, generator=gen)
+            order = torch.randperm(n, generator=gen, device="cpu")
             for s in range(0, n, self.batch_size):
                 b = order[s : s + self.batch_size]
                 leaves = {k: t.detach().requires_grad_(True) for k, t in params.items()}
@@ -118,8 +118,8 @@ def for_algorithm(algorithm: Any, negatives: int) -> IMIA | None:
     cfg = algorithm.cfg
 
     def rows_sent(items: np.ndarray) -> torch.Tensor:
-        return state.items[torch.as_tensor(items)].detach().cpu().float()
+        return state.items[torch.as_tensor(items)].detach().float()
 
-    return IMIA(state.spec, rows_sent, {k: v.detach().cpu() for k, v in state.shared.items()},
+    return IMIA(state.spec, rows_sent, {k: v.detach() for k, v in state.shared.items()},
                 float(state.lr), float(state.lr_item), bool(state.per_sample), int(cfg.local_epochs),
                 int(cfg.batch_size), 1.0 / (1 + max(negatives, 0)))
