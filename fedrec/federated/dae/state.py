@@ -58,6 +58,7 @@ from fedrec.federated.family.model import ITEMS
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
 from fedrec.rounds.optim import adam_
+from fedrec.rounds.ragged import ranges
 
 #: the draws of a local step, by purpose (`fedrec.rounds.draws` keys under DROPOUT)
 _DROP_LOCAL, _DROP_GLOBAL, _DROP_GATE, _NOISE_LOCAL, _NOISE_GLOBAL = range(5)
@@ -93,7 +94,7 @@ class _Bags:
     def of(cls, train: Any, users: np.ndarray) -> _Bags:
         starts, ends = train.indptr[users], train.indptr[users + 1]
         counts = (ends - starts).astype(np.int64)
-        pos = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)]) if len(users) else np.zeros(0, np.int64)
+        pos = ranges(starts, counts)
         owner = np.repeat(np.arange(len(users)), counts)
         items = train.indices[pos].astype(np.int64)
         dense = torch.zeros(len(users), train.shape[1])
