@@ -161,17 +161,6 @@ def test_an_exploding_loss_backs_off_before_it_turns_non_finite() -> None:
     assert "backoffs" not in kept.extra and kept.history[2].loss == 1e6
 
 
-def test_secure_aggregation_refuses_a_rule_that_counts_each_rows_senders() -> None:
-    pytest.importorskip("flwr")
-    from fedrec.flower.roles import check_deployable
-
-    run = RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",
-                    federated=federated_config("fedmf", rounds=1, aggregation="contributors"))
-    check_deployable(run)
-    with pytest.raises(FedrecError, match="--aggregation clients"):
-        check_deployable(run, secure=True)
-
-
 @pytest.mark.parametrize("name", ["fedmf", "fedrap"])
 def test_samples_step_each_row_by_its_summed_slot_gradients(name: str) -> None:
     """One batch a client: the item step on the batch's summed loss is the mean loss's step times

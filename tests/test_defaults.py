@@ -62,10 +62,10 @@ def test_a_bench_file_may_run_the_papers_settings(tmp_path: Path) -> None:
         load_grid(_bench(tmp_path, "papers"))
 
 
-def test_secure_flower_runs_take_the_papers_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Secure aggregation sums tables alone: `fedrec flower --secagg` runs the papers' rule
-    unless told otherwise, and refuses fedrec's rule when asked for it."""
+def test_secure_flower_runs_take_the_algorithms_own_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secure aggregation also sums each row's senders, so `fedrec flower --secagg` runs the
+    algorithm's own item-row rule, as a plain deployment does, and the papers' when asked."""
     pytest.importorskip("flwr")
     from fedrec.flower import launch
 
@@ -76,17 +76,11 @@ def test_secure_flower_runs_take_the_papers_rule(tmp_path: Path, capsys: pytest.
         raise Launched(run)
 
     monkeypatch.setattr(launch, "simulate", simulate)
-    with pytest.raises(Launched) as launched:
-        outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", "--secagg",
-                 "-o", str(tmp_path / "s.json")], capsys)
-    assert launched.value.args[0].federated.aggregation == "clients"
-    with pytest.raises(Launched) as launched:
-        outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1",
-                 "-o", str(tmp_path / "p.json")], capsys)
-    assert launched.value.args[0].federated.aggregation == "samples"  # a plain deployment runs fedrec's
-    code, _, err = outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", "--secagg",
-                            "--aggregation", "samples", "-o", str(tmp_path / "t.json")], capsys)
-    assert code == 2 and "--aggregation clients" in err
+    for extra, rule in (([], "samples"), (["--secagg"], "samples"), (["--secagg", "--aggregation", "clients"], "clients")):
+        with pytest.raises(Launched) as launched:
+            outcome(["flower", "fedmf", "-d", DATA, "--mode", "simulation", "--rounds", "1", *extra,
+                     "-o", str(tmp_path / "s.json")], capsys)
+        assert launched.value.args[0].federated.aggregation == rule, extra
 
 
 def test_an_item_no_training_rating_names_is_predicted_at_the_users_mean() -> None:

@@ -66,6 +66,7 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedncf", {}),
     ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
+    ("colr", {"clients_per_round": 0.5, "model": {"rank": 3}}),  # rows travel as r coordinates
     ("metamf", {"clients_per_round": 0.5, "item_lr_scale": 3000.0,
                 "model": {"hidden": 16, "memory": 12}}),
     # a squared error on the ratings (no negatives)
@@ -234,12 +235,18 @@ def test_simulation_engine_resumes_a_checkpointed_run(tmp_path: Path, alg: str, 
     _same_outcome(resumed, run_in_process(full, 3).out)
 
 
-def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path) -> None:
-    """FedMF through Flower's SecAgg+ (simulation engine): the server's table after 2 rounds
-    is the plain aggregate up to SecAgg+'s quantisation (steps of 2 x range / 2^24)."""
+@pytest.mark.parametrize(("alg", "engine"), [
+    ("fedmf", {"aggregation": "clients"}),  # the papers' rule: each row's sum over the round's clients
+    # fedrec's rule (each row over its senders, who are summed securely too), and CoLR's
+    # coordinates: the masked table is n_items x rank
+    ("colr", {"model": {"rank": 3}}),
+])
+def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path, alg: str, engine: dict[str, Any]) -> None:
+    """Through Flower's SecAgg+ (simulation engine): the server's table after 2 rounds is the
+    plain aggregate up to SecAgg+'s quantisation (steps of 2 x range / 2^24)."""
     from fedrec.flower.launch import simulate
 
-    run = _run("fedmf", rounds=2, aggregation="clients")  # secure aggregation sums tables alone
+    run = _run(alg, rounds=2, **engine)
     ckpt = tmp_path / "server.ckpt"
     simulate(run, 3, out=tmp_path / "secure.json", checkpoint=ckpt, secagg=True)
     secure = checkpoint.read(ckpt)

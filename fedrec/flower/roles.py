@@ -61,10 +61,6 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
         spec = replace(spec, loss="mse")
     configured = getattr(spec, "configured", None)
     spec = configured(run.federated) if configured is not None else spec
-    if run.federated.aggregation != "clients" and secure:
-        raise FedrecError(f"secure aggregation sums the item tables alone, and --aggregation "
-                          f"{run.federated.aggregation} divides each row by the clients that sent it (which it "
-                          "hides): run it with --aggregation clients (the papers' rule)")
     if run.federated.defence is not None and secure:
         raise FedrecError("--defence looks at each client's upload, and secure aggregation shows the server "
                           "only their sum: run one or the other")

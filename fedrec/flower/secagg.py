@@ -1,6 +1,7 @@
 """Secure aggregation (SecAgg+) of the nodes' item-table updates, with Flower's own protocol.
 
-The server learns only the sum of the nodes' dense update tables, never one node's. Both sides
+The server learns only the sum of the nodes' dense update tables, never one node's (and, under
+fedrec's item-row rules, the sum of their per-row sender counts, by which it divides each row). Both sides
 are Flower's code: the server runs the stock `SecAggPlusWorkflow` (key exchange, Shamir shares
 of the mask seeds, masked vectors, unmasking, recovery of dropped nodes' masks), the ClientApp
 the stock `secaggplus_mod`, which masks what fedrec's train function returns. The workflow

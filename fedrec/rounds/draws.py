@@ -18,6 +18,8 @@ import numpy as np
 
 # what a draw is for (part of its key)
 NEGATIVES, SHUFFLE, FRESH_USER, INIT, DROPOUT, LOCAL_NOISE, PAD_ITEMS, PAD_VALUES = 1, 2, 3, 4, 5, 6, 7, 8
+#: a round's subspace that every party shares (CoLR's basis, `fedrec.federated.colr`)
+BASIS = 9
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -11,7 +11,8 @@ every server optimiser and client objective): see `fedrec.rounds.sides`.
 * **Server**: the state without clients; it folds the replies into the engine's `Accumulator` and
   calls the state's own `aggregate`. A node whose request is missing or stale gets the whole
   table; under secure aggregation every node gets the whole table (asking for rows would tell
-  which items its users train) and the server receives only the masked sum.
+  which items its users train) and the server receives only the masked sum (of the rows' changes
+  and, under fedrec's item-row rules, of each row's senders).
 * **A robust rule** (``--defence``) looks at each client's upload: the server side's ``rule``
   slot (`fedrec.security.adversary.Security`, plugged in by the deployment) asks the nodes for
   their clients' uploads one by one (``per_client``), and the rule's sums replace the plain ones,
@@ -90,7 +91,8 @@ class FamilyClient(ClientSide):
         if acc.item_count is not None:  # a row sent with a zero delta still counts its senders
             sent |= acc.item_count > 0
         touched = torch.nonzero(sent).flatten()
-        reply = {"items": wire_ids(touched.cpu().numpy()), "rows": acc.item_sum[touched].cpu().numpy(),
+        reply = {"items": wire_ids(touched.cpu().numpy()),
+                 "rows": self.state.wire_rows(acc.item_sum[touched]).cpu().numpy(),
                  **self._counts(acc), **self._want(int(msg["round"]))}
         if acc.item_count is not None:  # under fedrec's item-row rules: each row's senders
             reply["senders"] = acc.item_count[touched].cpu().numpy().astype(np.int32)
@@ -98,10 +100,14 @@ class FamilyClient(ClientSide):
         return reply
 
     def train_secure(self, msg: Payload) -> tuple[list[np.ndarray], Payload]:
-        """`train` for secure aggregation: the whole table of row-delta sums (to be masked)
-        and the counts (sent in the clear)."""
+        """`train` for secure aggregation: the whole table of row-delta sums and, under fedrec's
+        item-row rules, how many of the node's clients sent each row (both masked: the server
+        learns each row's senders over the round, not a node's), and the counts (in the clear)."""
         acc = self._train(msg)
-        return [acc.item_sum.cpu().numpy()], self._counts(acc)
+        vectors = [self.state.wire_rows(acc.item_sum).cpu().numpy()]
+        if acc.item_count is not None:
+            vectors.append(acc.item_count.cpu().numpy())
+        return vectors, self._counts(acc)
 
     def _train(self, msg: Payload, keep: list[Any] | None = None) -> Any:
         r = int(msg["round"])
@@ -200,7 +206,8 @@ class FamilyServer(ServerSide):
             _fold_counts(acc, reply)
             self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
             return
-        acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]), torch.as_tensor(reply["rows"]))
+        acc.item_sum.index_add_(0, torch.as_tensor(reply["items"]),
+                                self.state.unwire_rows(torch.as_tensor(reply["rows"])))
         if acc.item_count is not None:
             acc.item_count.index_add_(0, torch.as_tensor(reply["items"]),
                                       torch.as_tensor(reply["senders"], dtype=acc.item_count.dtype))
@@ -217,11 +224,15 @@ class FamilyServer(ServerSide):
         rejected = sum(int(c["rejected"]) for c in counts.values())
         if summed is None or not counts:
             return "secure aggregation halted; the global state is unchanged"
-        if (n + rejected != total or summed[0].shape != tuple(acc.item_sum.shape)
-                or not np.isfinite(summed[0]).all()):
+        shapes = [(self.n_items, self.state.wire_width)] + ([(self.n_items,)] if acc.item_count is not None else [])
+        if (n + rejected != total or [v.shape for v in summed] != shapes
+                or not all(np.isfinite(v).all() for v in summed)):
             acc.rejected += total
-            return f"rejected the secure sum (counts {n} + {rejected} for {total} clients, shape {summed[0].shape})"
-        acc.item_sum += torch.as_tensor(summed[0], dtype=acc.item_sum.dtype)
+            return (f"rejected the secure sum (counts {n} + {rejected} for {total} clients, shapes "
+                    f"{[v.shape for v in summed]})")
+        acc.item_sum += self.state.unwire_rows(torch.as_tensor(summed[0], dtype=acc.item_sum.dtype))
+        if acc.item_count is not None:  # whole senders, quantised by SecAgg+ far below one half
+            acc.item_count += torch.as_tensor(np.rint(summed[1]), dtype=acc.item_count.dtype)
         for c in counts.values():
             _fold_counts(acc, c)
         return None
@@ -240,7 +251,7 @@ class FamilyServer(ServerSide):
         if self.rule is not None:
             return check_per_client(reply, clients, self.n_items, self.state.items.shape[1], self.state.shared)
         n_clients = len(clients)
-        width = self.state.items.shape[1]
+        width = self.state.wire_width
         problem = missing(reply, ["items", "rows", "n", "rejected", "loss_sum", "client_batches", "want_round",
                                   "want_items", *(f"shared.{k}" for k in self.state.shared)])
         if problem:

@@ -147,15 +147,20 @@ class FamilySpec:
         baseline each client takes its own row's mean from it, and otherwise it is ignored.
         ``client_ids``: the ids of the state's clients when it holds only some (a Flower node's).
         """
-        from fedrec.federated.family.state import FamilyState
-
-        state = FamilyState.create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
-                                   item_std=item_std, seed=seed, client_ids=client_ids)
+        state = self.state_type().create(self, n_clients, n_items, lr=lr, lr_item=lr_item,
+                                         item_std=item_std, seed=seed, client_ids=client_ids)
         if self.baseline and n_clients:  # (a Flower server holds no client)
             if train is None:
                 raise ValueError("the rating baseline needs the clients' training ratings")
             state.offsets = here(torch.as_tensor(user_means(train)))
         return state
+
+    def state_type(self) -> type:
+        """The state class `create_state` builds: `FamilyState`, or a subclass whose kernel
+        changes a step (CoLR's subspace, `fedrec.federated.colr`)."""
+        from fedrec.federated.family.state import FamilyState
+
+        return FamilyState
 
     def sides(self) -> tuple[type, type]:
         """The client and server sides of this method's round in a deployment

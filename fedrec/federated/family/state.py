@@ -180,8 +180,8 @@ class FamilyState:
             self._server_opt = self.spec.server_optimizer()
         return self._server_opt
 
-    @staticmethod
-    def create(spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+    @classmethod
+    def create(cls, spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                item_std: float, seed: int, client_ids: np.ndarray | None = None) -> FamilyState:
         """The state at round 0. The global table and shared weights come from a generator
         seeded by ``seed``; each client's private parameters from draws keyed by its id, so a
@@ -192,8 +192,7 @@ class FamilyState:
         shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen).items()}
         ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
         private = client_params(spec, spec.private_names(), ids, (seed, draws.INIT))
-        return FamilyState(spec, items, shared, private, lr, lr_item,
-                           PersonalRows(n_items, spec.item_width))
+        return cls(spec, items, shared, private, lr, lr_item, PersonalRows(n_items, spec.item_width))
 
     # -- one round -------------------------------------------------------------------------
 
@@ -481,6 +480,21 @@ class FamilyState:
         self.items = opt.update(ITEMS, self.items, self.items + (acc.item_sum + noise) / divisor)
         for k in self.shared:
             self.shared[k] = opt.update(k, self.shared[k], acc.shared_sum[k] / acc.n)
+
+    # -- what travels on a deployment's wire ---------------------------------------------------
+
+    @property
+    def wire_width(self) -> int:
+        """Numbers an item row's change takes in a message (`fedrec.federated.family.sides`)."""
+        return int(self.items.shape[1])
+
+    def wire_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row changes as a message carries them (as they are; CoLR sends coordinates)."""
+        return rows
+
+    def unwire_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row changes back from a message (`wire_rows`' inverse)."""
+        return rows
 
     # -- records and checkpoints -------------------------------------------------------------
 

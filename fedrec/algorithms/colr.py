@@ -1,0 +1,54 @@
+"""CoLR: FedMF whose item updates lie in a random rank-r subspace each round, so a client sends
+r numbers an item row (`fedrec.federated.colr`).
+
+Model options (``--set KEY=VALUE``): ``rank`` (4; ``rank`` = ``dim`` is FedMF itself) and
+FedMF's own (``dim``, ``clip``). Engine defaults are FedMF's (fedrec's item-row rule, which
+averages each row over the clients that sent it, as CoLR's server does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.algorithms.federated import FamilyOptions, samples
+from fedrec.errors import FedrecError
+from fedrec.options import check
+
+
+@dataclass(frozen=True)
+class CoLROptions(FamilyOptions):
+    """FedMF's options and the subspace's rank."""
+
+    #: the rank of each round's subspace: the numbers an item row's upload takes
+    rank: int = 4
+
+    def validate(self) -> None:
+        super().validate()
+        check((self.rank < 1 or self.rank > self.dim, f"rank must be in 1..dim ({self.dim}); got {self.rank}"),
+              (self.dual, "CoLR compresses FedMF's upload; PFedRec's dual personalisation is not part of it "
+                          "(leave --set dual out)"))
+
+    def configured(self, engine: Any) -> Any:
+        if getattr(engine, "encoding", "rows") == "sparse":
+            raise FedrecError("--encoding sparse: CoLR sends each row as its r coordinates, which are not "
+                              "sparse; give --encoding rows (its default) or dense")
+        return super().configured(engine)
+
+    def state_type(self) -> type:
+        from fedrec.federated.colr import CoLRState
+
+        return CoLRState
+
+
+#: engine options whose uploads the subspace does not carry yet: noise and pseudo rows are drawn
+#: in the table's d columns, and a crafted upload would bypass the coordinates
+IGNORES = ("ldp", "dp_noise", "dp_clip", "pad_items", "attack")
+
+register(AlgorithmSpec(
+    "colr", "federated",
+    "CoLR: FedMF whose item updates lie in a random rank-r subspace each round; uploads r numbers a row "
+    "(--set rank=)",
+    None, CoLROptions, samples(0.1), flower=True, ignores=IGNORES,
+))

@@ -1,0 +1,129 @@
+"""CoLR (`fedrec.federated.colr`): a round is each client trained on the official code's
+low-rank parameters (a frozen table E, E + A B with A from zero, B the round's orthonormal rows
+times sqrt(d/r), A's gradient times sqrt(r/d), plain SGD); its upload is r coordinates a row,
+counted as such; rank = dim is FedMF."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrec.algorithms import get_algorithm
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.federated.colr import CoLRState, round_basis
+from fedrec.federated.family.state import FamilyState
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+LR, LR_ITEM, BATCH, EPOCHS, DIM, RANK = 0.3, 5.0, 8, 2, 8, 3
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    x = to_implicit(synthetic(40, 200, mean_interactions=8, min_interactions=3, seed=4))
+    return make_split(x, "loo-sampled", seed=0)
+
+
+def _cohort(split: Split) -> CohortBatches:
+    rng = np.random.default_rng(6)
+    clients = order_by_activity(split.train, np.arange(split.n_users))
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
+    return build_cohort(split.train, clients, negs, BATCH, rng.random((EPOCHS, int(counts.sum()) * 5)))
+
+
+def _state(split: Split, name: str = "colr", **model: int) -> FamilyState:
+    alg = get_algorithm(name)
+    spec = alg.build(split, {**alg.defaults, "dim": DIM, **model})
+    return spec.create_state(split.n_users, split.n_items, lr=LR, lr_item=LR_ITEM, item_std=0.5, seed=2)
+
+
+def _official_client(user: torch.Tensor, table: torch.Tensor, basis: torch.Tensor, cohort: CohortBatches,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``k`` as the official code trains it: E frozen, A (rows x r) from zero, B the
+    basis times sqrt(d/r), A's gradient times sqrt(r/d); mean BCE a batch, plain SGD. Returns
+    the user vector and A."""
+    d, r = basis.shape[1], basis.shape[0]
+    b = basis * math.sqrt(d / r)
+    a = torch.zeros(len(table), r)
+    mine = cohort.sample_client == k
+    rows, labels = cohort.sample_row[mine] - cohort.row_ptr[k], cohort.sample_label[mine]
+    per_epoch = len(rows) // EPOCHS
+    for e in range(EPOCHS):
+        for s in range(0, per_epoch, BATCH):
+            sl = slice(e * per_epoch + s, e * per_epoch + min(s + BATCH, per_epoch))
+            u, aa = user.detach().requires_grad_(True), a.detach().requires_grad_(True)
+            v = (table + aa @ b)[torch.as_tensor(rows[sl])]
+            loss = F.binary_cross_entropy_with_logits(v @ u, torch.as_tensor(labels[sl]))
+            gu, ga = torch.autograd.grad(loss, [u, aa])
+            user, a = u - LR * gu, aa - LR_ITEM * math.sqrt(r / d) * ga
+    return user.detach(), a.detach()
+
+
+def test_a_round_is_each_client_trained_on_the_official_low_rank_parameters(split: Split) -> None:
+    state, before = _state(split, rank=RANK), _state(split, rank=RANK)
+    assert isinstance(state, CoLRState)
+    cohort = _cohort(split)
+    state.begin_round(1)
+    up = state.local_update(cohort, UploadPath())
+    basis = round_basis(2, 1, DIM, RANK)
+    torch.testing.assert_close(state.basis, basis)
+    torch.testing.assert_close(basis @ basis.T, torch.eye(RANK), rtol=0, atol=1e-6)
+    b = basis * math.sqrt(DIM / RANK)
+    for k, client in enumerate(cohort.clients):
+        rows = torch.as_tensor(cohort.row_items[cohort.rows_of(k)])
+        user, a = _official_client(before.private["user"][int(client)].clone(), before.items[rows].clone(),
+                                   basis, cohort, k)
+        torch.testing.assert_close(state.private["user"][int(client)], user, **TOL)
+        torch.testing.assert_close(up.delta[cohort.rows_of(k)], a @ b, **TOL)
+    # what travels is r numbers a row (the official A, times sqrt(d/r)), from which the server
+    # rebuilds the rows' change
+    coords = state.wire_rows(up.delta)
+    assert coords.shape == (len(cohort.row_items), RANK)
+    torch.testing.assert_close(state.unwire_rows(coords), up.delta, **TOL)
+    assert up.bytes_up == len(cohort.row_items) * (INDEX_BYTES + RANK * FLOAT_BYTES)
+    assert float(up.delta.abs().max()) > 1e-3  # the rows moved
+
+
+def test_every_party_draws_the_rounds_basis_and_it_changes_each_round() -> None:
+    first, again, second = round_basis(5, 1, 16, 4), round_basis(5, 1, 16, 4), round_basis(5, 2, 16, 4)
+    assert torch.equal(first, again)
+    # the subspaces differ: their principal cosines are below 1
+    assert float(torch.linalg.svdvals(first @ second.T).max()) < 0.99
+
+
+def test_a_dense_upload_is_the_whole_table_of_coordinates(split: Split) -> None:
+    state, cohort = _state(split, rank=RANK), _cohort(split)
+    state.begin_round(1)
+    up = state.local_update(cohort, UploadPath(encoding="dense"))
+    assert up.bytes_up == len(cohort.clients) * split.n_items * RANK * FLOAT_BYTES
+
+
+def test_rank_equal_to_dim_is_fedmf(split: Split) -> None:
+    colr, fedmf, cohort = _state(split, rank=DIM), _state(split, "fedmf"), _cohort(split)
+    for state in (colr, fedmf):
+        acc = state.begin_round(1)
+        state.accumulate(acc, state.local_update(cohort, UploadPath()))
+        state.aggregate(acc, UploadPath(), torch.Generator())
+    torch.testing.assert_close(colr.items, fedmf.items, **TOL)
+    torch.testing.assert_close(colr.private["user"], fedmf.private["user"], **TOL)
+
+
+@pytest.mark.parametrize(("model", "says"), [
+    ({"rank": 0}, "rank must be in 1..dim"),
+    ({"rank": 40}, "rank must be in 1..dim"),
+    ({"dual": True}, "dual"),
+])
+def test_bad_options_are_one_line(split: Split, model: dict[str, int], says: str) -> None:
+    alg = get_algorithm("colr")
+    with pytest.raises(FedrecError, match=says):
+        alg.build(split, {**alg.defaults, "dim": 32, **model})
