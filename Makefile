@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench wheel wheel-check clean
 
 setup: $(VENV)/.installed
 
@@ -26,5 +26,13 @@ test: setup
 lint: setup
 	$(BIN)/ruff check fedrec tests benchmarks
 
+# dist/: the sdist and the wheel, built with the venv's setuptools (nothing downloaded)
+wheel: setup
+	$(BIN)/python -m build --no-isolation --outdir dist
+
+# the wheel built from a clean copy, installed in a fresh venv and run (tests/test_wheel.py)
+wheel-check: setup
+	$(BIN)/python -m pytest tests/test_wheel.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build dist fedrec.egg-info

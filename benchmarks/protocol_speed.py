@@ -2,7 +2,7 @@
 
     python benchmarks/protocol_speed.py [--users 6040 --items 3706 --per-user 165]
 
-Prints seconds per step. The target of the foundation issue: 4 training negatives per
+Prints seconds per step. The target: 4 training negatives per
 positive for all ML-1M-sized data in well under a second, with no Python loop over users.
 """
 

@@ -1,5 +1,6 @@
-"""Time the family's MLP tower (GPFedRec, GFed-PP, FedNCF) against the same tower on the
-concatenated input [u, v], the form it had before it was taken in two parts.
+"""Time the family's MLP tower (GPFedRec, GFed-PP, FedNCF), whose first layer takes the user's
+and the item's halves apart (u W_u + v W_v), against the same tower on the concatenated input
+[u, v].
 
     OMP_NUM_THREADS=1 python benchmarks/tower_speed.py
 

@@ -259,8 +259,8 @@ def test_uploads_match_reference(split: Split, name: str) -> None:
 def test_a_diverged_client_is_rejected_alone(split: Split, name: str) -> None:
     """A client whose state is NaN is rejected without touching the other clients.
 
-    Regression: padding slots of short batches used to point at local row 0 (another
-    client's row), so one client's NaN reached every client with a short last batch.
+    The padding slots of a short batch are what it guards: pointed at local row 0 (another
+    client's row), they would carry one client's NaN to every client with a short last batch.
     """
     spec = _spec(split, name, {})
     state = _initial(spec, split, CFG)

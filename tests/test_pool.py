@@ -29,7 +29,7 @@ except RuntimeError:
 def test_a_pool_left_early_ends_its_runs(tmp_path: Path) -> None:
     """A callback that raises ends the pool at once: the running runs are ended, the queued ones
     dropped. Waiting for them instead would hang for good, since a worker whose notes nobody
-    reads blocks on a full pipe (checked: the code before this rule hung here)."""
+    reads blocks on a full pipe (checked: without the rule, this test hangs)."""
     script = textwrap.dedent(LEFT_EARLY).format(out=tmp_path)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})

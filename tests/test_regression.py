@@ -1,26 +1,27 @@
 """Regression fixture: every registered algorithm's per-round figures at seed 0 must not move.
 
-`tests/fixtures/regression.json` was recorded before the one-engine redesign by
-running this module as a script (``python tests/test_regression.py --write``). Each case runs
+`tests/fixtures/regression.json` is recorded by running this module as a script
+(``python tests/test_regression.py --write``; first at f35bf49, 2026-11-24). Each case runs
 an algorithm for a few rounds on a small synthetic data set under a protocol it supports and
 compares the loss and validation figures of every round, and the test figures at the best
 validation round, with the recording. A change that moves them is a change of results, which
 has to be measured and explained, not absorbed.
 
-Re-recorded since, with the reason (``--write NAME ...`` rewrites only those cases):
+Cases re-recorded by a change of code, with the reason (``--write NAME ...`` rewrites only
+those cases):
 
 * FedCIA's family (fedcia, fedcia-mf, fedcia-lightgcn, fedlightgcn, stacked, lightgcn,
-  fedcia+ldp), with the one engine: its clients' initial vectors, negatives and shuffles became draws keyed
-  by client id (as every other method's already were), so that a Flower node trains its clients
-  as the simulator does; and uploads are summed in float64. Another random stream, same
+  fedcia+ldp) at 0a47666 (2026-11-24): its clients' initial vectors, negatives and shuffles are
+  draws keyed by client id (as every other method's are), so that a Flower node trains its
+  clients as the simulator does; and uploads are summed in float64. Another random stream, same
   distributions: GF-CF's cases, which draw nothing, did not move (0.00e+00).
-* fedrap, fedrap-l2, fedrap-no: FedRAP's step sums the slots of each distinct row
-  before updating it (one update a row, not one a slot), so float32 sums run in another order:
-  after one local update of 10 epochs the rows differ by at most 4.8e-7 (of 1.3). At this
-  case's item rate (scale 100) training is chaotic: the first round's loss moved by 2.0e-5
-  relative, where a change of the item rate by 1e-7 moved it by 9e-6 in the code before; every
-  other figure stayed within 1e-5 (fedrap-c, fedrap-d and centrap within it, not re-recorded;
-  every other case 0.00e+00).
+* fedrap, fedrap-l2, fedrap-no at 88fa17f (2026-11-25): FedRAP's step sums the slots of each
+  distinct row before updating it (one update a row, not one a slot), so float32 sums run in
+  another order: after one local update of 10 epochs the rows differ by at most 4.8e-7 (of 1.3).
+  At this case's item rate (scale 100) training is chaotic: the first round's loss moved by
+  2.0e-5 relative, where a change of the item rate by 1e-7 moves it by 9e-6 (measured at
+  88fa17f^); every other figure stayed within 1e-5 (fedrap-c, fedrap-d and centrap within it,
+  not re-recorded; every other case 0.00e+00).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_the_option_parses_checks_and_prints_back():
             ServerOpt.parse(bad)
     with pytest.raises(FedrecError, match="must be one of"):
         FederatedConfig(server_opt="sgd").validate()
-    # no server optimiser named: the engine's identity (cache and cell keys) is as before it existed
+    # no server optimiser named: the engine's identity (cache and cell keys) leaves the option out
     assert "server_opt" not in FederatedConfig.identity(dataclasses.asdict(FederatedConfig()))
 
 

@@ -143,7 +143,7 @@ def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: p
 
 def test_a_rating_search_centres_on_the_rating_settings_and_never_scores_test(monkeypatch: pytest.MonkeyPatch) -> None:
     """FedMF on ratings: the space is a decade around its rating settings, the trials minimise
-    validation RMSE, and the empty test stage is not scored (an RMSE of nothing was an error)."""
+    validation RMSE, and the empty test stage is not scored (it holds no rating to give an RMSE of)."""
 
     split = validation_only(prepare_split(RunConfig("fedmf", dataset=DATA, protocol="ratio-rating")))
     space = {p.name: p for p in search_space(get_algorithm("fedmf"), split, DATA)}

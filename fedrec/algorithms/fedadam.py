@@ -4,7 +4,7 @@
 ``m <- b1 m + (1 - b1) d``, ``v <- b2 v + (1 - b2) d^2``, ``x <- x + server_lr m / (sqrt(v) + tau)``
 with d = mean - current, v starting at tau^2 and no bias correction, as in the paper. ``tau`` (1e-3) is the
 paper's adaptivity constant. Each coordinate then moves by at most about ``server_lr`` a round,
-so the server step no longer scales with the item rows' learning rate. The optimiser is
+so the server step does not scale with the item rows' learning rate (a plain average's does). The optimiser is
 `fedrec.federated.family.server_opt.Adam`, which ``--server-opt adam`` gives any member of the family;
 FedYogi, the same with Yogi's second moment, is registered here too.
 """

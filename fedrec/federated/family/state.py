@@ -161,7 +161,7 @@ class FamilyState:
     #: the algorithm)
     per_row = False
     #: step item rows by the sum of their slots' gradients over the client's batch, not the
-    #: batch mean (``--aggregation samples``): a row's step no longer shrinks as the client grows
+    #: batch mean (``--aggregation samples``): a row's step does not shrink as the client grows
     per_sample = False
     #: the server averages the clients' item-row deltas (so per-row robust rules, poisoning
     #: attacks and pseudo-item padding apply; not a dataclass field)
