@@ -20,6 +20,8 @@ import numpy as np
 NEGATIVES, SHUFFLE, FRESH_USER, INIT, DROPOUT, LOCAL_NOISE, PAD_ITEMS, PAD_VALUES = 1, 2, 3, 4, 5, 6, 7, 8
 #: a round's subspace that every party shares (CoLR's basis, `fedrec.federated.colr`)
 BASIS = 9
+#: a round's clustering of the users (PerFedRec's k-means starts, `fedrec.federated.perfedrec`)
+CLUSTERS = 10
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -1,0 +1,51 @@
+"""PerFedRec: FedMF with the users clustered by their vectors on the server, a table a cluster,
+and each client scoring with the mean of the global, its cluster's and its own model
+(`fedrec.federated.perfedrec`).
+
+Model options (``--set KEY=VALUE``): ``clusters`` (5, the official code's) and FedMF's own
+(``dim``, ``clip``). Engine defaults are FedMF's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.algorithms.federated import FamilyOptions, samples
+from fedrec.options import check
+
+
+@dataclass(frozen=True)
+class PerFedRecOptions(FamilyOptions):
+    """FedMF's options and the number of clusters."""
+
+    #: the clusters the server groups the users into (k-means over their vectors)
+    clusters: int = 5
+    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
+    not_deployed: ClassVar[str] = (
+        "its server keeps a table a cluster and each node would need its clients' cluster tables and "
+        "the global one: not wired on Flower; it runs in the simulator (`fedrec run`)")
+
+    def validate(self) -> None:
+        super().validate()
+        check((self.clusters < 1, f"clusters must be >= 1 (got {self.clusters})"),
+              (self.dual, "PerFedRec personalises through its clusters and the client's own rows; PFedRec's "
+                          "dual personalisation is not part of it (leave --set dual out)"))
+
+    def state_type(self) -> type:
+        from fedrec.federated.perfedrec import PerFedRecState
+
+        return PerFedRecState
+
+
+#: engine options its uploads do not carry: noise, pseudo rows and crafted uploads are not drawn
+#: for the user vector it sends, and the robust rules see no cluster
+IGNORES = ("ldp", "dp_noise", "dp_clip", "pad_items", "attack", "defence")
+
+register(AlgorithmSpec(
+    "perfedrec", "federated",
+    "PerFedRec: FedMF whose server clusters the users by their vectors (a table a cluster); a client "
+    "scores with the mean of the global, its cluster's and its own model (--set clusters=)",
+    None, PerFedRecOptions, samples(0.1), ignores=IGNORES,
+))

@@ -1,0 +1,243 @@
+"""PerFedRec (Luo, Xiao and Song, "Personalized Federated Recommendation via Joint Representation
+Learning, User Clustering, and Model Adaptation", CIKM 2022) on FedMF's model: the server
+clusters the users by their uploaded user vectors, keeps one item table a cluster beside the
+global one, sends each client its cluster's table, and each client scores with the average of
+the global, its cluster's and its own model.
+
+What the official code (sichunluo/PerFedRec, read at 4d0c8f0) does, and what fedrec keeps:
+
+* **Clustering.** Each round the server runs k-means (5 clusters) over the users' vectors. The
+  official server holds every user's row of a shared user table; here a client uploads its
+  user vector each round (d floats, counted in its bytes) and the server clusters the latest
+  vector of every user it has heard from (`scipy.cluster.vq.kmeans2`, k-means++ starts drawn
+  from the run's seed and the round). New clusters are matched to the last round's by their
+  centroids (an assignment on their distances), so a cluster's table stays its own; the
+  official code indexes last round's cluster models by this round's arbitrary labels.
+* **Cluster models.** Cluster k's table for the next round is its table this round moved by
+  the mean change of each row over the clients of cluster k that sent it (fedrec's item-row
+  rule, as the global table); a row none of them sent is the new global row (the official
+  cluster model is the plain mean of the cluster's uploads, the global model where a cluster
+  is empty). A client downloads its cluster's rows; one the server has not clustered yet (it
+  never uploaded) downloads the global rows. The global table averages every client's rows as
+  they came back (what it downloaded plus its change).
+* **Model adaptation.** A client's score of an item is the mean of three scores: under the
+  global table, its cluster's table, and its own model (its cluster's table with the rows it
+  trained in its latest round, kept on the client); a client that has not trained yet averages
+  the first two. The official code does this at evaluation only, with fixed equal weights, and
+  for the round's participants only (it keeps no client model between rounds).
+
+Not kept: the official GNN (each client propagates its positives over *every* user's
+interactions in the global graph, which a client cannot see; its layers are not chained), its
+attribute branch (off in the code, its files absent), its single Adam step a round shared
+across clients, its size-weighted client selection (clients are sampled uniformly, as every
+fedrec method), and its evaluation, which averages scores of three different draws of
+negatives and reports each metric's best test round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.cluster.vq import kmeans2
+from scipy.optimize import linear_sum_assignment
+
+from fedrec.federated.family.model import score
+from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import CohortBatches
+from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
+
+
+@dataclass
+class PerFedRecState(FamilyState):
+    """FedMF's state with cluster tables, the server's copies of the users' vectors and each
+    client's own rows (module docstring)."""
+
+    seed: int = 0
+    #: ``(clusters, n_items, width)``: each cluster's table (None before the first aggregation)
+    cluster_items: torch.Tensor | None = None
+    #: each client's cluster (-1: not clustered yet), as the server assigned it
+    labels: np.ndarray | None = None
+    #: the clusters' centroids ``(clusters, width)`` of the latest clustering
+    centroids: np.ndarray | None = None
+    #: the latest user vector each client uploaded (the server's), and whether it has one
+    server_users: torch.Tensor | None = None
+    heard: np.ndarray | None = None
+    #: whether a client has trained (and keeps its own rows, ``personal``)
+    trained: np.ndarray | None = None
+    _cluster_sum: torch.Tensor | None = None
+    _cluster_count: torch.Tensor | None = None
+    _round: int = 0
+
+    @classmethod
+    def create(cls, spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
+               item_std: float, seed: int, client_ids: np.ndarray | None = None) -> PerFedRecState:
+        state = super().create(spec, n_clients, n_items, lr=lr, lr_item=lr_item, item_std=item_std,
+                               seed=seed, client_ids=client_ids)
+        assert isinstance(state, PerFedRecState)
+        state.seed = seed
+        state.labels = np.full(n_clients, -1, np.int64)
+        state.server_users = torch.zeros((n_clients, spec.dim), dtype=state.items.dtype, device=state.items.device)
+        state.heard = np.zeros(n_clients, bool)
+        state.trained = np.zeros(n_clients, bool)
+        return state
+
+    @property
+    def clusters(self) -> int:
+        return int(self.spec.clusters)
+
+    # -- a round ---------------------------------------------------------------------------
+
+    def begin_round(self, r: int) -> Accumulator:
+        self._round = r
+        n_items, width = self.items.shape
+        like = {"dtype": self.items.dtype, "device": self.items.device}
+        self._cluster_sum = torch.zeros((self.clusters * n_items, width), **like)
+        self._cluster_count = torch.zeros(self.clusters * n_items, **like)
+        return super().begin_round(r)
+
+    def _row_clusters(self, cohort: CohortBatches) -> torch.Tensor:
+        """The cluster each of the cohort's rows was downloaded from (-1: the global table)."""
+        assert self.labels is not None
+        counts = np.diff(cohort.row_ptr)
+        return torch.as_tensor(np.repeat(self.labels[cohort.clients], counts), device=self.items.device)
+
+    def _base_rows(self, cohort: CohortBatches) -> torch.Tensor:
+        """The rows the cohort downloads: its clients' clusters' rows, or the global ones."""
+        items = torch.as_tensor(cohort.row_items, device=self.items.device)
+        start = self.items.index_select(0, items)
+        if self.cluster_items is None:
+            return start
+        clusters = self._row_clusters(cohort)
+        mine = clusters >= 0
+        flat = self.cluster_items.reshape(-1, self.items.shape[1])
+        start[mine] = flat.index_select(0, clusters[mine] * self.items.shape[0] + items[mine])
+        return start
+
+    def _download(self, cohort: CohortBatches) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        clients = torch.as_tensor(cohort.clients)
+        return self._base_rows(cohort), {k: self.private[k][clients] for k in self.spec.private_names()}
+
+    def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
+                rows: torch.Tensor, path: UploadPath, loss_sum: float,
+                shared_sum: dict[str, torch.Tensor] | None = None) -> CohortUpload:
+        """FedMF's upload and the client's user vector beside it (for the server's clustering);
+        the client keeps the rows it trained (its own model)."""
+        up = super()._finish(cohort, params, start, rows, path, loss_sum, shared_sum)
+        assert self.server_users is not None and self.heard is not None and self.trained is not None
+        ok = up.accepted.numpy()
+        sent = cohort.clients[ok]
+        self.server_users[torch.as_tensor(sent)] = params["user"][torch.as_tensor(ok)].detach()
+        self.heard[sent] = True
+        self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
+        self.trained[cohort.clients] = True
+        up.bytes_up += len(cohort.clients) * self.spec.dim * FLOAT_BYTES
+        return up
+
+    def accumulate(self, acc: Accumulator, up: CohortUpload) -> None:
+        """The global sums take each row as it came back less the global row (a client of a
+        cluster started from its cluster's row); the cluster sums take each clustered client's
+        change."""
+        cohort = up.cohort
+        items = torch.as_tensor(cohort.row_items)
+        start = self._base_rows(cohort)
+        super().accumulate(acc, replace(up, delta=up.delta + (start - self.items.index_select(0, items))))
+        clusters = self._row_clusters(cohort)
+        keep = (clusters >= 0) & torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(cohort.row_ptr)))
+        if bool(keep.any()):
+            assert self._cluster_sum is not None and self._cluster_count is not None
+            key = clusters[keep] * self.items.shape[0] + items[keep]
+            self._cluster_sum.index_add_(0, key, up.delta[keep])
+            self._cluster_count.index_add_(0, key, torch.ones(len(key), dtype=self._cluster_count.dtype))
+
+    def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
+        """The global table (`FamilyState.aggregate`), each cluster's table, then the users
+        clustered anew."""
+        old = self.cluster_items
+        super().aggregate(acc, path, gen)
+        n_items, width = self.items.shape
+        glob = self.items.expand(self.clusters, n_items, width).reshape(-1, width)
+        if old is None:
+            tables = glob.clone()
+        else:
+            assert self._cluster_sum is not None and self._cluster_count is not None
+            sent = self._cluster_count > 0
+            tables = glob.clone()
+            flat = old.reshape(-1, width)
+            tables[sent] = flat[sent] + self._cluster_sum[sent] / self._cluster_count[sent, None]
+        self.cluster_items = tables.reshape(self.clusters, n_items, width)
+        self._recluster()
+
+    def _recluster(self) -> None:
+        """k-means over the latest vectors of the users the server has heard from; the new
+        clusters matched to the old by their centroids."""
+        assert self.heard is not None and self.server_users is not None and self.labels is not None
+        heard = np.flatnonzero(self.heard)
+        if len(heard) < self.clusters:
+            return
+        data = self.server_users[torch.as_tensor(heard)].double().cpu().numpy()
+        rng = np.random.default_rng(draws.seed_of((self.seed, draws.CLUSTERS, self._round)))
+        centroids, labels = kmeans2(data, self.clusters, iter=20, minit="++", seed=rng)
+        if self.centroids is not None:  # cluster k stays cluster k: the cheapest matching
+            cost = ((self.centroids[:, None, :] - centroids[None, :, :]) ** 2).sum(-1)
+            old_of, new_of = linear_sum_assignment(cost)
+            relabel = np.empty(self.clusters, np.int64)
+            relabel[new_of] = old_of
+            labels, centroids = relabel[labels], centroids[np.argsort(relabel)]
+        self.centroids = centroids
+        self.labels[heard] = labels
+
+    # -- scores ----------------------------------------------------------------------------
+
+    def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
+        """The mean of the client's scores under the global table, its cluster's and its own
+        model (its cluster's table with its trained rows); the first two where it has not
+        trained."""
+        assert self.labels is not None and self.trained is not None
+        c = torch.as_tensor(clients)
+        p = {k: self.private[k][c] for k in self.spec.private_names()}
+        idx = None if items is None else torch.as_tensor(items)
+        glob = self.items.expand(len(clients), *self.items.shape) if idx is None else self.items[idx]
+        total = score(self.spec, p, glob)
+        labels = torch.as_tensor(self.labels[clients])
+        if self.cluster_items is None:
+            own = glob.clone(memory_format=torch.contiguous_format) if idx is None else glob.clone()
+        else:
+            tables = torch.cat([self.items[None], self.cluster_items])  # 0: the global table
+            own = tables[labels + 1] if idx is None else tables[(labels + 1)[:, None], idx]
+        total = total + score(self.spec, p, own)
+        self.personal.override(own, clients, items)
+        mine = torch.as_tensor(self.trained[clients])
+        total = total + torch.where(mine[:, None], score(self.spec, p, own), torch.zeros(()))
+        return total / (2 + mine.to(total.dtype))[:, None]
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def server_state_dict(self) -> dict[str, Any]:
+        assert self.labels is not None and self.heard is not None
+        return {**super().server_state_dict(), "cluster_items": self.cluster_items,
+                "labels": torch.as_tensor(self.labels), "heard": torch.as_tensor(self.heard),
+                "server_users": self.server_users,
+                "centroids": None if self.centroids is None else torch.as_tensor(self.centroids)}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
+        self.cluster_items = blob.pop("cluster_items")
+        self.labels = np.asarray(blob.pop("labels"))
+        self.heard = np.asarray(blob.pop("heard"))
+        self.server_users = blob.pop("server_users")
+        centroids = blob.pop("centroids")
+        self.centroids = None if centroids is None else np.asarray(centroids)
+        super().load_server_state_dict(blob)
+
+    def client_state_dict(self) -> dict[str, Any]:
+        assert self.trained is not None
+        return {**super().client_state_dict(), "trained": torch.as_tensor(self.trained)}
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
+        self.trained = np.asarray(blob.pop("trained"))
+        super().load_client_state_dict(blob)

@@ -1,0 +1,160 @@
+"""PerFedRec (`fedrec.federated.perfedrec`): each client trains from its cluster's rows; the
+global table averages the rows as they came back, each cluster's table its own clients'
+changes (the global row where none sent one); the users are clustered by the vectors they
+uploaded, a cluster keeping its number; a score is the mean of the global, cluster and own
+models' scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.federated.family.model import score
+from fedrec.federated.perfedrec import PerFedRecState
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.upload import UploadPath
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+CLUSTERS = 3
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    x = to_implicit(synthetic(60, 150, mean_interactions=8, min_interactions=3, seed=4))
+    return make_split(x, "loo-sampled", seed=0)
+
+
+def _cohort(split: Split, r: int) -> CohortBatches:
+    rng = np.random.default_rng(r)
+    clients = order_by_activity(split.train, rng.permutation(split.n_users)[: split.n_users * 2 // 3])
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
+    return build_cohort(split.train, clients, negs, 8, rng.random((1, int(counts.sum()) * 5)))
+
+
+def _state(split: Split) -> PerFedRecState:
+    alg = get_algorithm("perfedrec")
+    spec = alg.build(split, {**alg.defaults, "dim": 6, "clusters": CLUSTERS})
+    state = spec.create_state(split.n_users, split.n_items, lr=0.2, lr_item=2.0, item_std=0.5, seed=1)
+    assert isinstance(state, PerFedRecState)
+    state.per_row = True  # fedrec's item-row rule, FedMF's default
+    return state
+
+
+def _round(state: PerFedRecState, cohort: CohortBatches, r: int) -> list:  # type: ignore[type-arg]
+    acc = state.begin_round(r)
+    up = state.local_update(cohort, UploadPath())
+    state.accumulate(acc, up)
+    state.aggregate(acc, UploadPath(), torch.Generator())
+    return up.per_client()
+
+
+def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split: Split) -> None:
+    state = _state(split)
+    first = _cohort(split, 1)
+    _round(state, first, 1)
+    # after the first round: every cluster's table is the global one; the clients heard are clustered
+    assert state.cluster_items is not None and state.labels is not None
+    for k in range(CLUSTERS):
+        torch.testing.assert_close(state.cluster_items[k], state.items)
+    assert (state.labels[first.clients] >= 0).all() and (np.delete(state.labels, first.clients) == -1).all()
+    torch.testing.assert_close(state.server_users[torch.as_tensor(first.clients)],
+                               state.private["user"][torch.as_tensor(first.clients)])
+
+    glob, tables, labels = state.items.clone(), state.cluster_items.clone(), state.labels.copy()
+    second = _cohort(split, 2)
+    uploads = _round(state, second, 2)
+    sums = torch.zeros_like(glob)
+    counts = torch.zeros(len(glob))
+    cluster_sums = torch.zeros_like(tables)
+    cluster_counts = torch.zeros(tables.shape[:2])
+    for u in uploads:
+        k = int(labels[u.client])
+        start = glob[torch.as_tensor(u.items)] if k < 0 else tables[k][torch.as_tensor(u.items)]
+        sums[u.items] += start + u.tensors["items"] - glob[torch.as_tensor(u.items)]
+        counts[u.items] += 1
+        if k >= 0:
+            cluster_sums[k, u.items] += u.tensors["items"]
+            cluster_counts[k, u.items] += 1
+    assert ((labels[second.clients] < 0).any() and (labels[second.clients] >= 0).any()), \
+        "the second round must hold clients clustered and not"
+    want = glob + sums / counts.clamp(min=1)[:, None]
+    torch.testing.assert_close(state.items, want, **TOL)
+    sent = cluster_counts > 0
+    want_tables = want.expand_as(tables).clone()
+    want_tables[sent] = tables[sent] + cluster_sums[sent] / cluster_counts[sent][:, None]
+    torch.testing.assert_close(state.cluster_items, want_tables, **TOL)
+    assert bool(sent.any()) and bool((~sent).any())
+
+
+def test_a_cluster_keeps_its_number_when_the_users_do_not_move(split: Split) -> None:
+    """Users in three tight groups: k-means from other starts finds the same groups in another
+    order, and the matching on centroids gives each its old number."""
+    state = _state(split)
+    _round(state, _cohort(split, 1), 1)
+    heard = np.flatnonzero(state.heard)
+    group = np.arange(len(heard)) % CLUSTERS
+    centres = torch.eye(6)[:CLUSTERS] * 10
+    state.server_users[torch.as_tensor(heard)] = centres[torch.as_tensor(group)] + 0.01 * torch.randn(len(heard), 6)
+    state.centroids = None
+    state._recluster()
+    before = state.labels.copy()
+    assert len(np.unique(before[heard])) == CLUSTERS
+    assert all(len(np.unique(before[heard][group == g])) == 1 for g in range(CLUSTERS))
+    for r in range(2, 12):  # other k-means starts: other orders of the same groups
+        state._round = r
+        state._recluster()
+        np.testing.assert_array_equal(state.labels, before)
+
+
+def test_a_score_is_the_mean_of_the_global_cluster_and_own_models(split: Split) -> None:
+    state = _state(split)
+    _round(state, _cohort(split, 1), 1)
+    glob0, tables0, labels0 = state.items.clone(), state.cluster_items.clone(), state.labels.copy()
+    uploads = _round(state, _cohort(split, 2), 2)
+    mine = next(u for u in uploads if labels0[u.client] >= 0)  # trained from its cluster's rows
+    me = mine.client
+    fresh = next(c for c in range(split.n_users) if not state.trained[c])
+    clients, items = np.array([me, fresh]), np.tile(np.arange(40), (2, 1))
+    got = torch.as_tensor(state.scores(clients, items))
+
+    idx = torch.as_tensor(items[0])
+    user = state.private["user"][torch.as_tensor(clients)]
+
+    def under(c: int, rows: torch.Tensor) -> torch.Tensor:
+        return score(state.spec, {"user": user[c][None]}, rows[None])[0]
+
+    def table(c: int) -> torch.Tensor:
+        k = int(state.labels[c])
+        return state.items if k < 0 else state.cluster_items[k]
+
+    # the client's own model: its cluster's table, with the rows it trained last round (what it
+    # downloaded then plus its change)
+    own = table(me)[idx].clone()
+    start = tables0[int(labels0[me])]
+    for j, item in enumerate(items[0]):
+        hit = np.flatnonzero(mine.items == item)
+        if len(hit):
+            own[j] = start[item] + mine.tensors["items"][hit[0]]
+    assert not torch.equal(own, table(me)[idx]), "some of the scored items must be the client's own rows"
+    want = (under(0, state.items[idx]) + under(0, table(me)[idx]) + under(0, own)) / 3
+    torch.testing.assert_close(got[0], want, **TOL)
+    torch.testing.assert_close(got[1], (under(1, state.items[idx]) + under(1, table(fresh)[idx])) / 2, **TOL)
+    del glob0
+    # full ranking scores every item the same way
+    full = torch.as_tensor(state.scores(clients, None))
+    torch.testing.assert_close(full[:, :40], got, **TOL)
+
+
+@pytest.mark.parametrize(("model", "says"), [({"clusters": 0}, "clusters must be >= 1"), ({"dual": True}, "dual")])
+def test_bad_options_are_one_line(split: Split, model: dict[str, int], says: str) -> None:
+    alg = get_algorithm("perfedrec")
+    with pytest.raises(FedrecError, match=says):
+        alg.build(split, {**alg.defaults, **model})
