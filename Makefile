@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test docs lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# the documentation site, into site/ (a broken link or reference fails it)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check fedrec tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
