@@ -190,3 +190,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
                           cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").read_text().count("fedrec run") > 0
+
+
+def test_the_bench_file_page_names_every_key() -> None:
+    """docs/files.md documents the bench file; every key the reader accepts is there."""
+    from fedrec.bench.grid import DATASET_KEYS, GRID_KEYS, TABLES
+
+    text = (DOCS / "files.md").read_text()
+    section = text[text.index("## The bench file"):text.index("## `fedrec compare`")]
+    missing = [f"grid.{k}" for k in sorted(GRID_KEYS) if f"`grid.{k}`" not in section]
+    missing += [f"[{t}]" for t in TABLES if t != "grid" and f"[{t}" not in section]
+    missing += [k for k in sorted(DATASET_KEYS) if f"\n{k} = " not in section]
+    assert not missing, f"docs/files.md's bench file section lacks {missing}"
