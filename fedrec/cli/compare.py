@@ -20,7 +20,7 @@ console = Console()
 def compare_command(
     algorithms: list[str] = typer.Argument(..., help="Two or more algorithms (`fedrec algorithms`)."),
     dataset: str = typer.Option(..., "--dataset", "-d", help="Data set: built in, added with `fedrec data add`, synthetic[:USERSxITEMS], or your own file with --columns."),
-    columns: str | None = typer.Option(None, "--columns", help="Your own file's `USER,ITEM[,RATING][,TIME]` columns (as `fedrec run --columns`)."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING][,TIME] columns (as `fedrec run --columns`)."),
     protocols: str = typer.Option("loo-sampled,loo-full", "--protocols", "-p", help="Comma-separated protocols, each a board; the first one's validation split is tuned on."),
     seeds: int = typer.Option(3, help="Seeds each tuned setting runs on (0..N-1): mean ± std and paired tests over them."),
     trials: int = typer.Option(8, help="Tuning trials per algorithm, the same for each (0: compare at the defaults)."),

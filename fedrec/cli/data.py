@@ -70,7 +70,7 @@ def add_command(
     name: Annotated[str, typer.Argument(help="The name to use with -d.")],
     file: Annotated[Path, typer.Argument(help="A CSV/TSV/Parquet file of user-item events.")],
     columns: Annotated[str, typer.Option(
-        "--columns", help="`USER,ITEM[,RATING][,TIME]`: header names, or 0-based positions for a file "
+        "--columns", help="USER,ITEM[,RATING][,TIME]: header names, or 0-based positions for a file "
         "without a header; an empty field skips one (user,item,,time), or ROLE=COLUMN pairs.")],
     sep: Annotated[str | None, typer.Option(
         "--sep", help="Field separator (default from the suffix: ',' for .csv, tab for .tsv/.txt/.dat).")] = None,
@@ -170,7 +170,7 @@ def stats_command(
     ] = None,
     columns: Annotated[
         str | None,
-        typer.Option("--columns", help="NAME is your own file: its `USER,ITEM[,RATING][,TIME]` columns."),
+        typer.Option("--columns", help="NAME is your own file: its USER,ITEM[,RATING][,TIME] columns."),
     ] = None,
 ) -> None:
     """Print users, items, interactions and sparsity of a data set (a built-in one, one added with

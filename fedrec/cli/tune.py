@@ -20,7 +20,7 @@ console = Console()
 def tune_command(
     algorithm: str = typer.Argument(..., help="The algorithm to tune (`fedrec algorithms`)."),
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name (built in or added with `fedrec data add`), synthetic[:USERSxITEMS], or your own file with --columns."),
-    columns: str | None = typer.Option(None, "--columns", help="Your own file's `USER,ITEM[,RATING][,TIME]` columns (as `fedrec run --columns`)."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING][,TIME] columns (as `fedrec run --columns`)."),
     trials: int = typer.Option(20, help="Trials (the same budget for every method you compare)."),
     rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Rounds (epochs) a trial trains (default: the algorithm's, else 100)."),
     protocol: str | None = typer.Option(None, "--protocol", "-p", help="Protocol whose validation split is searched (default loo-sampled, ratio-rating for the rating autoencoders)."),
