@@ -23,6 +23,7 @@ from pathlib import Path
 
 import click
 import pytest
+from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -104,7 +105,11 @@ def test_the_tutorial_runs_as_written(page: Path, tmp_path: Path, monkeypatch: p
 
     registered = dict(ALGORITHMS)  # a page may register a method of its own: not for later tests
     try:
-        _run_page(page, tmp_path, env, capsys)
+        # NumPy's BLAS at one thread, as the shell's OMP_NUM_THREADS=1 gives the subprocesses:
+        # fedrec's --threads sets PyTorch's, and two BLAS threads beside another busy process
+        # took `fedrec audit-privacy --ldp` from 1.7 s to 74 s
+        with threadpool_limits(1):
+            _run_page(page, tmp_path, env, capsys)
     finally:
         ALGORITHMS.clear()
         ALGORITHMS.update(registered)
