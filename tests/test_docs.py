@@ -194,7 +194,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                           cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
-    assert (tmp_path / "site" / "reference" / "cli" / "index.html").read_text().count("fedrec run") > 0
+    assert (tmp_path / "site" / "reference" / "cli.html").read_text().count("fedrec run") > 0
 
 
 def test_the_bench_file_page_names_every_key() -> None:
