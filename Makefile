@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench wheel wheel-check clean
+.PHONY: setup demo test docs lint bench wheel wheel-check clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# the documentation site, into site/ (a broken link or reference fails it)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check fedrec tests benchmarks
 
@@ -35,4 +39,4 @@ wheel-check: setup
 	$(BIN)/python -m pytest tests/test_wheel.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build dist fedrec.egg-info
+	rm -rf $(VENV) runs .pytest_cache site build dist fedrec.egg-info
