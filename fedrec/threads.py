@@ -39,10 +39,14 @@ def choose(requested: int | None = None) -> int:
 
 
 def apply(requested: int | None = None) -> int:
-    """Set PyTorch's intra-op threads by `choose`; returns the number in use."""
+    """Set PyTorch's intra-op threads by `choose`, and NumPy's and SciPy's BLAS threads to the
+    same number (their products, in the audits and k-means, would otherwise take a thread a
+    core beside PyTorch's); returns the number in use."""
     import torch  # here: `fedrec data` and `--help` need no PyTorch
+    from threadpoolctl import threadpool_limits
 
     n = choose(requested)
     if n:
         torch.set_num_threads(n)
+        threadpool_limits(limits=n, user_api="blas")  # kept for the process, not a context
     return torch.get_num_threads()
