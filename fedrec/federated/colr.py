@@ -39,7 +39,7 @@ def round_basis(seed: int, r: int, dim: int, rank: int) -> torch.Tensor:
     """The ``(rank, dim)`` orthonormal rows of round ``r``'s subspace: the Q of a Gaussian
     matrix's QR, keyed by (``seed``, round), so every party draws the same."""
     gen = torch.Generator().manual_seed(draws.seed_of((seed, draws.BASIS, r)))
-    q, _ = torch.linalg.qr(torch.randn((dim, rank), generator=gen, dtype=torch.float64))
+    q, _ = torch.linalg.qr(torch.randn((dim, rank), generator=gen, dtype=torch.float64, device="cpu"))
     return q.T.contiguous().float()
 
 

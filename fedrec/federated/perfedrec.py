@@ -128,9 +128,10 @@ class PerFedRecState(FamilyState):
         the client keeps the rows it trained (its own model)."""
         up = super()._finish(cohort, params, start, rows, path, loss_sum, shared_sum)
         assert self.server_users is not None and self.heard is not None and self.trained is not None
-        ok = up.accepted.numpy()
+        ok = up.accepted.cpu().numpy()
         sent = cohort.clients[ok]
-        self.server_users[torch.as_tensor(sent)] = params["user"][torch.as_tensor(ok)].detach()
+        device = self.server_users.device
+        self.server_users[torch.as_tensor(sent, device=device)] = params["user"][torch.as_tensor(ok, device=device)].detach()
         self.heard[sent] = True
         self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         self.trained[cohort.clients] = True
