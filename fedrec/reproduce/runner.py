@@ -106,7 +106,7 @@ def _gfedpp_tables() -> dict[str, list[PlannedRun]]:
     official = PlannedRun("gpfedrec", "gpfedrec", setting="official-graph",
                           model=(("similarity", "legacy-distance"),))
     # the official MetaMF clips each client's gradient at norm 5; its defaults alone diverge in
-    # two of five Lastfm-2K runs (docs/leaderboard.md)
+    # two of five Lastfm-2K runs (docs/leaderboard-notes.md)
     clipped = PlannedRun("metamf", "metamf", setting=METAMF_CLIP_SETTING, model=(("clip", METAMF_CLIP),))
     choose = [gfedpp_cell(1.0, a) for a in GFEDPP_ALPHAS]
     ablations = [PlannedRun(m, m) for m in ("gfedpp-no-iei", "gfedpp-no-ugc", "gfedpp-no-upie")]
