@@ -144,6 +144,8 @@ def test_explicit_boosting_fake_users_raise_exposure(clean):
     ("fedmf", {"attack": "bandwagon", "boost": 10.0}, 0.04),
     ("fedmf", {"attack": "popular", "boost": 10.0}, 0.04),
     ("fedmf", {"attack": "pipattack", "boost": 20.0, "prior_knowledge": 0.2}, 0.3),
+    ("fedmf", {"attack": "pieck-ipe", "boost": 10.0}, 0.2),  # no prior knowledge: popular rows mined
+    ("fedmf", {"attack": "pieck-uea", "boost": 10.0}, 0.2),
     ("fedncf", {"attack": "a-ra", "boost": 10.0}, 0.6),  # through the shared MLP
     ("fedncf", {"attack": "a-hum", "boost": 10.0}, 0.6),
 ])
@@ -334,3 +336,41 @@ def test_the_engine_alone_refuses_security_options() -> None:
     split = prepare_split(cfg)
     with pytest.raises(FedrecError, match="plug in where a run is built"):
         run_federated(get_algorithm("fedmf").build(split), split, cfg.federated)
+
+
+def test_pieck_mines_the_rows_that_move_most_then_steps_the_targets_towards_them():
+    """PIECK's attacker sends nothing while it mines: over three looks at the table it sums each
+    row's change and takes the rows that moved most (targets left out), in that order; then IPE's
+    step raises the targets' weighted cosine with them, UEA's their scores as the popular rows'
+    users."""
+    import torch
+
+    from fedrec.security.attacks import Attack, Knowledge, Poisoned
+
+    n, d = 30, 6
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(n, d, generator=gen)
+    moves = torch.zeros(n)
+    moves[[4, 9, 17, 2]] = torch.tensor([5.0, 4.0, 3.0, 50.0])  # row 2 is the target: never mined
+    know = Knowledge(n, np.array([2]), sp.csr_matrix((100, n)), lr_item=1.0)
+    for name in ("pieck-ipe", "pieck-uea"):
+        attack = Attack(name, know, n_malicious=5, seed=0, mined=3)
+        q = table.clone()
+        for look in range(3):
+            if look:
+                q = q + moves[:, None] * torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+            ups = attack.uploads(q, np.array([0, 1]), look + 1, None, norm=0.05)  # type: ignore[arg-type]
+            if look < 2:
+                assert all(isinstance(u, Poisoned) and len(u.items) == 0 for u in ups)
+        assert attack._popular is not None and attack._popular.tolist() == [4, 9, 17]
+        (up, _) = ups
+        assert up.items.tolist() == [2] and float(up.rows.norm()) == pytest.approx(0.05)
+        p, v = q[torch.as_tensor([4, 9, 17])], q[2]
+        after = v + up.rows[0]
+        if name == "pieck-ipe":
+            w = torch.tensor([3.0, 2.0, 1.0])
+            cos = torch.nn.functional.cosine_similarity
+            assert float((w * cos(after[None], p)).sum()) > float((w * cos(v[None], p)).sum())
+        else:
+            bce = torch.nn.functional.softplus  # -log sigmoid(x) = softplus(-x)
+            assert float(bce(-(p @ after)).mean()) < float(bce(-(p @ v)).mean())

@@ -136,7 +136,7 @@ def run_command(
     paper: bool = typer.Option(False, "--paper", help="Federated: the algorithm's paper setting instead of fedrec's defaults: its item-row rule, the rates it gives for this data set, a fixed budget of rounds (as `fedrec reproduce` runs)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set curriculum=sin."),
     memory_budget_mb: float | None = typer.Option(None, help="Federated: working set of one trained chunk of the cohort, in MB (default: 32 on the CPU, about its last-level cache; 1024 on a GPU)."),
-    attack: str | None = typer.Option(None, help="Federated: poisoning attack by malicious clients: fedrecattack, a-ra, a-hum, pipattack, boost, random, bandwagon, popular (targeted) or fedattack (see docs/security.md)."),
+    attack: str | None = typer.Option(None, help="Federated: poisoning attack by malicious clients: fedrecattack, a-ra, a-hum, pipattack, pieck-ipe, pieck-uea, boost, random, bandwagon, popular (targeted) or fedattack (see docs/security.md)."),
     malicious: float = typer.Option(0.05, help="Federated: malicious clients added, as a share of the benign ones (FedRecAttack's rho)."),
     targets: int = typer.Option(0, help="Federated: target items to promote (default 1 under a targeted --attack); also measures their exposure (ER@K) without an attack."),
     prior_knowledge: float = typer.Option(0.01, help="Federated: share of the training interactions the attacker sees (FedRecAttack's xi; PipAttack's popularity)."),

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 POISON_METHODS = ("fedmf", "pfedrec", "fedncf")
-ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "boost", "random", "bandwagon", "popular",
-               "fedattack")
+ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "boost", "random",
+               "bandwagon", "popular", "fedattack")
 #: attacks set against every defence, each with the factor on its rows' norm (at the benign
 #: median norm, x1, none of the targeted attacks moves fedrec's FedAvg; see docs/security.md)
 DEFENDED_ATTACKS = (("fedrecattack", 10.0), ("boost", 10.0), ("fedattack", 10.0))

@@ -27,6 +27,17 @@ Targeted (promote ``targets``):
   rows are pulled towards the direction of the items popular in the public interactions, at
   their typical length (a step of at most the row budget, so they settle there), and inherit
   what makes popular items recommended;
+* ``pieck-ipe`` / ``pieck-uea`` — PIECK (Zhang et al., ICDE 2024; official code
+  junzhang-zj/PIECK, read at dce13ce): no prior knowledge at all. The attacker mines the
+  popular items from the table it downloads: over its first three looks it sums each row's
+  change (the D-norm; popular items are trained by many clients, so their rows move most) and
+  takes the top ``mined`` (the paper's N: 10 for IPE, 15 for UEA), sending nothing meanwhile.
+  Then IPE pulls the targets towards the popular rows (−τ times the mean positive and the mean
+  negative of the rank-weighted cosines, w_k ∝ N − k + 1; τ 0.9 under a tenth of malicious
+  clients, else 0.5) and UEA treats the popular rows as users who must like the targets (mean
+  BCE of σ(v_p · v_t) against 1). Each uploads the descent direction on the target rows, at the
+  row budget (the official code sends the raw gradient to a server that sums at rate 1, and its
+  UEA adds up un-zeroed gradients: here the clean mean);
 * ``boost`` — explicit boosting (Bhagoji et al., ICML 2019) by fake users: each trains an own
   user vector on a profile of the targets plus random filler items and scales its upload by
   ``boost``; ``random`` / ``bandwagon`` / ``popular`` — FedRecAttack's data-poisoning baselines,
@@ -101,10 +112,17 @@ class Attack:
     fit_lr: float = 0.05
     #: std of the approximated users' start (FedRecAttack: N(0, std²)); None = the model's own
     init_std: float | None = None
+    #: PIECK: the popular items it mines (None: the paper's N, 10 for IPE and 15 for UEA)
+    mined: int | None = None
     _users: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _own: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _profiles: list[np.ndarray] | None = field(default=None, repr=False)
+    #: PIECK's mining: the last table seen, each row's summed change, the looks so far, the result
+    _snapshot: torch.Tensor | None = field(default=None, repr=False)
+    _moved: torch.Tensor | None = field(default=None, repr=False)
+    _looks: int = 0
+    _popular: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.name not in ATTACKS:
@@ -119,11 +137,14 @@ class Attack:
 
     def state(self) -> dict[str, Any]:
         """What the attacker carries from round to round (a malicious Flower node keeps it)."""
-        return {"users": self._users, "rows": self._rows, "own": self._own, "profiles": self._profiles}
+        return {"users": self._users, "rows": self._rows, "own": self._own, "profiles": self._profiles,
+                "snapshot": self._snapshot, "moved": self._moved, "looks": self._looks, "popular": self._popular}
 
     def load_state(self, blob: dict[str, Any]) -> None:
         self._users, self._rows, self._own, self._profiles = (blob["users"], blob["rows"], blob["own"],
                                                               blob["profiles"])
+        self._snapshot, self._moved = blob.get("snapshot"), blob.get("moved")
+        self._looks, self._popular = int(blob.get("looks", 0)), blob.get("popular")
 
     # -- the round ------------------------------------------------------------------------
 
@@ -145,6 +166,12 @@ class Attack:
             return [self._synthetic(q, int(c), r, norm, model) for c in clients]
         if self.name == "pipattack":
             return [Poisoned(*self._popularity(q, norm)) for _ in clients]
+        if self.name in ("pieck-ipe", "pieck-uea"):
+            popular = self.mine(q)
+            if popular is None:  # still mining: an upload with no rows
+                return [Poisoned(np.zeros(0, np.int64), q.new_zeros((0, q.shape[1]))) for _ in clients]
+            step = self._pieck(q, popular, norm)
+            return [Poisoned(self.know.targets, step.clone()) for _ in clients]
         if self.name == "fedattack":
             return [Poisoned(*self._hardest(q, int(c), r, norm, model)) for c in clients]
         return [Poisoned(*self._fake_user(q, int(c), r, norm, model)) for c in clients]
@@ -262,6 +289,48 @@ class Attack:
         # boosted like any attack: the pull (and its cap) x boost, to outweigh the mean's dilution
         return t, _clipped(pull * self.boost, norm * self.boost)
 
+    def mine(self, q: torch.Tensor) -> np.ndarray | None:
+        """PIECK's popular items, from the tables the attacker downloads: each row's change
+        summed over `MINING_LOOKS` - 1 consecutive looks, the top ``mined`` rows (targets left
+        out) in decreasing order of change; None until the last look."""
+        if self._popular is not None:
+            return self._popular
+        if self._snapshot is not None:
+            moved = (q - self._snapshot).norm(dim=1)
+            self._moved = moved if self._moved is None else self._moved + moved
+        self._snapshot, self._looks = q.clone(), self._looks + 1
+        if self._looks < MINING_LOOKS:
+            return None
+        assert self._moved is not None
+        moved = self._moved.clone()
+        moved[torch.as_tensor(self.know.targets)] = -torch.inf
+        n = self.mined or (10 if self.name == "pieck-ipe" else 15)
+        self._popular = torch.argsort(moved, descending=True, stable=True)[:n].cpu().numpy().astype(np.int64)
+        self._snapshot = self._moved = None
+        return self._popular
+
+    def _pieck(self, q: torch.Tensor, popular: np.ndarray, norm: float) -> torch.Tensor:
+        """The target rows' step of PIECK's IPE or UEA loss (module docstring), held to the row
+        budget x ``boost``."""
+        p = q[torch.as_tensor(popular)]
+        v = q[torch.as_tensor(self.know.targets)].clone().requires_grad_(True)
+        with torch.enable_grad():
+            if self.name == "pieck-ipe":
+                n = len(popular)
+                w = torch.arange(n, 0, -1, dtype=q.dtype) / (n * (n + 1) / 2)  # by decreasing change
+                c = w[None, :] * F.cosine_similarity(v[:, None, :], p[None, :, :], dim=-1)  # (T, N)
+                pos = (c > 0).to(c.dtype)
+                tau = 0.9 if self.n_malicious < 0.1 * self.know.public.shape[0] else 0.5
+                # each subset's mean, or nothing where it is empty
+                mean_pos = (c * pos).sum(1) / pos.sum(1).clamp(min=1)
+                mean_neg = (c * (1 - pos)).sum(1) / (1 - pos).sum(1).clamp(min=1)
+                loss = (-tau * (mean_pos + mean_neg)).mean()
+            else:
+                s = p @ v.T  # the popular rows as users, (N, T)
+                loss = F.binary_cross_entropy_with_logits(s, torch.ones_like(s))
+            (g,) = torch.autograd.grad(loss, [v])
+        return _held(-g, norm * self.boost)
+
     def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float,
                    model: Surrogate) -> tuple[np.ndarray, torch.Tensor]:
         """One full-batch BCE step of a fake user on its profile (positives) and as many random
@@ -331,6 +400,10 @@ class Attack:
                 self._own[k][c] = (t - 0.1 * g)[0].detach()
         delta = -self.know.lr_item * grads[0]
         return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
+
+
+#: PIECK mines over this many looks at the table (the paper's R̃ = 2 changes, then it attacks)
+MINING_LOOKS = 3
 
 
 def _clipped(rows: torch.Tensor, bound: float) -> torch.Tensor:
