@@ -42,6 +42,7 @@ def apply(requested: int | None = None) -> int:
     """Set PyTorch's intra-op threads by `choose`, and NumPy's and SciPy's BLAS threads to the
     same number (their products, in the audits and k-means, would otherwise take a thread a
     core beside PyTorch's); returns the number in use."""
+    import scipy.linalg  # noqa: F401  SciPy's own BLAS, loaded now so that the limit reaches it
     import torch  # here: `fedrec data` and `--help` need no PyTorch
     from threadpoolctl import threadpool_limits
 

@@ -261,6 +261,30 @@ def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path, alg:
     assert [h["bytes_up"] for h in history] == [h.bytes_up for h in plain.out.history]
 
 
+def test_a_secure_sum_of_senders_outside_the_rounds_clients_is_refused() -> None:
+    """Under fedrec's item-row rule the nodes mask each row's count of senders beside the rows:
+    the server takes the sum's counts only as whole numbers within the round's clients, so a
+    node cannot shrink everyone's rows by inflating a count."""
+    run = _run("colr", model={"rank": 3})
+    split = prepare_split(run)
+    nodes = {i: Node(run, i, 3, split) for i in range(3)}
+    server = Server(run, {i: n.hello() for i, n in nodes.items()}, secure=True)
+    messages = server.train_messages(1)
+    replies = {i: nodes[i].train_secure(m) for i, m in messages.items()}
+    summed = [sum(r[0][k] for r in replies.values()).astype(np.float64) for k in range(2)]
+    counts = {i: r[1] for i, r in replies.items()}
+    total = sum(len(m["clients"]) for m in messages.values())
+    assert summed[0].shape == (split.n_items, 3)  # the nodes sent r coordinates a row
+    side = server.side
+    for bad, says in ((summed[1] * 100, "outside"), (summed[1] + 0.5, "not whole"), (-summed[1] - 1, "outside")):
+        side.begin(1)
+        why = side.fold_secure([summed[0], bad], counts, total)
+        assert why is not None and "sender counts" in why and side.acc.rejected == total, says
+    side.begin(1)
+    assert side.fold_secure(summed, counts, total) is None
+    torch.testing.assert_close(side.acc.item_count, torch.as_tensor(summed[1], dtype=side.acc.item_count.dtype))
+
+
 @pytest.fixture(scope="module")
 def loopback(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from fedrec.flower.launch import Loopback

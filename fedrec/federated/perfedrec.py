@@ -134,7 +134,7 @@ class PerFedRecState(FamilyState):
         self.server_users[torch.as_tensor(sent, device=device)] = params["user"][torch.as_tensor(ok, device=device)].detach()
         self.heard[sent] = True
         self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
-        self.trained[cohort.clients] = True
+        self.trained[cohort.clients] = ok  # a rejected client's rows are not a model to score with
         up.bytes_up += len(cohort.clients) * self.spec.dim * FLOAT_BYTES
         return up
 
@@ -157,6 +157,8 @@ class PerFedRecState(FamilyState):
     def aggregate(self, acc: Accumulator, path: UploadPath, gen: torch.Generator) -> None:
         """The global table (`FamilyState.aggregate`), each cluster's table, then the users
         clustered anew."""
+        if acc.n == 0:  # nothing came back: every table stays as it is
+            return
         old = self.cluster_items
         super().aggregate(acc, path, gen)
         n_items, width = self.items.shape
@@ -220,25 +222,28 @@ class PerFedRecState(FamilyState):
     def server_state_dict(self) -> dict[str, Any]:
         assert self.labels is not None and self.heard is not None
         return {**super().server_state_dict(), "cluster_items": self.cluster_items,
-                "labels": torch.as_tensor(self.labels), "heard": torch.as_tensor(self.heard),
-                "server_users": self.server_users,
-                "centroids": None if self.centroids is None else torch.as_tensor(self.centroids)}
+                "labels": self.labels, "heard": self.heard, "server_users": self.server_users,
+                "centroids": self.centroids}  # NumPy arrays stay on the CPU wherever the run is
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
         self.cluster_items = blob.pop("cluster_items")
-        self.labels = np.asarray(blob.pop("labels"))
-        self.heard = np.asarray(blob.pop("heard"))
+        self.labels, self.heard = _array(blob.pop("labels")), _array(blob.pop("heard"))
         self.server_users = blob.pop("server_users")
         centroids = blob.pop("centroids")
-        self.centroids = None if centroids is None else np.asarray(centroids)
+        self.centroids = None if centroids is None else _array(centroids)
         super().load_server_state_dict(blob)
 
     def client_state_dict(self) -> dict[str, Any]:
         assert self.trained is not None
-        return {**super().client_state_dict(), "trained": torch.as_tensor(self.trained)}
+        return {**super().client_state_dict(), "trained": self.trained}
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
-        self.trained = np.asarray(blob.pop("trained"))
+        self.trained = _array(blob.pop("trained"))
         super().load_client_state_dict(blob)
+
+
+def _array(x: Any) -> np.ndarray:
+    """A saved array back as NumPy (a tensor on any device, from older files, or an array)."""
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

@@ -32,9 +32,9 @@ Targeted (promote ``targets``):
   popular items from the table it downloads: over its first three looks it sums each row's
   change (the D-norm; popular items are trained by many clients, so their rows move most) and
   takes the top ``mined`` (the paper's N: 10 for IPE, 15 for UEA), sending nothing meanwhile.
-  Then IPE pulls the targets towards the popular rows (−τ times the mean positive and the mean
-  negative of the rank-weighted cosines, w_k ∝ N − k + 1; τ 0.9 under a tenth of malicious
-  clients, else 0.5) and UEA treats the popular rows as users who must like the targets (mean
+  Then IPE pulls the targets towards the popular rows (it raises the mean positive and the mean
+  negative of the rank-weighted cosines, w_k ∝ N − k + 1; the official τ only scales the
+  step, whose length the row budget sets here) and UEA treats the popular rows as users who must like the targets (mean
   BCE of σ(v_p · v_t) against 1). Each uploads the descent direction on the target rows, at the
   row budget (the official code sends the raw gradient to a server that sums at rate 1, and its
   UEA adds up un-zeroed gradients: here the clean mean);
@@ -304,7 +304,7 @@ class Attack:
         assert self._moved is not None
         moved = self._moved.clone()
         moved[torch.as_tensor(self.know.targets)] = -torch.inf
-        n = self.mined or (10 if self.name == "pieck-ipe" else 15)
+        n = min(self.mined or (10 if self.name == "pieck-ipe" else 15), len(moved) - len(self.know.targets))
         self._popular = torch.argsort(moved, descending=True, stable=True)[:n].cpu().numpy().astype(np.int64)
         self._snapshot = self._moved = None
         return self._popular
@@ -320,11 +320,11 @@ class Attack:
                 w = torch.arange(n, 0, -1, dtype=q.dtype) / (n * (n + 1) / 2)  # by decreasing change
                 c = w[None, :] * F.cosine_similarity(v[:, None, :], p[None, :, :], dim=-1)  # (T, N)
                 pos = (c > 0).to(c.dtype)
-                tau = 0.9 if self.n_malicious < 0.1 * self.know.public.shape[0] else 0.5
-                # each subset's mean, or nothing where it is empty
+                # each subset's mean, or nothing where it is empty (the official τ scales this
+                # loss, so only the step's length, which the row budget sets here)
                 mean_pos = (c * pos).sum(1) / pos.sum(1).clamp(min=1)
                 mean_neg = (c * (1 - pos)).sum(1) / (1 - pos).sum(1).clamp(min=1)
-                loss = (-tau * (mean_pos + mean_neg)).mean()
+                loss = -(mean_pos + mean_neg).mean()
             else:
                 s = p @ v.T  # the popular rows as users, (N, T)
                 loss = F.binary_cross_entropy_with_logits(s, torch.ones_like(s))

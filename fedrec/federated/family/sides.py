@@ -230,9 +230,14 @@ class FamilyServer(ServerSide):
             acc.rejected += total
             return (f"rejected the secure sum (counts {n} + {rejected} for {total} clients, shapes "
                     f"{[v.shape for v in summed]})")
-        acc.item_sum += self.state.unwire_rows(torch.as_tensor(summed[0], dtype=acc.item_sum.dtype))
         if acc.item_count is not None:  # whole senders, quantised by SecAgg+ far below one half
-            acc.item_count += torch.as_tensor(np.rint(summed[1]), dtype=acc.item_count.dtype)
+            senders = np.rint(summed[1])
+            if (np.abs(summed[1] - senders).max(initial=0.0) > 0.25 or senders.min(initial=0.0) < 0
+                    or senders.max(initial=0.0) > n):
+                acc.rejected += total
+                return f"rejected the secure sum (row sender counts outside 0..{n} or not whole)"
+            acc.item_count += torch.as_tensor(senders, dtype=acc.item_count.dtype)
+        acc.item_sum += self.state.unwire_rows(torch.as_tensor(summed[0], dtype=acc.item_sum.dtype))
         for c in counts.values():
             _fold_counts(acc, c)
         return None
