@@ -353,16 +353,19 @@ def test_pieck_mines_the_rows_that_move_most_then_steps_the_targets_towards_them
     moves = torch.zeros(n)
     moves[[4, 9, 17, 2]] = torch.tensor([5.0, 4.0, 3.0, 50.0])  # row 2 is the target: never mined
     know = Knowledge(n, np.array([2]), sp.csr_matrix((100, n)), lr_item=1.0)
-    for name in ("pieck-ipe", "pieck-uea"):
+    for name, paper_n in (("pieck-ipe", 10), ("pieck-uea", 15)):
         attack = Attack(name, know, n_malicious=5, seed=0, mined=3)
+        default = Attack(name, know, n_malicious=5, seed=0)  # the paper's N
         q = table.clone()
         for look in range(3):
             if look:
                 q = q + moves[:, None] * torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
             ups = attack.uploads(q, np.array([0, 1]), look + 1, None, norm=0.05)  # type: ignore[arg-type]
+            default.mine(q)
             if look < 2:
                 assert all(isinstance(u, Poisoned) and len(u.items) == 0 for u in ups)
         assert attack._popular is not None and attack._popular.tolist() == [4, 9, 17]
+        assert default._popular is not None and len(default._popular) == paper_n and 2 not in default._popular
         (up, _) = ups
         assert up.items.tolist() == [2] and float(up.rows.norm()) == pytest.approx(0.05)
         p, v = q[torch.as_tensor([4, 9, 17])], q[2]
