@@ -377,3 +377,21 @@ def test_pieck_mines_the_rows_that_move_most_then_steps_the_targets_towards_them
         else:
             bce = torch.nn.functional.softplus  # -log sigmoid(x) = softplus(-x)
             assert float(bce(-(p @ after)).mean()) < float(bce(-(p @ v)).mean())
+
+
+@pytest.mark.parametrize("attack", ["pieck-ipe", "fedrecattack"])
+def test_an_attacked_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(attack, tmp_path):
+    """The attacker's state (PIECK's mining, FedRecAttack's approximated users) is in the
+    checkpoint, so a resumed attacked run goes on as if never stopped."""
+    def cfg(rounds):
+        return RunConfig(algorithm="fedmf", dataset="synthetic:200x300", protocol="loo-full",
+                         federated=federated_config("fedmf", rounds=rounds, attack=attack, boost=10.0,
+                                                    checkpoint_every=1))
+
+    whole = train(cfg(6)).result
+    ckpt = tmp_path / "run.ckpt"
+    train(cfg(2), checkpoint=ckpt)
+    resumed = train(cfg(6), checkpoint=ckpt, resume=True).result
+    assert [h.extra["er@10"] for h in resumed.history] == [h.extra["er@10"] for h in whole.history]
+    assert [h.loss for h in resumed.history] == [h.loss for h in whole.history]
+    assert max(h.extra["er@10"] for h in whole.history[3:]) > 0  # the attack acts after the stop
