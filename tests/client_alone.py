@@ -1,5 +1,5 @@
 """One client trained alone, the plain way, for the lockstep engine's reference tests
-(tests/test_metamf.py, tests/test_family_clip.py): its own parameters and item rows, mean BCE a
+(tests/test_metamf.py, tests/test_family_clip.py, tests/test_colr.py): its own parameters and item rows, mean BCE a
 batch, each step's gradient clipped as ``clip_grad_norm_`` clips one model, plain SGD. It shares
 nothing with the engine but the cohort's layout (which samples, rows and labels are the
 client's, in the order it draws them)."""
@@ -8,10 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrec.rounds.cohort import CohortBatches
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+
+
+def small_split() -> Split:
+    """40 users and 200 items, 3 or more interactions each: clients of several batch counts."""
+    return make_split(to_implicit(synthetic(40, 200, mean_interactions=8, min_interactions=3, seed=4)),
+                      "loo-sampled", seed=0)
+
+
+def whole_cohort(split: Split, batch: int, epochs: int) -> CohortBatches:
+    """Every user as one cohort, ordered by activity, 4 negatives a positive, ``epochs`` shuffles."""
+    rng = np.random.default_rng(6)
+    clients = order_by_activity(split.train, np.arange(split.n_users))
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
+    return build_cohort(split.train, clients, negs, batch, rng.random((epochs, int(counts.sum()) * 5)))
 
 
 def train_alone(params: dict[str, torch.Tensor], table: torch.Tensor, cohort: CohortBatches, k: int,

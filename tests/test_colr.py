@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from client_alone import small_split, whole_cohort
 
 from fedrec.algorithms import get_algorithm
-from fedrec.data.preprocess import to_implicit
-from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.federated.colr import CoLRState, round_basis
 from fedrec.federated.family.state import FamilyState
-from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
-from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
@@ -29,16 +26,11 @@ LR, LR_ITEM, BATCH, EPOCHS, DIM, RANK = 0.3, 5.0, 8, 2, 8, 3
 
 @pytest.fixture(scope="module")
 def split() -> Split:
-    x = to_implicit(synthetic(40, 200, mean_interactions=8, min_interactions=3, seed=4))
-    return make_split(x, "loo-sampled", seed=0)
+    return small_split()
 
 
 def _cohort(split: Split) -> CohortBatches:
-    rng = np.random.default_rng(6)
-    clients = order_by_activity(split.train, np.arange(split.n_users))
-    counts = np.diff(split.train.indptr)[clients]
-    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
-    return build_cohort(split.train, clients, negs, BATCH, rng.random((EPOCHS, int(counts.sum()) * 5)))
+    return whole_cohort(split, BATCH, EPOCHS)
 
 
 def _state(split: Split, name: str = "colr", **model: int) -> FamilyState:

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedrec.federated.family.state import CohortUpload, FamilyState
@@ -47,21 +46,10 @@ def round_basis(seed: int, r: int, dim: int, rank: int) -> torch.Tensor:
 class CoLRState(FamilyState):
     """FedMF's state whose item steps and uploads lie in the round's subspace (module docstring)."""
 
-    #: the run's seed, from which each round's basis is drawn
-    seed: int = 0
     #: the round's ``(rank, width)`` orthonormal basis (None before the first round)
     basis: torch.Tensor | None = None
     #: ``sqrt(d / r) Qᵀ Q``: what an item-row gradient step is multiplied by
     step_map: torch.Tensor | None = None
-
-    @classmethod
-    def create(cls, spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
-               item_std: float, seed: int, client_ids: np.ndarray | None = None) -> CoLRState:
-        state = super().create(spec, n_clients, n_items, lr=lr, lr_item=lr_item, item_std=item_std,
-                               seed=seed, client_ids=client_ids)
-        assert isinstance(state, CoLRState)
-        state.seed = seed
-        return state
 
     @property
     def rank(self) -> int:

@@ -56,7 +56,6 @@ class PerFedRecState(FamilyState):
     """FedMF's state with cluster tables, the server's copies of the users' vectors and each
     client's own rows (module docstring)."""
 
-    seed: int = 0
     #: ``(clusters, n_items, width)``: each cluster's table (None before the first aggregation)
     cluster_items: torch.Tensor | None = None
     #: each client's cluster (-1: not clustered yet), as the server assigned it
@@ -78,7 +77,6 @@ class PerFedRecState(FamilyState):
         state = super().create(spec, n_clients, n_items, lr=lr, lr_item=lr_item, item_std=item_std,
                                seed=seed, client_ids=client_ids)
         assert isinstance(state, PerFedRecState)
-        state.seed = seed
         state.labels = np.full(n_clients, -1, np.int64)
         state.server_users = torch.zeros((n_clients, spec.dim), dtype=state.items.dtype, device=state.items.device)
         state.heard = np.zeros(n_clients, bool)

@@ -169,6 +169,9 @@ class FamilyState:
     #: each client's rating baseline offset, its training mean (`FamilySpec.baseline`), added
     #: to its scores; None without a baseline (not a dataclass field: set by the spec)
     offsets = None
+    #: the run's seed, from which draws every party shares are keyed (CoLR's basis, PerFedRec's
+    #: k-means starts; not a dataclass field: set by `create`)
+    seed = 0
     #: the item-row rules of `use_aggregation` apply: the server averages rows through
     #: `FamilyState.aggregate` (not a dataclass field; False where a state aggregates its own way)
     row_rules = True
@@ -192,7 +195,9 @@ class FamilyState:
         shared = {k: v[0] for k, v in init_params(spec, spec.shared_names(), 1, gen).items()}
         ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
         private = client_params(spec, spec.private_names(), ids, (seed, draws.INIT))
-        return cls(spec, items, shared, private, lr, lr_item, PersonalRows(n_items, spec.item_width))
+        state = cls(spec, items, shared, private, lr, lr_item, PersonalRows(n_items, spec.item_width))
+        state.seed = seed
+        return state
 
     # -- one round -------------------------------------------------------------------------
 
