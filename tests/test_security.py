@@ -146,6 +146,7 @@ def test_explicit_boosting_fake_users_raise_exposure(clean):
     ("fedmf", {"attack": "pipattack", "boost": 20.0, "prior_knowledge": 0.2}, 0.3),
     ("fedmf", {"attack": "pieck-ipe", "boost": 10.0}, 0.2),  # no prior knowledge: popular rows mined
     ("fedmf", {"attack": "pieck-uea", "boost": 10.0}, 0.2),
+    ("fedmf", {"attack": "poisonfrs", "boost": 10.0}, 0.2),  # no prior knowledge: popular rows estimated
     ("fedncf", {"attack": "a-ra", "boost": 10.0}, 0.6),  # through the shared MLP
     ("fedncf", {"attack": "a-hum", "boost": 10.0}, 0.6),
 ])
@@ -379,6 +380,43 @@ def test_pieck_mines_the_rows_that_move_most_then_steps_the_targets_towards_them
             assert float(bce(-(p @ after)).mean()) < float(bce(-(p @ v)).mean())
 
 
+def test_poisonfrs_waits_then_pulls_the_targets_to_the_popular_rows_and_the_rest_back():
+    """PoisonFRS sends nothing for its first looks; at the third it takes as popular the rows
+    least aligned with the mean row (targets left out) and fixes its target table: that look's
+    table with the targets at λ x the popular rows' mean. Each fake user then sends W̃ − V on
+    the targets and the rows where it is longest, held to the row budget, plus noise of its own."""
+    import torch
+
+    from fedrec.security.attacks import Attack, Knowledge
+
+    n, d = 40, 8
+    gen = torch.Generator().manual_seed(1)
+    table = torch.randn(n, d, generator=gen) * 0.1 + 1.0  # a mean row along (1, ..., 1)
+    table[[5, 11, 23]] = -torch.ones(3, d) * torch.tensor([3.0, 2.0, 1.0])[:, None]  # least aligned
+    table[7] = -10 * torch.ones(d)  # the target: never taken as popular
+    know = Knowledge(n, np.array([7]), sp.csr_matrix((100, n)), lr_item=1.0)
+    attack = Attack("poisonfrs", know, n_malicious=4, seed=0, mined=3, attack_items=6, scale=10.0)
+    for look in (1, 2):
+        ups = attack.uploads(table, np.array([0, 1]), look, None, norm=0.05)  # type: ignore[arg-type]
+        assert all(len(u.items) == 0 for u in ups)
+    ups = attack.uploads(table, np.array([0, 1]), 3, None, norm=0.05)  # type: ignore[arg-type]
+    assert attack._popular is not None and sorted(attack._popular.tolist()) == [5, 11, 23]
+    goal = attack._goal
+    assert goal is not None and torch.allclose(goal[7], 10 * table[[5, 11, 23]].mean(0))
+    assert torch.equal(goal[:7], table[:7])
+    moved = table + 0.01 * torch.randn(n, d, generator=gen)
+    moved[3] += 1.0  # the row that drifted most from the look's table
+    a, b = attack.uploads(moved, np.array([0, 1]), 4, None, norm=0.05)  # type: ignore[arg-type]
+    assert a.items.tolist() == b.items.tolist() and 7 in a.items and 3 in a.items and len(a.items) == 6
+    assert not torch.allclose(a.rows, b.rows)  # each fake user's own noise
+    bound = 0.05 * (1 + 0.5 + 1e-4)  # the held step, plus noise of half its length
+    assert float(a.rows.norm(dim=1).max()) < bound
+    # the two users' mean halves the noise: the rows point from the current table to the target one
+    want = torch.nn.functional.normalize(goal[torch.as_tensor(a.items)] - moved[torch.as_tensor(a.items)], dim=1)
+    mean_two = torch.nn.functional.normalize((a.rows + b.rows) / 2, dim=1)
+    assert float((mean_two * want).sum(1).min()) > 0.5
+
+
 @pytest.mark.parametrize("attack", ["pieck-ipe", "fedrecattack"])
 def test_an_attacked_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(attack, tmp_path):
     """The attacker's state (PIECK's mining, FedRecAttack's approximated users) is in the
@@ -395,3 +433,81 @@ def test_an_attacked_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(a
     assert [h.extra["er@10"] for h in resumed.history] == [h.extra["er@10"] for h in whole.history]
     assert [h.loss for h in resumed.history] == [h.loss for h in whole.history]
     assert max(h.extra["er@10"] for h in whole.history[3:]) > 0  # the attack acts after the stop
+
+
+def test_clusterattack_pulls_sampled_rows_towards_their_centroids_at_honest_lengths():
+    """ClusterAttack's rows: each towards its k-means centroid, drawn in proportion to its squared
+    distance there, of a length in [μ, μ + 3σ] of the honest norms x boost; each fake client
+    draws its own rows and lengths."""
+    from fedrec.security.attacks import Attack, Knowledge
+
+    gen = torch.Generator().manual_seed(3)
+    n, d = 60, 4
+    table = torch.cat([torch.randn(30, d, generator=gen) * 0.3 + 2, torch.randn(30, d, generator=gen) * 0.3 - 2])
+    know = Knowledge(n, np.zeros(0, np.int64), sp.csr_matrix((10, n)), lr_item=1.0)
+    attack = Attack("clusterattack", know, n_malicious=3, seed=0, attack_items=12, boost=2.0)
+    pull = attack._cluster_pull(table, 1)
+    centroid = table + pull
+    # two clusters found: the centroids are the two groups' means
+    assert torch.allclose(centroid[:30], table[:30].mean(0).expand(30, d), atol=1e-5)
+    assert torch.allclose(centroid[30:], table[30:].mean(0).expand(30, d), atol=1e-5)
+    norms = torch.tensor([1.0, 2.0, 3.0])
+    a, b = attack._collapse(pull, norms, 0, 1), attack._collapse(pull, norms, 1, 1)
+    assert len(a.items) == 12 and len(set(a.items.tolist())) == 12 and a.items.tolist() != b.items.tolist()
+    cos = torch.nn.functional.cosine_similarity(a.rows, pull[torch.as_tensor(a.items)])
+    assert torch.allclose(cos, torch.ones(12), atol=1e-5)
+    length = a.rows.norm(dim=1) / 2.0  # boost 2
+    assert float(length.min()) >= 2.0 - 1e-5 and float(length.max()) <= 2.0 + 3 * 1.0 + 1e-5
+
+
+def test_union_uniformity_matches_the_mean_pairwise_distance_written_out():
+    from fedrec.security.robust import uniformities
+
+    ups = _uploads(4, n_clients=5, n_items=9, width=3)
+    table = torch.randn(9, 3, generator=torch.Generator().manual_seed(4))
+    sample = np.array([0, 2, 3, 5, 8])
+    got = uniformities(ups, table, sample)
+    for u, g in zip(ups, got, strict=True):
+        after = table.clone().double()
+        after[torch.as_tensor(u.items)] += u.tensors[ITEMS].double()
+        x = after[torch.as_tensor(sample)]
+        want = float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1))
+        assert g == pytest.approx(want, rel=1e-9)
+
+
+def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round():
+    """Three clients pull every row they send towards one point: their uniformity falls apart
+    from the honest clients', the gap statistic finds two groups, and exactly they are dropped
+    (flagged) and left out of the sums and the count; a round of honest clients alone keeps all."""
+    from fedrec.security.adversary import Security
+    from fedrec.security.robust import union_filter
+
+    rng = np.random.default_rng(5)
+    n_items, width = 80, 4
+    table = torch.as_tensor(rng.normal(size=(n_items, width)), dtype=torch.float32)
+    honest = []
+    for c in range(30):
+        items = np.sort(rng.choice(n_items, 20, replace=False))
+        honest.append(ClientUpload(c, items, {ITEMS: torch.as_tensor(rng.normal(scale=0.05, size=(20, width)),
+                                                                      dtype=torch.float32)}))
+    bad = []
+    for c in range(30, 33):
+        items = np.sort(rng.choice(n_items, 20, replace=False))
+        bad.append(ClientUpload(c, items, {ITEMS: -0.8 * table[torch.as_tensor(items)]}))
+    assert not union_filter(honest, table, byzantine=0.0).any()
+    ups = honest[:10] + bad + honest[10:]
+    dropped = union_filter(ups, table, byzantine=0.0)  # no fallback: the gap statistic decides
+    assert dropped.tolist() == [False] * 10 + [True] * 3 + [False] * 20
+    sec = Security.defence(RunConfigLike(), 30, 3, n_items, seed=0)
+    item_sum, _, n = sec.sums(ups, n_items, width, {}, table)
+    want = torch.zeros(n_items, width)
+    for u in honest:
+        want.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
+    assert n == 30 and torch.allclose(item_sum, want, atol=1e-5)
+    assert sec.last["flag_precision"] == 1.0 and sec.last["flag_recall"] == 1.0
+
+
+class RunConfigLike:
+    """The engine options `Security.defence` reads."""
+
+    defence, trim, byzantine, norm_bound, clients_per_round = "union", 0.1, 0.0, None, 1.0

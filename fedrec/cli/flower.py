@@ -55,7 +55,7 @@ def flower_command(
     dp_clip: float | None = typer.Option(None, help="DP: clip each client's gradient w.r.t. the item table to this L2 norm (tau)."),
     dp_noise: float = typer.Option(0.0, help="DP: Gaussian noise multiplier z, drawn on the nodes; epsilon is reported."),
     dp_delta: float = typer.Option(1e-5, help="DP: delta of the reported (epsilon, delta)."),
-    defence: str | None = typer.Option(None, help="Robust aggregation per item row, as `fedrec run --defence` (norm-bound, median, trimmed-mean, krum, multi-krum): the nodes then send each client's upload, not their sum."),
+    defence: str | None = typer.Option(None, help="Robust aggregation per item row, as `fedrec run --defence` (norm-bound, median, trimmed-mean, krum, multi-krum, union): the nodes then send each client's upload, not their sum."),
     trim: float = typer.Option(0.1, help="Share trimmed from each end by --defence trimmed-mean."),
     byzantine: float = typer.Option(0.1, help="Share of a row's uploaders Krum assumes malicious."),
     norm_bound: float | None = typer.Option(None, help="--defence norm-bound's L2 bound on a client's update (default: the round's median)."),

@@ -4,9 +4,9 @@ security layer above the engine (`fedrec.security`), which plugs them into a rou
 stage (`fedrec.security.adversary.attach`) and checks its names against these same tuples."""
 
 #: poisoning attacks (`fedrec.security.attacks.Attack`)
-ATTACKS = ("fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "boost", "random", "bandwagon",
-           "popular", "fedattack")
+ATTACKS = ("fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost", "random", "bandwagon",
+           "popular", "fedattack", "clusterattack")
 #: attacks with no target item (they degrade the model as a whole)
-UNTARGETED = ("fedattack",)
+UNTARGETED = ("fedattack", "clusterattack")
 #: robust aggregation rules (`fedrec.security.robust.RobustRule`)
-DEFENCES = ("norm-bound", "median", "trimmed-mean", "krum", "multi-krum", "mean")
+DEFENCES = ("norm-bound", "median", "trimmed-mean", "krum", "multi-krum", "union", "mean")

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 POISON_METHODS = ("fedmf", "pfedrec", "fedncf")
-ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "boost", "random",
-               "bandwagon", "popular", "fedattack")
+ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost",
+               "random", "bandwagon", "popular", "fedattack", "clusterattack")
 #: attacks set against every defence, each with the factor on its rows' norm (at the benign
 #: median norm, x1, none of the targeted attacks moves fedrec's FedAvg; see docs/security.md)
-DEFENDED_ATTACKS = (("fedrecattack", 10.0), ("boost", 10.0), ("fedattack", 10.0))
-DEFENCES = ("none", "norm-bound", "median", "trimmed-mean", "krum", "multi-krum")
+DEFENDED_ATTACKS = (("fedrecattack", 10.0), ("boost", 10.0), ("fedattack", 10.0), ("poisonfrs", 10.0),
+                    ("clusterattack", 10.0))
+DEFENCES = ("none", "norm-bound", "median", "trimmed-mean", "krum", "multi-krum", "union")
 #: the attacker's share of the clients in the main table (the engine's ``--malicious`` default),
 #: and the shares swept for the boosted attacks
 MAIN_SHARE = 0.05
@@ -90,7 +91,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                       iterations: int = 5, run_missing: bool = True,
                       on_run: Callable[[str], None] | None = None) -> AttackTables:
     """Run (or reuse) every run of the three tables (see the module docstring)."""
-    from fedrec.experiment import RunConfig, federated_config, train
+    from fedrec.experiment import RunConfig, federated_config
     from fedrec.security.inference import audit_privacy
     from fedrec.security.legacy import run_legacy
 
@@ -106,23 +107,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
 
     def poison(method: str, attack: str, boost: float | None, defence: str, seed: int,
                share: float) -> dict[str, Any]:
-        opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
-                                {"attack": attack, "boost": boost, "malicious": share})
-        if defence != "none":
-            opts["defence"] = defence
-        cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
-                        federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
-        start = time.perf_counter()
-        res = train(cfg).result
-        last = res.history[-1].extra
-        keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
-        return {"method": method, "attack": _label(attack, boost),
-                "defence": defence, "seed": seed, "malicious": share,
-                **{k: last[k] for k in keep if k in last},
-                "er@10_by_round": [h.extra.get("er@10") for h in res.history],
-                "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
-                "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
-                "wall_seconds": time.perf_counter() - start}
+        return poison_run(method, attack, boost, defence, seed, share, rounds, data_dir)
 
     cells: list[tuple[str, str, float | None, str]] = [
         (m, a, None, "none") for m in POISON_METHODS for a in ALL_ATTACKS]
@@ -327,3 +312,29 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def poison_run(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float,
+               rounds: int, data_dir: str | None) -> dict[str, Any]:
+    """One cell of the poisoning table: ``method`` on ML-100K in its paper setting for ``rounds``
+    rounds, ``attack`` ("none": one target measured, no attacker) by a ``share`` of malicious
+    clients with rows x ``boost``, under ``defence``; the figures the table reports."""
+    from fedrec.experiment import RunConfig, federated_config, train
+
+    opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
+                            {"attack": attack, "boost": boost, "malicious": share})
+    if defence != "none":
+        opts["defence"] = defence
+    cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
+                    federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
+    start = time.perf_counter()
+    res = train(cfg).result
+    last = res.history[-1].extra
+    keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
+    return {"method": method, "attack": _label(attack, boost),
+            "defence": defence, "seed": seed, "malicious": share,
+            **{k: last[k] for k in keep if k in last},
+            "er@10_by_round": [h.extra.get("er@10") for h in res.history],
+            "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
+            "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
+            "wall_seconds": time.perf_counter() - start}

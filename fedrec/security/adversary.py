@@ -119,11 +119,14 @@ class Security:
         return out, n_bytes
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
-             shared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+             shared: dict[str, torch.Tensor], table: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """The round's item-row sums, shared-weight sums and accepted count, by the defence's
-        rule (plain sums without one); records the defence's detection figures."""
+        rule (plain sums without one; ``table``, the global item table, for the rules that read
+        it); records the defence's detection figures. Uploads a filter dropped (UNION) do not
+        count."""
         rule = self.rule or RobustRule("mean")
-        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared)
+        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table)
         self.last = {}
         if self.rule is not None and self.rule.name in FLAGGING:
             bad = np.array([u.client >= self.n_benign for u in per_client])
@@ -131,7 +134,8 @@ class Security:
             self.last["flagged"] = float(flagged.sum())
             self.last["flag_precision"] = tp / max(float(flagged.sum()), 1.0)
             self.last["flag_recall"] = tp / max(float(bad.sum()), 1.0) if bad.any() else float("nan")
-        return item_sum, shared_sum, sum(u.accepted for u in per_client)
+        dropped = flagged if rule.name == "union" else np.zeros(len(per_client), bool)
+        return item_sum, shared_sum, sum(u.accepted and not d for u, d in zip(per_client, dropped, strict=True))
 
     def figures(self, scores: Any) -> dict[str, float]:
         """The round's security figures: exposure of the targets, the defence's detection."""

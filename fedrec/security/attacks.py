@@ -38,6 +38,19 @@ Targeted (promote ``targets``):
   BCE of σ(v_p · v_t) against 1). Each uploads the descent direction on the target rows, at the
   row budget (the official code sends the raw gradient to a server that sums at rate 1, and its
   UEA adds up un-zeroed gradients: here the clean mean);
+* ``poisonfrs`` — PoisonFRS (Yin, Xu, Fang and Gong, WWW 2024; official code mingyin1/PoisonFRS,
+  read at 4bfdd0e): fake users with no prior knowledge. While the attacker's first `MINING_LOOKS`
+  looks pass it sends nothing (the official code waits 50 of its 300 epochs for a trained
+  table); then it estimates the popular items from the table alone, as the ``mined`` (5) rows
+  with the *smallest* inner product with the mean row (the mean row points away from the users:
+  rarely trained items are mostly sampled negatives), and fixes a target table W̃: the table of
+  that look with each target's row set to ``scale`` (λ, 10) x the popular rows' mean. Each
+  round every fake user uploads W̃ − V on the targets and on the ``attack_items`` − |T| other
+  rows where it is longest (so the others are pulled back to the look's table), each row held
+  to at most the row budget x ``boost`` (the official code sends it unbounded, a model
+  replacement of the target row under the mean), plus its own Gaussian noise, standardised per
+  row and of half the row budget's length (the official code's unit-variance noise is about
+  half its target step at λ 10), so no two fake uploads are alike;
 * ``boost`` — explicit boosting (Bhagoji et al., ICML 2019) by fake users: each trains an own
   user vector on a profile of the targets plus random filler items and scales its upload by
   ``boost``; ``random`` / ``bandwagon`` / ``popular`` — FedRecAttack's data-poisoning baselines,
@@ -46,6 +59,16 @@ Targeted (promote ``targets``):
 
 Untargeted:
 
+* ``clusterattack`` — ClusterAttack (Yu et al., AAAI 2023; official code yflyl613/FedRec, read at
+  f45cecb): each round the attacker clusters the table it downloads into ``clusters`` groups
+  (k-means, squared L2, starts drawn among the rows; the official code starts at 2 and its rule
+  to change the count, which needs a net 100 rounds of one trend, stops at an undefined option
+  when it first fires, so it is kept at 2 here) and uploads the descent step of the mean
+  within-cluster distance: each row pulled towards its centroid. A row's length is drawn in
+  [μ, μ + 3σ] of the honest row norms (those of the attacker's cover step, `Attack.budget`) x
+  ``boost``, as in the official code (which may carry a row past its centroid). The official clients upload every row (its weight decay
+  makes honest uploads dense); here each fake client sends ``attack_items`` rows drawn in
+  proportion to their share of the loss, so it sends what a benign client sends;
 * ``fedattack`` — FedAttack (Wu et al., 2022): each malicious client infers its user vector from
   a profile, labels the items it scores highest as negatives and those it scores lowest as
   positives ("globally hardest samples") and uploads the resulting step.
@@ -123,6 +146,11 @@ class Attack:
     _moved: torch.Tensor | None = field(default=None, repr=False)
     _looks: int = 0
     _popular: np.ndarray | None = field(default=None, repr=False)
+    #: PoisonFRS: λ, the target rows' length in popular rows' means, and its target table W̃
+    scale: float = 10.0
+    _goal: torch.Tensor | None = field(default=None, repr=False)
+    #: ClusterAttack: the clusters it pulls the rows into
+    clusters: int = 2
 
     def __post_init__(self) -> None:
         if self.name not in ATTACKS:
@@ -138,13 +166,15 @@ class Attack:
     def state(self) -> dict[str, Any]:
         """What the attacker carries from round to round (a malicious Flower node keeps it)."""
         return {"users": self._users, "rows": self._rows, "own": self._own, "profiles": self._profiles,
-                "snapshot": self._snapshot, "moved": self._moved, "looks": self._looks, "popular": self._popular}
+                "snapshot": self._snapshot, "moved": self._moved, "looks": self._looks, "popular": self._popular,
+                "goal": self._goal}
 
     def load_state(self, blob: dict[str, Any]) -> None:
         self._users, self._rows, self._own, self._profiles = (blob["users"], blob["rows"], blob["own"],
                                                               blob["profiles"])
         self._snapshot, self._moved = blob.get("snapshot"), blob.get("moved")
         self._looks, self._popular = int(blob.get("looks", 0)), blob.get("popular")
+        self._goal = blob.get("goal")
 
     # -- the round ------------------------------------------------------------------------
 
@@ -172,6 +202,15 @@ class Attack:
                 return [Poisoned(np.zeros(0, np.int64), q.new_zeros((0, q.shape[1]))) for _ in clients]
             step = self._pieck(q, popular, norm)
             return [Poisoned(self.know.targets, step.clone()) for _ in clients]
+        if self.name == "poisonfrs":
+            goal = self.goal(q)
+            if goal is None:  # still waiting: an upload with no rows
+                return [Poisoned(np.zeros(0, np.int64), q.new_zeros((0, q.shape[1]))) for _ in clients]
+            return [self._replace(q, goal, int(c), r, norm) for c in clients]
+        if self.name == "clusterattack":
+            pull = self._cluster_pull(q, r)
+            norms = self._honest_norms(q, r, model)
+            return [self._collapse(pull, norms, int(c), r) for c in clients]
         if self.name == "fedattack":
             return [Poisoned(*self._hardest(q, int(c), r, norm, model)) for c in clients]
         return [Poisoned(*self._fake_user(q, int(c), r, norm, model)) for c in clients]
@@ -204,10 +243,14 @@ class Attack:
 
     def budget(self, q: torch.Tensor, r: int, model: Surrogate) -> float:
         """The row norm an honest client would send: the median row norm of the honest step of
-        the attacker's *cover* client (a profile of κ/2 random items as positives and as many
-        random negatives, a user drawn as the run draws one, one batch-mean BCE step at the
-        run's item rate). Everything it needs is what any client holds, so a malicious Flower
-        node computes the same budget as the simulator."""
+        the attacker's *cover* client (`_honest_norms`)."""
+        return float(self._honest_norms(q, r, model).median())
+
+    def _honest_norms(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
+        """The row norms of the honest step of the attacker's *cover* client (a profile of κ/2
+        random items as positives and as many random negatives, a user drawn as the run draws
+        one, one batch-mean BCE step at the run's item rate). Everything it needs is what any
+        client holds, so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
         pos = self.rng(11).choice(n, min(max(1, self.attack_items // 2), n), replace=False)
         free = np.setdiff1d(np.arange(n), pos)
@@ -219,7 +262,7 @@ class Attack:
         with torch.enable_grad():
             loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
             (g,) = torch.autograd.grad(loss, [v])
-        return float((self.know.lr_item * g).norm(dim=1).median())
+        return (self.know.lr_item * g).norm(dim=1)
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient
@@ -331,6 +374,67 @@ class Attack:
             (g,) = torch.autograd.grad(loss, [v])
         return _held(-g, norm * self.boost)
 
+    def goal(self, q: torch.Tensor) -> torch.Tensor | None:
+        """PoisonFRS's target table W̃ (module docstring), fixed at the attacker's
+        `MINING_LOOKS`-th look at the table ``q``; None before."""
+        if self._goal is not None:
+            return self._goal
+        self._looks += 1
+        if self._looks < MINING_LOOKS:
+            return None
+        t = torch.as_tensor(self.know.targets)
+        s = q @ q.mean(0)
+        s[t] = torch.inf
+        n = min(self.mined or 5, len(s) - len(t))
+        self._popular = torch.argsort(s, stable=True)[:n].cpu().numpy().astype(np.int64)
+        goal = q.clone()
+        goal[t] = self.scale * q[torch.as_tensor(self._popular)].mean(0)
+        self._goal = goal
+        return goal
+
+    def _replace(self, q: torch.Tensor, goal: torch.Tensor, c: int, r: int, norm: float) -> Poisoned:
+        """One fake user's PoisonFRS upload: W̃ − V on the targets and the rows where it is
+        longest, each held to at most the row budget x ``boost``, plus the user's own noise."""
+        delta = goal - q
+        t = self.know.targets
+        length = delta.norm(dim=1)
+        length[torch.as_tensor(t)] = -torch.inf
+        n_other = min(max(self.attack_items - len(t), 0), len(length) - len(t))
+        other = torch.argsort(length, descending=True, stable=True)[:n_other].cpu().numpy()
+        items = np.sort(np.concatenate([t, other])).astype(np.int64)
+        bound = norm * self.boost
+        rows = _clipped(delta[torch.as_tensor(items)], bound)
+        gen = torch.Generator().manual_seed(int(self.rng(14, r, c).integers(2**62)))
+        noise = torch.randn(rows.shape, generator=gen, dtype=rows.dtype)
+        noise = (noise - noise.mean(1, keepdim=True)) / noise.std(1, keepdim=True).clamp_min(1e-12)
+        return Poisoned(items, rows + noise * (bound / (2 * rows.shape[1] ** 0.5)))
+
+    def _cluster_pull(self, q: torch.Tensor, r: int) -> torch.Tensor:
+        """Each row's pull towards its k-means centroid, c_l(i) − e_i (ClusterAttack's descent
+        direction)."""
+        from scipy.cluster.vq import kmeans2
+
+        x = q.double().cpu().numpy()
+        k = min(self.clusters, len(x))
+        centroids, label = kmeans2(x, k, iter=50, minit="points", seed=self.rng(15, r))
+        return torch.as_tensor(centroids[label] - x, dtype=q.dtype)
+
+    def _collapse(self, pull: torch.Tensor, norms: torch.Tensor, c: int, r: int) -> Poisoned:
+        """One fake client's ClusterAttack upload: ``attack_items`` rows drawn in proportion to
+        their squared distance to their centroid, each a step towards it of a length drawn in
+        [μ, μ + 3σ] of the honest row norms x ``boost``."""
+        rng = self.rng(16, r, c)
+        dist = pull.norm(dim=1).double().cpu().numpy()
+        p = dist**2
+        n = min(self.attack_items, int((p > 0).sum()))
+        if not n:
+            return Poisoned(np.zeros(0, np.int64), pull.new_zeros((0, pull.shape[1])))
+        items = np.sort(rng.choice(len(p), n, replace=False, p=p / p.sum())).astype(np.int64)
+        mu, sigma = float(norms.mean()), float(norms.std()) if len(norms) > 1 else 0.0
+        length = torch.as_tensor((mu + rng.random(n) * 3.0 * sigma) * self.boost, dtype=pull.dtype)
+        rows = pull[torch.as_tensor(items)]
+        return Poisoned(items, rows * (length / rows.norm(dim=1).clamp_min(1e-12))[:, None])
+
     def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float,
                    model: Surrogate) -> tuple[np.ndarray, torch.Tensor]:
         """One full-batch BCE step of a fake user on its profile (positives) and as many random
@@ -402,7 +506,8 @@ class Attack:
         return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
 
 
-#: PIECK mines over this many looks at the table (the paper's R̃ = 2 changes, then it attacks)
+#: PIECK mines over this many looks at the table (the paper's R̃ = 2 changes, then it attacks);
+#: PoisonFRS waits as many before it fixes its target table
 MINING_LOOKS = 3
 
 

@@ -19,8 +19,18 @@ Rules (`DEFENCES`):
   nearest neighbours is smallest, f = floor(``--byzantine`` x c) for a row uploaded by c
   clients (Blanchard et al., NeurIPS 2017); Multi-Krum averages the c - f best.
 
+* ``union`` — UNION's server filter (Yu et al., AAAI 2023, against ClusterAttack; official code
+  yflyl613/FedRec, read at f45cecb): for each client, the table as its upload alone would leave
+  it, on a sample of 500 items; its *uniformity*, the mean pairwise L2 distance of those rows;
+  the clients' uniformities scaled to [0, 1] and split in two by one-dimensional 2-means; the
+  smaller group dropped when the gap statistic (Tibshirani et al., 2001: 50 reference draws
+  uniform on [0, 1]) finds two clusters, or when it holds at most ceil(``--byzantine`` x n)
+  clients (the official code takes that count from the true attacker ratio; here it is the
+  defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does.
+  UNION's client-side regulariser (an InfoNCE term on each client's items) is not built.
+
 Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped more than half of
-the rows it uploaded (the detection figures count these).
+the rows it uploaded; UNION flags the clients it drops (the detection figures count these).
 
 Shared dense weights (FedNCF's MLP) are one "row" uploaded by every client.
 """
@@ -36,7 +46,9 @@ from fedrec.core.contract import ClientUpload
 from fedrec.federated.family.model import ITEMS
 from fedrec.federated.threats import DEFENCES
 
-FLAGGING = ("krum", "multi-krum")
+FLAGGING = ("krum", "multi-krum", "union")
+#: UNION's sample of items and its gap statistic's reference draws (the official code's values)
+UNION_ITEMS, UNION_REFERENCES = 500, 50
 
 
 @dataclass(frozen=True)
@@ -54,10 +66,23 @@ class RobustRule:
             raise ValueError(f"unknown defence '{self.name}'; known: {', '.join(DEFENCES)}")
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
-                  shared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
+                  shared: dict[str, torch.Tensor], table: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         """Sum-equivalents of a round's accepted ``uploads``: the item table's ``(n_items, width)``
         row sums, each shared weight's sum (``shared`` gives their shapes), and which uploads
-        the rule flagged (a boolean per upload, all False for rules that do not flag)."""
+        the rule flagged (a boolean per upload, all False for rules that do not flag). UNION
+        reads the global item ``table`` the uploads' deltas apply to; its dropped uploads are
+        flagged and left out of the sums."""
+        if self.name == "union":
+            if table is None:
+                raise ValueError("the union defence needs the global item table")
+            accepted = [i for i, u in enumerate(uploads) if u.accepted]
+            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine)
+            flagged = np.zeros(len(uploads), bool)
+            flagged[np.asarray(accepted, np.int64)[dropped]] = True
+            kept = [u for i, u in enumerate(uploads) if u.accepted and not flagged[i]]
+            item_sum, shared_sum, _ = RobustRule("mean", budget_mb=self.budget_mb).aggregate(kept, n_items, width, shared)
+            return item_sum, shared_sum, flagged
         ok = [u for u in uploads if u.accepted]
         flagged = np.zeros(len(uploads), bool)
         item_sum = torch.zeros(n_items, width)
@@ -170,3 +195,71 @@ class RobustRule:
             keep = (rank < n_keep[:, None]) & real
         chosen = torch.where(keep[:, :, None], z, torch.zeros(()))
         return chosen.sum(1) / keep.sum(1, keepdim=True), keep
+
+
+def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: float) -> np.ndarray:
+    """Which of ``uploads`` UNION drops (module docstring), a boolean each.
+
+    The items are drawn without replacement (the official code draws 500 with replacement), by a
+    generator keyed by the round's clients, so the simulator and a Flower server draw the same."""
+    n = len(uploads)
+    if n < 3:
+        return np.zeros(n, bool)
+    q = table.detach().float().cpu()
+    ids = sorted(int(u.client) for u in uploads)
+    rng = np.random.default_rng([0x0410, n, sum(ids), ids[0], ids[-1]])
+    sample = np.sort(rng.choice(len(q), min(UNION_ITEMS, len(q)), replace=False))
+    spread = uniformities(uploads, q, sample)
+    lo, hi = spread.min(), spread.max()
+    if hi <= lo:
+        return np.zeros(n, bool)
+    x = (spread - lo) / (hi - lo)
+    upper, w1, w2 = _two_means_1d(x)
+    ref = np.random.default_rng([0x0411, n, sum(ids)]).random((UNION_REFERENCES, n))
+    log_w = np.array([[np.log(max(w, 1e-300)) for w in _two_means_1d(r)[1:]] for r in ref])  # (B, 2)
+    gap = log_w.mean(0) - np.log(np.maximum([w1, w2], 1e-300))
+    s2 = log_w[:, 1].std() * np.sqrt(1 + 1 / UNION_REFERENCES)
+    small = upper if upper.sum() <= n / 2 else ~upper  # ties: the upper group
+    two = gap[0] < gap[1] - s2
+    return small if (two or small.sum() <= int(np.ceil(byzantine * n))) else np.zeros(n, bool)
+
+
+def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray) -> np.ndarray:
+    """Each upload's uniformity: the mean pairwise L2 distance of the ``sample`` rows of
+    ``table`` after that upload's row changes alone. The distances of the unmoved pairs are the
+    table's, computed once, so an upload costs its moved rows x the sample, not the sample
+    squared."""
+    base = table[torch.as_tensor(sample)].double()
+    dist = torch.cdist(base, base)
+    total0, row_sums = float(dist.sum()), dist.sum(1)
+    where = np.full(len(table), -1, np.int64)
+    where[sample] = np.arange(len(sample))
+    pairs = len(sample) * (len(sample) - 1)
+    out = np.empty(len(uploads))
+    for k, u in enumerate(uploads):
+        at = where[np.asarray(u.items, np.int64)]
+        hit = np.flatnonzero(at >= 0)
+        p = torch.as_tensor(at[hit])
+        moved = base[p] + u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit)]
+        rest = torch.ones(len(sample), dtype=torch.bool)
+        rest[p] = False
+        total = (total0 - 2 * float(row_sums[p].sum()) + float(dist[p][:, p].sum())
+                 + 2 * float(torch.cdist(moved, base[rest]).sum()) + float(torch.cdist(moved, moved).sum()))
+        out[k] = total / pairs
+    return out
+
+
+def _two_means_1d(x: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The exact 2-means split of the values ``x``: the upper group (a boolean each) and the
+    within-cluster sums of squares of one cluster and of the two (the best cut of the sorted
+    values, found from prefix sums)."""
+    s = np.sort(x)
+    n = len(s)
+    c1, c2 = np.cumsum(s), np.cumsum(s * s)
+    w1 = float(c2[-1] - c1[-1] ** 2 / n)
+    k = np.arange(1, n)  # the first k values below the cut
+    left = c2[k - 1] - c1[k - 1] ** 2 / k
+    right = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
+    best = int(np.argmin(left + right))
+    cut = s[best]
+    return x > cut, w1, float(max(left[best] + right[best], 0.0))

@@ -1,0 +1,52 @@
+"""Rows of `fedrec reproduce attacks`' poisoning table run alone, for attacks or defences added
+after that command's cached runs: the same runs (ML-100K, the methods' paper settings, 20 rounds,
+5% malicious clients, one target for a targeted attack, seed 0), each written as that command
+caches it (`fedrec.reproduce.attacks.poison_run`).
+
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-pieck \\
+        --attacks pieck-ipe,pieck-uea --defences none,norm-bound,median,trimmed-mean,krum,multi-krum
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-poisonfrs-cluster \\
+        --attacks poisonfrs,clusterattack --defences none,norm-bound,median,trimmed-mean,krum,multi-krum,union
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", default=",".join(POISON_METHODS))
+    ap.add_argument("--attacks", required=True, help="comma-separated attacks (none: the clean run)")
+    ap.add_argument("--defences", default="none", help="comma-separated defences (none: undefended)")
+    ap.add_argument("--boosts", default="1,10", help="undefended runs take each; defended runs the largest")
+    ap.add_argument("-o", "--out", required=True)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    boosts = [float(b) for b in args.boosts.split(",")]
+    for method in args.methods.split(","):
+        for attack in args.attacks.split(","):
+            for defence in args.defences.split(","):
+                for boost in (boosts if defence == "none" else [max(boosts)]):
+                    b = None if boost == 1.0 or attack == "none" else boost
+                    tag = "" if b is None else f"-b{b:g}"
+                    path = out / f"poison-{method}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
+                    if path.exists():
+                        continue
+                    blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(blob, indent=1))
+                    tmp.replace(path)
+                    print(path.name, {k: blob.get(k) for k in ("er@10", "hr@10", "ndcg@10", "flag_recall")}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
