@@ -24,12 +24,12 @@ from fedrec.federated.ca.composite import (
     project_simplex,
     similarity,
 )
-from fedrec.federated.ca.state import CAState, _chunks
+from fedrec.federated.ca.state import CAState
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
-from fedrec.rounds.cohort import build_cohort
+from fedrec.rounds.cohort import build_cohort, chunk_clients
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_chunks_of_a_cohort_train_it_as_one(split: Split, monkeypatch: pytest.Mo
     clients = np.arange(split.n_users)
     whole.train(clients, cfg, r=1)
     monkeypatch.setattr("fedrec.federated.ca.state.CHUNK_ROWS", 64)
-    assert len(_chunks(clients, np.full(len(clients), 40), 64)) == len(clients)
+    assert len(chunk_clients(clients, np.full(len(clients), 40), 64)) == len(clients)
     cut.train(clients, cfg, r=1)
     torch.testing.assert_close(whole.tables, cut.tables)
 

@@ -99,6 +99,20 @@ def order_by_activity(train: sp.csr_matrix, clients: np.ndarray) -> np.ndarray:
     return clients[np.argsort(-counts, kind="stable")]
 
 
+def chunk_clients(clients: np.ndarray, sizes: np.ndarray, budget: int) -> list[np.ndarray]:
+    """``clients`` cut in consecutive parts of at most ``budget`` summed ``sizes`` (one client
+    at least a part): memory-sized chunks of whole clients."""
+    parts, start, total = [], 0, 0
+    for k, size in enumerate(sizes.tolist()):
+        if total + size > budget and k > start:
+            parts.append(clients[start:k])
+            start, total = k, 0
+        total += size
+    if start < len(clients):
+        parts.append(clients[start:])
+    return parts
+
+
 def build_cohort(
     train: sp.csr_matrix,
     clients: np.ndarray,

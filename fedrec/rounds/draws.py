@@ -22,6 +22,8 @@ NEGATIVES, SHUFFLE, FRESH_USER, INIT, DROPOUT, LOCAL_NOISE, PAD_ITEMS, PAD_VALUE
 BASIS = 9
 #: a round's clustering of the users (PerFedRec's k-means starts, `fedrec.federated.perfedrec`)
 CLUSTERS = 10
+#: a client's neighbouring users in its expanded graph (FedPerGNN, `fedrec.federated.pergnn`)
+NEIGHBOURS = 11
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)

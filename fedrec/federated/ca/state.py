@@ -58,7 +58,7 @@ from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS, batch_loss, client_params, init_params
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
-from fedrec.rounds.cohort import CohortBatches, build_cohort, order_by_activity
+from fedrec.rounds.cohort import CohortBatches, build_cohort, chunk_clients, order_by_activity
 from fedrec.rounds.optim import adam_
 
 #: item-row cells (users x items x dim) scored at once
@@ -103,7 +103,7 @@ class CAState:
         loss, batches, trained = 0.0, 0, {}
         # chunks of whole clients: a client's draws are keyed by its id, so a chunk trains it as
         # the whole cohort would
-        for part in _chunks(cohort, rows, CHUNK_ROWS):
+        for part in chunk_clients(cohort, rows, CHUNK_ROWS):
             negs = client_negatives(cfg.negatives, train, sampler, part, part, self.seed, r)
             counts = np.diff(train.indptr)[part] * (1 + cfg.negatives)
             keys = np.stack([draws.uniforms((self.seed, draws.SHUFFLE, r, e), part, counts)
@@ -203,20 +203,6 @@ class CAState:
             p = {k: t[u] for k, t in self.params.items()}
             out[a : a + step] = self.model.scorer.logits(self.model, p, v).cpu().numpy()
         return out
-
-
-def _chunks(clients: np.ndarray, sizes: np.ndarray, budget: int) -> list[np.ndarray]:
-    """``clients`` cut in consecutive parts of at most ``budget`` summed ``sizes`` (one client
-    at least a part)."""
-    parts, start, total = [], 0, 0
-    for k, size in enumerate(sizes.tolist()):
-        if total + size > budget and k > start:
-            parts.append(clients[start:k])
-            start, total = k, 0
-        total += size
-    if start < len(clients):
-        parts.append(clients[start:])
-    return parts
 
 
 class CAAlgorithm(FederatedAlgorithm):

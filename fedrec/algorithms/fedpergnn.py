@@ -1,0 +1,43 @@
+"""FedPerGNN: one graph-attention hop over each user's local graph, expanded with neighbouring
+users through a third party; see `fedrec.federated.pergnn`.
+
+Model options (``--set KEY=VALUE``): ``dim`` (32), ``neighbours`` (20 neighbouring users a
+client), ``user_std`` (0.1, the user vectors' start).
+
+Engine defaults: one gradient a client a round (no local epochs), 4 negatives a positive, every
+client every round, each item row averaged over the clients that sent it, row steps held to L2
+norm 0.5. Its paper's privacy is a command line away (docs/fedpergnn.md): ``--clip 0.1 --ldp 0.2
+--pad-items 1000 --clients-per-round 128``; its rate (SGD at 0.01, one gradient a round) does not
+train in a budget fedrec runs, so no ``--paper`` setting is registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedrec.algorithms import AlgorithmSpec, register
+from fedrec.federated.pergnn import GNNSpec
+from fedrec.options import Options
+
+
+@dataclass(frozen=True)
+class GNNOptions(GNNSpec, Options):
+    """`GNNSpec`'s fields, typed and checked by its own validation: the options are the spec."""
+
+
+#: set on ML-100K's validation split (docs/fedpergnn.md): the layer and user vectors at 1, the item
+#: rows at 300 with each row's step held to L2 norm 0.5 (without the bound, rates that move the
+#: rows in a few hundred one-gradient rounds diverge), each row averaged over its senders
+ENGINE: dict[str, Any] = {"lr": 1.0, "lr_item": 300.0, "clip": 0.5, "rounds": 300, "negatives": 4,
+                          "clients_per_round": 1.0, "item_std": 0.1, "aggregation": "contributors"}
+#: engine options its one-gradient clients do not read
+IGNORES = ("local_epochs", "batch_size", "item_lr_scale", "encoding", "memory_budget_mb", "dp_clip", "dp_noise",
+           "server_opt", "client_objective", "rating_baseline")
+
+register(AlgorithmSpec(
+    "fedpergnn", "federated",
+    "FedPerGNN: a graph-attention hop over each user's items and neighbouring users (found through a "
+    "third party), one gradient a client a round; pseudo items and LDP as the engine's --pad-items and --ldp",
+    None, GNNOptions, ENGINE, ignores=IGNORES,
+))

@@ -1,0 +1,380 @@
+"""FedPerGNN (Wu, Wu, Cao, Huang and Xie, "A federated graph neural network framework for
+privacy-preserving personalization", Nature Communications 2022; the FedGNN preprint, arXiv
+2102.04925): each client holds one user's interactions as a local graph, which it expands with
+neighbouring users found through a third party, and trains a graph attention layer over it.
+
+**The model.** The server holds the item table E and the graph layer's weights (a projection W
+and an attention vector a = [a₁; a₂]); a client holds its user vector e_u. A user's local graph
+is its node, its training items and up to ``neighbours`` neighbouring users (below). The user's
+representation is one graph-attention hop over that graph, its own node included:
+z_j = W x_j for every node j, α_j = softmax_j(LeakyReLU(a₁·z_u + a₂·z_j)), h_u = Σ_j α_j z_j;
+an item's is h_v = W e_v, and the score is ⟨h_u, h_v⟩ (the paper's dot-product predictor).
+Trained on the client's positives and ``negatives`` fresh leak-free negatives a positive, by
+the mean binary cross-entropy (the paper fits ratings by squared error; fedrec ranks).
+
+**A round** (the paper's Algorithm 1):
+
+1. The server samples the round's clients; each downloads W, a and the rows of its items and
+   negatives, and the third party sends it its neighbours' latest user vectors.
+2. Each computes one gradient of its loss (the paper's clients compute gradients once a round,
+   with no local epochs), moves its own e_u by it, and uploads the gradient's item rows and
+   the graph layer's gradient as steps (−lr x gradient); it publishes its new e_u to the third
+   party, anonymously, for its co-raters' next expansion.
+3. Privacy (the engine's options): ``--clip`` bounds each uploaded row's L2 norm (the paper
+   clips entries to [−δ, δ]), ``--pad-items M`` adds M pseudo items' rows with Gaussian values
+   of the real rows' spread (the paper's pseudo-interacted items, M = 1000 there), ``--ldp λ``
+   adds Laplace(0, λ) to every uploaded number (rows, pseudo rows and the layer's step).
+4. The server averages: the graph layer over the round's clients, and each item row over the
+   round's clients (the paper's rule, ``--aggregation clients``) or over the clients that sent
+   it (``contributors``).
+
+**Neighbours.** The paper's third party matches clients' encrypted item ids and returns the
+embeddings of users who share an item. Here each of a client's ``neighbours`` draws picks one of
+its training items and then one of that item's other raters at random (keyed by seed, round and
+client), so a user sharing more items is drawn more often, and takes the vector that user last
+published; a user who has not published yet is left out. A client keeps the vectors it was last
+sent, and scores with them. What the third party sees (every item id, hashed, and every user's
+vector) is the paper's trust assumption, not audited here.
+
+**Departures from the official code** (wuch15/FedPerGNN, read at 9e77e2e), which differs from
+its paper: its neighbours hang off items and include the user itself, its item-level attention
+has no softmax and its user-level mask is inverted, its predictor is an MLP, its labels are cast
+to integers (all zero) and its test predictions are compared with labels in another order, and
+its noise is added centrally to every weight. fedrec follows the paper's design instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
+from fedrec.core.device import here
+from fedrec.errors import FedrecError
+from fedrec.federated.engine import client_negatives
+from fedrec.federated.family.model import ITEMS
+from fedrec.options import check
+from fedrec.protocols.protocol import Split
+from fedrec.rounds import draws
+from fedrec.rounds.cohort import chunk_clients
+from fedrec.rounds.padding import pseudo_rows
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
+
+#: samples (positives and negatives) a chunk of clients computes its gradients over at once
+CHUNK_SAMPLES = 1 << 20
+#: users x items scored at once
+SCORE_CELLS = 1 << 23
+#: LeakyReLU's slope in the attention (GAT's)
+SLOPE = 0.2
+
+
+@dataclass(frozen=True)
+class GNNSpec:
+    """A FedPerGNN run (module docstring)."""
+
+    #: size of the user and item vectors and of the graph layer
+    dim: int = 32
+    #: neighbouring users in a client's expanded graph (0: its items alone)
+    neighbours: int = 20
+    #: std of the user vectors' start (the item rows start at ``--item-std``)
+    user_std: float = 0.1
+
+    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
+    not_deployed: ClassVar[str] = (
+        "its graph expansion needs a third party that relays the clients' published user vectors, which "
+        "the Flower app does not have")
+
+    def __post_init__(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
+              (self.neighbours < 0, f"neighbours must be >= 0 (got {self.neighbours})"),
+              (self.user_std <= 0, "user_std must be > 0"))
+
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> GNNAlgorithm:
+        if cfg.aggregation not in ("clients", "contributors"):
+            raise FedrecError("FedPerGNN averages item rows over the round's clients (--aggregation clients) or "
+                              "over the clients that sent each row (contributors)")
+        return GNNAlgorithm(GNNState(self, split, cfg, seed), cfg)
+
+
+@dataclass
+class Layout:
+    """A chunk's samples and local rows: sample s of client ``sample_client[s]`` is local row
+    ``sample_row[s]`` with label ``label[s]``; local row j is item ``row_items[j]`` of client
+    ``row_owner[j]`` (client k's rows at ``row_ptr[k]:row_ptr[k+1]``, items sorted); the
+    client's positives are local rows ``history`` (owner ``history_owner``)."""
+
+    clients: np.ndarray
+    sample_client: np.ndarray
+    sample_row: np.ndarray
+    label: np.ndarray
+    row_items: np.ndarray
+    row_ptr: np.ndarray
+    history: np.ndarray
+    history_owner: np.ndarray
+
+    @staticmethod
+    def build(train: sp.csr_matrix, clients: np.ndarray, negatives: np.ndarray | None) -> Layout:
+        n_items = train.shape[1]
+        counts = np.diff(train.indptr)[clients]
+        pos_client = np.repeat(np.arange(len(clients)), counts)
+        pos_items = np.concatenate([train.indices[train.indptr[c]:train.indptr[c + 1]] for c in clients]) \
+            if len(clients) else np.zeros(0, np.int64)
+        k = 0 if negatives is None else negatives.shape[1]
+        client = np.concatenate([pos_client, np.repeat(pos_client, k)])
+        items = np.concatenate([pos_items, negatives.reshape(-1) if k else np.zeros(0, np.int64)]).astype(np.int64)
+        label = np.concatenate([np.ones(len(pos_items), np.float32), np.zeros(len(pos_items) * k, np.float32)])
+        uniq, sample_row = np.unique(client * n_items + items, return_inverse=True)
+        row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
+        return Layout(clients, client, sample_row.reshape(-1), label, (uniq % n_items).astype(np.int64), row_ptr,
+                      sample_row.reshape(-1)[: len(pos_items)], pos_client)
+
+
+def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history_owner: torch.Tensor,
+                        neighbour_vectors: torch.Tensor, neighbour_owner: torch.Tensor, w: torch.Tensor,
+                        a: torch.Tensor) -> torch.Tensor:
+    """h_u = Σ_j α_j W x_j over each user's node, its items' rows and its neighbours' vectors,
+    α = softmax over the user's nodes of LeakyReLU(a₁·W x_u + a₂·W x_j) (module docstring).
+    ``users`` ``(C, d)``; the other nodes are flat, ``*_owner`` naming their user (0..C-1)."""
+    c, d = users.shape
+    z_self = users @ w
+    z = torch.cat([z_self, history_rows @ w, neighbour_vectors @ w])
+    owner = torch.cat([torch.arange(c, device=users.device), history_owner, neighbour_owner])
+    e = F.leaky_relu(z_self[owner] @ a[:d] + z @ a[d:], SLOPE)
+    top = torch.full((c,), -torch.inf, dtype=e.dtype, device=e.device).scatter_reduce(
+        0, owner, e.detach(), "amax", include_self=True)
+    ex = (e - top[owner]).exp()
+    den = torch.zeros(c, dtype=e.dtype, device=e.device).index_add(0, owner, ex)
+    alpha = ex / den[owner]
+    return torch.zeros(c, d, dtype=z.dtype, device=z.device).index_add(0, owner, alpha[:, None] * z)
+
+
+class GNNState:
+    """The server's item table and graph layer, the clients' user vectors, the third party's
+    published vectors and each client's last received neighbours."""
+
+    def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int) -> None:
+        self.spec, self.split, self.seed = spec, split, seed
+        n, m, d = split.n_users, split.n_items, spec.dim
+        gen = torch.Generator().manual_seed(seed)
+        self.items = here(torch.randn((m, d), generator=gen) * cfg.item_std)
+        self.w = here(torch.eye(d))
+        self.a = here(torch.zeros(2 * d))
+        self.users = here(torch.as_tensor(draws.normals((seed, draws.INIT), np.arange(n), d), dtype=torch.float32)
+                          * spec.user_std)
+        #: the third party's latest published vector of each user, and who has published
+        self.published = torch.zeros_like(self.users)
+        self.has_published = np.zeros(n, bool)
+        #: each client's neighbours as last sent: their vectors ``(n, K, d)`` and which are real
+        self.neighbour_vectors = torch.zeros((n, spec.neighbours, d), device=self.users.device)
+        self.neighbour_valid = np.zeros((n, spec.neighbours), bool)
+        self.raters = sp.csc_matrix(split.train)
+        self.lr = cfg.lr
+        self.lr_item = cfg.lr_item if cfg.lr_item is not None else cfg.lr
+
+    # ---- the third party ----------------------------------------------------------------
+
+    def expand(self, clients: np.ndarray, r: int) -> None:
+        """Round ``r``'s neighbours of ``clients`` (module docstring), stored as each is sent."""
+        k = self.spec.neighbours
+        if not k or not len(clients):
+            return
+        train, raters = self.split.train, self.raters
+        u = draws.uniforms((self.seed, draws.NEIGHBOURS, r), clients, 2 * k).reshape(len(clients), 2, k)
+        counts = np.diff(train.indptr)[clients]
+        pick = train.indptr[clients][:, None] + (u[:, 0] * counts[:, None]).astype(np.int64)
+        item = train.indices[np.minimum(pick, train.indptr[clients + 1][:, None] - 1)]
+        n_raters = np.diff(raters.indptr)[item]
+        other = raters.indices[raters.indptr[item] + np.minimum((u[:, 1] * n_raters).astype(np.int64), n_raters - 1)]
+        valid = (counts[:, None] > 0) & (other != clients[:, None]) & self.has_published[other]
+        idx = torch.as_tensor(clients)
+        self.neighbour_vectors[idx] = self.published[torch.as_tensor(other)] * torch.as_tensor(
+            valid, dtype=self.published.dtype, device=self.published.device)[:, :, None]
+        self.neighbour_valid[clients] = valid
+
+    def _neighbours(self, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flat vectors of ``clients``' real neighbours and their owners (0..C-1)."""
+        valid = self.neighbour_valid[clients]
+        owner, slot = np.nonzero(valid)
+        vectors = self.neighbour_vectors[torch.as_tensor(clients[owner]), torch.as_tensor(slot)]
+        return vectors, torch.as_tensor(owner, device=vectors.device)
+
+    # ---- a round -------------------------------------------------------------------------
+
+    def gradients(self, lay: Layout) -> dict[str, torch.Tensor]:
+        """Each client's gradient of its mean BCE: of its item rows ``(R, d)``, its user vector
+        ``(C, d)``, and the graph layer's summed over the chunk's clients (``w``, ``a``)."""
+        dev = self.items.device
+        rows = self.items[torch.as_tensor(lay.row_items, device=dev)].clone().requires_grad_(True)
+        users = self.users[torch.as_tensor(lay.clients, device=dev)].clone().requires_grad_(True)
+        w, a = self.w.clone().requires_grad_(True), self.a.clone().requires_grad_(True)
+        nb, nb_owner = self._neighbours(lay.clients)
+        sc = torch.as_tensor(lay.sample_client, device=dev)
+        with torch.enable_grad():
+            h = user_representation(users, rows[torch.as_tensor(lay.history, device=dev)],
+                                    torch.as_tensor(lay.history_owner, device=dev), nb, nb_owner, w, a)
+            hv = rows @ w
+            logit = (h[sc] * hv[torch.as_tensor(lay.sample_row, device=dev)]).sum(1)
+            per = F.binary_cross_entropy_with_logits(logit, torch.as_tensor(lay.label, device=dev), reduction="none")
+            n_c = torch.bincount(sc, minlength=len(lay.clients)).clamp_min(1).to(per.dtype)
+            loss = (per / n_c[sc]).sum()  # each client's mean, summed: its own gradients stay apart
+            g_rows, g_users, g_w, g_a = torch.autograd.grad(loss, [rows, users, w, a])
+        return {"rows": g_rows, "users": g_users, "w": g_w, "a": g_a, "loss": loss.detach()}
+
+    @torch.no_grad()
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        users = np.asarray(users, np.int64)
+        train = self.split.train
+        hv_all = self.items @ self.w
+        m = hv_all.shape[0] if items is None else items.shape[1]
+        out = np.empty((len(users), m), np.float32)
+        step = max(1, SCORE_CELLS // max(m * self.spec.dim, 1))
+        for s0 in range(0, len(users), step):
+            block = users[s0 : s0 + step]
+            counts = np.diff(train.indptr)[block]
+            hist = np.concatenate([train.indices[train.indptr[u]:train.indptr[u + 1]] for u in block]).astype(np.int64)
+            nb, nb_owner = self._neighbours(block)
+            h = user_representation(self.users[torch.as_tensor(block)], self.items[torch.as_tensor(hist)],
+                                    torch.as_tensor(np.repeat(np.arange(len(block)), counts)), nb, nb_owner,
+                                    self.w, self.a)
+            if items is None:
+                s = h @ hv_all.T
+            else:
+                s = (h[:, None, :] * hv_all[torch.as_tensor(items[s0 : s0 + step])]).sum(-1)
+            out[s0 : s0 + step] = s.float().cpu().numpy()
+        return out
+
+
+class GNNAlgorithm(FederatedAlgorithm):
+    """A `GNNState` as the round driver's federated algorithm (module docstring)."""
+
+    def __init__(self, state: GNNState, cfg: Any) -> None:
+        self.state, self.cfg = state, cfg
+        self.n_clients, self.seed = state.split.n_users, state.seed
+        self.clients_per_round = cfg.clients_per_round
+        self.divergence_hint = "lower --lr or --lr-item"
+        self.lr_item = state.lr_item
+
+    def scale_rates(self, factor: float) -> bool:
+        self.state.lr *= factor
+        self.state.lr_item *= factor
+        self.lr_item = self.state.lr_item
+        self.divergence_hint = f"lower --lr (now {self.state.lr:g}) or --lr-item (now {self.state.lr_item:g})"
+        return True
+
+    def local_update(self, plan: RoundPlan) -> Uploads:
+        st, cfg = self.state, self.cfg
+        train, m, d = st.split.train, st.split.n_items, st.spec.dim
+        clients = np.sort(plan.clients[np.diff(train.indptr)[plan.clients] > 0]).astype(np.int64)
+        st.expand(clients, plan.round)
+        item_sum = torch.zeros_like(st.items)
+        item_count = torch.zeros(m, dtype=st.items.dtype, device=st.items.device)
+        layer_sum = {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)}
+        loss_sum, up, down = 0.0, 0, 0
+        kept: list[ClientUpload] | None = [] if self.keep_uploads else None
+        sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
+        for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
+            negs = client_negatives(cfg.negatives, train, st.split.sampler, part, part, self.seed, plan.round)
+            lay = Layout.build(train, part, negs)
+            g = st.gradients(lay)
+            loss_sum += float(g["loss"])
+            st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
+            steps = self._sent_rows(-st.lr_item * g["rows"], lay, plan.round)
+            for k in ("w", "a"):
+                layer_sum[k] += -st.lr * g[k] + self._noise_sum(part, tuple(g[k].shape), plan.round, 1 + (k == "a"))
+            items, rows, counts = steps
+            item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
+            item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
+            if kept is not None:
+                ptr = np.concatenate([[0], np.cumsum(counts)])
+                kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]], {ITEMS: rows[ptr[j]:ptr[j + 1]]})
+                         for j, c in enumerate(part)]
+            n_rows, layer = int(counts.sum()), d * d + 2 * d
+            up += n_rows * (INDEX_BYTES + d * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
+            down += (len(lay.row_items) * (INDEX_BYTES + d * FLOAT_BYTES)
+                     + len(part) * (layer + st.spec.neighbours * d) * FLOAT_BYTES)
+        st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
+        st.has_published[clients] = True
+        payload = (len(clients), item_sum, item_count, layer_sum)
+        return Uploads(payload=payload, per_client=kept, loss_sum=loss_sum, client_batches=len(clients),
+                       bytes_up=up, bytes_down=down)
+
+    def _sent_rows(self, steps: torch.Tensor, lay: Layout, r: int) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
+        """What the chunk's clients send of their item-row steps: each row clipped (``--clip``),
+        with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows, rows a client), client
+        by client, items sorted within a client."""
+        cfg = self.cfg
+        if cfg.clip is not None:
+            steps = steps * (cfg.clip / steps.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
+        items, counts = lay.row_items, np.diff(lay.row_ptr)
+        if cfg.pad_items:
+            ptr, p_items, p_rows, _ = pseudo_rows(lay.clients, lay.row_items, lay.row_ptr, steps.cpu(),
+                                                  self.state.split.n_items, cfg.pad_items, self.seed, r)
+            owner = np.concatenate([np.repeat(np.arange(len(counts)), counts),
+                                    np.repeat(np.arange(len(counts)), np.diff(ptr))])
+            items_all = np.concatenate([items, p_items])
+            order = np.lexsort((items_all, owner))
+            steps = torch.cat([steps, p_rows.to(steps.device)])[torch.as_tensor(order, device=steps.device)]
+            items, counts = items_all[order], counts + np.diff(ptr)
+        if cfg.ldp > 0:
+            noise = laplace((self.seed, draws.LOCAL_NOISE, r, 0), lay.clients, counts * steps.shape[1], cfg.ldp)
+            steps = steps + torch.as_tensor(noise, dtype=steps.dtype, device=steps.device).reshape(steps.shape)
+        return items, steps, counts
+
+    def _noise_sum(self, clients: np.ndarray, shape: tuple[int, ...], r: int, which: int) -> torch.Tensor:
+        """The sum of ``clients``' own Laplace(``--ldp``) noise on their graph-layer steps."""
+        if self.cfg.ldp <= 0:
+            return torch.zeros(shape, device=self.state.w.device)
+        size = int(np.prod(shape))
+        noise = laplace((self.seed, draws.LOCAL_NOISE, r, which), clients, size, self.cfg.ldp)
+        return torch.as_tensor(noise.reshape(len(clients), size).sum(0).reshape(shape), dtype=self.state.w.dtype,
+                               device=self.state.w.device)
+
+    def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
+        n, item_sum, item_count, layer_sum = uploads.payload
+        if not n:
+            return
+        st = self.state
+        divisor = item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else n
+        st.items = st.items + item_sum / divisor
+        st.w = st.w + layer_sum["w"] / n
+        st.a = st.a + layer_sum["a"] / n
+
+    def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        return self.state.scores(users, items)
+
+    def run_extra(self) -> dict[str, Any]:
+        return {"neighbours": self.state.spec.neighbours}
+
+    def server_state_dict(self) -> dict[str, Any]:
+        """The item table, the graph layer, and the third party's published vectors."""
+        st = self.state
+        return {"items": st.items, "w": st.w, "a": st.a, "published": st.published,
+                "has_published": st.has_published}
+
+    def client_state_dict(self) -> dict[str, Any]:
+        """The user vectors and each client's last received neighbours."""
+        st = self.state
+        return {"users": st.users, "neighbour_vectors": st.neighbour_vectors, "neighbour_valid": st.neighbour_valid}
+
+    def load_server_state_dict(self, blob: dict[str, Any]) -> None:
+        st = self.state
+        st.items, st.w, st.a, st.published = blob["items"], blob["w"], blob["a"], blob["published"]
+        st.has_published = np.asarray(blob["has_published"], bool)
+
+    def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        st = self.state
+        st.users, st.neighbour_vectors = blob["users"], blob["neighbour_vectors"]
+        st.neighbour_valid = np.asarray(blob["neighbour_valid"], bool)
+
+
+def laplace(key: tuple[int, ...], clients: np.ndarray, counts: np.ndarray | int, scale: float) -> np.ndarray:
+    """Laplace(0, ``scale``) draws, ``counts[k]`` of client ``clients[k]``'s, keyed by client
+    (`fedrec.rounds.draws`): scale (E1 − E2) with E = −log(1 − U) ~ Exp(1), never infinite."""
+    e1 = -np.log1p(-draws.uniforms((*key, 1), clients, counts))
+    e2 = -np.log1p(-draws.uniforms((*key, 2), clients, counts))
+    return scale * (e1 - e2)

@@ -1,0 +1,172 @@
+"""FedPerGNN (`fedrec.federated.pergnn`): a round equals each client computing its own gradient
+alone, the plain way (a loop over its graph's nodes, a softmax, a mean BCE), and the server
+averaging; a client's neighbours are users who share one of its items and have published; the
+draws do not depend on how the round is chunked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrec.algorithms import get_algorithm
+from fedrec.core.contract import RoundPlan
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated import pergnn
+from fedrec.federated.engine import client_negatives
+from fedrec.protocols.protocol import Split
+from tests.client_alone import small_split
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    return small_split()
+
+
+def _algorithm(split: Split, **engine) -> pergnn.GNNAlgorithm:  # type: ignore[no-untyped-def]
+    # a bound no step reaches (the default bounds rows at 0.5; the reference steps are unbounded)
+    cfg = federated_config("fedpergnn", **{"lr": 0.5, "lr_item": 3.0, "item_std": 0.3, "clip": 1e6, **engine})
+    spec = get_algorithm("fedpergnn").build(split, {"dim": 5, "neighbours": 4, "user_std": 0.3})
+    alg = spec.algorithm(split, cfg, seed=2)
+    alg.state.a = torch.randn(10, generator=torch.Generator().manual_seed(3))  # attention that is not uniform
+    alg.state.w = torch.eye(5) + 0.1 * torch.randn(5, 5, generator=torch.Generator().manual_seed(4))
+    return alg
+
+
+def _plan(split: Split, r: int, clients: np.ndarray) -> RoundPlan:
+    return RoundPlan(r, clients, torch.Generator(), np.random.default_rng(r))
+
+
+def _alone(st: pergnn.GNNState, u: int, negs: np.ndarray) -> dict[str, torch.Tensor]:
+    """Client ``u``'s gradient, written out: its nodes one by one, a softmax, its mean BCE."""
+    train = st.split.train
+    pos = train.indices[train.indptr[u]:train.indptr[u + 1]]
+    items = np.concatenate([pos, negs.reshape(-1)])
+    labels = torch.cat([torch.ones(len(pos)), torch.zeros(negs.size)])
+    table = st.items.clone().requires_grad_(True)
+    e_u = st.users[u].clone().requires_grad_(True)
+    w, a = st.w.clone().requires_grad_(True), st.a.clone().requires_grad_(True)
+    d = e_u.shape[0]
+    nodes = [e_u] + [table[i] for i in pos] + [st.neighbour_vectors[u, j] for j in range(st.spec.neighbours)
+                                             if st.neighbour_valid[u, j]]
+    z = [w.T @ x for x in nodes]  # x W, a row vector times W
+    logits = torch.stack([F.leaky_relu(a[:d] @ z[0] + a[d:] @ zj, 0.2) for zj in z])
+    alpha = torch.softmax(logits, 0)
+    h = sum(al * zj for al, zj in zip(alpha, z, strict=True))
+    s = torch.stack([h @ (w.T @ table[i]) for i in items])
+    loss = F.binary_cross_entropy_with_logits(s, labels)
+    g_table, g_u, g_w, g_a = torch.autograd.grad(loss, [table, e_u, w, a])
+    return {"table": g_table, "user": g_u, "w": g_w, "a": g_a}
+
+
+@pytest.mark.parametrize("rule", ["clients", "contributors"])
+def test_a_round_is_each_client_alone_then_the_servers_mean(split: Split, rule: str) -> None:
+    alg = _algorithm(split, aggregation=rule)
+    st = alg.state
+    clients = np.arange(0, split.n_users, 2)
+    # a first round publishes vectors, so the second round's graphs have neighbours
+    alg.aggregate(alg.local_update(_plan(split, 1, clients)), _plan(split, 1, clients))
+    assert st.has_published[clients].all() and not st.has_published[1::2].any()
+    clients = np.arange(split.n_users - 25, split.n_users)
+    before = {k: getattr(st, k).clone() for k in ("items", "w", "a", "users")}
+    st.expand(clients, 2)  # what the round draws (its draws are keyed, so drawing twice is the same)
+    assert st.neighbour_valid[clients].any()
+    negs = client_negatives(4, split.train, split.sampler, clients, clients, alg.seed, 2)
+    counts = np.diff(split.train.indptr)[clients]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    snapshot = {"items": st.items, "w": st.w, "a": st.a}
+    grads = []
+    for k, u in enumerate(clients):
+        grads.append(_alone(st, int(u), negs[starts[k]:starts[k + 1]]))
+        for name, v in snapshot.items():
+            assert torch.equal(getattr(st, name), v)
+    alg.aggregate(alg.local_update(_plan(split, 2, clients)), _plan(split, 2, clients))
+    n = len(clients)
+    steps = torch.stack([-st.lr_item * g["table"] for g in grads])
+    touched = torch.stack([(g["table"] != 0).any(1) for g in grads]).float()  # rows each client sent
+    if rule == "clients":
+        want_items = before["items"] + steps.sum(0) / n
+    else:
+        senders = torch.zeros(split.n_items)
+        for k, u in enumerate(clients):
+            sent = np.unique(np.concatenate([split.train.indices[split.train.indptr[u]:split.train.indptr[u + 1]],
+                                             negs[starts[k]:starts[k + 1]].reshape(-1)]))
+            senders[torch.as_tensor(sent)] += 1
+        assert torch.all(touched.sum(0) <= senders)
+        want_items = before["items"] + steps.sum(0) / senders.clamp_min(1)[:, None]
+    torch.testing.assert_close(st.items, want_items, **TOL)
+    torch.testing.assert_close(st.w, before["w"] - st.lr * sum(g["w"] for g in grads) / n, **TOL)
+    torch.testing.assert_close(st.a, before["a"] - st.lr * sum(g["a"] for g in grads) / n, **TOL)
+    want_users = before["users"].clone()
+    for k, u in enumerate(clients):
+        want_users[u] -= st.lr * grads[k]["user"]
+    torch.testing.assert_close(st.users, want_users, **TOL)
+    torch.testing.assert_close(st.published[torch.as_tensor(clients)], st.users[torch.as_tensor(clients)])
+
+
+def test_neighbours_share_an_item_are_not_the_client_and_have_published(split: Split) -> None:
+    alg = _algorithm(split)
+    st = alg.state
+    st.has_published[:] = True
+    st.has_published[::3] = False
+    st.published = torch.randn_like(st.users)
+    clients = np.arange(split.n_users)
+    st.expand(clients, 1)
+    items = [set(split.train.indices[split.train.indptr[u]:split.train.indptr[u + 1]].tolist()) for u in clients]
+    found = 0
+    for u in clients:
+        for j in np.flatnonzero(st.neighbour_valid[u]):
+            v = [c for c in range(split.n_users) if torch.equal(st.published[c], st.neighbour_vectors[u, j])]
+            assert len(v) == 1 and v[0] != u and st.has_published[v[0]] and items[u] & items[v[0]]
+            found += 1
+        assert not st.neighbour_vectors[u, ~st.neighbour_valid[u]].any()
+    assert found > split.n_users  # most draws land
+    # the draws are the client's own: another cohort draws the same for it
+    kept = st.neighbour_vectors[7].clone()
+    st.expand(np.array([3, 7, 30]), 1)
+    assert torch.equal(st.neighbour_vectors[7], kept)
+
+
+def test_a_round_is_the_same_in_chunks_and_with_privacy_noise_it_is_keyed_by_client(split: Split,
+                                                                                     monkeypatch) -> None:
+    """Pseudo items and Laplace noise are drawn per client: cutting the round in chunks of a few
+    clients gives the same tables."""
+    def run(chunk: int) -> dict[str, torch.Tensor]:
+        monkeypatch.setattr(pergnn, "CHUNK_SAMPLES", chunk)
+        alg = _algorithm(split, ldp=0.05, pad_items=7, clip=0.5, aggregation="contributors")
+        for r in (1, 2):
+            plan = _plan(split, r, np.arange(split.n_users))
+            up = alg.local_update(plan)
+            alg.aggregate(up, plan)
+        return {"items": alg.state.items, "w": alg.state.w, "users": alg.state.users}
+
+    whole, parts = run(1 << 20), run(60)
+    for k in whole:
+        torch.testing.assert_close(parts[k], whole[k], **TOL)
+    plan = _plan(split, 1, np.arange(split.n_users))
+    padded = _algorithm(split, pad_items=7).local_update(plan)
+    plain = _algorithm(split).local_update(plan)
+    # each client also sent 7 pseudo rows of (4 + 4 x 5) bytes
+    assert padded.bytes_up - plain.bytes_up == split.n_users * 7 * (4 + 4 * 5)
+
+
+def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None:
+    cfg = RunConfig(algorithm="fedpergnn", dataset="synthetic:500x400", protocol="loo-sampled",
+                    federated=federated_config("fedpergnn", rounds=25, lr=1.0, lr_item=30.0,
+                                               aggregation="contributors", backoffs=0))
+    res = train(cfg).result
+    assert res.test["hr@10"] > 0.4  # chance is 0.1 among 100 candidates
+    with pytest.raises(FedrecError, match="cannot be evaluated under protocol"):
+        train(RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="ratio-rating",
+                        federated=federated_config("fedpergnn", rounds=1)))
+    with pytest.raises(FedrecError, match="does not use --local-epochs"):
+        federated_config("fedpergnn", local_epochs=3)
+    with pytest.raises(FedrecError, match="averages item rows over the round's clients"):
+        train(RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="loo-full",
+                        federated=federated_config("fedpergnn", rounds=1, aggregation="samples")))
+    with pytest.raises(FedrecError, match="neighbours must be >= 0"):
+        get_algorithm("fedpergnn").build(None, {"neighbours": -1})  # type: ignore[arg-type]
