@@ -170,3 +170,19 @@ def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None
                         federated=federated_config("fedpergnn", rounds=1, aggregation="samples")))
     with pytest.raises(FedrecError, match="neighbours must be >= 0"):
         get_algorithm("fedpergnn").build(None, {"neighbours": -1})  # type: ignore[arg-type]
+
+
+def test_the_privacy_audit_reads_its_uploads_and_pseudo_items_hide_its_rows() -> None:
+    from fedrec.security.inference import audit_privacy
+
+    def rows_attack(**opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="loo-full",
+                        federated=federated_config("fedpergnn", rounds=2, **opts))
+        _, audit = audit_privacy(cfg)
+        out = audit.summary()
+        return out["rows_precision"], out["rows_recall"]
+
+    (sent_p, sent_r), (pad_p, pad_r) = rows_attack(), rows_attack(pad_items=100)
+    # every trained item is among the rows sent, beside 4 negatives a positive
+    assert sent_r == 1.0 and 0.15 < sent_p < 0.3
+    assert pad_r == 1.0 and pad_p < sent_p * 0.7  # the pseudo rows dilute the guess

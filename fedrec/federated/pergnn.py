@@ -252,6 +252,9 @@ class GNNState:
 class GNNAlgorithm(FederatedAlgorithm):
     """A `GNNState` as the round driver's federated algorithm (module docstring)."""
 
+    #: its clients draw their own pseudo items (``--pad-items``, `_sent_rows`)
+    pads_uploads = True
+
     def __init__(self, state: GNNState, cfg: Any) -> None:
         self.state, self.cfg = state, cfg
         self.n_clients, self.seed = state.split.n_users, state.seed

@@ -157,7 +157,8 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
     no slot (FedCIA, the autoencoders), and an attack or a defence where its server does not
     plainly average item rows (the graph methods, CentRAP: not yet); pseudo-item padding
-    (``--pad-items``) likewise."""
+    (``--pad-items``) likewise, unless the algorithm draws its own pseudo rows (``pads_uploads``:
+    FedPerGNN)."""
     asked = cfg.attack is not None or cfg.defence is not None or bool(cfg.targets)
     if not (asked or cfg.pad_items):
         return
@@ -165,7 +166,7 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     name = type(state).__name__ if state is not None else type(algorithm).__name__
     slot = bool(getattr(algorithm, "takes_security", False))
     plain = slot and bool(getattr(state, "plain_average", False))
-    if cfg.pad_items and not plain:
+    if cfg.pad_items and not plain and not getattr(algorithm, "pads_uploads", False):
         raise FedrecError(f"--pad-items runs on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
     if not asked:
         return
