@@ -449,7 +449,8 @@ def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
     off = {n: a for n, a in ALGORITHMS.items() if a.kind == "federated" and not a.flower}
     baselines = {n: a for n, a in off.items() if not getattr(a.options, "not_deployed", None)}
     assert baselines and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in baselines.values())
-    assert set(off) - set(baselines) == {"fedca", "fedca-avg", "fedca-ncf", "feddae", "fedvae", "perfedrec"}
+    assert set(off) - set(baselines) == {"fedca", "fedca-avg", "fedca-ncf", "feddae", "fedvae", "perfedrec",
+                                         "fedpergnn"}
 
 
 def test_free_port_skips_ports_handed_out_or_taken(monkeypatch: pytest.MonkeyPatch) -> None:

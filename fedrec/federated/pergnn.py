@@ -161,7 +161,7 @@ class GNNState:
         self.spec, self.split, self.seed = spec, split, seed
         n, m, d = split.n_users, split.n_items, spec.dim
         gen = torch.Generator().manual_seed(seed)
-        self.items = here(torch.randn((m, d), generator=gen) * cfg.item_std)
+        self.items = here(torch.randn((m, d), generator=gen, device="cpu") * cfg.item_std)
         self.w = here(torch.eye(d))
         self.a = here(torch.zeros(2 * d))
         self.users = here(torch.as_tensor(draws.normals((seed, draws.INIT), np.arange(n), d), dtype=torch.float32)
@@ -238,9 +238,11 @@ class GNNState:
             counts = np.diff(train.indptr)[block]
             hist = np.concatenate([train.indices[train.indptr[u]:train.indptr[u + 1]] for u in block]).astype(np.int64)
             nb, nb_owner = self._neighbours(block)
-            h = user_representation(self.users[torch.as_tensor(block)], self.items[torch.as_tensor(hist)],
-                                    torch.as_tensor(np.repeat(np.arange(len(block)), counts)), nb, nb_owner,
-                                    self.w, self.a)
+            dev = self.items.device
+            h = user_representation(self.users[torch.as_tensor(block, device=dev)],
+                                    self.items[torch.as_tensor(hist, device=dev)],
+                                    torch.as_tensor(np.repeat(np.arange(len(block)), counts), device=dev), nb,
+                                    nb_owner, self.w, self.a)
             if items is None:
                 s = h @ hv_all.T
             else:

@@ -405,7 +405,7 @@ class Attack:
         bound = norm * self.boost
         rows = _clipped(delta[torch.as_tensor(items)], bound)
         gen = torch.Generator().manual_seed(int(self.rng(14, r, c).integers(2**62)))
-        noise = torch.randn(rows.shape, generator=gen, dtype=rows.dtype)
+        noise = torch.randn(rows.shape, generator=gen, dtype=rows.dtype, device="cpu").to(rows.device)
         noise = (noise - noise.mean(1, keepdim=True)) / noise.std(1, keepdim=True).clamp_min(1e-12)
         return Poisoned(items, rows + noise * (bound / (2 * rows.shape[1] ** 0.5)))
 
