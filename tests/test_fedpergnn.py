@@ -186,3 +186,7 @@ def test_the_privacy_audit_reads_its_uploads_and_pseudo_items_hide_its_rows() ->
     # every trained item is among the rows sent, beside 4 negatives a positive
     assert sent_r == 1.0 and 0.15 < sent_p < 0.3
     assert pad_r == 1.0 and pad_p < sent_p * 0.7  # the pseudo rows dilute the guess
+    noisy = RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="loo-full",
+                      federated=federated_config("fedpergnn", rounds=1, aggregation="clients", ldp=0.1))
+    with pytest.raises(FedrecError, match="is not modelled"):
+        audit_privacy(noisy)

@@ -6,9 +6,11 @@ client), ``user_std`` (0.1, the user vectors' start).
 
 Engine defaults: one gradient a client a round (no local epochs), 4 negatives a positive, every
 client every round, each item row averaged over the clients that sent it, row steps held to L2
-norm 0.5. Its paper's privacy is a command line away (docs/fedpergnn.md): ``--clip 0.1 --ldp 0.2
---pad-items 1000 --clients-per-round 128``; its rate (SGD at 0.01, one gradient a round) does not
-train in a budget fedrec runs, so no ``--paper`` setting is registered.
+norm 0.5. Its paper's privacy (docs/fedpergnn.md): ``--clip 0.1 --ldp 0.2 --clients-per-round
+128`` under the papers' item-row rule (``--aggregation clients``, which the engine's LDP needs),
+and 1,000 pseudo items through ``fedrec audit-privacy --pad-items 1000`` (the engine takes
+``--pad-items`` and ``--ldp`` one at a time); its rate (SGD at 0.01, one gradient a round) does
+not train in a budget fedrec runs, so no ``--paper`` setting is registered.
 """
 
 from __future__ import annotations

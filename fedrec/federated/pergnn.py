@@ -30,9 +30,10 @@ the mean binary cross-entropy (the paper fits ratings by squared error; fedrec r
 
 **Neighbours.** The paper's third party matches clients' encrypted item ids and returns the
 embeddings of users who share an item. Here each of a client's ``neighbours`` draws picks one of
-its training items and then one of that item's other raters at random (keyed by seed, round and
+its training items and then one of that item's raters at random (keyed by seed, round and
 client), so a user sharing more items is drawn more often, and takes the vector that user last
-published; a user who has not published yet is left out. A client keeps the vectors it was last
+published. A draw that lands on the client itself or on a user who has not published yet is
+left out, not redrawn, and a user drawn twice counts twice in the attention. A client keeps the vectors it was last
 sent, and scores with them. What the third party sees (every item id, hashed, and every user's
 vector) is the paper's trust assumption, not audited here.
 
@@ -301,7 +302,7 @@ class GNNAlgorithm(FederatedAlgorithm):
             n_rows, layer = int(counts.sum()), d * d + 2 * d
             up += n_rows * (INDEX_BYTES + d * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
             down += (len(lay.row_items) * (INDEX_BYTES + d * FLOAT_BYTES)
-                     + len(part) * (layer + st.spec.neighbours * d) * FLOAT_BYTES)
+                     + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
         st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
         st.has_published[clients] = True
         payload = (len(clients), item_sum, item_count, layer_sum)

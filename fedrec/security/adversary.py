@@ -119,14 +119,14 @@ class Security:
         return out, n_bytes
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
-             shared: dict[str, torch.Tensor], table: torch.Tensor | None = None
+             shared: dict[str, torch.Tensor], table: torch.Tensor | None = None, r: int = 0
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
-        """The round's item-row sums, shared-weight sums and accepted count, by the defence's
+        """Round ``r``'s item-row sums, shared-weight sums and accepted count, by the defence's
         rule (plain sums without one; ``table``, the global item table, for the rules that read
         it); records the defence's detection figures. Uploads a filter dropped (UNION) do not
         count."""
         rule = self.rule or RobustRule("mean")
-        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table)
+        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r))
         self.last = {}
         if self.rule is not None and self.rule.name in FLAGGING:
             bad = np.array([u.client >= self.n_benign for u in per_client])

@@ -187,6 +187,10 @@ class Attack:
         if len(clients) == 0:
             return []
         q = table.detach().float().cpu()
+        if self.name == "clusterattack":  # lengths from the honest norms' spread, not the budget
+            pull = self._cluster_pull(q, r)
+            norms = self._honest_norms(q, r, model)
+            return [self._collapse(pull, norms, int(c), r) for c in clients]
         if norm is None:
             norm = self.budget(q, r, model)
         if self.name == "fedrecattack":
@@ -207,10 +211,6 @@ class Attack:
             if goal is None:  # still waiting: an upload with no rows
                 return [Poisoned(np.zeros(0, np.int64), q.new_zeros((0, q.shape[1]))) for _ in clients]
             return [self._replace(q, goal, int(c), r, norm) for c in clients]
-        if self.name == "clusterattack":
-            pull = self._cluster_pull(q, r)
-            norms = self._honest_norms(q, r, model)
-            return [self._collapse(pull, norms, int(c), r) for c in clients]
         if self.name == "fedattack":
             return [Poisoned(*self._hardest(q, int(c), r, norm, model)) for c in clients]
         return [Poisoned(*self._fake_user(q, int(c), r, norm, model)) for c in clients]
@@ -382,13 +382,13 @@ class Attack:
         self._looks += 1
         if self._looks < MINING_LOOKS:
             return None
-        t = torch.as_tensor(self.know.targets)
+        t = torch.as_tensor(self.know.targets, device=q.device)
         s = q @ q.mean(0)
         s[t] = torch.inf
         n = min(self.mined or 5, len(s) - len(t))
         self._popular = torch.argsort(s, stable=True)[:n].cpu().numpy().astype(np.int64)
         goal = q.clone()
-        goal[t] = self.scale * q[torch.as_tensor(self._popular)].mean(0)
+        goal[t] = self.scale * q[torch.as_tensor(self._popular, device=q.device)].mean(0)
         self._goal = goal
         return goal
 
@@ -398,12 +398,12 @@ class Attack:
         delta = goal - q
         t = self.know.targets
         length = delta.norm(dim=1)
-        length[torch.as_tensor(t)] = -torch.inf
+        length[torch.as_tensor(t, device=q.device)] = -torch.inf
         n_other = min(max(self.attack_items - len(t), 0), len(length) - len(t))
         other = torch.argsort(length, descending=True, stable=True)[:n_other].cpu().numpy()
         items = np.sort(np.concatenate([t, other])).astype(np.int64)
         bound = norm * self.boost
-        rows = _clipped(delta[torch.as_tensor(items)], bound)
+        rows = _clipped(delta[torch.as_tensor(items, device=q.device)], bound)
         gen = torch.Generator().manual_seed(int(self.rng(14, r, c).integers(2**62)))
         noise = torch.randn(rows.shape, generator=gen, dtype=rows.dtype, device="cpu").to(rows.device)
         noise = (noise - noise.mean(1, keepdim=True)) / noise.std(1, keepdim=True).clamp_min(1e-12)
@@ -417,7 +417,7 @@ class Attack:
         x = q.double().cpu().numpy()
         k = min(self.clusters, len(x))
         centroids, label = kmeans2(x, k, iter=50, minit="points", seed=self.rng(15, r))
-        return torch.as_tensor(centroids[label] - x, dtype=q.dtype)
+        return torch.as_tensor(centroids[label] - x, dtype=q.dtype, device=q.device)
 
     def _collapse(self, pull: torch.Tensor, norms: torch.Tensor, c: int, r: int) -> Poisoned:
         """One fake client's ClusterAttack upload: ``attack_items`` rows drawn in proportion to
@@ -431,8 +431,9 @@ class Attack:
             return Poisoned(np.zeros(0, np.int64), pull.new_zeros((0, pull.shape[1])))
         items = np.sort(rng.choice(len(p), n, replace=False, p=p / p.sum())).astype(np.int64)
         mu, sigma = float(norms.mean()), float(norms.std()) if len(norms) > 1 else 0.0
-        length = torch.as_tensor((mu + rng.random(n) * 3.0 * sigma) * self.boost, dtype=pull.dtype)
-        rows = pull[torch.as_tensor(items)]
+        length = torch.as_tensor((mu + rng.random(n) * 3.0 * sigma) * self.boost, dtype=pull.dtype,
+                                 device=pull.device)
+        rows = pull[torch.as_tensor(items, device=pull.device)]
         return Poisoned(items, rows * (length / rows.norm(dim=1).clamp_min(1e-12))[:, None])
 
     def _fake_user(self, q: torch.Tensor, c: int, r: int, norm: float,

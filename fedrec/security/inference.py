@@ -245,6 +245,10 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
     holder: list[PrivacyAudit] = []
 
     def attach(trainable, split) -> None:  # type: ignore[no-untyped-def]
+        if getattr(trainable, "pads_uploads", False) and (cfg.federated.ldp > 0 or cfg.federated.dp_noise > 0):
+            # its clients noise only the rows they send; the audit's noisy view is a dense table
+            raise FedrecError(f"the audit's server view of {cfg.algorithm} under --ldp/--dp-noise is not modelled: "
+                              "its clients noise only the rows they send")
         lr_item = getattr(trainable, "lr_item", 1.0)
         audit = PrivacyAudit(split.train, cfg.federated.negatives, view_for(cfg.federated, lr_item, split.n_users, secagg),
                              cfg.seed)

@@ -66,22 +66,24 @@ class RobustRule:
             raise ValueError(f"unknown defence '{self.name}'; known: {', '.join(DEFENCES)}")
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
-                  shared: dict[str, torch.Tensor], table: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
+                  shared: dict[str, torch.Tensor], table: torch.Tensor | None = None,
+                  key: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         """Sum-equivalents of a round's accepted ``uploads``: the item table's ``(n_items, width)``
         row sums, each shared weight's sum (``shared`` gives their shapes), and which uploads
         the rule flagged (a boolean per upload, all False for rules that do not flag). UNION
-        reads the global item ``table`` the uploads' deltas apply to; its dropped uploads are
-        flagged and left out of the sums."""
+        reads the global item ``table`` the uploads' deltas apply to, and draws its sample keyed
+        by ``key`` (the run's seed and the round); its dropped uploads are flagged and left out
+        of the sums."""
         if self.name == "union":
             if table is None:
                 raise ValueError("the union defence needs the global item table")
             accepted = [i for i, u in enumerate(uploads) if u.accepted]
-            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine)
+            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key)
             flagged = np.zeros(len(uploads), bool)
             flagged[np.asarray(accepted, np.int64)[dropped]] = True
             kept = [u for i, u in enumerate(uploads) if u.accepted and not flagged[i]]
-            item_sum, shared_sum, _ = RobustRule("mean", budget_mb=self.budget_mb).aggregate(kept, n_items, width, shared)
+            item_sum, shared_sum, _ = RobustRule("mean", budget_mb=self.budget_mb).aggregate(kept, n_items, width,
+                                                                                           shared)
             return item_sum, shared_sum, flagged
         ok = [u for u in uploads if u.accepted]
         flagged = np.zeros(len(uploads), bool)
@@ -197,17 +199,18 @@ class RobustRule:
         return chosen.sum(1) / keep.sum(1, keepdim=True), keep
 
 
-def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: float) -> np.ndarray:
+def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: float,
+                 key: tuple[int, ...] = ()) -> np.ndarray:
     """Which of ``uploads`` UNION drops (module docstring), a boolean each.
 
-    The items are drawn without replacement (the official code draws 500 with replacement), by a
-    generator keyed by the round's clients, so the simulator and a Flower server draw the same."""
+    The items are drawn without replacement (the official code draws 500 with replacement), a
+    new sample each round: by a generator keyed by ``key`` (the run's seed and the round), so
+    the simulator and a Flower server draw the same. Everything runs on the host."""
     n = len(uploads)
     if n < 3:
         return np.zeros(n, bool)
     q = table.detach().float().cpu()
-    ids = sorted(int(u.client) for u in uploads)
-    rng = np.random.default_rng([0x0410, n, sum(ids), ids[0], ids[-1]])
+    rng = np.random.default_rng([0x0410, *key])
     sample = np.sort(rng.choice(len(q), min(UNION_ITEMS, len(q)), replace=False))
     spread = uniformities(uploads, q, sample)
     lo, hi = spread.min(), spread.max()
@@ -215,7 +218,7 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
         return np.zeros(n, bool)
     x = (spread - lo) / (hi - lo)
     upper, w1, w2 = _two_means_1d(x)
-    ref = np.random.default_rng([0x0411, n, sum(ids)]).random((UNION_REFERENCES, n))
+    ref = np.random.default_rng([0x0411, *key, n]).random((UNION_REFERENCES, n))
     log_w = np.array([[np.log(max(w, 1e-300)) for w in _two_means_1d(r)[1:]] for r in ref])  # (B, 2)
     gap = log_w.mean(0) - np.log(np.maximum([w1, w2], 1e-300))
     s2 = log_w[:, 1].std() * np.sqrt(1 + 1 / UNION_REFERENCES)
@@ -229,7 +232,8 @@ def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.nd
     ``table`` after that upload's row changes alone. The distances of the unmoved pairs are the
     table's, computed once, so an upload costs its moved rows x the sample, not the sample
     squared."""
-    base = table[torch.as_tensor(sample)].double()
+    table = table.detach().cpu()
+    base = table[torch.as_tensor(sample, device="cpu")].double()
     dist = torch.cdist(base, base)
     total0, row_sums = float(dist.sum()), dist.sum(1)
     where = np.full(len(table), -1, np.int64)
@@ -239,9 +243,9 @@ def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.nd
     for k, u in enumerate(uploads):
         at = where[np.asarray(u.items, np.int64)]
         hit = np.flatnonzero(at >= 0)
-        p = torch.as_tensor(at[hit])
-        moved = base[p] + u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit)]
-        rest = torch.ones(len(sample), dtype=torch.bool)
+        p = torch.as_tensor(at[hit], device="cpu")
+        moved = base[p] + u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit, device="cpu")]
+        rest = torch.ones(len(sample), dtype=torch.bool, device="cpu")
         rest[p] = False
         total = (total0 - 2 * float(row_sums[p].sum()) + float(dist[p][:, p].sum())
                  + 2 * float(torch.cdist(moved, base[rest]).sum()) + float(torch.cdist(moved, moved).sum()))

@@ -86,7 +86,7 @@ class CohortAlgorithm(FederatedAlgorithm):
         acc, sec = uploads.payload, self.security
         if sec is not None and sec.rule is not None and uploads.per_client is not None:
             acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
-                                                           self.state.shared, self.state.items)
+                                                           self.state.shared, self.state.items, plan.round)
         self.state.aggregate(acc, self.path, plan.server_gen)
         self.rounds_done = plan.round
 

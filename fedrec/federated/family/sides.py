@@ -247,7 +247,7 @@ class FamilyServer(ServerSide):
         acc.rejected += rejected
         if self.rule is not None:
             acc.item_sum, acc.shared_sum, acc.n = self.rule.sums(self.kept, *self.state.items.shape,
-                                                                 self.state.shared, self.state.items)
+                                                                 self.state.shared, self.state.items, r)
         self.state.aggregate(acc, self.path, gen)
         extra = {**self.state.round_extra(), **(self.rule.last if self.rule is not None else {})}
         return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected, extra)
