@@ -119,3 +119,36 @@ def test_bad_options_are_one_line(split: Split, model: dict[str, int], says: str
     alg = get_algorithm("colr")
     with pytest.raises(FedrecError, match=says):
         alg.build(split, {**alg.defaults, "dim": 32, **model})
+
+
+def test_ldp_noise_is_drawn_on_the_coordinates_and_lands_in_the_rounds_subspace(split: Split) -> None:
+    """Under --ldp a client sends its n_items x r coordinates with Laplace noise on each: the
+    table moves by the noise-free mean plus noise that lies in the round's subspace, each
+    coordinate of it Laplace(λ) summed over the round's clients and divided by them."""
+    cohort = _cohort(split)
+    tables = {}
+    for name, path in (("plain", UploadPath()), ("ldp", UploadPath(ldp=0.5))):
+        state = _state(split, rank=RANK)
+        state.per_row = False  # the papers' rule: noise is a round's clients' (the engine's check)
+        acc = state.begin_round(1)
+        state.accumulate(acc, state.local_update(cohort, path))
+        state.aggregate(acc, path, torch.Generator().manual_seed(5))
+        tables[name] = state.items
+        basis = state.basis
+    n = len(cohort.clients)
+    noise = (tables["ldp"] - tables["plain"]) * n  # the clients' summed noise
+    assert basis is not None
+    coords = noise @ basis.T
+    torch.testing.assert_close(coords @ basis, noise, rtol=1e-4, atol=1e-4)  # in the subspace
+    # a sum of n Laplace(0.5) has variance 2 x 0.5² x n
+    assert float(coords.var()) == pytest.approx(2 * 0.25 * n, rel=0.1)
+
+
+def test_the_audit_refuses_colr_under_noise() -> None:
+    from fedrec.experiment import RunConfig, federated_config
+    from fedrec.security.inference import audit_privacy
+
+    cfg = RunConfig(algorithm="colr", dataset="synthetic:200x300", protocol="loo-full",
+                    federated=federated_config("colr", rounds=1, ldp=0.1, aggregation="clients"))
+    with pytest.raises(FedrecError, match="is not modelled"):
+        audit_privacy(cfg)

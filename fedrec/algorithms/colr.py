@@ -42,9 +42,10 @@ class CoLROptions(FamilyOptions):
         return CoLRState
 
 
-#: engine options whose uploads the subspace does not carry yet: noise and pseudo rows are drawn
-#: in the table's d columns, and a crafted upload would bypass the coordinates
-IGNORES = ("ldp", "dp_noise", "dp_clip", "pad_items", "attack")
+#: engine options whose uploads the subspace does not carry yet: pseudo rows are drawn in the
+#: table's d columns, and a crafted upload would bypass the coordinates (LDP and DP noise are drawn
+#: on the coordinates, `CoLRState.noise_rows`)
+IGNORES = ("pad_items", "attack")
 
 register(AlgorithmSpec(
     "colr", "federated",

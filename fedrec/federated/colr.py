@@ -81,6 +81,13 @@ class CoLRState(FamilyState):
         up.bytes_up = items + shared
         return up
 
+    def noise_rows(self, k: int, n_clients: int, path: UploadPath, gen: torch.Generator) -> torch.Tensor:
+        """The clients' LDP/DP noise drawn on what they send, each row's r coordinates (an
+        n_items x r table a client under noise), as the rows' change it makes: noise in the
+        round's subspace, of the same per-number scale as FedMF's on its d numbers a row."""
+        coords = path.local_noise(k, n_clients, (self.items.shape[0], self.rank), gen)
+        return self.unwire_rows(coords.to(self.items.device))
+
     # -- what travels ----------------------------------------------------------------------
 
     @property

@@ -245,10 +245,14 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
     holder: list[PrivacyAudit] = []
 
     def attach(trainable, split) -> None:  # type: ignore[no-untyped-def]
-        if getattr(trainable, "pads_uploads", False) and (cfg.federated.ldp > 0 or cfg.federated.dp_noise > 0):
-            # its clients noise only the rows they send; the audit's noisy view is a dense table
+        state = getattr(trainable, "state", None)
+        other_wire = state is not None and getattr(state, "wire_width", None) not in (None, state.items.shape[1])
+        if (getattr(trainable, "pads_uploads", False) or other_wire) and (cfg.federated.ldp > 0
+                                                                          or cfg.federated.dp_noise > 0):
+            # the audit's noisy view is a dense d-wide table: FedPerGNN's clients noise only the
+            # rows they send, CoLR's their r coordinates a row
             raise FedrecError(f"the audit's server view of {cfg.algorithm} under --ldp/--dp-noise is not modelled: "
-                              "its clients noise only the rows they send")
+                              "its clients noise only what they send (the rows they touched, or their coordinates)")
         lr_item = getattr(trainable, "lr_item", 1.0)
         audit = PrivacyAudit(split.train, cfg.federated.negatives, view_for(cfg.federated, lr_item, split.n_users, secagg),
                              cfg.seed)

@@ -123,7 +123,7 @@ class FamilyClient(ClientSide):
             # from the node's own entropy, never the run's seed: the server knows the seed, and
             # noise it could redraw it could subtract
             gen = torch.Generator().manual_seed(secrets.randbits(62))
-            acc.item_sum += self.path.local_noise(acc.n, len(sampled), tuple(st.items.shape), gen)
+            acc.item_sum += st.noise_rows(acc.n, len(sampled), self.path, gen)
         return acc
 
     @staticmethod

@@ -479,12 +479,18 @@ class FamilyState:
         one sent stays as it is)."""
         if acc.n == 0:
             return
-        noise = path.noise_sum(acc.n, tuple(self.items.shape), gen)
+        noise = self.noise_rows(acc.n, acc.n, path, gen)
         opt = self.server_optimizer
         divisor: torch.Tensor | int = acc.n if acc.item_count is None else acc.item_count.clamp(min=1)[:, None]
         self.items = opt.update(ITEMS, self.items, self.items + (acc.item_sum + noise) / divisor)
         for k in self.shared:
             self.shared[k] = opt.update(k, self.shared[k], acc.shared_sum[k] / acc.n)
+
+    def noise_rows(self, k: int, n_clients: int, path: UploadPath, gen: torch.Generator) -> torch.Tensor:
+        """The sum of ``k`` clients' own LDP/DP noise on the item rows they send, out of a round
+        of ``n_clients`` (`UploadPath.local_noise`), as the rows' change it makes: drawn on
+        what travels (`wire_rows`), which for CoLR is each row's coordinates."""
+        return path.local_noise(k, n_clients, tuple(self.items.shape), gen)
 
     # -- what travels on a deployment's wire ---------------------------------------------------
 
