@@ -105,9 +105,12 @@ class GNNSpec:
 @dataclass
 class Layout:
     """A chunk's samples and local rows: sample s of client ``sample_client[s]`` is local row
-    ``sample_row[s]`` with label ``label[s]``; local row j is item ``row_items[j]`` of client
-    ``row_owner[j]`` (client k's rows at ``row_ptr[k]:row_ptr[k+1]``, items sorted); the
-    client's positives are local rows ``history`` (owner ``history_owner``)."""
+    ``sample_row[s]`` with label ``label[s]``; client k's local rows are
+    ``row_ptr[k]:row_ptr[k+1]``, holding items ``row_items`` (sorted within a client); the
+    clients' positives are local rows ``history`` (owner ``history_owner``). The samples are
+    every positive, then every negative: a client's gradient is a sum over its samples, so
+    their order is free (`fedrec.rounds.cohort.build_cohort` orders them client by client for
+    its lockstep batches)."""
 
     clients: np.ndarray
     sample_client: np.ndarray
@@ -121,10 +124,7 @@ class Layout:
     @staticmethod
     def build(train: sp.csr_matrix, clients: np.ndarray, negatives: np.ndarray | None) -> Layout:
         n_items = train.shape[1]
-        counts = np.diff(train.indptr)[clients]
-        pos_client = np.repeat(np.arange(len(clients)), counts)
-        pos_items = np.concatenate([train.indices[train.indptr[c]:train.indptr[c + 1]] for c in clients]) \
-            if len(clients) else np.zeros(0, np.int64)
+        pos_client, pos_items = positives(train, clients)
         k = 0 if negatives is None else negatives.shape[1]
         client = np.concatenate([pos_client, np.repeat(pos_client, k)])
         items = np.concatenate([pos_items, negatives.reshape(-1) if k else np.zeros(0, np.int64)]).astype(np.int64)
@@ -133,6 +133,15 @@ class Layout:
         row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
         return Layout(clients, client, sample_row.reshape(-1), label, (uniq % n_items).astype(np.int64), row_ptr,
                       sample_row.reshape(-1)[: len(pos_items)], pos_client)
+
+
+def positives(train: sp.csr_matrix, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The training items of ``clients`` in CSR order, and each one's client (0..C-1): one
+    gather, no loop over clients."""
+    counts = np.diff(train.indptr)[clients].astype(np.int64)
+    owner = np.repeat(np.arange(len(clients)), counts)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, train.indices[np.repeat(train.indptr[clients].astype(np.int64), counts) + offset].astype(np.int64)
 
 
 def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history_owner: torch.Tensor,
@@ -236,14 +245,12 @@ class GNNState:
         step = max(1, SCORE_CELLS // max(m * self.spec.dim, 1))
         for s0 in range(0, len(users), step):
             block = users[s0 : s0 + step]
-            counts = np.diff(train.indptr)[block]
-            hist = np.concatenate([train.indices[train.indptr[u]:train.indptr[u + 1]] for u in block]).astype(np.int64)
+            owner, hist = positives(train, block)
             nb, nb_owner = self._neighbours(block)
             dev = self.items.device
             h = user_representation(self.users[torch.as_tensor(block, device=dev)],
                                     self.items[torch.as_tensor(hist, device=dev)],
-                                    torch.as_tensor(np.repeat(np.arange(len(block)), counts), device=dev), nb,
-                                    nb_owner, self.w, self.a)
+                                    torch.as_tensor(owner, device=dev), nb, nb_owner, self.w, self.a)
             if items is None:
                 s = h @ hv_all.T
             else:
