@@ -12,10 +12,12 @@ import torch.nn.functional as F
 
 from fedrec.algorithms import get_algorithm
 from fedrec.core.contract import RoundPlan
+from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.federated import pergnn
 from fedrec.federated.engine import client_negatives
+from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from tests.client_alone import small_split
 
@@ -41,24 +43,31 @@ def _plan(split: Split, r: int, clients: np.ndarray) -> RoundPlan:
     return RoundPlan(r, clients, torch.Generator(), np.random.default_rng(r))
 
 
-def _alone(st: pergnn.GNNState, u: int, negs: np.ndarray) -> dict[str, torch.Tensor]:
-    """Client ``u``'s gradient, written out: its nodes one by one, a softmax, its mean BCE."""
+def _alone(st: pergnn.GNNState, u: int, negs: np.ndarray | None) -> dict[str, torch.Tensor]:
+    """Client ``u``'s gradient, written out: its nodes one by one, a softmax, its mean BCE; on
+    ratings (``negs`` None) its mean squared error, with its own training mean and the items'
+    biases (the table's last column) under the rating baseline."""
     train = st.split.train
     pos = train.indices[train.indptr[u]:train.indptr[u + 1]]
-    items = np.concatenate([pos, negs.reshape(-1)])
-    labels = torch.cat([torch.ones(len(pos)), torch.zeros(negs.size)])
+    ratings = torch.as_tensor(train.data[train.indptr[u]:train.indptr[u + 1]], dtype=torch.float32)
+    items = pos if negs is None else np.concatenate([pos, negs.reshape(-1)])
     table = st.items.clone().requires_grad_(True)
     e_u = st.users[u].clone().requires_grad_(True)
     w, a = st.w.clone().requires_grad_(True), st.a.clone().requires_grad_(True)
     d = e_u.shape[0]
-    nodes = [e_u] + [table[i] for i in pos] + [st.neighbour_vectors[u, j] for j in range(st.spec.neighbours)
-                                             if st.neighbour_valid[u, j]]
+    nodes = [e_u] + [table[i, :d] for i in pos] + [st.neighbour_vectors[u, j] for j in range(st.spec.neighbours)
+                                                 if st.neighbour_valid[u, j]]
     z = [w.T @ x for x in nodes]  # x W, a row vector times W
     logits = torch.stack([F.leaky_relu(a[:d] @ z[0] + a[d:] @ zj, 0.2) for zj in z])
     alpha = torch.softmax(logits, 0)
     h = sum(al * zj for al, zj in zip(alpha, z, strict=True))
-    s = torch.stack([h @ (w.T @ table[i]) for i in items])
-    loss = F.binary_cross_entropy_with_logits(s, labels)
+    s = torch.stack([h @ (w.T @ table[i, :d]) for i in items])
+    if negs is None:
+        if st.baseline:
+            s = s + table[torch.as_tensor(pos), d] + float(ratings.mean())
+        loss = ((s - ratings) ** 2).mean()
+    else:
+        loss = F.binary_cross_entropy_with_logits(s, torch.cat([torch.ones(len(pos)), torch.zeros(negs.size)]))
     g_table, g_u, g_w, g_a = torch.autograd.grad(loss, [table, e_u, w, a])
     return {"table": g_table, "user": g_u, "w": g_w, "a": g_a}
 
@@ -106,6 +115,49 @@ def test_a_round_is_each_client_alone_then_the_servers_mean(split: Split, rule: 
         want_users[u] -= st.lr * grads[k]["user"]
     torch.testing.assert_close(st.users, want_users, **TOL)
     torch.testing.assert_close(st.published[torch.as_tensor(clients)], st.users[torch.as_tensor(clients)])
+
+
+@pytest.mark.parametrize("baseline", ["none", "user-item"])
+def test_on_ratings_a_round_is_each_client_fitting_its_ratings_alone(baseline: str) -> None:
+    """Under a rating protocol each client's gradient is of its mean squared error on its
+    ratings, no negatives; under the rating baseline its prediction adds its training mean and
+    the item's bias, a column of the row sent and averaged with it; scores are those ratings."""
+    split = make_split(synthetic(40, 60, mean_interactions=8, min_interactions=3, seed=5), "ratio-rating", seed=0)
+    alg = _algorithm(split, aggregation="contributors", negatives=0, rating_baseline=baseline)
+    st = alg.state
+    assert st.rating and st.baseline == (baseline != "none")
+    assert st.items.shape[1] == 5 + st.baseline
+    if st.baseline:  # biases that are not zero, so the reference reads them
+        st.items[:, -1] = torch.randn(split.n_items, generator=torch.Generator().manual_seed(6))
+    everyone = np.arange(split.n_users)
+    alg.aggregate(alg.local_update(_plan(split, 1, everyone)), _plan(split, 1, everyone))
+    clients = np.arange(10, 30)
+    before = {k: getattr(st, k).clone() for k in ("items", "users")}
+    st.expand(clients, 2)
+    assert st.neighbour_valid[clients].any()
+    grads = [_alone(st, int(u), None) for u in clients]
+    alg.aggregate(alg.local_update(_plan(split, 2, clients)), _plan(split, 2, clients))
+    senders = torch.zeros(split.n_items)
+    for u in clients:
+        senders[torch.as_tensor(split.train.indices[split.train.indptr[u]:split.train.indptr[u + 1]])] += 1
+    steps = torch.stack([-st.lr_item * g["table"] for g in grads]).sum(0)
+    torch.testing.assert_close(st.items, before["items"] + steps / senders.clamp_min(1)[:, None], **TOL)
+    want_users = before["users"].clone()
+    for k, u in enumerate(clients):
+        want_users[u] -= st.lr * grads[k]["user"]
+    torch.testing.assert_close(st.users, want_users, **TOL)
+    # a score is the predicted rating: the client's mean, the item's bias and the inner product
+    u, items = 12, np.array([[0, 5, 7]])
+    got = alg.scores(np.array([u]), items)[0]
+    d, train = 5, split.train
+    pos = train.indices[train.indptr[u]:train.indptr[u + 1]]
+    h = pergnn.user_representation(st.users[[u]], st.items[torch.as_tensor(pos), :d],
+                                   torch.zeros(len(pos), dtype=torch.int64), *st._neighbours(np.array([u])),
+                                   st.w, st.a)[0]
+    want = (st.items[torch.as_tensor(items[0]), :d] @ st.w) @ h
+    if st.baseline:
+        want = want + st.items[torch.as_tensor(items[0]), d] + float(train.data[train.indptr[u]:train.indptr[u + 1]].mean())
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_neighbours_share_an_item_are_not_the_client_and_have_published(split: Split) -> None:
@@ -161,7 +213,7 @@ def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None
     res = train(cfg).result
     assert res.test["hr@10"] > 0.4  # chance is 0.1 among 100 candidates
     with pytest.raises(FedrecError, match="cannot be evaluated under protocol"):
-        train(RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="ratio-rating",
+        train(RunConfig(algorithm="fedpergnn", dataset="synthetic:200x300", protocol="ratio-rating-implicit",
                         federated=federated_config("fedpergnn", rounds=1)))
     with pytest.raises(FedrecError, match="does not use --local-epochs"):
         federated_config("fedpergnn", local_epochs=3)

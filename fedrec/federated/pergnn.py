@@ -9,8 +9,13 @@ is its node, its training items and up to ``neighbours`` neighbouring users (bel
 representation is one graph-attention hop over that graph, its own node included:
 z_j = W x_j for every node j, α_j = softmax_j(LeakyReLU(a₁·z_u + a₂·z_j)), h_u = Σ_j α_j z_j;
 an item's is h_v = W e_v, and the score is ⟨h_u, h_v⟩ (the paper's dot-product predictor).
-Trained on the client's positives and ``negatives`` fresh leak-free negatives a positive, by
-the mean binary cross-entropy (the paper fits ratings by squared error; fedrec ranks).
+Under ranking protocols it is trained on the client's positives and ``negatives`` fresh
+leak-free negatives a positive, by the mean binary cross-entropy. Under rating protocols (the
+paper's task) it fits the client's observed ratings by their mean squared error, no negatives;
+with the engine's rating baseline (``--rating-baseline user-item``, fedrec's default for
+ratings) the predicted rating is the client's training mean plus a learned item bias plus
+⟨h_u, h_v⟩, the bias sent and averaged as one more column of the item's row; with ``none`` it
+is ⟨h_u, h_v⟩ alone, the paper's.
 
 **A round** (the paper's Algorithm 1):
 
@@ -60,7 +65,7 @@ from fedrec.errors import FedrecError
 from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS
 from fedrec.options import check
-from fedrec.protocols.protocol import Split
+from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import chunk_clients
 from fedrec.rounds.padding import pseudo_rows
@@ -122,26 +127,32 @@ class Layout:
     history_owner: np.ndarray
 
     @staticmethod
-    def build(train: sp.csr_matrix, clients: np.ndarray, negatives: np.ndarray | None) -> Layout:
+    def build(train: sp.csr_matrix, clients: np.ndarray, negatives: np.ndarray | None,
+              ratings: bool = False) -> Layout:
+        """The layout of ``clients``' samples: their positives labelled 1 and ``negatives``
+        labelled 0, or with ``ratings`` their observed ratings as labels (no negatives)."""
         n_items = train.shape[1]
-        pos_client, pos_items = positives(train, clients)
+        pos_client, pos_items, at = positives(train, clients, with_positions=True)
         k = 0 if negatives is None else negatives.shape[1]
         client = np.concatenate([pos_client, np.repeat(pos_client, k)])
         items = np.concatenate([pos_items, negatives.reshape(-1) if k else np.zeros(0, np.int64)]).astype(np.int64)
-        label = np.concatenate([np.ones(len(pos_items), np.float32), np.zeros(len(pos_items) * k, np.float32)])
+        first = train.data[at].astype(np.float32) if ratings else np.ones(len(pos_items), np.float32)
+        label = np.concatenate([first, np.zeros(len(pos_items) * k, np.float32)])
         uniq, sample_row = np.unique(client * n_items + items, return_inverse=True)
         row_ptr = np.concatenate([[0], np.cumsum(np.bincount(uniq // n_items, minlength=len(clients)))])
         return Layout(clients, client, sample_row.reshape(-1), label, (uniq % n_items).astype(np.int64), row_ptr,
                       sample_row.reshape(-1)[: len(pos_items)], pos_client)
 
 
-def positives(train: sp.csr_matrix, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The training items of ``clients`` in CSR order, and each one's client (0..C-1): one
-    gather, no loop over clients."""
+def positives(train: sp.csr_matrix, clients: np.ndarray, with_positions: bool = False) -> Any:
+    """Each training item of ``clients`` in CSR order, and its client (0..C-1): one gather, no
+    loop over clients; ``with_positions`` adds each one's index into ``train.data``."""
     counts = np.diff(train.indptr)[clients].astype(np.int64)
     owner = np.repeat(np.arange(len(clients)), counts)
     offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, train.indices[np.repeat(train.indptr[clients].astype(np.int64), counts) + offset].astype(np.int64)
+    at = np.repeat(train.indptr[clients].astype(np.int64), counts) + offset
+    items = train.indices[at].astype(np.int64)
+    return (owner, items, at) if with_positions else (owner, items)
 
 
 def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history_owner: torch.Tensor,
@@ -170,8 +181,16 @@ class GNNState:
     def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int) -> None:
         self.spec, self.split, self.seed = spec, split, seed
         n, m, d = split.n_users, split.n_items, spec.dim
+        #: under a rating protocol it fits ratings by squared error (module docstring), with the
+        #: rating baseline beneath the score where the engine asks for one
+        self.rating = split.protocol.ranking == "rating"
+        self.baseline = self.rating and cfg.rating_baseline != "none"
         gen = torch.Generator().manual_seed(seed)
         self.items = here(torch.randn((m, d), generator=gen, device="cpu") * cfg.item_std)
+        if self.baseline:  # the item bias: one more column of each row, starting at 0
+            self.items = torch.cat([self.items, torch.zeros_like(self.items[:, :1])], 1)
+        #: each client's training mean (the baseline's offset, computed on the client), or None
+        self.offsets = here(torch.as_tensor(user_means(split.train))) if self.baseline else None
         self.w = here(torch.eye(d))
         self.a = here(torch.zeros(2 * d))
         self.users = here(torch.as_tensor(draws.normals((seed, draws.INIT), np.arange(n), d), dtype=torch.float32)
@@ -215,21 +234,40 @@ class GNNState:
 
     # ---- a round -------------------------------------------------------------------------
 
+    def predict(self, clients: np.ndarray, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Scores ``(C, V)`` of ``clients``' representations ``h`` ``(C, d)`` for item rows
+        ``rows`` ``(V, width)`` or ``(C, V, width)``: ⟨h_u, W e_v⟩, plus the client's mean and the
+        item's bias under the rating baseline."""
+        d = self.spec.dim
+        hv = rows[..., :d] @ self.w
+        s = h @ hv.T if hv.dim() == 2 else (h[:, None, :] * hv).sum(-1)
+        if self.offsets is not None:
+            s = s + rows[..., d] + self.offsets[torch.as_tensor(clients, device=s.device)][:, None]
+        return s
+
     def gradients(self, lay: Layout) -> dict[str, torch.Tensor]:
-        """Each client's gradient of its mean BCE: of its item rows ``(R, d)``, its user vector
-        ``(C, d)``, and the graph layer's summed over the chunk's clients (``w``, ``a``)."""
-        dev = self.items.device
+        """Each client's gradient of its mean loss (BCE, or squared error on ratings): of its
+        item rows ``(R, width)``, its user vector ``(C, d)``, and the graph layer's summed over
+        the chunk's clients (``w``, ``a``)."""
+        dev, d = self.items.device, self.spec.dim
         rows = self.items[torch.as_tensor(lay.row_items, device=dev)].clone().requires_grad_(True)
         users = self.users[torch.as_tensor(lay.clients, device=dev)].clone().requires_grad_(True)
         w, a = self.w.clone().requires_grad_(True), self.a.clone().requires_grad_(True)
         nb, nb_owner = self._neighbours(lay.clients)
         sc = torch.as_tensor(lay.sample_client, device=dev)
+        sr = torch.as_tensor(lay.sample_row, device=dev)
+        label = torch.as_tensor(lay.label, device=dev)
         with torch.enable_grad():
-            h = user_representation(users, rows[torch.as_tensor(lay.history, device=dev)],
+            h = user_representation(users, rows[torch.as_tensor(lay.history, device=dev), :d],
                                     torch.as_tensor(lay.history_owner, device=dev), nb, nb_owner, w, a)
-            hv = rows @ w
-            logit = (h[sc] * hv[torch.as_tensor(lay.sample_row, device=dev)]).sum(1)
-            per = F.binary_cross_entropy_with_logits(logit, torch.as_tensor(lay.label, device=dev), reduction="none")
+            hv = rows[:, :d] @ w
+            logit = (h[sc] * hv[sr]).sum(1)
+            if self.offsets is not None:
+                logit = logit + rows[sr, d] + self.offsets[torch.as_tensor(lay.clients, device=dev)][sc]
+            if self.rating:
+                per = (logit - label) ** 2
+            else:
+                per = F.binary_cross_entropy_with_logits(logit, label, reduction="none")
             n_c = torch.bincount(sc, minlength=len(lay.clients)).clamp_min(1).to(per.dtype)
             loss = (per / n_c[sc]).sum()  # each client's mean, summed: its own gradients stay apart
             g_rows, g_users, g_w, g_a = torch.autograd.grad(loss, [rows, users, w, a])
@@ -238,24 +276,20 @@ class GNNState:
     @torch.no_grad()
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         users = np.asarray(users, np.int64)
-        train = self.split.train
-        hv_all = self.items @ self.w
-        m = hv_all.shape[0] if items is None else items.shape[1]
+        train, d = self.split.train, self.spec.dim
+        m = self.items.shape[0] if items is None else items.shape[1]
         out = np.empty((len(users), m), np.float32)
-        step = max(1, SCORE_CELLS // max(m * self.spec.dim, 1))
+        step = max(1, SCORE_CELLS // max(m * d, 1))
         for s0 in range(0, len(users), step):
             block = users[s0 : s0 + step]
             owner, hist = positives(train, block)
             nb, nb_owner = self._neighbours(block)
             dev = self.items.device
             h = user_representation(self.users[torch.as_tensor(block, device=dev)],
-                                    self.items[torch.as_tensor(hist, device=dev)],
+                                    self.items[torch.as_tensor(hist, device=dev), :d],
                                     torch.as_tensor(owner, device=dev), nb, nb_owner, self.w, self.a)
-            if items is None:
-                s = h @ hv_all.T
-            else:
-                s = (h[:, None, :] * hv_all[torch.as_tensor(items[s0 : s0 + step])]).sum(-1)
-            out[s0 : s0 + step] = s.float().cpu().numpy()
+            rows = self.items if items is None else self.items[torch.as_tensor(items[s0 : s0 + step], device=dev)]
+            out[s0 : s0 + step] = self.predict(block, h, rows).float().cpu().numpy()
         return out
 
 
@@ -281,7 +315,7 @@ class GNNAlgorithm(FederatedAlgorithm):
 
     def local_update(self, plan: RoundPlan) -> Uploads:
         st, cfg = self.state, self.cfg
-        train, m, d = st.split.train, st.split.n_items, st.spec.dim
+        train, m, d, width = st.split.train, st.split.n_items, st.spec.dim, st.items.shape[1]
         clients = np.sort(plan.clients[np.diff(train.indptr)[plan.clients] > 0]).astype(np.int64)
         st.expand(clients, plan.round)
         item_sum = torch.zeros_like(st.items)
@@ -292,7 +326,7 @@ class GNNAlgorithm(FederatedAlgorithm):
         sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
         for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
             negs = client_negatives(cfg.negatives, train, st.split.sampler, part, part, self.seed, plan.round)
-            lay = Layout.build(train, part, negs)
+            lay = Layout.build(train, part, negs, ratings=st.rating)
             g = st.gradients(lay)
             loss_sum += float(g["loss"])
             st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
@@ -307,8 +341,8 @@ class GNNAlgorithm(FederatedAlgorithm):
                 kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]], {ITEMS: rows[ptr[j]:ptr[j + 1]]})
                          for j, c in enumerate(part)]
             n_rows, layer = int(counts.sum()), d * d + 2 * d
-            up += n_rows * (INDEX_BYTES + d * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
-            down += (len(lay.row_items) * (INDEX_BYTES + d * FLOAT_BYTES)
+            up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
+            down += (len(lay.row_items) * (INDEX_BYTES + width * FLOAT_BYTES)
                      + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
         st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
         st.has_published[clients] = True
