@@ -153,3 +153,64 @@ def test_imia_recovers_a_clients_positives_when_its_model_is_known(monkeypatch) 
     monkeypatch.setattr(imia, "init_params", lambda *a: {"user": torch.randn(1, 8, generator=gen)})
     blind = attack.guess(start, sent, seed=[1])
     assert (blind & truth).sum() / max(blind.sum(), 1) < (told & truth).sum() / told.sum()
+
+
+def test_a_similarity_upload_is_read_back_as_the_rows_it_was_made_of():
+    """FedCIA sends S = E Eᵀ (or its eigen-factors): the rows read back are E up to a rotation,
+    so every row's norm and every Gram entry are E's."""
+    import torch
+
+    from fedrec.core.contract import ClientUpload
+    from fedrec.security.inference import _row_tensor
+
+    e = np.random.default_rng(0).standard_normal((60, 8))
+    e[::3] = 0.0  # untouched rows stay exactly at zero norm up to round-off
+    rows = _row_tensor(ClientUpload(4, np.arange(60), {"similarity": torch.as_tensor(e @ e.T, dtype=torch.float32)}))
+    np.testing.assert_allclose(rows @ rows.T, e @ e.T, atol=2e-4)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), np.linalg.norm(e, axis=1), atol=2e-3)
+    p, s, _ = np.linalg.svd(e, full_matrices=False)
+    factored = _row_tensor(ClientUpload(4, np.arange(60), {"p": torch.as_tensor(p), "lam": torch.as_tensor(s**2)}))
+    np.testing.assert_allclose(factored @ factored.T, e @ e.T, atol=1e-4)
+    with pytest.raises(FedrecError, match="sends lam"):  # one factor alone is not rows
+        _row_tensor(ClientUpload(4, np.arange(60), {"lam": torch.ones(3)}))
+
+
+def test_a_grouped_clients_items_are_its_users_union():
+    import scipy.sparse as sp
+
+    from fedrec.partition import Partition
+    from fedrec.security.inference import client_items
+
+    train = sp.csr_matrix(np.array([[1, 0, 0, 2], [0, 3, 0, 1], [0, 0, 4, 0]], np.float32))
+    union = client_items(train, Partition(np.array([1, 0, 1]), 2))
+    assert union.toarray().tolist() == [[0, 1, 0, 1], [1, 0, 1, 1]]
+    assert client_items(train) is train
+
+
+def test_personalfr_names_its_clients_items_and_fedcia_hides_them_in_a_dense_similarity():
+    """PersonalFR sends the decoder rows of its clients' items only: the ids give the items away
+    (precision and recall 1, the truth being every item of the client's users). FedCIA's
+    similarity covers every item, so a row's presence says nothing (precision = density); its
+    LDP is in what it sent, so the audit adds none and noise brings the attacks to chance."""
+    def summary(algorithm, protocol, **kw):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm=algorithm, dataset="synthetic:120x200", protocol=protocol, model={"clients": 12},
+                        federated=federated_config(algorithm, rounds=1, **kw))
+        return audit_privacy(cfg)[1].summary()
+
+    pfr = summary("personalfr", "ratio-rating")
+    assert pfr["rows_precision"] == 1.0 and pfr["rows_recall"] == 1.0 and pfr["random_precision"] < 0.5
+    cia = summary("fedcia", "ratio-full")
+    assert cia["rows_precision"] == pytest.approx(cia["random_precision"]) and cia["rows_recall"] == 1.0
+    loud = summary("fedcia", "ratio-full", ldp=10.0)
+    assert abs(loud["direction_auc"] - 0.5) < 0.1 and abs(loud["rows_auc"] - 0.5) < 0.1
+
+
+def test_an_algorithm_that_sends_nothing_is_refused_in_one_line(tmp_path, capsys):
+    from fedrec.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["audit-privacy", "lightgcn", "-d", "synthetic:100x200", "-p", "ratio-full", "--rounds", "1",
+              "-o", str(tmp_path / "a")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "send their server nothing" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists()

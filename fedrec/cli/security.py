@@ -58,9 +58,9 @@ def audit_privacy_command(
     table.add_row("random guess", f"{summary['random_precision']:.3f}", "", "", "0.500")
     console.print(table)
     select = result.select
-    console.print(f"utility: test {select} {result.test.get(select, float('nan')):.4f}, "
-                  f"HR@10 {result.test.get('hr@10', float('nan')):.4f} at round {result.best_round} of {rounds}",
-                  highlight=False)
+    hr = f", HR@10 {result.test['hr@10']:.4f}" if "hr@10" in result.test and select != "hr@10" else ""
+    console.print(f"utility: test {select} {result.test.get(select, float('nan')):.4f}{hr} "
+                  f"at round {result.best_round} of {rounds}", highlight=False)
     out = out or Path("runs") / f"audit-{algorithm}-{Path(dataset).stem.replace(':', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {"algorithm": algorithm, "dataset": dataset, "view": audit.view.describe(), "pad_items": pad_items,

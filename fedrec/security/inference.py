@@ -52,14 +52,18 @@ class ServerView:
     dp_std: float = 0.0
     dense: bool = False
     secagg: int = 0
+    #: the uploads were kept with the clients' own noise in them (FedCIA's noisy similarities):
+    #: the audit adds none, and no row arrives exact
+    noised: bool = False
 
     @property
     def exact(self) -> bool:
         """Whether an untouched row arrives as exactly zero (no noise on it)."""
-        return self.ldp == 0 and self.dp_std == 0
+        return self.ldp == 0 and self.dp_std == 0 and not self.noised
 
     def describe(self) -> str:
         parts = [f"ldp {self.ldp:g}"] if self.ldp else []
+        parts += ["the clients' own noise, as sent"] if self.noised else []
         parts += [f"dp share std {self.dp_std:.3g}"] if self.dp_std else []
         parts += ["dense"] if self.dense and not parts else []
         parts += [f"secure aggregation of {self.secagg}"] if self.secagg else []
@@ -71,6 +75,7 @@ class PrivacyAudit:
     """Round by round, the inference attacks' figures against each client's training items
     (an observer of `fedrec.core.FederatedAlgorithm.train_round`)."""
 
+    #: each client's training items, a row a client (`client_items`)
     train: sp.csr_matrix
     negatives: int
     view: ServerView
@@ -84,6 +89,7 @@ class PrivacyAudit:
     _sum: np.ndarray | None = field(default=None, repr=False)
     _seen: np.ndarray | None = field(default=None, repr=False)
     _always: np.ndarray | None = field(default=None, repr=False)
+    _heard: bool = field(default=False, repr=False)
 
     def __call__(self, uploads: Uploads, plan: RoundPlan) -> None:
         if uploads.per_client is None:
@@ -93,6 +99,10 @@ class PrivacyAudit:
             self._sum = np.zeros((n_users, n_items), np.float32)
             self._seen = np.zeros(n_users, np.int64)
             self._always = np.ones((n_users, n_items), bool)
+        if not uploads.per_client and not self._heard:
+            raise FedrecError("this algorithm's clients send their server nothing (each keeps its own model): "
+                              "there are no uploads to audit")
+        self._heard = True
         benign = [u for u in uploads.per_client if u.client < n_users and u.accepted]
         tables = self._received(benign, n_items, np.random.default_rng([self.seed, plan.round, 0x1D1A]))
         figures: dict[str, list[float]] = {}
@@ -181,14 +191,50 @@ def _row_tensor_torch(u: ClientUpload):  # type: ignore[no-untyped-def]
     return torch.as_tensor(_row_tensor(u))
 
 
+#: what the attacks read as a client's item rows, by the upload's tensor names, beside the item
+#: family's row steps (`ITEMS`): the autoencoders' decoder output rows of the client's items
+#: (PersonalFR, FedAvg-AE), FedAvg's item table as trained (FedLightGCN, FedCIA with
+#: ``--set aggregation=waa``), GF-CF's item filter (a row an item)
+ROW_NAMES = (ITEMS, "dec.out", "item", "filter")
+#: the rank a similarity upload is read back to (`_gram_rows`): exact for item tables up to
+#: this width, which covers every FedCIA backbone's default
+GRAM_RANK = 128
+
+
 def _row_tensor(u: ClientUpload) -> np.ndarray:
-    """The upload's item rows, read by name: a shared (width, out) MLP weight has as many rows
-    as a client with ``width`` items, and must not be read as rows."""
-    rows = u.tensors.get(ITEMS)
-    if rows is None:
-        raise FedrecError("the privacy audit's attacks read uploaded item rows, which this algorithm "
-                          "does not upload (FedCIA: item similarities)")
-    return rows.detach().float().cpu().numpy()
+    """The upload's item rows ``(len(u.items), width)``, read by name (a shared (width, out) MLP
+    weight has as many rows as a client with ``width`` items, and must not be read as rows).
+
+    FedCIA's uploads are an item-item similarity S_k = E_k E_kᵀ of the client's item table, or
+    its eigen-factors P_k diag(λ_k) P_kᵀ; the server reads rows back from them, E_k up to a
+    rotation (P_k √λ_k, or `_gram_rows`), which keeps every row's norm and every projection the
+    attacks take. GF-CF's factored filter U diag(s) Vᵀ is read as U diag(s) (its rows' norms)."""
+    t = u.tensors
+    for name in ROW_NAMES:
+        if name in t:
+            return t[name].detach().float().cpu().numpy()
+    if "similarity" in t:
+        return _gram_rows(t["similarity"].detach().double().cpu().numpy(), u.client)
+    if "p" in t and "lam" in t:
+        lam = t["lam"].detach().double().cpu().numpy().clip(min=0.0)
+        return (t["p"].detach().double().cpu().numpy() * np.sqrt(lam)).astype(np.float32)
+    if "u" in t and "s" in t:
+        return (t["u"].detach().double().cpu().numpy() * t["s"].detach().double().cpu().numpy()).astype(np.float32)
+    raise FedrecError(f"the privacy audit reads item rows or item similarities from each upload; this algorithm "
+                      f"sends {', '.join(sorted(t)) or 'nothing'}")
+
+
+def _gram_rows(gram: np.ndarray, client: int) -> np.ndarray:
+    """Rows R with R Rᵀ = ``gram`` (a client's similarity upload, symmetric and positive
+    semi-definite up to noise), by a randomised range finder of rank `GRAM_RANK` (keyed by
+    client): exact where the Gram's rank is at most that, at the cost of a few products with it
+    rather than a full eigendecomposition. Negative eigenvalues (noise) are dropped."""
+    m = gram.shape[0]
+    k = min(m, GRAM_RANK)
+    omega = np.random.default_rng([0x6A4, client]).standard_normal((m, k))
+    q, _ = np.linalg.qr(gram @ omega)
+    lam, w = np.linalg.eigh(q.T @ gram @ q)
+    return ((q @ w) * np.sqrt(lam.clip(min=0.0))).astype(np.float32)
 
 
 def _two_means(score: np.ndarray, iters: int = 20) -> np.ndarray:
@@ -231,6 +277,22 @@ def view_for(cfg, lr_item: float, n_clients: int, secagg: int = 0) -> ServerView
     return ServerView(ldp=path.ldp, dp_std=dp_std, dense=path.sends_dense, secagg=secagg)
 
 
+def client_items(train: sp.csr_matrix, partition: Any = None) -> sp.csr_matrix:
+    """What the audit holds each client's guess against: its users' training items, a row a
+    client (``train`` itself where each client is one user; where a `fedrec.partition.Partition`
+    groups users, as PersonalFR's clients, the union of its users' items)."""
+    if partition is None:
+        return train
+    k = partition.n_clients
+    member = sp.csr_matrix((np.ones(partition.n_users, np.float32), (partition.client_of_user,
+                                                                     np.arange(partition.n_users))),
+                           shape=(k, partition.n_users))
+    union = (member @ (train != 0).astype(np.float32)).tocsr()
+    union.data[:] = 1.0
+    union.sort_indices()
+    return union
+
+
 def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyped-def]
     """Train ``cfg`` (a `fedrec.experiment.RunConfig` of a federated algorithm) while auditing
     every round's uploads; returns the run's result and the audit (`PrivacyAudit`)."""
@@ -246,7 +308,8 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
 
     def attach(trainable, split) -> None:  # type: ignore[no-untyped-def]
         state = getattr(trainable, "state", None)
-        other_wire = state is not None and getattr(state, "wire_width", None) not in (None, state.items.shape[1])
+        width = getattr(state, "wire_width", None)  # the item family's; other states send no rows to compare
+        other_wire = width is not None and width != state.items.shape[1]
         if (getattr(trainable, "pads_uploads", False) or other_wire) and (cfg.federated.ldp > 0
                                                                           or cfg.federated.dp_noise > 0):
             # the audit's noisy view is a dense d-wide table: FedPerGNN's clients noise only the
@@ -254,8 +317,11 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
             raise FedrecError(f"the audit's server view of {cfg.algorithm} under --ldp/--dp-noise is not modelled: "
                               "its clients noise only what they send (the rows they touched, or their coordinates)")
         lr_item = getattr(trainable, "lr_item", 1.0)
-        audit = PrivacyAudit(split.train, cfg.federated.negatives, view_for(cfg.federated, lr_item, split.n_users, secagg),
-                             cfg.seed)
+        partition = getattr(state, "partition", None)
+        view = view_for(cfg.federated, lr_item, split.n_users, secagg)
+        if getattr(trainable, "keeps_noisy_uploads", False):  # noised on the client already
+            view = ServerView(secagg=secagg, noised=cfg.federated.ldp > 0 or cfg.federated.dp_noise > 0)
+        audit = PrivacyAudit(client_items(split.train, partition), cfg.federated.negatives, view, cfg.seed)
         from fedrec.security.imia import for_algorithm
 
         audit.imia = for_algorithm(trainable, cfg.federated.negatives)

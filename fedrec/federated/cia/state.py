@@ -70,6 +70,8 @@ class CIAState:
         self.spec, self.train_matrix, self.sampler, self.seed = spec, train, sampler, seed
         self.n_users, self.n_items = train.shape
         self.n_clients = partition.n_clients
+        #: which users each client holds (the privacy audit reads its clients' items through it)
+        self.partition = partition
         ids = np.arange(self.n_clients) if client_ids is None else np.asarray(client_ids, np.int64)
         users = np.split(partition.client_users, partition.client_ptr[1:-1])  # users of each client
         self.stacks: list[ClientStack] = []
@@ -324,6 +326,9 @@ class CIAAlgorithm(FederatedAlgorithm):
     """A `CIAState` as the round driver's federated algorithm: every client trains, then the
     round's aggregation (similarities, averaging, GF-CF filters) runs. Training draws are keyed
     by client id; the round's generator (`RoundPlan.rng`) draws the uploads' LDP noise."""
+
+    #: each client's kept upload is what it sent, its LDP noise in it (`fedrec.security.inference`)
+    keeps_noisy_uploads = True
 
     def __init__(self, state: CIAState, cfg: Any, seed: int) -> None:
         self.state, self.cfg, self.seed = state, cfg, seed
