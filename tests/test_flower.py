@@ -67,6 +67,8 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
     ("colr", {"clients_per_round": 0.5, "model": {"rank": 3}}),  # rows travel as r coordinates
+    # cluster tables and the users' vectors travel beside the global rows
+    ("perfedrec", {"clients_per_round": 0.5, "rounds": 3, "model": {"clusters": 3}}),
     ("metamf", {"clients_per_round": 0.5, "item_lr_scale": 3000.0,
                 "model": {"hidden": 16, "memory": 12}}),
     # a squared error on the ratings (no negatives)
@@ -369,6 +371,7 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     (RunConfig("fedncf"), True, "averages shared weights"),
     (RunConfig("ae"), False, "simulator only"),
     (RunConfig("fedca"), False, "its own mixture"),
+    (RunConfig("perfedrec"), True, "clusters the users"),
     (RunConfig("personalfr", protocol="ratio-rating", model={"clients": 1}), False, "Joint"),
     (RunConfig("personalfr", protocol="loo-sampled"), False, "cannot be evaluated"),
     (RunConfig("personalfr", protocol="ratio-rating"), True, "shared weights"),
@@ -449,8 +452,7 @@ def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
     off = {n: a for n, a in ALGORITHMS.items() if a.kind == "federated" and not a.flower}
     baselines = {n: a for n, a in off.items() if not getattr(a.options, "not_deployed", None)}
     assert baselines and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in baselines.values())
-    assert set(off) - set(baselines) == {"fedca", "fedca-avg", "fedca-ncf", "feddae", "fedvae", "perfedrec",
-                                         "fedpergnn"}
+    assert set(off) - set(baselines) == {"fedca", "fedca-avg", "fedca-ncf", "feddae", "fedvae", "fedpergnn"}
 
 
 def test_free_port_skips_ports_handed_out_or_taken(monkeypatch: pytest.MonkeyPatch) -> None:

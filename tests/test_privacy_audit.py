@@ -94,11 +94,12 @@ def test_audit_privacy_command(tmp_path):
 
     out = tmp_path / "a.json"
     res = CliRunner().invoke(app, ["audit-privacy", "fedmf", "-d", "synthetic:300x400", "--rounds", "2",
-                                   "--secagg", "5", "-o", str(out)])
+                                   "--secagg", "5", "--set", "dim=8", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "direction" in res.output and "random guess" in res.output and "aggregation of 5" in res.output
     blob = json.loads(out.read_text())
     assert len(blob["rounds"]) == 2 and 0.0 <= blob["summary"]["direction_auc"] <= 1.0
+    assert blob["config"]["model"]["dim"] == 8
 
 
 def test_secure_aggregation_never_leaves_a_client_alone():

@@ -9,7 +9,6 @@ Model options (``--set KEY=VALUE``): ``clusters`` (5, the official code's) and F
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import FamilyOptions, samples
@@ -22,10 +21,6 @@ class PerFedRecOptions(FamilyOptions):
 
     #: the clusters the server groups the users into (k-means over their vectors)
     clusters: int = 5
-    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
-    not_deployed: ClassVar[str] = (
-        "its server keeps a table a cluster and each node would need its clients' cluster tables and "
-        "the global one: not wired on Flower; it runs in the simulator (`fedrec run`)")
 
     def validate(self) -> None:
         super().validate()
@@ -38,6 +33,18 @@ class PerFedRecOptions(FamilyOptions):
 
         return PerFedRecState
 
+    def sides(self) -> tuple[type, type]:
+        """On Flower: the family's sides, with the clusters' rows and the users' vectors."""
+        from fedrec.federated.perfedrec import PerFedRecClient, PerFedRecServer
+
+        return PerFedRecClient, PerFedRecServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return ("its server clusters the users by the vectors they send and keeps a table a cluster; "
+                    "secure aggregation shows it only one sum")
+        return super().flower_refusal(secure)
+
 
 #: engine options its uploads do not carry: noise, pseudo rows and crafted uploads are not drawn
 #: for the user vector it sends, and the robust rules see no cluster
@@ -47,5 +54,5 @@ register(AlgorithmSpec(
     "perfedrec", "federated",
     "PerFedRec: FedMF whose server clusters the users by their vectors (a table a cluster); a client "
     "scores with the mean of the global, its cluster's and its own model (--set clusters=)",
-    None, PerFedRecOptions, samples(0.1), ignores=IGNORES,
+    None, PerFedRecOptions, samples(0.1), ignores=IGNORES, flower=True,
 ))

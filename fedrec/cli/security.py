@@ -30,11 +30,13 @@ def audit_privacy_command(
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Audit JSON (default runs/audit-ALGO-DATASET.json)."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
+    set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set neighbours=0."),
 ) -> None:
     """Train ALGORITHM for a few rounds and measure how well an honest-but-curious server infers
     each client's training items from its uploads (docs/security.md), beside the utility."""
     from fedrec import threads as torch_threads
     from fedrec.algorithms import get_algorithm
+    from fedrec.cli.experiments import parse_settings
     from fedrec.experiment import RunConfig, federated_config
     from fedrec.security.inference import INFERENCE_ATTACKS, audit_privacy
 
@@ -42,7 +44,7 @@ def audit_privacy_command(
     if get_algorithm(algorithm).kind != "federated":
         raise FedrecError(f"'{algorithm}' is centralised: there are no uploads to audit")
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
-                    federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
+                    model=parse_settings(set_options), federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                                ldp=ldp, dp_clip=dp_clip, dp_noise=dp_noise, encoding=encoding,
                                                pad_items=pad_items))
     with console.status(f"auditing {algorithm} on {dataset} for {rounds} rounds"):

@@ -26,6 +26,10 @@ What the official code (sichunluo/PerFedRec, read at 4d0c8f0) does, and what fed
   the first two. The official code does this at evaluation only, with fixed equal weights, and
   for the round's participants only (it keeps no client model between rounds).
 
+On Flower (`PerFedRecClient`, `PerFedRecServer`) a node is told its sampled clients' clusters
+and sent the rows they need of those clusters' tables beside the global rows; it replies with
+the family's sums, each cluster's sums and the user vectors its clients sent.
+
 Not kept: the official GNN (each client propagates its positives over *every* user's
 interactions in the global graph, which a client cannot see; its layers are not chained), its
 attribute branch (off in the code, its files absent), its single Adam step a round shared
@@ -36,8 +40,8 @@ negatives and reports each metric's best test round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,9 +49,11 @@ from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment
 
 from fedrec.federated.family.model import score
+from fedrec.federated.family.sides import FamilyClient, FamilyServer
 from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches
+from fedrec.rounds.sides import Payload, missing, wire_ids
 from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 
@@ -70,6 +76,8 @@ class PerFedRecState(FamilyState):
     _cluster_sum: torch.Tensor | None = None
     _cluster_count: torch.Tensor | None = None
     _round: int = 0
+    #: the clients whose vectors this round's uploads carried (a Flower node sends them on)
+    _sent: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def create(cls, spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
@@ -95,6 +103,7 @@ class PerFedRecState(FamilyState):
         like = {"dtype": self.items.dtype, "device": self.items.device}
         self._cluster_sum = torch.zeros((self.clusters * n_items, width), **like)
         self._cluster_count = torch.zeros(self.clusters * n_items, **like)
+        self._sent = []
         return super().begin_round(r)
 
     def _row_clusters(self, cohort: CohortBatches) -> torch.Tensor:
@@ -131,6 +140,7 @@ class PerFedRecState(FamilyState):
         device = self.server_users.device
         self.server_users[torch.as_tensor(sent, device=device)] = params["user"][torch.as_tensor(ok, device=device)].detach()
         self.heard[sent] = True
+        self._sent.append(sent)
         self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         self.trained[cohort.clients] = ok  # a rejected client's rows are not a model to score with
         up.bytes_up += len(cohort.clients) * self.spec.dim * FLOAT_BYTES
@@ -245,3 +255,110 @@ class PerFedRecState(FamilyState):
 def _array(x: Any) -> np.ndarray:
     """A saved array back as NumPy (a tensor on any device, from older files, or an array)."""
     return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+# -- on Flower ---------------------------------------------------------------------------------
+
+
+class PerFedRecClient(FamilyClient):
+    """A node of PerFedRec: the family's node, told each round which cluster its sampled clients
+    are in and sent their clusters' rows beside the global ones; it replies with the family's
+    sums, each cluster's sums of its clients' row changes, and the vectors its clients sent."""
+
+    def _train(self, msg: Payload, keep: list[Any] | None = None) -> Any:
+        st = self.state
+        assert st.labels is not None
+        st.labels[self.data.rows_of(np.asarray(msg["clients"]))] = np.asarray(msg["cluster_of"])
+        if "cluster_rows" in msg:
+            if st.cluster_items is None:
+                st.cluster_items = torch.zeros((st.clusters, *st.items.shape), dtype=st.items.dtype)
+            st.cluster_items[:, torch.as_tensor(msg["items"])] = torch.as_tensor(msg["cluster_rows"])
+        return super()._train(msg, keep)
+
+    def train(self, msg: Payload) -> Payload:
+        reply = super().train(msg)
+        st = self.state
+        assert st._cluster_sum is not None and st._cluster_count is not None and st.server_users is not None
+        keys = torch.nonzero(st._cluster_count > 0).flatten()
+        sent = np.concatenate([np.zeros(0, np.int64), *st._sent])
+        return {**reply, "cluster_keys": keys.cpu().numpy().astype(np.int64),
+                "cluster_sums": st._cluster_sum[keys].cpu().numpy(),
+                "cluster_senders": st._cluster_count[keys].cpu().numpy().astype(np.int32),
+                "user_ids": wire_ids(self.data.users[sent]),
+                "user_vectors": st.server_users[torch.as_tensor(sent)].cpu().numpy()}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        st = self.state
+        assert st.labels is not None
+        st.labels[:] = np.asarray(msg["labels"])[self.data.users]
+        if "cluster_table" in msg:
+            st.cluster_items = torch.as_tensor(msg["cluster_table"])
+        return super().evaluate(msg)
+
+
+class PerFedRecServer(FamilyServer):
+    """PerFedRec's server: the family's, with every user's cluster, the latest vector each
+    sent, the cluster tables, and the clustering (`PerFedRecState.aggregate`)."""
+
+    #: its clusters are not a robust rule's rows (``--defence`` is refused with PerFedRec)
+    takes_rule: ClassVar[bool] = False
+
+    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
+                 n_items: int, secure: bool) -> None:
+        super().__init__(spec, cfg, seed, hellos, n_clients, n_items, secure)
+        st = self.state
+        st.labels = np.full(n_clients, -1, np.int64)
+        st.server_users = torch.zeros((n_clients, spec.dim), dtype=st.items.dtype)
+        st.heard = np.zeros(n_clients, bool)
+
+    def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
+        msg = super().message(r, node, clients)
+        st = self.state
+        assert st.labels is not None
+        msg["cluster_of"] = st.labels[clients]
+        if st.cluster_items is not None:
+            msg["cluster_rows"] = st.cluster_items[:, torch.as_tensor(msg["items"])].cpu().numpy()
+        return msg
+
+    def fold(self, node: int, reply: Payload) -> None:
+        super().fold(node, reply)
+        st = self.state
+        assert st._cluster_sum is not None and st._cluster_count is not None
+        assert st.server_users is not None and st.heard is not None
+        keys = torch.as_tensor(np.asarray(reply["cluster_keys"], np.int64))
+        st._cluster_sum.index_add_(0, keys, torch.as_tensor(reply["cluster_sums"]))
+        st._cluster_count.index_add_(0, keys, torch.as_tensor(reply["cluster_senders"], dtype=st._cluster_count.dtype))
+        users = np.asarray(reply["user_ids"], np.int64)
+        st.server_users[torch.as_tensor(users)] = torch.as_tensor(reply["user_vectors"])
+        st.heard[users] = True
+
+    def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        problem = super().check(reply, clients) or missing(
+            reply, ["cluster_keys", "cluster_sums", "cluster_senders", "user_ids", "user_vectors"])
+        if problem:
+            return problem
+        st = self.state
+        keys, sums = np.asarray(reply["cluster_keys"]), np.asarray(reply["cluster_sums"])
+        senders = np.asarray(reply["cluster_senders"])
+        width = st.items.shape[1]
+        if keys.ndim != 1 or keys.dtype.kind not in "iu" or (
+                len(keys) and (keys.min() < 0 or keys.max() >= st.clusters * self.n_items
+                               or len(np.unique(keys)) != len(keys))):
+            return "cluster row keys out of range, repeated or not integers"
+        if sums.shape != (len(keys), width) or not np.isfinite(sums).all():
+            return f"cluster sums have shape {sums.shape} or non-finite values, expected ({len(keys)}, {width})"
+        if senders.shape != (len(keys),) or (len(senders) and (senders.min() < 1 or senders.max() > len(clients))):
+            return f"cluster senders must be one count in 1..{len(clients)} for each cluster row sent"
+        users, vectors = np.asarray(reply["user_ids"]), np.asarray(reply["user_vectors"])
+        if users.ndim != 1 or not np.isin(users, clients).all() or len(np.unique(users)) != len(users):
+            return "user vectors from clients that were not sent this round, or twice"
+        if vectors.shape != (len(users), st.spec.dim) or not np.isfinite(vectors).all():
+            return f"user vectors have shape {vectors.shape} or non-finite values"
+        return None
+
+    def evaluate_message(self) -> Payload:
+        st = self.state
+        msg = {**super().evaluate_message(), "labels": st.labels}
+        if st.cluster_items is not None:
+            msg["cluster_table"] = st.cluster_items.cpu().numpy()
+        return msg
