@@ -242,3 +242,22 @@ def test_the_privacy_audit_reads_its_uploads_and_pseudo_items_hide_its_rows() ->
                       federated=federated_config("fedpergnn", rounds=1, aggregation="clients", ldp=0.1))
     with pytest.raises(FedrecError, match="is not modelled"):
         audit_privacy(noisy)
+
+
+def test_attacks_and_defences_plug_into_its_item_rows() -> None:
+    """Its server averages item rows, so the security layer plugs in: FedRecAttack's crafted rows
+    (against a dot product on the global rows) expose the target, the per-row median stops them,
+    and UNION flags ClusterAttack's clients and nothing else. LDP, a defence or an attack switch
+    to the papers' item-row rule at its rates (`PAPERS_RULE`)."""
+    def run(**opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm="fedpergnn", dataset="synthetic:300x400", protocol="loo-sampled",
+                        federated=federated_config("fedpergnn", rounds=4, backoffs=0, **opts))
+        assert cfg.federated.aggregation == "clients" and cfg.federated.lr_item == 3000.0
+        return train(cfg).result.history[-1].extra
+
+    clean = run(targets=1, aggregation="clients")
+    attacked = run(attack="fedrecattack", boost=10.0)
+    defended = run(attack="fedrecattack", boost=10.0, defence="median")
+    assert attacked["er@10"] > clean["er@10"] + 0.5 and defended["er@10"] < 0.1
+    union = run(attack="clusterattack", boost=10.0, defence="union")
+    assert union["flagged"] == union["malicious_clients"] and union["flag_precision"] == 1.0

@@ -64,6 +64,7 @@ from fedrec.core.device import here
 from fedrec.errors import FedrecError
 from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.options import check
 from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds import draws
@@ -177,6 +178,9 @@ def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history
 class GNNState:
     """The server's item table and graph layer, the clients' user vectors, the third party's
     published vectors and each client's last received neighbours."""
+
+    #: its server plainly averages item rows (the security layer's attacks and rules apply)
+    plain_average = True
 
     def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int) -> None:
         self.spec, self.split, self.seed = spec, split, seed
@@ -294,10 +298,21 @@ class GNNState:
 
 
 class GNNAlgorithm(FederatedAlgorithm):
-    """A `GNNState` as the round driver's federated algorithm (module docstring)."""
+    """A `GNNState` as the round driver's federated algorithm (module docstring).
+
+    **Attacks and defences** (`fedrec.security.adversary`): its server averages item rows, so
+    the security layer plugs in as for the item family. Malicious clients craft item-row steps
+    against matrix factorisation's dot product on the global rows (FedRecAttack's own model; the
+    attacker does not run the graph layer) and send no layer step; a defence's robust rule
+    aggregates the item rows client by client, while the graph layer (its gradient is summed
+    over a chunk's clients, not kept per client) is averaged plainly, as FedNCF's shared weights
+    under ``norm-bound``."""
 
     #: its clients draw their own pseudo items (``--pad-items``, `_sent_rows`)
     pads_uploads = True
+    #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
+    security: Any = None
+    takes_security = True
 
     def __init__(self, state: GNNState, cfg: Any) -> None:
         self.state, self.cfg = state, cfg
@@ -322,7 +337,8 @@ class GNNAlgorithm(FederatedAlgorithm):
         item_count = torch.zeros(m, dtype=st.items.dtype, device=st.items.device)
         layer_sum = {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)}
         loss_sum, up, down = 0.0, 0, 0
-        kept: list[ClientUpload] | None = [] if self.keep_uploads else None
+        sec = self.security
+        kept: list[ClientUpload] | None = [] if self.keep_uploads or (sec is not None and sec.keeps_uploads) else None
         sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
         for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
             negs = client_negatives(cfg.negatives, train, st.split.sampler, part, part, self.seed, plan.round)
@@ -346,7 +362,19 @@ class GNNAlgorithm(FederatedAlgorithm):
                      + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
         st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
         st.has_published[clients] = True
-        payload = (len(clients), item_sum, item_count, layer_sum)
+        n = len(clients)
+        if sec is not None and sec.attack is not None:
+            attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=width)
+            bad, n_bytes = sec.malicious_uploads(attacker_model, st.items, {}, plan.round)
+            if kept is not None:
+                kept.extend(bad)
+            up, down, n = up + n_bytes, down + n_bytes, n + len(bad)
+            if sec.rule is None:  # the plain average: the crafted rows join the sums
+                for u in bad:
+                    at = torch.as_tensor(u.items, device=item_sum.device)
+                    item_sum.index_add_(0, at, u.tensors[ITEMS].to(item_sum))
+                    item_count.index_add_(0, at, torch.ones(len(at), dtype=item_count.dtype, device=item_count.device))
+        payload = (n, item_sum, item_count, layer_sum)
         return Uploads(payload=payload, per_client=kept, loss_sum=loss_sum, client_batches=len(clients),
                        bytes_up=up, bytes_down=down)
 
@@ -386,6 +414,11 @@ class GNNAlgorithm(FederatedAlgorithm):
         if not n:
             return
         st = self.state
+        sec = self.security
+        if sec is not None and sec.rule is not None and uploads.per_client is not None:
+            # the rule's row sums; each row still divided by its benign senders, as the family's
+            item_sum, _, _ = sec.sums(uploads.per_client, *st.items.shape, {}, st.items, plan.round)
+            item_sum = item_sum.to(st.items)
         divisor = item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else n
         st.items = st.items + item_sum / divisor
         st.w = st.w + layer_sum["w"] / n
@@ -396,6 +429,9 @@ class GNNAlgorithm(FederatedAlgorithm):
 
     def run_extra(self) -> dict[str, Any]:
         return {"neighbours": self.state.spec.neighbours}
+
+    def round_extra(self) -> dict[str, float]:
+        return self.security.figures(self.scores) if self.security is not None else {}
 
     def server_state_dict(self) -> dict[str, Any]:
         """The item table, the graph layer, and the third party's published vectors."""

@@ -74,7 +74,7 @@ class Security:
         sec = Security(split.n_users, n_mal, targets, known_interactions(split), cfg.clients_per_round, seed)
         if cfg.attack is not None:
             know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
-                             cfg.lr)
+                             cfg.lr, row_clip=cfg.clip)
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:
@@ -149,7 +149,7 @@ class Security:
 
 #: the methods whose server averages item rows, where the security layer plugs in
 PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
-                 "FedRAP and their variants)")
+                 "FedRAP, FedPerGNN and their variants)")
 
 
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
@@ -172,7 +172,7 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
         return
     if not slot:
         raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
-                          f"FedRAP, GPFedRec and GFed-PP, not on {name} yet")
+                          f"FedRAP, FedPerGNN, GPFedRec and GFed-PP, not on {name} yet")
     sec = Security.build(cfg, split, algorithm.lr_item, seed)
     if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not plain:
         raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")

@@ -101,6 +101,9 @@ class Knowledge:
     public: sp.csr_matrix
     lr_item: float
     lr: float = 0.0  # the rate of the shared weights (FedNCF's MLP), for attacks that poison them
+    #: the protocol's bound on an uploaded row step (``--clip``; None: none): no honest row is
+    #: longer, so the attacker's honest-norm budget is held to it too (`Attack.budget`)
+    row_clip: float | None = None
 
     @property
     def popularity(self) -> np.ndarray:
@@ -249,7 +252,8 @@ class Attack:
     def _honest_norms(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
         """The row norms of the honest step of the attacker's *cover* client (a profile of κ/2
         random items as positives and as many random negatives, a user drawn as the run draws
-        one, one batch-mean BCE step at the run's item rate). Everything it needs is what any
+        one, one batch-mean BCE step at the run's item rate, each row held to the protocol's
+        ``--clip`` as an honest client's is). Everything it needs is what any
         client holds, so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
         pos = self.rng(11).choice(n, min(max(1, self.attack_items // 2), n), replace=False)
@@ -262,7 +266,8 @@ class Attack:
         with torch.enable_grad():
             loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
             (g,) = torch.autograd.grad(loss, [v])
-        return (self.know.lr_item * g).norm(dim=1)
+        norms = (self.know.lr_item * g).norm(dim=1)
+        return norms if self.know.row_clip is None else norms.clamp(max=self.know.row_clip)
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient
