@@ -415,11 +415,15 @@ class GNNAlgorithm(FederatedAlgorithm):
             return
         st = self.state
         sec = self.security
+        rows_n = n
         if sec is not None and sec.rule is not None and uploads.per_client is not None:
-            # the rule's row sums; each row still divided by its benign senders, as the family's
-            item_sum, _, _ = sec.sums(uploads.per_client, *st.items.shape, {}, st.items, plan.round)
+            # the rule's row sums over the uploads it kept (UNION's dropped ones do not count);
+            # the engine runs a rule under the papers' item-row rule only (the round's clients)
+            item_sum, _, rows_n = sec.sums(uploads.per_client, *st.items.shape, {}, st.items, plan.round)
             item_sum = item_sum.to(st.items)
-        divisor = item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else n
+            if not rows_n:
+                return
+        divisor = item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else rows_n
         st.items = st.items + item_sum / divisor
         st.w = st.w + layer_sum["w"] / n
         st.a = st.a + layer_sum["a"] / n
