@@ -133,7 +133,7 @@ class Layout:
         """The layout of ``clients``' samples: their positives labelled 1 and ``negatives``
         labelled 0, or with ``ratings`` their observed ratings as labels (no negatives)."""
         n_items = train.shape[1]
-        pos_client, pos_items, at = positives(train, clients, with_positions=True)
+        pos_client, pos_items, at = positives(train, clients)
         k = 0 if negatives is None else negatives.shape[1]
         client = np.concatenate([pos_client, np.repeat(pos_client, k)])
         items = np.concatenate([pos_items, negatives.reshape(-1) if k else np.zeros(0, np.int64)]).astype(np.int64)
@@ -145,15 +145,14 @@ class Layout:
                       sample_row.reshape(-1)[: len(pos_items)], pos_client)
 
 
-def positives(train: sp.csr_matrix, clients: np.ndarray, with_positions: bool = False) -> Any:
-    """Each training item of ``clients`` in CSR order, and its client (0..C-1): one gather, no
-    loop over clients; ``with_positions`` adds each one's index into ``train.data``."""
+def positives(train: sp.csr_matrix, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each training item of ``clients`` in CSR order: its client (0..C-1), the item, and its
+    index into ``train.data`` (its rating); one gather, no loop over clients."""
     counts = np.diff(train.indptr)[clients].astype(np.int64)
     owner = np.repeat(np.arange(len(clients)), counts)
     offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
     at = np.repeat(train.indptr[clients].astype(np.int64), counts) + offset
-    items = train.indices[at].astype(np.int64)
-    return (owner, items, at) if with_positions else (owner, items)
+    return owner, train.indices[at].astype(np.int64), at
 
 
 def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history_owner: torch.Tensor,
@@ -286,7 +285,7 @@ class GNNState:
         step = max(1, SCORE_CELLS // max(m * d, 1))
         for s0 in range(0, len(users), step):
             block = users[s0 : s0 + step]
-            owner, hist = positives(train, block)
+            owner, hist, _ = positives(train, block)
             nb, nb_owner = self._neighbours(block)
             dev = self.items.device
             h = user_representation(self.users[torch.as_tensor(block, device=dev)],
