@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
 from fedrec.options import check
@@ -37,11 +37,6 @@ class DAESpec:
     #: L2 weight decay of the clients' and the server's Adam steps
     weight_decay: float = 1e-5
 
-    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
-    not_deployed: ClassVar[str] = (
-        "its clients send accumulated gradients of a variational autoencoder to a server "
-        "optimiser, which the Flower app's generic server does not run yet")
-
     def __post_init__(self) -> None:
         check(
             (self.encoders not in ENCODERS, f"encoders must be one of {', '.join(ENCODERS)}"),
@@ -50,6 +45,18 @@ class DAESpec:
             (not 0 <= self.dropout < 1, f"dropout must be in [0, 1) (got {self.dropout})"),
             (self.beta < 0 or self.weight_decay < 0, "beta and weight_decay must be >= 0"),
         )
+
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of its round in a deployment (`fedrec.federated.dae.sides`)."""
+        from fedrec.federated.dae.sides import DAEClient, DAEServer
+
+        return DAEClient, DAEServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return ("secure aggregation sums item tables only; FedDAE's clients send gradients of "
+                    "every layer of its encoder and decoder")
+        return None
 
     def algorithm(self, split: Split, cfg: Any, seed: int) -> DAEAlgorithm:
         """The federated algorithm the round driver trains."""

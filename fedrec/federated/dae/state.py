@@ -107,23 +107,15 @@ class DAEState:
     """The global encoder and decoder (``glob``), the server's Adam state, and every client's
     local encoder and gate (``priv``: first layers as rows of the users' training items)."""
 
-    def __init__(self, spec: Any, split: Split, seed: int) -> None:
+    def __init__(self, spec: Any, split: Split, seed: int, client_ids: np.ndarray | None = None) -> None:
+        """``client_ids``: the run's id of each row of ``split.train`` (a deployment's node holds
+        some of the users; the draws are keyed by these ids), by default the rows' own numbers."""
         self.spec, self.split, self.seed = spec, split, seed
         train = split.train.tocsr()
         self.matrix = train  # the users' bags
         n_users, m = train.shape
-        gen = torch.Generator().manual_seed(seed)
-        enc = [m, *spec.hidden, 2 * spec.latent]
-        dec = [spec.latent, *reversed(spec.hidden), m]
-        self.glob: dict[str, torch.Tensor] = {}
-        if spec.encoders != "local":
-            self.glob.update(_mlp("g", enc, gen))
-        self.glob.update(_mlp("d", dec, gen))
-        start: dict[str, torch.Tensor] = {}  # one start for every client's own parts (as the official clients)
-        if spec.encoders != "global":
-            start.update(_mlp("l", enc, gen))
-        if spec.encoders == "dual":
-            start.update(_mlp("a", [m, spec.gate_hidden, 2], gen))
+        self.ids = np.arange(n_users) if client_ids is None else np.asarray(client_ids, np.int64)
+        self.glob, start = initial_parts(spec, m, seed)
         indices = torch.as_tensor(train.indices.astype(np.int64))
         self.priv = {k: v[indices].clone() if k.endswith(".W0") else v.expand(n_users, *v.shape).clone()
                      for k, v in start.items()}
@@ -198,7 +190,7 @@ class DAEState:
 
     def _noise(self, bags: _Bags, r: int, e: int) -> dict[int, torch.Tensor]:
         """A local step's draws, keyed by (seed, round, epoch, client id)."""
-        spec, ids = self.spec, bags.users
+        spec, ids = self.spec, self.ids[bags.users]
         keep = 1.0 - spec.dropout
 
         def mask(kind: int, counts: np.ndarray | int) -> torch.Tensor:
@@ -259,7 +251,7 @@ class DAEState:
             v[bags.pos if k.endswith(".W0") else users] = leaves[k]
         if keep is not None:  # each client's accumulated gradients: its first-layer rows, the rest whole
             ptr = np.r_[0, np.cumsum(bags.counts)]
-            for c, user in enumerate(bags.users.tolist()):
+            for c, user in enumerate(self.ids[bags.users].tolist()):
                 rows = slice(int(ptr[c]), int(ptr[c + 1]))
                 # the first layer's rows travel as the upload's item rows (`ITEMS`): they are
                 # exactly the rows of the client's items, which a privacy audit reads
@@ -275,12 +267,8 @@ class DAEState:
 
     def server_step(self, sums: dict[str, torch.Tensor], n: int, lr: float) -> None:
         """The server's Adam step on the round's mean accumulated gradient."""
-        if not n:
-            return
-        self.server_steps += 1
-        for k, v in self.glob.items():
-            m, s = self.moments[k]
-            adam_(v, sums[k] / n, m, s, self.server_steps, lr, self.spec.weight_decay)
+        self.server_steps = server_step(self.glob, self.moments, self.server_steps, sums, n, lr,
+                                        self.spec.weight_decay)
 
     @torch.no_grad()
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
@@ -305,6 +293,38 @@ class DAEState:
         dense = sum(v.numel() for k, v in self.glob.items() if k != "g.W0")
         rows = int(counts.sum()) * (self.glob["g.W0"].shape[1] if "g.W0" in self.glob else 0)
         return len(clients) * dense + rows
+
+
+def initial_parts(spec: Any, n_items: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The global encoder and decoder, and the one start every client's own parts (local
+    encoder, gate) take, as the official clients do: drawn from ``seed`` alone, so a server
+    and each node of a deployment draw the same."""
+    gen = torch.Generator().manual_seed(seed)
+    enc = [n_items, *spec.hidden, 2 * spec.latent]
+    dec = [spec.latent, *reversed(spec.hidden), n_items]
+    glob: dict[str, torch.Tensor] = {}
+    if spec.encoders != "local":
+        glob.update(_mlp("g", enc, gen))
+    glob.update(_mlp("d", dec, gen))
+    start: dict[str, torch.Tensor] = {}
+    if spec.encoders != "global":
+        start.update(_mlp("l", enc, gen))
+    if spec.encoders == "dual":
+        start.update(_mlp("a", [n_items, spec.gate_hidden, 2], gen))
+    return glob, start
+
+
+def server_step(glob: dict[str, torch.Tensor], moments: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                steps: int, sums: dict[str, torch.Tensor], n: int, lr: float, weight_decay: float) -> int:
+    """The server's Adam step on the mean of ``n`` clients' accumulated gradients (``sums``);
+    the server's step count after it (unchanged when no client trained)."""
+    if not n:
+        return steps
+    steps += 1
+    for k, v in glob.items():
+        m, s = moments[k]
+        adam_(v, sums[k] / n, m, s, steps, lr, weight_decay)
+    return steps
 
 
 def _layer(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
