@@ -216,8 +216,8 @@ class Server:
                            bytes_up=int(totals.bytes_up), bytes_down=int(totals.bytes_down),
                            rejected_uploads=int(totals.rejected), extra=extra)
 
-    def evaluate_message(self) -> Payload:
-        return self.side.evaluate_message()
+    def evaluate_messages(self, nodes: list[int]) -> dict[int, Payload]:
+        return self.side.evaluate_messages(nodes)
 
     def model_state(self) -> dict[str, Any]:
         """What the server holds (its checkpointed state)."""

@@ -100,11 +100,10 @@ class FlowerServer(Trainable):
         if users is not None:
             raise FedrecError("a Flower server reports no groups of users apart")
         if stage == "valid":
-            message = self.role.evaluate_message()
-            ask = {n: message for n in self.role.node_ids if n not in self._silent}
+            ask = self.role.evaluate_messages([n for n in self.role.node_ids if n not in self._silent])
             self._evaluated = self.transport.exchange("evaluate", ask, self._round)
             if self._record is not None:
-                self._record.extra["evaluate_bytes_down"] = float(len(ask) * array_bytes(message))
+                self._record.extra["evaluate_bytes_down"] = float(sum(map(array_bytes, ask.values())))
         return combine_metrics([stage_of(p, stage) for p in self._evaluated.values()], self.protocol)
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:

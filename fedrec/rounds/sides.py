@@ -127,6 +127,12 @@ class ServerSide(ABC):
     def evaluate_message(self) -> Payload:
         """The model every node scores its clients with."""
 
+    def evaluate_messages(self, nodes: list[int]) -> dict[int, Payload]:
+        """The evaluation message to each of ``nodes``: `evaluate_message` to every one, unless
+        a method's nodes each need their own (FedCA's clients' new models)."""
+        message = self.evaluate_message()
+        return dict.fromkeys(nodes, message)
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """What the server holds (its checkpointed state)."""

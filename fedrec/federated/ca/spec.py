@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
 from fedrec.federated.family.spec import FamilySpec
@@ -49,11 +49,6 @@ class CASpec:
     #: L2 weight decay of the ncf tower's Adam steps (the official code's 1e-3)
     weight_decay: float = 1e-3
 
-    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
-    not_deployed: ClassVar[str] = (
-        "its server sends each aggregated client its own mixture of the others' whole models, "
-        "where the Flower app's server sends every node one global model")
-
     def __post_init__(self) -> None:
         check(
             (self.backbone not in BACKBONES, f"backbone must be one of {', '.join(BACKBONES)}"),
@@ -72,6 +67,17 @@ class CASpec:
         and draws, its score and loss); every parameter of it is the client's own."""
         return FamilySpec(score="dot" if self.backbone == "fcf" else "mlp", private_score=True,
                           dim=self.dim, layers=self.layers)
+
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of its round in a deployment (`fedrec.federated.ca.sides`)."""
+        from fedrec.federated.ca.sides import CAClient, CAServer
+
+        return CAClient, CAServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "its server weighs each aggregated client's own model, not a secure sum"
+        return None
 
     def algorithm(self, split: Split, cfg: Any, seed: int) -> CAAlgorithm:
         """The federated algorithm the round driver trains."""

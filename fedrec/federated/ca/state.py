@@ -71,18 +71,19 @@ class CAState:
     """Every client's model (item tables ``(n_users, n_items, dim)``, user vectors, towers)
     and the common start of the item table (which the similarity is measured from)."""
 
-    def __init__(self, spec: Any, split: Split, cfg: Any, seed: int) -> None:
+    def __init__(self, spec: Any, split: Split, cfg: Any, seed: int, client_ids: np.ndarray | None = None) -> None:
+        """``client_ids``: the run's id of each row of ``split.train`` (a deployment's node
+        holds some of the users; draws are keyed by these ids), by default the rows' numbers."""
         self.spec, self.split, self.seed = spec, split, seed
         self.model = spec.model
         n, m, d = split.n_users, split.n_items, spec.dim
-        gen = torch.Generator().manual_seed(seed)
-        # one start for every client's item table and tower (the official code's shared init)
-        self.start = here(torch.randn((m, d), generator=gen, device="cpu")) * cfg.item_std
+        self.ids = np.arange(n) if client_ids is None else np.asarray(client_ids, np.int64)
+        self.start, gen = common_start(m, d, cfg.item_std, seed)
         self.tables = self.start.expand(n, m, d).clone()
         score = list(self.model.score_shapes())
         self.params = {k: v.expand(n, *v.shape[1:]).clone()
                        for k, v in init_params(self.model, score, 1, gen).items()}
-        self.params.update(client_params(self.model, ["user"], np.arange(n), (seed, draws.INIT)))
+        self.params.update(client_params(self.model, ["user"], self.ids, (seed, draws.INIT)))
         self.received = np.zeros(n, bool)  # has downloaded the start
 
     @property
@@ -94,8 +95,8 @@ class CAState:
     # ---- local training ------------------------------------------------------------------
 
     def train(self, clients: np.ndarray, cfg: Any, r: int) -> tuple[float, int, dict[int, np.ndarray]]:
-        """Round ``r``'s local training of ``clients``; (loss sum, client batches, each
-        client's trained rows of this round by client id)."""
+        """Round ``r``'s local training of ``clients`` (rows of the training matrix); (loss
+        sum, client batches, each client's trained rows of this round by row)."""
         train, sampler = self.split.train, self.split.sampler
         cohort = order_by_activity(train, np.asarray(clients, np.int64))
         cohort = cohort[np.diff(train.indptr)[cohort] > 0]
@@ -104,9 +105,9 @@ class CAState:
         # chunks of whole clients: a client's draws are keyed by its id, so a chunk trains it as
         # the whole cohort would
         for part in chunk_clients(cohort, rows, CHUNK_ROWS):
-            negs = client_negatives(cfg.negatives, train, sampler, part, part, self.seed, r)
+            negs = client_negatives(cfg.negatives, train, sampler, part, self.ids[part], self.seed, r)
             counts = np.diff(train.indptr)[part] * (1 + cfg.negatives)
-            keys = np.stack([draws.uniforms((self.seed, draws.SHUFFLE, r, e), part, counts)
+            keys = np.stack([draws.uniforms((self.seed, draws.SHUFFLE, r, e), self.ids[part], counts)
                              for e in range(cfg.local_epochs)])
             layout = build_cohort(train, part, negs, cfg.batch_size, keys)
             s, n = self._train_chunk(layout, cfg.lr)
@@ -167,27 +168,14 @@ class CAState:
 
     def weights(self, up: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each aggregated client's weights over the aggregated clients (rows sum to 1)."""
-        spec = self.spec
-        n = len(up["samples"])
-        if spec.aggregation == "fedavg":
-            return composite_weights(up["samples"], torch.zeros(n, n, dtype=torch.float64),
-                                     torch.zeros(n, n, dtype=torch.float64), 0.0, 0.0)
-        s = similarity(up["tables"], self.start).double()
-        c = complementarity(up["bases"]).double()
-        return composite_weights(up["samples"], c, s, spec.complementarity, spec.similarity)
+        return mix_weights(self.spec, up, self.start)
 
     def apply(self, members: np.ndarray, up: dict[str, torch.Tensor], w: torch.Tensor) -> None:
-        """Each aggregated client keeps ``interpolation`` of its model and takes the rest from
-        its weighted mixture of the aggregated clients' models."""
-        keep = self.spec.interpolation
+        """Each aggregated client takes its new model (`mixtures`)."""
         idx = torch.as_tensor(members)
-        # the projection onto the simplex leaves few weights a row (about 60 of 1,600 clients on
-        # Lastfm-2K), so the mixtures are a sparse product: a tenth of the dense one's work there
-        wf = w.to(self.tables.dtype).to_sparse()
-        for k, own in [("tables", up["tables"]), *((k, up[f"score.{k}"]) for k in self.model.score_shapes())]:
-            theirs = torch.sparse.mm(wf, own.reshape(len(own), -1)).reshape(own.shape)
-            target = self.tables if k == "tables" else self.params[k]
-            target[idx] = theirs.mul_(1 - keep).add_(own, alpha=keep)
+        for k, v in mixtures(self.spec, up, w).items():
+            target = self.tables if k == "tables" else self.params[k.removeprefix("score.")]
+            target[idx] = v
 
     # ---- scores ------------------------------------------------------------------------------
 
@@ -203,6 +191,42 @@ class CAState:
             p = {k: t[u] for k, t in self.params.items()}
             out[a : a + step] = self.model.scorer.logits(self.model, p, v).cpu().numpy()
         return out
+
+
+def common_start(n_items: int, dim: int, item_std: float, seed: int) -> tuple[torch.Tensor, torch.Generator]:
+    """The start every client's item table takes (the official code's shared init), and the
+    generator the towers' start is drawn from next: from ``seed`` alone, so a deployment's
+    server and nodes draw the same."""
+    gen = torch.Generator().manual_seed(seed)
+    return here(torch.randn((n_items, dim), generator=gen, device="cpu")) * item_std, gen
+
+
+def mix_weights(spec: Any, up: dict[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
+    """Each aggregated client's weights over the aggregated clients (rows sum to 1), from
+    their uploads (`CAState.uploads`) and the common start."""
+    n = len(up["samples"])
+    if spec.aggregation == "fedavg":
+        return composite_weights(up["samples"], torch.zeros(n, n, dtype=torch.float64),
+                                 torch.zeros(n, n, dtype=torch.float64), 0.0, 0.0)
+    s = similarity(up["tables"], start).double()
+    c = complementarity(up["bases"]).double()
+    return composite_weights(up["samples"], c, s, spec.complementarity, spec.similarity)
+
+
+def mixtures(spec: Any, up: dict[str, torch.Tensor], w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each aggregated client's new table and tower (keys ``tables``, ``score.*``): it keeps
+    ``interpolation`` of its own and takes the rest from its weighted mixture of the
+    aggregated clients' models."""
+    keep = spec.interpolation
+    # the projection onto the simplex leaves few weights a row (about 60 of 1,600 clients on
+    # Lastfm-2K), so the mixtures are a sparse product: a tenth of the dense one's work there
+    wf = w.to(up["tables"].dtype).to_sparse()
+    out = {}
+    for k in ["tables", *(f"score.{k}" for k in spec.model.score_shapes())]:
+        own = up[k]
+        theirs = torch.sparse.mm(wf, own.reshape(len(own), -1)).reshape(own.shape)
+        out[k] = theirs.mul_(1 - keep).add_(own, alpha=keep)
+    return out
 
 
 class CAAlgorithm(FederatedAlgorithm):

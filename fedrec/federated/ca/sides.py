@@ -1,0 +1,225 @@
+"""FedCA's round by side (see `fedrec.rounds.sides`).
+
+A client is one user with a whole model of its own; node i holds the i-th block of users and
+builds a `CAState` for them alone (``client_ids=``: negatives, shuffles and user vectors are
+drawn by user id, so it trains them as the simulator does). Its first answer names the
+clients without a training item (they never train, so they are never aggregated).
+
+The server chooses a round's aggregated clients before it sends anything: the simulator's draw
+from the round's fresh generator over the sampled clients that train. A train message tells a
+node which of its sampled clients are aggregated; the node trains its sampled clients and
+replies with the aggregated ones' uploads (table, tower, principal basis, training size). The
+server weighs them (`fedrec.federated.ca.state.mix_weights`) and computes each one's new model
+(`mixtures`). Those wait on the server until the node's next message (a train message, or the
+evaluation's, which is therefore one per node): the node applies them before anything else, so
+each client's model is the simulator's whenever it trains or is scored.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrec.errors import FedrecError
+from fedrec.federated.ca.state import CAState, common_start, mix_weights, mixtures
+from fedrec.protocols.protocol import Split
+from fedrec.rounds.sides import (
+    COUNTS,
+    ClientSide,
+    NodeData,
+    Payload,
+    RoundTotals,
+    ServerSide,
+    local_rows,
+    missing,
+    node_users,
+    stage_metrics,
+    wire_ids,
+)
+
+#: the arrays of an aggregated client's upload besides its tower
+UPLOAD = ("tables", "bases", "samples")
+
+
+class CAClient(ClientSide):
+    """A node holding a block of FedCA's clients (one user each)."""
+
+    def __init__(self, spec: Any, cfg: Any, seed: int, split: Split, partition: int, partitions: int) -> None:
+        self.spec, self.cfg = spec, cfg
+        self.n_clients = split.n_users
+        self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
+        view = SimpleNamespace(train=self.data.train, sampler=self.data.sampler, n_users=len(self.data.users),
+                               n_items=split.n_items, protocol=split.protocol)
+        self.state = CAState(spec, view, cfg, seed, client_ids=self.data.users)  # type: ignore[arg-type]
+        self.received = np.zeros(len(self.data.users), bool)  # has downloaded the start
+
+    def private_state(self) -> dict[str, Any]:
+        st = self.state
+        return {"tables": st.tables, "params": st.params, "received": torch.as_tensor(self.received)}
+
+    def load_private_state(self, blob: dict[str, Any]) -> None:
+        self.state.tables, self.state.params = blob["tables"], blob["params"]
+        self.received = np.asarray(blob["received"], bool)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        idle = self.data.users[np.diff(self.data.train.indptr) == 0]
+        return {"clients": self.data.users, "n_clients": self.n_clients, "n_items": self.data.n_items,
+                "idle": wire_ids(idle)}
+
+    def _take_mixtures(self, msg: Payload) -> None:
+        """Write the new models the server computed for this node's aggregated clients."""
+        if "mixed.clients" not in msg:
+            return
+        rows = torch.as_tensor(local_rows(self.data.users, np.asarray(msg["mixed.clients"], np.int64)))
+        st = self.state
+        st.tables[rows] = torch.as_tensor(msg["mixed.tables"])
+        for k in st.model.score_shapes():
+            st.params[k][rows] = torch.as_tensor(msg[f"mixed.score.{k}"])
+
+    def train(self, msg: Payload) -> Payload:
+        """Train the sampled clients; reply with the aggregated ones' uploads."""
+        st = self.state
+        self._take_mixtures(msg)
+        rows = local_rows(self.data.users, np.asarray(msg["clients"], np.int64))
+        loss, batches, trained = st.train(rows, self.cfg, int(msg["round"]))
+        cohort = np.array(sorted(trained), np.int64)
+        members = local_rows(self.data.users, np.asarray(msg["members"], np.int64))
+        if not np.isin(members, cohort).all():
+            raise FedrecError("the server asked a node to aggregate a client that did not train")
+        new = cohort[~self.received[cohort]]
+        self.received[new] = True
+        per = st.floats_per_model
+        reply: Payload = {"members": wire_ids(self.data.users[members]), "n": len(cohort), "loss_sum": loss,
+                          "client_batches": batches,
+                          "bytes_up": len(members) * (per + self.spec.principal * self.spec.dim) * 4,
+                          "bytes_down": len(new) * per * 4}  # the members' downloads: the server's count
+        up = st.uploads(members, trained) if len(members) else None
+        for k in (*UPLOAD, *(f"score.{k}" for k in st.model.score_shapes())):
+            if up is not None:
+                reply[k] = up[k].cpu().numpy()
+            else:
+                reply[k] = self._empty(k)
+        reply["samples"] = np.asarray(reply["samples"], np.int64)
+        return reply
+
+    def _empty(self, key: str) -> np.ndarray:
+        shapes = expected_shapes(self.spec, self.data.n_items)
+        return np.zeros((0, *shapes[key]), np.float32)
+
+    def evaluate(self, msg: Payload) -> Payload:
+        self._take_mixtures(msg)
+        return stage_metrics(self.state.scores, self.data.valid, self.data.test, self.data.protocol)
+
+
+def expected_shapes(spec: Any, n_items: int) -> dict[str, tuple[int, ...]]:
+    """The shape of one aggregated client's upload arrays, by key."""
+    return {"tables": (n_items, spec.dim), "bases": (spec.principal, spec.dim), "samples": (),
+            **{f"score.{k}": tuple(v) for k, v in spec.model.score_shapes().items()}}
+
+
+class CAServer(ServerSide):
+    """FedCA's server: the common start, the round's aggregated clients, and the new models
+    waiting for their nodes."""
+
+    def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
+                 n_items: int, secure: bool) -> None:
+        self.spec, self.cfg, self.seed, self.n_clients, self.n_items = spec, cfg, seed, n_clients, n_items
+        self.start, _ = common_start(n_items, spec.dim, cfg.item_std, seed)
+        self.shapes = expected_shapes(spec, n_items)
+        self.idle = np.zeros(n_clients, bool)
+        self.held = {node: np.asarray(h["clients"], np.int64) for node, h in hellos.items()}
+        for h in hellos.values():
+            self.idle[np.asarray(h["idle"], np.int64)] = True
+        self.per = n_items * spec.dim + sum(math.prod(s) for s in spec.model.score_shapes().values())
+        self.pending: dict[int, dict[str, torch.Tensor]] = {}  # client -> its new model, not yet sent
+
+    def begin(self, r: int) -> None:
+        from fedrec.core.plan import round_plan
+
+        sampled, _ = round_plan(self.n_clients, self.cfg.clients_per_round, self.seed, r)
+        cohort = sampled[~self.idle[sampled]]
+        n_agg = int(len(cohort) * self.spec.aggregated)
+        rng = np.random.default_rng([self.seed, r])  # the simulator's `RoundPlan.rng`
+        self.members = np.sort(rng.choice(cohort, n_agg, replace=False)) if n_agg else cohort[:0]
+        self.totals = RoundTotals()
+        self.ups: list[Payload] = []
+        self.n = 0
+
+    def _deliver(self, node: int) -> Payload:
+        """The new models waiting for ``node``'s clients (then no longer waiting)."""
+        waiting = np.fromiter(self.pending, np.int64, len(self.pending))
+        mine = np.sort(waiting[np.isin(waiting, self.held[node])]).tolist()
+        if not mine:
+            return {}
+        models = [self.pending.pop(c) for c in mine]
+        return {"mixed.clients": wire_ids(np.asarray(mine)),
+                **{f"mixed.{k}": torch.stack([m[k] for m in models]).cpu().numpy() for k in models[0]}}
+
+    def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
+        return {"round": r, "clients": wire_ids(clients),
+                "members": wire_ids(self.members[np.isin(self.members, clients)]), **self._deliver(node)}
+
+    def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        keys = (*UPLOAD, *(k for k in self.shapes if k.startswith("score.")))
+        problem = missing(reply, ["members", *COUNTS, *keys])
+        if problem:
+            return problem
+        members = np.asarray(reply["members"])
+        if members.dtype.kind not in "iu" or not np.array_equal(members, self.members[np.isin(self.members, clients)]):
+            return "the aggregated clients are not those the server chose"
+        for k in keys:
+            got = np.asarray(reply[k])
+            want = (len(members), *self.shapes[k])
+            kind = "iu" if k == "samples" else "f"
+            if got.shape != want or got.dtype.kind not in kind or not np.isfinite(got).all():
+                return f"{k} has shape {got.shape} {got.dtype} or non-finite values, expected {want}"
+        if (np.asarray(reply["samples"]) < 1).any():
+            return "an aggregated client with no training sample"
+        if not 0 <= int(reply["n"]) <= len(clients) or not math.isfinite(float(reply["loss_sum"])):
+            return f"{reply['n']} clients trained of the {len(clients)} sent, or a non-finite loss"
+        return None
+
+    def fold(self, node: int, reply: Payload) -> None:
+        self.ups.append(reply)
+        self.totals.add(reply)
+        self.n += int(reply["n"])
+
+    def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
+        self.totals.rejected = rejected
+        members = np.concatenate([np.asarray(u["members"], np.int64) for u in self.ups] or [np.zeros(0, np.int64)])
+        self.totals.extra = {"aggregated": float(len(members))}
+        if len(members):
+            order = np.argsort(members, kind="stable")  # the simulator's: members by id
+            keys = (*UPLOAD, *(k for k in self.shapes if k.startswith("score.")))
+            up = {k: torch.as_tensor(np.concatenate([np.asarray(u[k]) for u in self.ups])[order]) for k in keys}
+            up["samples"] = up["samples"].to(torch.float64)
+            w = mix_weights(self.spec, up, self.start)
+            new = mixtures(self.spec, up, w)
+            for j, c in enumerate(members[order].tolist()):
+                self.pending[c] = {k: v[j] for k, v in new.items()}
+            self.totals.bytes_down += len(members) * self.per * 4
+            self.totals.extra["self_weight"] = float(torch.diagonal(w).mean())
+        return self.totals
+
+    def evaluate_message(self) -> Payload:
+        return {}
+
+    def evaluate_messages(self, nodes: list[int]) -> dict[int, Payload]:
+        """Each node's waiting new models (every client is scored with its own model)."""
+        return {node: self._deliver(node) for node in nodes}
+
+    def state_dict(self) -> dict[str, Any]:
+        clients = sorted(self.pending)
+        keys = list(self.pending[clients[0]]) if clients else []
+        return {"start": self.start, "pending.clients": torch.as_tensor(clients, dtype=torch.int64),
+                **{f"pending.{k}": torch.stack([self.pending[c][k] for c in clients]) for k in keys}}
+
+    def load_state_dict(self, blob: dict[str, Any]) -> None:
+        self.start = blob["start"]
+        clients = [int(c) for c in blob["pending.clients"]]
+        keys = [k.removeprefix("pending.") for k in blob if k.startswith("pending.") and k != "pending.clients"]
+        self.pending = {c: {k: blob[f"pending.{k}"][j] for k in keys} for j, c in enumerate(clients)}
