@@ -63,7 +63,6 @@ def _same_outcome(a: Any, b: Any) -> None:
 @pytest.mark.parametrize(("alg", "engine"), [
     ("pfedrec", {}),
     ("fedmf", {"clients_per_round": 0.5}),
-    ("fedmf", {"pad_items": 7}),  # pseudo items: keyed draws, the same on every node
     ("fedncf", {}),
     ("fedrecon", {"clients_per_round": 0.3, "local_epochs": 2}),
     ("fedrap", {"clients_per_round": 0.5, "lr_item": 1.0}),
@@ -98,6 +97,10 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("fedca", {"clients_per_round": 0.5, "rounds": 4, "model": {"aggregated": 0.6}}),
     ("fedca-ncf", {"eval_every": 2, "rounds": 4}),
     ("fedca-avg", {"protocol": "loo-full"}),
+    # FedPerGNN: the server relays the published user vectors (the paper's third party)
+    ("fedpergnn", {"clients_per_round": 0.5, "rounds": 4, "model": {"neighbours": 5}}),
+    ("fedpergnn", {"aggregation": "clients", "clip": None, "model": {"neighbours": 3}}),
+    ("fedpergnn", {"protocol": "ratio-rating", "negatives": 0, "rating_baseline": "user-item"}),
 ])
 def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Each node trains its own block of users with keyed draws; the server sums node uploads."""
@@ -444,6 +447,33 @@ def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
 
 
 @pytest.mark.parametrize(("alg", "engine"), [
+    ("fedmf", {"pad_items": 7}),
+    ("fedpergnn", {"pad_items": 7, "model": {"neighbours": 3}}),
+    ("fedpergnn", {"ldp": 0.01, "clients_per_round": 0.5, "model": {"neighbours": 3}}),
+])
+def test_nodes_pad_and_noise_from_their_own_entropy(alg: str, engine: dict[str, Any],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node keys its clients' pseudo rows (--pad-items), and FedPerGNN's its LDP noise, by its
+    own entropy, never by the run's seed, which the server knows and could redraw them from.
+    Given the seed as that entropy, a deployment makes the simulator's run: the server folds
+    the pseudo rows and the noise as the simulator does."""
+    from fedrec.flower.roles import Server, wire
+
+    run = _run(alg, **engine)
+    split = prepare_split(run)
+    own = Node(run, 0, 3, split)
+    key = own.side.pad_seed if alg == "fedmf" else own.side.algorithm.noise_seed
+    assert key is not None and key != run.seed
+    monkeypatch.setattr("secrets.randbits", lambda bits: run.seed)
+    by_seed = Node(run, 0, 3, split)
+    server = Server(run, {0: wire(own.hello()), **{i: wire(Node(run, i, 3, split).hello()) for i in (1, 2)}})
+    msg = server.train_messages(1)[0]
+    a, b = own.train(wire(msg)), by_seed.train(wire(msg))
+    assert a["rows"].shape != b["rows"].shape or not np.allclose(a["rows"], b["rows"])  # what it sends differs
+    _same_outcome(run_in_process(run, 3, split).out, _simulate(run))
+
+
+@pytest.mark.parametrize(("alg", "engine"), [
     ("fedcia", {"model": {"clients": 2, "finetune_steps": 5}, "protocol": "ratio-full"}),
     ("personalfr", {"model": {**AE, "clients": 2}, "protocol": "ratio-rating"}),
 ])
@@ -455,14 +485,14 @@ def test_a_node_without_clients_is_harmless(alg: str, engine: dict[str, Any]) ->
 
 def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
     """Every federated algorithm runs on Flower except the centralised baselines the papers
-    train under the federated engine (one client holding every user, or one server) and the
-    methods whose options say why the app does not run them (``not_deployed``)."""
+    train under the federated engine (one client holding every user, or one server); no
+    method's options say why the app does not run it (``not_deployed``)."""
     from fedrec.algorithms import ALGORITHMS
 
     off = {n: a for n, a in ALGORITHMS.items() if a.kind == "federated" and not a.flower}
     baselines = {n: a for n, a in off.items() if not getattr(a.options, "not_deployed", None)}
     assert baselines and all(a.fixed.get("clients") == 1 or a.fixed.get("centralised") for a in baselines.values())
-    assert set(off) - set(baselines) == {"fedpergnn"}
+    assert off == baselines
 
 
 def test_free_port_skips_ports_handed_out_or_taken(monkeypatch: pytest.MonkeyPatch) -> None:

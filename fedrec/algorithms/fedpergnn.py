@@ -55,5 +55,5 @@ register(AlgorithmSpec(
     "FedPerGNN: a graph-attention hop over each user's items and neighbouring users (found through a "
     "third party), one gradient a client a round; pseudo items and LDP as the engine's --pad-items and --ldp",
     None, GNNOptions, ENGINE, ignores=IGNORES, paper=PAPERS_RULE, rankings=("sampled", "full", "rating"),
-    rating_engine=RATING_ENGINE,
+    rating_engine=RATING_ENGINE, flower=True,
 ))

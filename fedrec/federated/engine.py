@@ -316,13 +316,16 @@ def client_negatives(k: int, train: sp.csr_matrix, sampler: ComplementSampler, r
 
 def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.csr_matrix,
                  sampler: ComplementSampler, rows: np.ndarray, clients: np.ndarray, seed: int,
-                 r: int, path: UploadPath, acc: Accumulator, keep: list[Any] | None = None) -> None:
+                 r: int, path: UploadPath, acc: Accumulator, keep: list[Any] | None = None,
+                 pad_seed: int | None = None) -> None:
     """Train ``clients`` (ids; rows ``rows`` of ``train``, in `order_by_activity` order) for
     round ``r`` in memory-sized chunks, folding their uploads into ``acc`` (and appending each
     chunk's per-client uploads to ``keep`` when given). The simulator calls it with the whole
     cohort, a Flower node with its own clients. A chunk's draws are made with the chunk (they
     are keyed by client, so chunking does not change them): the round never holds the whole
-    cohort's negatives and shuffle keys at once."""
+    cohort's negatives and shuffle keys at once. ``pad_seed``: the key of the clients'
+    ``--pad-items`` pseudo rows, by default ``seed`` (a Flower node's own, which its server
+    cannot redraw)."""
     ratings = getattr(state.spec, "loss", "bce") == "mse"
     if ratings and cfg.negatives:  # `fedrec.experiment.ratings_without_negatives` sets 0
         raise FedrecError("a model fitted to ratings draws no training negatives: --num-negatives 0")
@@ -364,7 +367,8 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
             up = state.local_update(batches, path, fresh)
         if cfg.pad_items:
             ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,
-                                                 state.items.shape[0], cfg.pad_items, seed, r)
+                                                 state.items.shape[0], cfg.pad_items,
+                                                 seed if pad_seed is None else pad_seed, r)
             up.padding = (ptr, items, pad)
             up.bytes_up += extra
         state.accumulate(acc, up)

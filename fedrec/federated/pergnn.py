@@ -52,7 +52,7 @@ its noise is added centrally to every weight. fedrec follows the paper's design 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -91,21 +91,40 @@ class GNNSpec:
     #: std of the user vectors' start (the item rows start at ``--item-std``)
     user_std: float = 0.1
 
-    #: why the Flower app does not run it (`fedrec.flower.roles.check_deployable`)
-    not_deployed: ClassVar[str] = (
-        "its graph expansion needs a third party that relays the clients' published user vectors, which "
-        "the Flower app does not have")
-
     def __post_init__(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
               (self.neighbours < 0, f"neighbours must be >= 0 (got {self.neighbours})"),
               (self.user_std <= 0, "user_std must be > 0"))
+
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of its round in a deployment (`fedrec.federated.pergnn_sides`)."""
+        from fedrec.federated.pergnn_sides import GNNClient, GNNServer
+
+        return GNNClient, GNNServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "its server relays each client's published user vector, which a secure sum would hide"
+        return None
 
     def algorithm(self, split: Split, cfg: Any, seed: int) -> GNNAlgorithm:
         if cfg.aggregation not in ("clients", "contributors"):
             raise FedrecError("FedPerGNN averages item rows over the round's clients (--aggregation clients) or "
                               "over the clients that sent each row (contributors)")
         return GNNAlgorithm(GNNState(self, split, cfg, seed), cfg)
+
+
+@dataclass
+class ClientSteps:
+    """The sums over a round's clients of what they send (`GNNAlgorithm.client_steps`): item-row
+    steps ``(M, width)``, how many sent each row, the graph layer's steps; their loss and bytes."""
+
+    item_sum: torch.Tensor
+    item_count: torch.Tensor
+    layer_sum: dict[str, torch.Tensor]
+    loss_sum: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
 
 
 @dataclass
@@ -174,6 +193,24 @@ def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history
     return torch.zeros(c, d, dtype=z.dtype, device=z.device).index_add(0, owner, alpha[:, None] * z)
 
 
+def neighbours(train: sp.csr_matrix, raters: sp.csc_matrix, published: torch.Tensor, has_published: np.ndarray,
+               clients: np.ndarray, k: int, seed: int, r: int) -> tuple[torch.Tensor, np.ndarray]:
+    """The third party's round-``r`` expansion of ``clients`` (module docstring): each one's
+    ``k`` neighbours' latest published vectors ``(C, k, d)`` (zero where not real) and which
+    are real ``(C, k)``. ``train``: every user's items (CSR order); ``raters``: every item's
+    users (CSC, sorted); ``published``/``has_published``: every user's latest vector."""
+    u = draws.uniforms((seed, draws.NEIGHBOURS, r), clients, 2 * k).reshape(len(clients), 2, k)
+    counts = np.diff(train.indptr)[clients]
+    pick = train.indptr[clients][:, None] + (u[:, 0] * counts[:, None]).astype(np.int64)
+    item = train.indices[np.minimum(pick, train.indptr[clients + 1][:, None] - 1)]
+    n_raters = np.diff(raters.indptr)[item]
+    other = raters.indices[raters.indptr[item] + np.minimum((u[:, 1] * n_raters).astype(np.int64), n_raters - 1)]
+    valid = (counts[:, None] > 0) & (other != clients[:, None]) & has_published[other]
+    vectors = published[torch.as_tensor(other)] * torch.as_tensor(
+        valid, dtype=published.dtype, device=published.device)[:, :, None]
+    return vectors, valid
+
+
 class GNNState:
     """The server's item table and graph layer, the clients' user vectors, the third party's
     published vectors and each client's last received neighbours."""
@@ -181,9 +218,12 @@ class GNNState:
     #: its server plainly averages item rows (the security layer's attacks and rules apply)
     plain_average = True
 
-    def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int) -> None:
+    def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int, client_ids: np.ndarray | None = None) -> None:
+        """``client_ids``: the run's id of each row of ``split.train`` (a deployment's node
+        holds some of the users; draws are keyed by these ids), by default the rows' numbers."""
         self.spec, self.split, self.seed = spec, split, seed
         n, m, d = split.n_users, split.n_items, spec.dim
+        self.ids = np.arange(n) if client_ids is None else np.asarray(client_ids, np.int64)
         #: under a rating protocol it fits ratings by squared error (module docstring), with the
         #: rating baseline beneath the score where the engine asks for one
         self.rating = split.protocol.ranking == "rating"
@@ -196,7 +236,7 @@ class GNNState:
         self.offsets = here(torch.as_tensor(user_means(split.train))) if self.baseline else None
         self.w = here(torch.eye(d))
         self.a = here(torch.zeros(2 * d))
-        self.users = here(torch.as_tensor(draws.normals((seed, draws.INIT), np.arange(n), d), dtype=torch.float32)
+        self.users = here(torch.as_tensor(draws.normals((seed, draws.INIT), self.ids, d), dtype=torch.float32)
                           * spec.user_std)
         #: the third party's latest published vector of each user, and who has published
         self.published = torch.zeros_like(self.users)
@@ -212,20 +252,11 @@ class GNNState:
 
     def expand(self, clients: np.ndarray, r: int) -> None:
         """Round ``r``'s neighbours of ``clients`` (module docstring), stored as each is sent."""
-        k = self.spec.neighbours
-        if not k or not len(clients):
+        if not self.spec.neighbours or not len(clients):
             return
-        train, raters = self.split.train, self.raters
-        u = draws.uniforms((self.seed, draws.NEIGHBOURS, r), clients, 2 * k).reshape(len(clients), 2, k)
-        counts = np.diff(train.indptr)[clients]
-        pick = train.indptr[clients][:, None] + (u[:, 0] * counts[:, None]).astype(np.int64)
-        item = train.indices[np.minimum(pick, train.indptr[clients + 1][:, None] - 1)]
-        n_raters = np.diff(raters.indptr)[item]
-        other = raters.indices[raters.indptr[item] + np.minimum((u[:, 1] * n_raters).astype(np.int64), n_raters - 1)]
-        valid = (counts[:, None] > 0) & (other != clients[:, None]) & self.has_published[other]
-        idx = torch.as_tensor(clients)
-        self.neighbour_vectors[idx] = self.published[torch.as_tensor(other)] * torch.as_tensor(
-            valid, dtype=self.published.dtype, device=self.published.device)[:, :, None]
+        vectors, valid = neighbours(self.split.train, self.raters, self.published, self.has_published,
+                                    clients, self.spec.neighbours, self.seed, r)
+        self.neighbour_vectors[torch.as_tensor(clients)] = vectors
         self.neighbour_valid[clients] = valid
 
     def _neighbours(self, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +340,10 @@ class GNNAlgorithm(FederatedAlgorithm):
 
     #: its clients draw their own pseudo items (``--pad-items``, `_sent_rows`)
     pads_uploads = True
+    #: the key of the clients' own noise and pseudo rows (``--ldp``, ``--pad-items``): the
+    #: run's seed in the simulator; a deployment's node draws its own, which the server cannot
+    #: redraw (`fedrec.federated.pergnn_sides`)
+    noise_seed: int | None = None
     #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
     security: Any = None
     takes_security = True
@@ -328,37 +363,14 @@ class GNNAlgorithm(FederatedAlgorithm):
         return True
 
     def local_update(self, plan: RoundPlan) -> Uploads:
-        st, cfg = self.state, self.cfg
-        train, m, d, width = st.split.train, st.split.n_items, st.spec.dim, st.items.shape[1]
+        st = self.state
+        train, width = st.split.train, st.items.shape[1]
         clients = np.sort(plan.clients[np.diff(train.indptr)[plan.clients] > 0]).astype(np.int64)
         st.expand(clients, plan.round)
-        item_sum = torch.zeros_like(st.items)
-        item_count = torch.zeros(m, dtype=st.items.dtype, device=st.items.device)
-        layer_sum = {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)}
-        loss_sum, up, down = 0.0, 0, 0
         sec = self.security
         kept: list[ClientUpload] | None = [] if self.keep_uploads or (sec is not None and sec.keeps_uploads) else None
-        sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
-        for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
-            negs = client_negatives(cfg.negatives, train, st.split.sampler, part, part, self.seed, plan.round)
-            lay = Layout.build(train, part, negs, ratings=st.rating)
-            g = st.gradients(lay)
-            loss_sum += float(g["loss"])
-            st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
-            steps = self._sent_rows(-st.lr_item * g["rows"], lay, plan.round)
-            for k in ("w", "a"):
-                layer_sum[k] += -st.lr * g[k] + self._noise_sum(part, tuple(g[k].shape), plan.round, 1 + (k == "a"))
-            items, rows, counts = steps
-            item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
-            item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
-            if kept is not None:
-                ptr = np.concatenate([[0], np.cumsum(counts)])
-                kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]], {ITEMS: rows[ptr[j]:ptr[j + 1]]})
-                         for j, c in enumerate(part)]
-            n_rows, layer = int(counts.sum()), d * d + 2 * d
-            up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
-            down += (len(lay.row_items) * (INDEX_BYTES + width * FLOAT_BYTES)
-                     + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
+        step = self.client_steps(clients, plan.round, kept)
+        item_sum, item_count, up, down = step.item_sum, step.item_count, step.bytes_up, step.bytes_down
         st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
         st.has_published[clients] = True
         n = len(clients)
@@ -373,21 +385,53 @@ class GNNAlgorithm(FederatedAlgorithm):
                     at = torch.as_tensor(u.items, device=item_sum.device)
                     item_sum.index_add_(0, at, u.tensors[ITEMS].to(item_sum))
                     item_count.index_add_(0, at, torch.ones(len(at), dtype=item_count.dtype, device=item_count.device))
-        payload = (n, item_sum, item_count, layer_sum)
-        return Uploads(payload=payload, per_client=kept, loss_sum=loss_sum, client_batches=len(clients),
+        payload = (n, item_sum, item_count, step.layer_sum)
+        return Uploads(payload=payload, per_client=kept, loss_sum=step.loss_sum, client_batches=len(clients),
                        bytes_up=up, bytes_down=down)
 
-    def _sent_rows(self, steps: torch.Tensor, lay: Layout, r: int) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
-        """What the chunk's clients send of their item-row steps: each row clipped (``--clip``),
-        with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows, rows a client), client
-        by client, items sorted within a client."""
+    def client_steps(self, clients: np.ndarray, r: int, kept: list[ClientUpload] | None = None) -> ClientSteps:
+        """Round ``r``'s step of ``clients`` (rows of the training matrix, each with a training
+        item, its neighbours already received): each moves its user vector and sends its
+        item-row and graph-layer steps; their sums (``kept``: each client's rows appended)."""
+        st, cfg = self.state, self.cfg
+        train, m, d, width = st.split.train, st.split.n_items, st.spec.dim, st.items.shape[1]
+        out = ClientSteps(torch.zeros_like(st.items), torch.zeros(m, dtype=st.items.dtype, device=st.items.device),
+                          {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)})
+        sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
+        for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
+            ids = st.ids[part]
+            negs = client_negatives(cfg.negatives, train, st.split.sampler, part, ids, self.seed, r)
+            lay = Layout.build(train, part, negs, ratings=st.rating)
+            g = st.gradients(lay)
+            out.loss_sum += float(g["loss"])
+            st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
+            items, rows, counts = self._sent_rows(-st.lr_item * g["rows"], lay, ids, r)
+            for k in ("w", "a"):
+                out.layer_sum[k] += -st.lr * g[k] + self._noise_sum(ids, tuple(g[k].shape), r, 1 + (k == "a"))
+            out.item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
+            out.item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
+            if kept is not None:
+                ptr = np.concatenate([[0], np.cumsum(counts)])
+                kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]], {ITEMS: rows[ptr[j]:ptr[j + 1]]})
+                         for j, c in enumerate(ids)]
+            n_rows, layer = int(counts.sum()), d * d + 2 * d
+            out.bytes_up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
+            out.bytes_down += (len(lay.row_items) * (INDEX_BYTES + width * FLOAT_BYTES)
+                               + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
+        return out
+
+    def _sent_rows(self, steps: torch.Tensor, lay: Layout, ids: np.ndarray, r: int
+                   ) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
+        """What the chunk's clients (run ids ``ids``) send of their item-row steps: each row
+        clipped (``--clip``), with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows,
+        rows a client), client by client, items sorted within a client."""
         cfg = self.cfg
         if cfg.clip is not None:
             steps = steps * (cfg.clip / steps.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
         items, counts = lay.row_items, np.diff(lay.row_ptr)
         if cfg.pad_items:
-            ptr, p_items, p_rows, _ = pseudo_rows(lay.clients, lay.row_items, lay.row_ptr, steps.cpu(),
-                                                  self.state.split.n_items, cfg.pad_items, self.seed, r)
+            ptr, p_items, p_rows, _ = pseudo_rows(ids, lay.row_items, lay.row_ptr, steps.cpu(),
+                                                  self.state.split.n_items, cfg.pad_items, self._noise_key, r)
             owner = np.concatenate([np.repeat(np.arange(len(counts)), counts),
                                     np.repeat(np.arange(len(counts)), np.diff(ptr))])
             items_all = np.concatenate([items, p_items])
@@ -395,16 +439,20 @@ class GNNAlgorithm(FederatedAlgorithm):
             steps = torch.cat([steps, p_rows.to(steps.device)])[torch.as_tensor(order, device=steps.device)]
             items, counts = items_all[order], counts + np.diff(ptr)
         if cfg.ldp > 0:
-            noise = laplace((self.seed, draws.LOCAL_NOISE, r, 0), lay.clients, counts * steps.shape[1], cfg.ldp)
+            noise = laplace((self._noise_key, draws.LOCAL_NOISE, r, 0), ids, counts * steps.shape[1], cfg.ldp)
             steps = steps + torch.as_tensor(noise, dtype=steps.dtype, device=steps.device).reshape(steps.shape)
         return items, steps, counts
+
+    @property
+    def _noise_key(self) -> int:
+        return self.seed if self.noise_seed is None else self.noise_seed
 
     def _noise_sum(self, clients: np.ndarray, shape: tuple[int, ...], r: int, which: int) -> torch.Tensor:
         """The sum of ``clients``' own Laplace(``--ldp``) noise on their graph-layer steps."""
         if self.cfg.ldp <= 0:
             return torch.zeros(shape, device=self.state.w.device)
         size = int(np.prod(shape))
-        noise = laplace((self.seed, draws.LOCAL_NOISE, r, which), clients, size, self.cfg.ldp)
+        noise = laplace((self._noise_key, draws.LOCAL_NOISE, r, which), clients, size, self.cfg.ldp)
         return torch.as_tensor(noise.reshape(len(clients), size).sum(0).reshape(shape), dtype=self.state.w.dtype,
                                device=self.state.w.device)
 

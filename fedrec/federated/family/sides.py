@@ -57,6 +57,9 @@ class FamilyClient(ClientSide):
         self.lr_item = cfg.item_lr(split.n_items)
         self.state = self.make_state()
         self.path = cfg.upload_path(self.lr_item)
+        # its clients' pseudo rows (--pad-items) from the node's own entropy: keyed by the run's
+        # seed, which the server knows, the server could redraw them and strip them off
+        self.pad_seed = secrets.randbits(62) if cfg.pad_items else None
 
     def make_state(self) -> Any:
         """The algorithm's state for this node's clients (private parameters drawn by id)."""
@@ -117,7 +120,7 @@ class FamilyClient(ClientSide):
         rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
         acc = st.begin_round(r)
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
-                     self.data.users[rows], self.seed, r, self.path, acc, keep=keep)
+                     self.data.users[rows], self.seed, r, self.path, acc, keep=keep, pad_seed=self.pad_seed)
         if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
             sampled, _ = round_plan(self.data.n_users, self.cfg.clients_per_round, self.seed, r)
             # from the node's own entropy, never the run's seed: the server knows the seed, and
