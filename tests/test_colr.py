@@ -152,3 +152,45 @@ def test_the_audit_refuses_colr_under_noise() -> None:
                     federated=federated_config("colr", rounds=1, ldp=0.1, aggregation="clients"))
     with pytest.raises(FedrecError, match="is not modelled"):
         audit_privacy(cfg)
+
+
+def test_a_crafted_upload_is_what_the_rounds_coordinates_carry(split: Split) -> None:
+    """Under --attack a malicious client's rows are what r coordinates carry (the crafted
+    direction projected onto the round's subspace, at the crafted norm) and cost r numbers a
+    row; FedRecAttack still exposes its target, and the per-row median holds it back."""
+    from fedrec.experiment import RunConfig, federated_config, train
+    from fedrec.federated.family.model import ITEMS
+    from fedrec.security.adversary import Security
+
+    state = _state(split, rank=RANK)
+    state.begin_round(1)
+    cfg = federated_config("colr", attack="fedrecattack", malicious=0.2, aggregation="clients")
+    security = Security.build(cfg, split, LR_ITEM, 2)
+    assert security is not None
+    seen = []  # the attack's own rows, before the wire
+    attack = security.attack
+    assert attack is not None
+    crafted = attack.uploads
+    object.__setattr__(attack, "uploads", lambda *a: seen.extend(crafted(*a)) or seen)  # (a frozen dataclass)
+    bad, n_bytes = security.malicious_uploads(state.spec, state.items, state.shared, 1, wire=state)
+    assert bad and all(len(u.items) for u in bad)
+    q = state.basis
+    assert q is not None
+    rows = torch.cat([u.tensors[ITEMS] for u in bad])
+    own = torch.cat([p.rows for p in seen])
+    torch.testing.assert_close(rows, rows @ q.T @ q, **TOL)  # in the subspace
+    torch.testing.assert_close(rows.norm(dim=1), own.norm(dim=1), **TOL)  # at the crafted norm
+    cos = F.cosine_similarity(rows, own @ q.T @ q, dim=1)
+    torch.testing.assert_close(cos[own.norm(dim=1) > 0], torch.ones_like(cos[own.norm(dim=1) > 0]), **TOL)
+    assert n_bytes == len(rows) * (INDEX_BYTES + RANK * FLOAT_BYTES)
+
+    def run(**opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm="colr", dataset="synthetic:300x400", protocol="loo-sampled",
+                        federated=federated_config("colr", rounds=12, backoffs=0, **opts))
+        assert cfg.federated.aggregation == "clients"  # an attack takes the papers' rule, as on FedMF
+        return train(cfg).result.history[-1].extra
+
+    clean = run(targets=1, aggregation="clients")
+    attacked = run(attack="fedrecattack", boost=10.0)
+    defended = run(attack="fedrecattack", boost=10.0, defence="median")
+    assert attacked["er@10"] > clean["er@10"] + 0.4 and defended["er@10"] < 0.1

@@ -111,6 +111,8 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
 @pytest.mark.parametrize(("alg", "engine"), [
     ("fedmf", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
     ("fedncf", {"attack": "a-ra", "clients_per_round": 0.5, "malicious": 0.1}),  # poisons shared weights
+    # crafted rows travel as the round's r coordinates
+    ("colr", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -118,7 +120,9 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     run = _run(alg, **engine)
     attacked = _simulate(run)
     _same_outcome(run_in_process(run, 2).out, attacked)
-    clean = _simulate(_run(alg, **{k: v for k, v in engine.items() if k == "clients_per_round"}))
+    # (an attack runs the papers' item-row rule; so does the clean run it is compared with)
+    clean = _simulate(_run(alg, aggregation="clients", **{k: v for k, v in engine.items()
+                                                         if k in ("clients_per_round", "model")}))
     assert attacked.history[-1].bytes_up > clean.history[-1].bytes_up  # the attacker's uploads count
     assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
@@ -129,6 +133,7 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     ("fedncf", {"defence": "norm-bound", "norm_bound": 0.5}),
     ("fedrap", {"defence": "median", "clients_per_round": 0.5, "lr_item": 1.0}),
     ("fedmf", {"defence": "multi-krum", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
+    ("colr", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import FamilyOptions, samples
+from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
 from fedrec.errors import FedrecError
 from fedrec.options import check
 
@@ -43,13 +43,13 @@ class CoLROptions(FamilyOptions):
 
 
 #: engine options whose uploads the subspace does not carry yet: pseudo rows are drawn in the
-#: table's d columns, and a crafted upload would bypass the coordinates (LDP and DP noise are drawn
-#: on the coordinates, `CoLRState.noise_rows`)
-IGNORES = ("pad_items", "attack")
+#: table's d columns (LDP and DP noise are drawn on the coordinates, `CoLRState.noise_rows`; a
+#: crafted upload is projected onto them, `fedrec.security.adversary.Security.malicious_uploads`)
+IGNORES = ("pad_items",)
 
 register(AlgorithmSpec(
     "colr", "federated",
     "CoLR: FedMF whose item updates lie in a random rank-r subspace each round; uploads r numbers a row "
     "(--set rank=)",
-    None, CoLROptions, samples(0.1), flower=True, ignores=IGNORES,
+    None, CoLROptions, samples(0.1), flower=True, ignores=IGNORES, paper=PAPERS_RULE,
 ))

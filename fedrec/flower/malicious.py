@@ -43,6 +43,7 @@ class MaliciousNode:
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")
         self.security = security
+        self.server = server  # what the round's messages carry of a row (`wire_rows`)
         self.n_users, self.n_items = split.n_users, split.n_items
 
     def hello(self, resume_round: int = 0) -> Payload:
@@ -63,7 +64,8 @@ class MaliciousNode:
         table[torch.as_tensor(items)] = torch.as_tensor(msg["rows"])
         shared = {k[len("shared."):]: torch.as_tensor(v) for k, v in msg.items() if k.startswith("shared.")}
         clients = np.asarray(msg["clients"], np.int64) - self.n_users
-        sent, n_bytes = self.security.malicious_uploads(self.model_spec, table, shared, r, clients)
+        self.server.begin_round(r)  # (CoLR: the round's subspace)
+        sent, n_bytes = self.security.malicious_uploads(self.model_spec, table, shared, r, clients, wire=self.server)
         counts = {"n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
                   "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
@@ -76,7 +78,7 @@ class MaliciousNode:
             for k in shared_sum:
                 shared_sum[k] += up.tensors[k]
         touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
-        return {"items": wire_ids(touched.cpu().numpy()), "rows": total[touched].cpu().numpy(),
+        return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
 
     def evaluate(self, msg: Payload) -> Payload:

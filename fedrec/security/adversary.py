@@ -49,6 +49,15 @@ def extra_sample(n_extra: int, clients_per_round: float, seed: int, r: int) -> n
     return np.sort(np.random.default_rng([seed, r, 0x3A11]).choice(n_extra, k, replace=False))  # explicit boosting; every other attack sends at the benign norm
 
 
+def _carried(rows: torch.Tensor, wire: Any) -> torch.Tensor:
+    """``rows`` as the best upload ``wire``'s messages carry (`Security.malicious_uploads`)."""
+    if wire.wire_width == rows.shape[1]:  # a message carries a row whole
+        return rows
+    sent = wire.unwire_rows(wire.wire_rows(rows)).to(rows)
+    norm = sent.norm(dim=1, keepdim=True)
+    return torch.where(norm > 0, sent * (rows.norm(dim=1, keepdim=True) / norm.clamp_min(1e-30)), sent)
+
+
 @dataclass
 class Security:
     """The run's adversary and defence (see the module docstring)."""
@@ -101,11 +110,16 @@ class Security:
         return extra_sample(self.n_malicious, self.clients_per_round, self.seed, r)
 
     def malicious_uploads(self, spec: Any, table: torch.Tensor, shared: dict[str, torch.Tensor],
-                          r: int, clients: np.ndarray | None = None) -> tuple[list[ClientUpload], int]:
+                          r: int, clients: np.ndarray | None = None, wire: Any = None
+                          ) -> tuple[list[ClientUpload], int]:
         """Round ``r``'s uploads of the sampled malicious clients (``clients``, 0-based among
         them; default `malicious_clients`), made from the global ``table`` and ``shared``
         weights of the run's model ``spec`` (shared weights sent back as they came, unless the
-        attack poisons them), and the bytes they send."""
+        attack poisons them), and the bytes they send. ``wire``: the round's state, whose
+        messages carry a row as ``wire_width`` numbers (`wire_rows`); a crafted row is then the
+        best those numbers can carry, and costs what they cost (CoLR: the row's direction
+        projected onto the round's subspace, at the row's own norm: of the rows in the subspace
+        within the attack's norm budget, the one that moves furthest along the crafted row)."""
         clients = self.malicious_clients(r) if clients is None else clients
         if self.attack is None or not len(clients):
             return [], 0
@@ -114,8 +128,10 @@ class Security:
         out, n_bytes = [], 0
         for c, p in zip(clients, sent, strict=True):
             weights = {k: v + p.shared[k] if k in p.shared else v.clone() for k, v in shared.items()}
-            out.append(ClientUpload(self.n_benign + int(c), p.items, {ITEMS: p.rows, **weights}))
-            n_bytes += len(p.items) * (INDEX_BYTES + p.rows.shape[1] * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
+            rows = p.rows if wire is None else _carried(p.rows, wire)
+            width = p.rows.shape[1] if wire is None else wire.wire_width
+            out.append(ClientUpload(self.n_benign + int(c), p.items, {ITEMS: rows, **weights}))
+            n_bytes += len(p.items) * (INDEX_BYTES + width * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
         return out, n_bytes
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,

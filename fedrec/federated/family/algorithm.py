@@ -66,7 +66,8 @@ class CohortAlgorithm(FederatedAlgorithm):
                      cohort, self.seed, plan.round, self.path, acc, keep=kept)
         per_client = [u for chunk in kept for u in chunk.per_client()] if kept is not None else None
         if sec is not None and sec.attack is not None:
-            bad, n_bytes = sec.malicious_uploads(self.state.spec, self.state.items, self.state.shared, plan.round)
+            bad, n_bytes = sec.malicious_uploads(self.state.spec, self.state.items, self.state.shared, plan.round,
+                                                 wire=self.state)
             if per_client is not None:
                 per_client.extend(bad)
             acc.bytes_up += n_bytes
