@@ -6,7 +6,9 @@ counted as such; rank = dim is FedMF."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,3 +196,33 @@ def test_a_crafted_upload_is_what_the_rounds_coordinates_carry(split: Split) -> 
     attacked = run(attack="fedrecattack", boost=10.0)
     defended = run(attack="fedrecattack", boost=10.0, defence="median")
     assert attacked["er@10"] > clean["er@10"] + 0.4 and defended["er@10"] < 0.1
+
+
+def test_pseudo_rows_are_drawn_in_the_rounds_coordinates() -> None:
+    """Under --pad-items a client's pseudo rows lie in the round's subspace like its real ones
+    (drawn as coordinates, at the spread of its real rows' coordinates), so the server cannot
+    tell them apart by leaving it; each costs r numbers and an id."""
+    from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split
+    from fedrec.federated.family.model import ITEMS
+
+    def round_one(pad: int) -> tuple[Any, Any]:
+        run = RunConfig("colr", dataset="synthetic:60x300", seed=2, model={"dim": DIM, "rank": RANK},
+                        federated=federated_config("colr", rounds=1, pad_items=pad))
+        _, algorithm = build_trainable(run, prepare_split(run))
+        algorithm.keep_uploads = True
+        plan = algorithm.plan(1)
+        algorithm.begin_round(plan)
+        return algorithm, algorithm.local_update(plan)
+
+    _, plain = round_one(0)
+    algorithm, padded = round_one(5)
+    q = algorithm.state.basis
+    extra = 0
+    for u, p in zip(sorted(padded.per_client, key=lambda u: u.client),
+                    sorted(plain.per_client, key=lambda u: u.client), strict=True):
+        rows = u.tensors[ITEMS]
+        torch.testing.assert_close(rows, rows @ q.T @ q, **TOL)  # every row in the subspace
+        fake = ~np.isin(u.items, p.items)
+        assert fake.sum() == 5 and rows[torch.as_tensor(fake)].abs().max() > 0
+        extra += int(fake.sum())
+    assert padded.bytes_up - plain.bytes_up == extra * (INDEX_BYTES + RANK * FLOAT_BYTES)

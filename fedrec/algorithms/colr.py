@@ -42,10 +42,10 @@ class CoLROptions(FamilyOptions):
         return CoLRState
 
 
-#: engine options whose uploads the subspace does not carry yet: pseudo rows are drawn in the
-#: table's d columns (LDP and DP noise are drawn on the coordinates, `CoLRState.noise_rows`; a
-#: crafted upload is projected onto them, `fedrec.security.adversary.Security.malicious_uploads`)
-IGNORES = ("pad_items",)
+#: engine options CoLR does not read (every upload lives in the round's coordinates: LDP and DP
+#: noise are drawn on them, `CoLRState.noise_rows`; pseudo rows too, `fedrec.federated.engine.train_cohort`;
+#: a crafted upload is projected onto them, `fedrec.security.adversary.Security.malicious_uploads`)
+IGNORES: tuple[str, ...] = ()
 
 register(AlgorithmSpec(
     "colr", "federated",

@@ -365,11 +365,11 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
             return
         if up is None:
             up = state.local_update(batches, path, fresh)
-        if cfg.pad_items:
-            ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr, up.delta,
-                                                 state.items.shape[0], cfg.pad_items,
+        if cfg.pad_items:  # drawn as a message carries rows (CoLR: coordinates), at their spread there
+            ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr,
+                                                 state.wire_rows(up.delta), state.items.shape[0], cfg.pad_items,
                                                  seed if pad_seed is None else pad_seed, r)
-            up.padding = (ptr, items, pad)
+            up.padding = (ptr, items, state.unwire_rows(pad).to(up.delta))
             up.bytes_up += extra
         state.accumulate(acc, up)
         if keep is not None:
