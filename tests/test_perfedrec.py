@@ -56,8 +56,14 @@ def _round(state: PerFedRecState, cohort: CohortBatches, r: int) -> list:  # typ
     return up.per_client()
 
 
-def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split: Split) -> None:
+@pytest.mark.parametrize("per_row", [True, False])
+def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split: Split, per_row: bool) -> None:
+    """Under fedrec's item-row rule (``per_row``) a row moves by the mean over its senders, in
+    the global table and in each cluster's; under the papers' rule by the sum over the round's
+    clients (a cluster's: over its clients that came back) divided by their number. A client's
+    own upload is read against the global table."""
     state = _state(split)
+    state.per_row = per_row
     first = _cohort(split, 1)
     _round(state, first, 1)
     # after the first round: every cluster's table is the global one; the clients heard are clustered
@@ -75,21 +81,25 @@ def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split:
     counts = torch.zeros(len(glob))
     cluster_sums = torch.zeros_like(tables)
     cluster_counts = torch.zeros(tables.shape[:2])
+    members = np.zeros(CLUSTERS)
     for u in uploads:
         k = int(labels[u.client])
-        start = glob[torch.as_tensor(u.items)] if k < 0 else tables[k][torch.as_tensor(u.items)]
-        sums[u.items] += start + u.tensors["items"] - glob[torch.as_tensor(u.items)]
+        at = torch.as_tensor(u.items)
+        start = glob[at] if k < 0 else tables[k][at]
+        sums[u.items] += u.tensors["items"]  # the row as it came back less the global row
         counts[u.items] += 1
         if k >= 0:
-            cluster_sums[k, u.items] += u.tensors["items"]
+            cluster_sums[k, u.items] += u.tensors["items"] - (start - glob[at])  # its own change
             cluster_counts[k, u.items] += 1
+            members[k] += 1
     assert ((labels[second.clients] < 0).any() and (labels[second.clients] >= 0).any()), \
         "the second round must hold clients clustered and not"
-    want = glob + sums / counts.clamp(min=1)[:, None]
+    want = glob + sums / (counts.clamp(min=1)[:, None] if per_row else len(uploads))
     torch.testing.assert_close(state.items, want, **TOL)
     sent = cluster_counts > 0
     want_tables = want.expand_as(tables).clone()
-    want_tables[sent] = tables[sent] + cluster_sums[sent] / cluster_counts[sent][:, None]
+    divisor = cluster_counts if per_row else torch.as_tensor(members, dtype=torch.float32)[:, None].expand_as(sent)
+    want_tables[sent] = tables[sent] + cluster_sums[sent] / divisor[sent][:, None]
     torch.testing.assert_close(state.cluster_items, want_tables, **TOL)
     assert bool(sent.any()) and bool((~sent).any())
 
@@ -158,3 +168,25 @@ def test_bad_options_are_one_line(split: Split, model: dict[str, int], says: str
     alg = get_algorithm("perfedrec")
     with pytest.raises(FedrecError, match=says):
         alg.build(split, {**alg.defaults, **model})
+
+
+def test_attacks_reach_the_global_table_and_its_defences_guard_it() -> None:
+    """An attack and a defence take the papers' item-row rule, as on FedMF. FedRecAttack's crafted
+    rows join the global table; its clients send no user vector, so they join no cluster, and a
+    score is a third the global model's: the target gains far less than on FedMF. The per-row
+    median takes it back to the clean run's exposure, and UNION flags ClusterAttack's clients."""
+    from fedrec.experiment import RunConfig, federated_config, train
+
+    def run(alg: str = "perfedrec", **opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm=alg, dataset="synthetic:300x400", protocol="loo-sampled",
+                        federated=federated_config(alg, rounds=12, backoffs=0, **opts))
+        assert cfg.federated.aggregation == "clients"
+        return train(cfg).result.history[-1].extra
+
+    clean = run(targets=1, aggregation="clients")
+    attacked = run(attack="fedrecattack", boost=10.0)
+    on_fedmf = run("fedmf", attack="fedrecattack", boost=10.0)
+    assert clean["er@10"] < attacked["er@10"] < on_fedmf["er@10"] / 5
+    assert run(attack="fedrecattack", boost=10.0, defence="median")["er@10"] <= clean["er@10"]
+    union = run(attack="clusterattack", boost=10.0, defence="union")
+    assert union["flagged"] == union["malicious_clients"] and union["flag_precision"] == 1.0

@@ -85,6 +85,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "fedpergnn+papers-rule": ("fedpergnn", {}, {}),
     # CoLR under the papers' item-row rule (the setting its attacks and LDP take, as FedMF's)
     "colr+papers-rule": ("colr", {}, {}),
+    "perfedrec+papers-rule": ("perfedrec", {}, {}),
 }
 
 
@@ -97,7 +98,7 @@ def case(name: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         engine["item_lr_scale"] = 100.0  # the ML-100K rate diverges on 240 items
     if name == "fedpergnn":  # its defaults, recorded before it had a paper setting
         engine.update({"aggregation": "contributors", "lr": 1.0, "lr_item": 300.0})
-    if name == "colr":  # likewise (fedrec's item-row rule, at FedMF's rates)
+    if name in ("colr", "perfedrec"):  # likewise (fedrec's item-row rule, at FedMF's rates)
         engine.update({"aggregation": "samples", "lr": 0.1, "item_lr_scale": 300.0})
     if name in ("feddae", "fedvae"):  # the default widths (768/512) made these 21 s and 13 s
         return name, {"hidden": "64", "latent": 16, "gate_hidden": 16}, engine

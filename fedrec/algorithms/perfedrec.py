@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.algorithms.federated import FamilyOptions, samples
+from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
 from fedrec.options import check
 
 
@@ -46,13 +46,13 @@ class PerFedRecOptions(FamilyOptions):
         return super().flower_refusal(secure)
 
 
-#: engine options its uploads do not carry: noise, pseudo rows and crafted uploads are not drawn
-#: for the user vector it sends, and the robust rules see no cluster
-IGNORES = ("ldp", "dp_noise", "dp_clip", "pad_items", "attack", "defence")
+#: engine options its uploads do not carry: noise and pseudo rows are not drawn for the user
+#: vector it sends (attacks and robust rules act on the global table, `fedrec.federated.perfedrec`)
+IGNORES = ("ldp", "dp_noise", "dp_clip", "pad_items")
 
 register(AlgorithmSpec(
     "perfedrec", "federated",
     "PerFedRec: FedMF whose server clusters the users by their vectors (a table a cluster); a client "
     "scores with the mean of the global, its cluster's and its own model (--set clusters=)",
-    None, PerFedRecOptions, samples(0.1), ignores=IGNORES, flower=True,
+    None, PerFedRecOptions, samples(0.1), ignores=IGNORES, flower=True, paper=PAPERS_RULE,
 ))

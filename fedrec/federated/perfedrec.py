@@ -144,6 +144,9 @@ class PerFedRecState(FamilyState):
         self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         self.trained[cohort.clients] = ok  # a rejected client's rows are not a model to score with
         up.bytes_up += len(cohort.clients) * self.spec.dim * FLOAT_BYTES
+        # a client of a cluster started from its cluster's row: the global table reads each row
+        # as it came back less the global row
+        up.offset = start - self.items.index_select(0, torch.as_tensor(cohort.row_items, device=start.device))
         return up
 
     def accumulate(self, acc: Accumulator, up: CohortUpload) -> None:
@@ -152,8 +155,7 @@ class PerFedRecState(FamilyState):
         change."""
         cohort = up.cohort
         items = torch.as_tensor(cohort.row_items)
-        start = self._base_rows(cohort)
-        super().accumulate(acc, replace(up, delta=up.delta + (start - self.items.index_select(0, items))))
+        super().accumulate(acc, replace(up, delta=up.global_delta, offset=None))
         clusters = self._row_clusters(cohort)
         keep = (clusters >= 0) & torch.repeat_interleave(up.accepted, torch.as_tensor(np.diff(cohort.row_ptr)))
         if bool(keep.any()):
@@ -178,9 +180,24 @@ class PerFedRecState(FamilyState):
             sent = self._cluster_count > 0
             tables = glob.clone()
             flat = old.reshape(-1, width)
-            tables[sent] = flat[sent] + self._cluster_sum[sent] / self._cluster_count[sent, None]
+            tables[sent] = flat[sent] + self._cluster_sum[sent] / self._cluster_divisor(sent)[:, None]
         self.cluster_items = tables.reshape(self.clusters, n_items, width)
         self._recluster()
+
+    def _cluster_divisor(self, sent: torch.Tensor) -> torch.Tensor:
+        """What each sent cluster row's summed change is divided by: the cluster's clients that
+        sent it (fedrec's item-row rules, as the global table), or under the papers' rule
+        (``--aggregation clients``) every client of the cluster that came back this round (one
+        that did not send the row counts as unchanged)."""
+        assert self._cluster_count is not None and self.labels is not None
+        if self.per_row:
+            return self._cluster_count[sent]
+        back = np.concatenate([np.zeros(0, np.int64), *self._sent])
+        labels = self.labels[back]
+        members = torch.as_tensor(np.bincount(labels[labels >= 0], minlength=self.clusters),
+                                  dtype=self._cluster_count.dtype, device=self._cluster_count.device)
+        cluster = torch.nonzero(sent).flatten() // self.items.shape[0]
+        return members[cluster].clamp_min(1)
 
     def _recluster(self) -> None:
         """k-means over the latest vectors of the users the server has heard from; the new
@@ -331,6 +348,7 @@ class PerFedRecServer(FamilyServer):
         users = np.asarray(reply["user_ids"], np.int64)
         st.server_users[torch.as_tensor(users)] = torch.as_tensor(reply["user_vectors"])
         st.heard[users] = True
+        st._sent.append(users)  # the clients that came back (the papers' rule divides by them)
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         problem = super().check(reply, clients) or missing(

@@ -64,17 +64,27 @@ class CohortUpload:
     #: the clients' shared weights already summed (`FamilyState.train_uncopied`; every client
     #: accepted), in place of ``shared``'s one copy a client
     shared_sum: dict[str, torch.Tensor] | None = None
+    #: what each row's delta is read against the global table with: the row the client started
+    #: from less the global row (PerFedRec: a clustered client starts from its cluster's row);
+    #: None where every client starts from the global rows
+    offset: torch.Tensor | None = None
+
+    @property
+    def global_delta(self) -> torch.Tensor:
+        """Each row as it came back less the global row."""
+        return self.delta if self.offset is None else self.delta + self.offset
 
     def per_client(self) -> list[ClientUpload]:
-        """Each client's own upload: the row deltas of the items it sent (``items``, before
-        noise; pseudo rows included, in item order) and its shared weights, and whether it was
-        accepted."""
+        """Each client's own upload: the row deltas of the items it sent against the global
+        table (``items``, before noise; pseudo rows included, in item order) and its shared
+        weights, and whether it was accepted."""
         if self.shared_sum is not None:
             raise ValueError("this cohort's shared weights were uploaded summed, not per client")
         c = self.cohort
+        delta = self.global_delta
         out = []
         for k in range(len(c.clients)):
-            items, rows = c.row_items[c.rows_of(k)], self.delta[c.rows_of(k)]
+            items, rows = c.row_items[c.rows_of(k)], delta[c.rows_of(k)]
             if self.padding is not None:
                 ptr, p_items, p_rows = self.padding
                 items = np.concatenate([items, p_items[ptr[k]:ptr[k + 1]]])
