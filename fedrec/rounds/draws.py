@@ -24,6 +24,8 @@ BASIS = 9
 CLUSTERS = 10
 #: a client's neighbouring users in its expanded graph (FedPerGNN, `fedrec.federated.pergnn`)
 NEIGHBOURS = 11
+#: a client's contrastive candidates at a local step (UNION's term, `fedrec.federated.family.objective`)
+CONTRAST = 12
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)

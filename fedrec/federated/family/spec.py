@@ -116,8 +116,12 @@ class FamilySpec:
         if wanted and not self.baseline:
             spec = replace(spec, baseline=True)
         spec = spec._with_part("server", getattr(engine, "server_opt", None), ServerOpt.parse, "--server-opt")
-        return spec._with_part("objective", getattr(engine, "client_objective", None), parse_objective,
+        spec = spec._with_part("objective", getattr(engine, "client_objective", None), parse_objective,
                                "--client-objective")
+        if spec.objective is not None and spec.objective.reads_rows and spec.loss == "mse":
+            raise FedrecError(f"--client-objective {spec.objective.name} contrasts a client's positives with its "
+                              "negatives; a fit to ratings has no negatives")
+        return spec
 
     def _with_part(self, field: str, named: str | None, parse: Callable[[str], Any], flag: str) -> FamilySpec:
         """This spec with the part ``field`` the engine names (``named``, parsed by ``parse``); a

@@ -29,6 +29,7 @@ from fedrec.federated.family.model import (
     mean_loss,
     score,
 )
+from fedrec.federated.family.objective import ClientRows
 from fedrec.federated.family.personal import PersonalRows
 from fedrec.federated.family.server_opt import ServerOptimizer
 from fedrec.rounds import draws
@@ -185,6 +186,10 @@ class FamilyState:
     #: the item-row rules of `use_aggregation` apply: the server averages rows through
     #: `FamilyState.aggregate` (not a dataclass field; False where a state aggregates its own way)
     row_rules = True
+    #: the run's id of each of the state's clients (a Flower node's hold some; draws are keyed
+    #: by id) and the round being trained (not dataclass fields: set by `create`, `begin_round`)
+    client_ids: np.ndarray | None = None
+    round = 0
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
@@ -206,7 +211,7 @@ class FamilyState:
         ids = np.arange(n_clients) if client_ids is None else np.asarray(client_ids)
         private = client_params(spec, spec.private_names(), ids, (seed, draws.INIT))
         state = cls(spec, items, shared, private, lr, lr_item, PersonalRows(n_items, spec.item_width))
-        state.seed = seed
+        state.seed, state.client_ids = seed, ids
         return state
 
     # -- one round -------------------------------------------------------------------------
@@ -214,6 +219,7 @@ class FamilyState:
     def begin_round(self, r: int) -> Accumulator:
         """Start round ``r`` (1-based): empty running sums of the uploads to come (and of each
         row's contributors, under ``per_row``)."""
+        self.round = r
         self.round_start_items = self.items.clone() if self.spec.dual else None
         counts = torch.zeros(self.items.shape[0], dtype=self.items.dtype) if self.per_row else None
         return Accumulator(
@@ -241,12 +247,28 @@ class FamilyState:
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
         sent = (start, cohort.row_ptr) if spec.objective is not None else None
+        reads_rows = spec.objective is not None and spec.objective.reads_rows
+        roles = ClientRows.of(cohort.row_ptr, steps) if reads_rows else None
         loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
-        for step in steps:
+        for t, step in enumerate(steps):
+            # a term on the client's own rows (UNION's): its step is taken where the data term's
+            # starts, and applied with it
+            # (keyed by the epoch and the batch within it: lockstep step b of an epoch is every
+            # active client's b-th batch, whichever clients share the cohort)
+            extra = None if roles is None else spec.objective.rows_step(
+                rows, roles, step, self._ids(cohort),
+                (self.seed, draws.CONTRAST, self.round, *divmod(t, cohort.steps_per_epoch)), self.lr_item)
             loss_sum += self._step(params, rows, step, spec.phases(), sent=sent)
+            if extra is not None:
+                self._apply_item_step(rows, *extra)
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         return self._finish(cohort, params, start, rows, path, float(loss_sum))
+
+    def _ids(self, cohort: CohortBatches) -> np.ndarray:
+        """The run's ids of the cohort's clients (rows of this state)."""
+        ids = np.asarray(cohort.clients, np.int64)
+        return ids if self.client_ids is None else np.asarray(self.client_ids)[ids]
 
     def _gather(self, cohort: CohortBatches) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """What the cohort downloads and holds: its global rows (and a copy to train), and its
