@@ -188,7 +188,7 @@ class FamilyState:
     row_rules = True
     #: the run's id of each of the state's clients (a Flower node's hold some; draws are keyed
     #: by id) and the round being trained (not dataclass fields: set by `create`, `begin_round`)
-    client_ids: np.ndarray | None = None
+    client_ids = None
     round = 0
 
     @property
