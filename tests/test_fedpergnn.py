@@ -1,4 +1,4 @@
-"""FedPerGNN (`fedrec.federated.pergnn`): a round equals each client computing its own gradient
+"""FedPerGNN (`fedrec.federated.pergnn.state`): a round equals each client computing its own gradient
 alone, the plain way (a loop over its graph's nodes, a softmax, a mean BCE), and the server
 averaging; a client's neighbours are users who share one of its items and have published; the
 draws do not depend on how the round is chunked."""
@@ -15,8 +15,8 @@ from fedrec.core.contract import RoundPlan
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated import pergnn
 from fedrec.federated.engine import client_negatives
+from fedrec.federated.pergnn import state as pergnn
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from tests.client_alone import small_split

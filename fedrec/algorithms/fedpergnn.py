@@ -1,5 +1,5 @@
 """FedPerGNN: one graph-attention hop over each user's local graph, expanded with neighbouring
-users through a third party; see `fedrec.federated.pergnn`.
+users through a third party; see `fedrec.federated.pergnn.state`.
 
 Model options (``--set KEY=VALUE``): ``dim`` (32), ``neighbours`` (20 neighbouring users a
 client), ``user_std`` (0.1, the user vectors' start).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedrec.algorithms import AlgorithmSpec, register
-from fedrec.federated.pergnn import GNNSpec
+from fedrec.federated.pergnn.spec import GNNSpec
 from fedrec.options import Options
 
 

@@ -22,7 +22,7 @@ NEGATIVES, SHUFFLE, FRESH_USER, INIT, DROPOUT, LOCAL_NOISE, PAD_ITEMS, PAD_VALUE
 BASIS = 9
 #: a round's clustering of the users (PerFedRec's k-means starts, `fedrec.federated.perfedrec`)
 CLUSTERS = 10
-#: a client's neighbouring users in its expanded graph (FedPerGNN, `fedrec.federated.pergnn`)
+#: a client's neighbouring users in its expanded graph (FedPerGNN, `fedrec.federated.pergnn.state`)
 NEIGHBOURS = 11
 #: a client's contrastive candidates at a local step (UNION's term, `fedrec.federated.family.objective`)
 CONTRAST = 12

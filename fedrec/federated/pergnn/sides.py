@@ -11,7 +11,7 @@ it does both jobs:
 * each node's first answer names its clients' training items;
 * each reply carries its trained clients' new user vectors;
 * each train message carries the sampled clients' neighbours' vectors
-  (`fedrec.federated.pergnn.neighbours`, the simulator's draws).
+  (`fedrec.federated.pergnn.state.neighbours`, the simulator's draws).
 
 So the server learns what the paper keeps from it: every client's items and user vector. Run
 it only where the server may know them; `docs/fedpergnn.md` says so.
@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.federated.pergnn import GNNAlgorithm, GNNState, neighbours
+from fedrec.federated.pergnn.state import GNNAlgorithm, GNNState, neighbours
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.ragged import ranges
 from fedrec.rounds.sides import (
@@ -133,7 +133,7 @@ class GNNServer(ServerSide):
         width = widths.pop() if len(widths) == 1 else spec.dim
         d = spec.dim
         gen = torch.Generator().manual_seed(seed)  # the simulator's start (`GNNState`)
-        items = torch.randn((n_items, d), generator=gen) * cfg.item_std
+        items = torch.randn((n_items, d), generator=gen, device="cpu") * cfg.item_std
         self.items = torch.cat([items, torch.zeros((n_items, width - d))], 1)
         self.w, self.a = torch.eye(d), torch.zeros(2 * d)
         self.published = torch.zeros((n_clients, d))

@@ -61,11 +61,9 @@ import torch.nn.functional as F
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.core.device import here
-from fedrec.errors import FedrecError
 from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.spec import FamilySpec
-from fedrec.options import check
 from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import chunk_clients
@@ -78,40 +76,6 @@ CHUNK_SAMPLES = 1 << 20
 SCORE_CELLS = 1 << 23
 #: LeakyReLU's slope in the attention (GAT's)
 SLOPE = 0.2
-
-
-@dataclass(frozen=True)
-class GNNSpec:
-    """A FedPerGNN run (module docstring)."""
-
-    #: size of the user and item vectors and of the graph layer
-    dim: int = 32
-    #: neighbouring users in a client's expanded graph (0: its items alone)
-    neighbours: int = 20
-    #: std of the user vectors' start (the item rows start at ``--item-std``)
-    user_std: float = 0.1
-
-    def __post_init__(self) -> None:
-        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
-              (self.neighbours < 0, f"neighbours must be >= 0 (got {self.neighbours})"),
-              (self.user_std <= 0, "user_std must be > 0"))
-
-    def sides(self) -> tuple[type, type]:
-        """The client and server sides of its round in a deployment (`fedrec.federated.pergnn_sides`)."""
-        from fedrec.federated.pergnn_sides import GNNClient, GNNServer
-
-        return GNNClient, GNNServer
-
-    def flower_refusal(self, secure: bool) -> str | None:
-        if secure:
-            return "its server relays each client's published user vector, which a secure sum would hide"
-        return None
-
-    def algorithm(self, split: Split, cfg: Any, seed: int) -> GNNAlgorithm:
-        if cfg.aggregation not in ("clients", "contributors"):
-            raise FedrecError("FedPerGNN averages item rows over the round's clients (--aggregation clients) or "
-                              "over the clients that sent each row (contributors)")
-        return GNNAlgorithm(GNNState(self, split, cfg, seed), cfg)
 
 
 @dataclass
@@ -218,8 +182,9 @@ class GNNState:
     #: its server plainly averages item rows (the security layer's attacks and rules apply)
     plain_average = True
 
-    def __init__(self, spec: GNNSpec, split: Split, cfg: Any, seed: int, client_ids: np.ndarray | None = None) -> None:
-        """``client_ids``: the run's id of each row of ``split.train`` (a deployment's node
+    def __init__(self, spec: Any, split: Split, cfg: Any, seed: int, client_ids: np.ndarray | None = None) -> None:
+        """``spec``: the run's `fedrec.federated.pergnn.spec.GNNSpec` (not imported: the spec builds
+        this state). ``client_ids``: the run's id of each row of ``split.train`` (a deployment's node
         holds some of the users; draws are keyed by these ids), by default the rows' numbers."""
         self.spec, self.split, self.seed = spec, split, seed
         n, m, d = split.n_users, split.n_items, spec.dim
@@ -342,7 +307,7 @@ class GNNAlgorithm(FederatedAlgorithm):
     pads_uploads = True
     #: the key of the clients' own noise and pseudo rows (``--ldp``, ``--pad-items``): the
     #: run's seed in the simulator; a deployment's node draws its own, which the server cannot
-    #: redraw (`fedrec.federated.pergnn_sides`)
+    #: redraw (`fedrec.federated.pergnn.sides`)
     noise_seed: int | None = None
     #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
     security: Any = None

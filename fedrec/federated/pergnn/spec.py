@@ -1,0 +1,49 @@
+"""FedPerGNN's options (see `fedrec.federated.pergnn.state`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fedrec.errors import FedrecError
+from fedrec.options import check
+from fedrec.protocols.protocol import Split
+
+if TYPE_CHECKING:
+    from fedrec.federated.pergnn.state import GNNAlgorithm
+
+
+@dataclass(frozen=True)
+class GNNSpec:
+    """A FedPerGNN run (module docstring)."""
+
+    #: size of the user and item vectors and of the graph layer
+    dim: int = 32
+    #: neighbouring users in a client's expanded graph (0: its items alone)
+    neighbours: int = 20
+    #: std of the user vectors' start (the item rows start at ``--item-std``)
+    user_std: float = 0.1
+
+    def __post_init__(self) -> None:
+        check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
+              (self.neighbours < 0, f"neighbours must be >= 0 (got {self.neighbours})"),
+              (self.user_std <= 0, "user_std must be > 0"))
+
+    def sides(self) -> tuple[type, type]:
+        """The client and server sides of its round in a deployment (`fedrec.federated.pergnn.sides`)."""
+        from fedrec.federated.pergnn.sides import GNNClient, GNNServer
+
+        return GNNClient, GNNServer
+
+    def flower_refusal(self, secure: bool) -> str | None:
+        if secure:
+            return "its server relays each client's published user vector, which a secure sum would hide"
+        return None
+
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> GNNAlgorithm:
+        if cfg.aggregation not in ("clients", "contributors"):
+            raise FedrecError("FedPerGNN averages item rows over the round's clients (--aggregation clients) or "
+                              "over the clients that sent each row (contributors)")
+        from fedrec.federated.pergnn.state import GNNAlgorithm, GNNState
+
+        return GNNAlgorithm(GNNState(self, split, cfg, seed), cfg)
