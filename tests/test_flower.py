@@ -69,6 +69,8 @@ def _same_outcome(a: Any, b: Any) -> None:
     ("colr", {"clients_per_round": 0.5, "model": {"rank": 3}}),  # rows travel as r coordinates
     # cluster tables and the users' vectors travel beside the global rows
     ("perfedrec", {"clients_per_round": 0.5, "rounds": 3, "model": {"clusters": 3}}),
+    # the papers' rule: a cluster's rows divided by its clients that came back
+    ("perfedrec", {"aggregation": "clients", "rounds": 3, "model": {"clusters": 3}}),
     ("metamf", {"clients_per_round": 0.5, "item_lr_scale": 3000.0,
                 "model": {"hidden": 16, "memory": 12}}),
     # a squared error on the ratings (no negatives)
