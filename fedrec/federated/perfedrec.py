@@ -319,6 +319,8 @@ class PerFedRecServer(FamilyServer):
 
     #: its clusters are not a robust rule's rows (``--defence`` is refused with PerFedRec)
     takes_rule: ClassVar[bool] = False
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
+                                   "their clients' cluster sums, not each client's upload")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

@@ -67,7 +67,9 @@ def check_deployable(run: RunConfig, secure: bool = False, split: Split | None =
     if run.federated.defence is not None and not getattr(spec.sides()[1], "takes_rule", False):
         from fedrec.security.adversary import PLAIN_AVERAGE
 
-        raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{run.algorithm}'")
+        why = getattr(spec.sides()[1], "rule_refusal", None)  # a method the simulator defends
+        raise FedrecError(f"'{run.algorithm}': {why}" if why else
+                          f"--defence runs on {PLAIN_AVERAGE}, not on '{run.algorithm}'")
     if run.federated.defence is not None and (run.federated.dp_noise > 0 or run.federated.ldp > 0):
         raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the nodes "
                           "noise their clients' sum, so the two do not combine yet")

@@ -165,7 +165,7 @@ class Security:
 
 #: the methods whose server averages item rows, where the security layer plugs in
 PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
-                 "FedRAP, FedPerGNN and their variants)")
+                 "FedRAP, FedPerGNN, CoLR, PerFedRec and their variants)")
 
 
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import secrets
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -125,6 +125,10 @@ class GNNClient(ClientSide):
 class GNNServer(ServerSide):
     """FedPerGNN's server: the item table, the graph layer, and the third party's matching of
     items and relaying of published user vectors."""
+
+    #: why ``--defence`` is refused on Flower (the simulator runs it)
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
+                                   "their clients' summed rows, not each client's upload")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
