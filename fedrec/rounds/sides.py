@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,21 @@ def missing(reply: Payload, keys: Any) -> str | None:
     return f"missing {', '.join(gone)}" if gone else None
 
 
+def bad_item_ids(items: np.ndarray, n_items: int) -> str | None:
+    """The problem of a reply's item ids unless they are unique integers in 0..n_items-1."""
+    if items.ndim != 1 or items.dtype.kind not in "iu" or (len(items) and (
+            items.min() < 0 or items.max() >= n_items or len(np.unique(items)) != len(items))):
+        return "item ids are not unique integers in range"
+    return None
+
+
+def bad_floats(name: str, got: np.ndarray, want: tuple[int, ...]) -> str | None:
+    """The problem of a reply's float32 array ``name`` unless it has shape ``want`` and is finite."""
+    if got.shape != want or got.dtype != np.float32 or not np.isfinite(got).all():
+        return f"{name} has shape {got.shape} {got.dtype} or non-finite values, expected {want} float32"
+    return None
+
+
 # -- a node's data ---------------------------------------------------------------------------
 
 
@@ -182,6 +198,11 @@ class NodeData:
     def rows_of(self, clients: np.ndarray) -> np.ndarray:
         """Local rows of global client ids (all must be this node's)."""
         return local_rows(self.users, clients)
+
+    def view(self) -> SimpleNamespace:
+        """The node's share as the split a method's state reads (rows: the node's users)."""
+        return SimpleNamespace(train=self.train, sampler=self.sampler, n_users=len(self.users),
+                               n_items=self.n_items, protocol=self.protocol)
 
 
 def local_rows(held: np.ndarray, clients: np.ndarray) -> np.ndarray:

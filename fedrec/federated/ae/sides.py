@@ -31,6 +31,8 @@ from fedrec.rounds.sides import (
     Payload,
     RoundTotals,
     ServerSide,
+    bad_floats,
+    bad_item_ids,
     grouped_share,
     local_rows,
     missing,
@@ -162,14 +164,15 @@ class AEServer(ServerSide):
         if problem:
             return problem
         items = np.asarray(reply["items"])
-        if items.ndim != 1 or items.dtype.kind not in "iu" or (len(items) and (
-                items.min() < 0 or items.max() >= self.n_items or len(np.unique(items)) != len(items))):
-            return "item ids are not unique integers in range"
+        problem = bad_item_ids(items, self.n_items)
+        if problem:
+            return problem
         for k, v in self.glob.items():
             got = np.asarray(reply[f"rows.{k}" if k in ROW_TABLES else f"dense.{k}"])
             want = (len(items), *v.shape[1:]) if k in ROW_TABLES else tuple(v.shape)
-            if got.shape != want or got.dtype != np.float32 or not np.isfinite(got).all():
-                return f"{k} has shape {got.shape} {got.dtype} or non-finite values, expected {want} float32"
+            problem = bad_floats(k, got, want)
+            if problem:
+                return problem
         if int(reply["n"]) != len(clients) or not math.isfinite(float(reply["loss_sum"])):
             return f"{reply['n']} clients trained of the {len(clients)} sent, or a non-finite loss"
         return None

@@ -18,7 +18,6 @@ each client's model is the simulator's whenever it trains or is scored.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -52,9 +51,7 @@ class CAClient(ClientSide):
         self.spec, self.cfg = spec, cfg
         self.n_clients = split.n_users
         self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
-        view = SimpleNamespace(train=self.data.train, sampler=self.data.sampler, n_users=len(self.data.users),
-                               n_items=split.n_items, protocol=split.protocol)
-        self.state = CAState(spec, view, cfg, seed, client_ids=self.data.users)  # type: ignore[arg-type]
+        self.state = CAState(spec, self.data.view(), cfg, seed, client_ids=self.data.users)  # type: ignore[arg-type]
         self.received = np.zeros(len(self.data.users), bool)  # has downloaded the start
 
     def private_state(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ clients (`fedrec.federated.dae.state.server_step`).
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,8 @@ from fedrec.rounds.sides import (
     Payload,
     RoundTotals,
     ServerSide,
+    bad_floats,
+    bad_item_ids,
     local_rows,
     missing,
     node_users,
@@ -48,9 +49,7 @@ class DAEClient(ClientSide):
         self.spec, self.cfg = spec, cfg
         self.n_clients = split.n_users
         self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
-        view = SimpleNamespace(train=self.data.train, n_users=len(self.data.users), n_items=split.n_items,
-                               protocol=split.protocol)
-        self.state = DAEState(spec, view, seed, client_ids=self.data.users)  # type: ignore[arg-type]
+        self.state = DAEState(spec, self.data.view(), seed, client_ids=self.data.users)  # type: ignore[arg-type]
 
     def private_state(self) -> dict[str, Any]:
         return {"priv": self.state.priv}
@@ -135,14 +134,15 @@ class DAEServer(ServerSide):
         if problem:
             return problem
         items = np.asarray(reply["items"])
-        if items.ndim != 1 or items.dtype.kind not in "iu" or (len(items) and (
-                items.min() < 0 or items.max() >= self.n_items or len(np.unique(items)) != len(items))):
-            return "item ids are not unique integers in range"
+        problem = bad_item_ids(items, self.n_items)
+        if problem:
+            return problem
         for k, v in self.glob.items():
             got = np.asarray(reply[f"rows.{k}" if k == FIRST else f"dense.{k}"])
             want = (len(items), *v.shape[1:]) if k == FIRST else tuple(v.shape)
-            if got.shape != want or got.dtype != np.float32 or not np.isfinite(got).all():
-                return f"{k} has shape {got.shape} {got.dtype} or non-finite values, expected {want} float32"
+            problem = bad_floats(k, got, want)
+            if problem:
+                return problem
         if not 0 <= int(reply["n"]) <= len(clients) or not math.isfinite(float(reply["loss_sum"])):
             return f"{reply['n']} clients trained of the {len(clients)} sent, or a non-finite loss"
         return None

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import secrets
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -50,6 +49,8 @@ from fedrec.rounds.sides import (
     Payload,
     RoundTotals,
     ServerSide,
+    bad_floats,
+    bad_item_ids,
     local_rows,
     missing,
     node_users,
@@ -67,9 +68,7 @@ class GNNClient(ClientSide):
     def __init__(self, spec: Any, cfg: Any, seed: int, split: Split, partition: int, partitions: int) -> None:
         self.n_clients = split.n_users
         self.data = NodeData.of(split, node_users(split.n_users, partition, partitions))
-        view = SimpleNamespace(train=self.data.train, sampler=self.data.sampler, n_users=len(self.data.users),
-                               n_items=split.n_items, protocol=split.protocol)
-        state = GNNState(spec, view, cfg, seed, client_ids=self.data.users)  # type: ignore[arg-type]
+        state = GNNState(spec, self.data.view(), cfg, seed, client_ids=self.data.users)  # type: ignore[arg-type]
         self.algorithm = GNNAlgorithm(state, cfg)
         if cfg.ldp > 0 or cfg.pad_items:  # the node's own entropy, never the run's seed
             self.algorithm.noise_seed = secrets.randbits(62)
@@ -185,15 +184,15 @@ class GNNServer(ServerSide):
             return problem
         n = len(self._trainable(clients))
         items = np.asarray(reply["items"])
-        if items.ndim != 1 or items.dtype.kind not in "iu" or (len(items) and (
-                items.min() < 0 or items.max() >= self.n_items or len(np.unique(items)) != len(items))):
-            return "item ids are not unique integers in range"
+        problem = bad_item_ids(items, self.n_items)
+        if problem:
+            return problem
         shapes = {"rows": (len(items), self.items.shape[1]), "w": tuple(self.w.shape), "a": tuple(self.a.shape),
                   "published": (n, self.spec.dim)}
         for k, want in shapes.items():
-            got = np.asarray(reply[k])
-            if got.shape != want or got.dtype != np.float32 or not np.isfinite(got).all():
-                return f"{k} has shape {got.shape} {got.dtype} or non-finite values, expected {want} float32"
+            problem = bad_floats(k, np.asarray(reply[k]), want)
+            if problem:
+                return problem
         senders = np.asarray(reply["senders"])
         if senders.shape != items.shape or senders.dtype.kind not in "iu" or (senders < 1).any() or (senders > n).any():
             return f"row sender counts outside 1..{n}"
