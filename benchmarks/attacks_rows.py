@@ -7,6 +7,9 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
         --attacks pieck-ipe,pieck-uea --defences none,norm-bound,median,trimmed-mean,krum,multi-krum
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-poisonfrs-cluster \\
         --attacks poisonfrs,clusterattack --defences none,norm-bound,median,trimmed-mean,krum,multi-krum,union
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-personalfr \\
+        --methods personalfr --protocol ratio-rating-implicit --attacks none,fedrecattack,clusterattack \\
+        --defences none,norm-bound,median,trimmed-mean,krum,multi-krum,union
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--protocol", default=None, help="the split (default: each method's own)")
     ap.add_argument("--methods", default=",".join(POISON_METHODS))
     ap.add_argument("--attacks", required=True, help="comma-separated attacks (none: the clean run)")
     ap.add_argument("--defences", default="none", help="comma-separated defences (none: undefended)")
@@ -41,7 +45,8 @@ def main() -> None:
                     path = out / f"poison-{method}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
                     if path.exists():
                         continue
-                    blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir)
+                    blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
+                                      args.protocol)
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(blob, indent=1))
                     tmp.replace(path)

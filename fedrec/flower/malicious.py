@@ -33,6 +33,9 @@ class MaliciousNode:
     def __init__(self, run: RunConfig, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         spec = check_deployable(run, split=split)
+        if not hasattr(spec, "create_state"):  # PersonalFR: its attack runs in the simulator
+            raise FedrecError(f"'{run.algorithm}': a malicious Flower node crafts the item table of the item-embedding "
+                              "family; run its --attack in the simulator (`fedrec run`)")
         self.model_spec = getattr(spec, "family", spec)  # FedRAP's head is a family member
         lr_item = self.cfg.item_lr(split.n_items)
         server = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,

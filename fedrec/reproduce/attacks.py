@@ -315,18 +315,21 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
 
 
 def poison_run(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float,
-               rounds: int, data_dir: str | None) -> dict[str, Any]:
+               rounds: int, data_dir: str | None, protocol: str | None = None) -> dict[str, Any]:
     """One cell of the poisoning table: ``method`` on ML-100K in its paper setting for ``rounds``
     rounds, ``attack`` ("none": one target measured, no attacker) by a ``share`` of malicious
-    clients with rows x ``boost``, under ``defence``; the figures the table reports."""
+    clients with rows x ``boost``, under ``defence``; the figures the table reports. ``protocol``:
+    the split (None: the run's default; a rating method such as PersonalFR names a ranking one,
+    as ``ratio-rating-implicit``, so the target's exposure in a top 10 means something)."""
     from fedrec.experiment import RunConfig, federated_config, train
 
     opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
                             {"attack": attack, "boost": boost, "malicious": share})
     if defence != "none":
         opts["defence"] = defence
-    cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
-                    federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
+    where = {} if protocol is None else {"protocol": protocol}
+    cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir, **where,
+                    federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **where, **opts))
     start = time.perf_counter()
     res = train(cfg).result
     last = res.history[-1].extra
@@ -336,5 +339,6 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
             **{k: last[k] for k in keep if k in last},
             "er@10_by_round": [h.extra.get("er@10") for h in res.history],
             "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
+            **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
             "wall_seconds": time.perf_counter() - start}

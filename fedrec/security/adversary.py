@@ -71,19 +71,28 @@ class Security:
     attack: Attack | None = None
     rule: RobustRule | None = None
     last: dict[str, float] = field(default_factory=dict)
+    #: the users whose exposure is measured, when the clients are not one user each
+    #: (PersonalFR's clients hold groups of users); None: the ``n_benign`` clients
+    n_users: int | None = None
 
     @staticmethod
-    def build(cfg: Any, split: Any, lr_item: float, seed: int) -> Security | None:
-        """The security layer ``cfg`` asks for, or None (no attack, defence or targets)."""
+    def build(cfg: Any, split: Any, lr_item: float, seed: int, n_clients: int | None = None,
+              step_bound: float | None = None) -> Security | None:
+        """The security layer ``cfg`` asks for, or None (no attack, defence or targets).
+        ``n_clients``: the benign clients when they are not the data's users (the malicious are
+        ``--malicious`` of them); ``step_bound``: an Adam client's movement of a coordinate in a
+        round (`Knowledge.step_bound`)."""
         if cfg.attack is None and cfg.defence is None and not cfg.targets:
             return None
         n_targets = cfg.targets or (1 if cfg.attack is not None and cfg.attack not in UNTARGETED else 0)
         targets = choose_targets(split.train, n_targets, seed) if n_targets else np.zeros(0, np.int64)
-        n_mal = max(1, int(split.n_users * cfg.malicious)) if cfg.attack is not None else 0
-        sec = Security(split.n_users, n_mal, targets, known_interactions(split), cfg.clients_per_round, seed)
+        n_benign = split.n_users if n_clients is None else n_clients
+        n_mal = max(1, int(n_benign * cfg.malicious)) if cfg.attack is not None else 0
+        sec = Security(n_benign, n_mal, targets, known_interactions(split), cfg.clients_per_round, seed,
+                       n_users=None if n_clients is None else split.n_users)
         if cfg.attack is not None:
             know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
-                             cfg.lr, row_clip=cfg.clip)
+                             cfg.lr, row_clip=cfg.clip, step_bound=step_bound)
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:
@@ -110,7 +119,7 @@ class Security:
         return extra_sample(self.n_malicious, self.clients_per_round, self.seed, r)
 
     def malicious_uploads(self, spec: Any, table: torch.Tensor, shared: dict[str, torch.Tensor],
-                          r: int, clients: np.ndarray | None = None, wire: Any = None
+                          r: int, clients: np.ndarray | None = None, wire: Any = None, norm: float | None = None
                           ) -> tuple[list[ClientUpload], int]:
         """Round ``r``'s uploads of the sampled malicious clients (``clients``, 0-based among
         them; default `malicious_clients`), made from the global ``table`` and ``shared``
@@ -119,11 +128,13 @@ class Security:
         messages carry a row as ``wire_width`` numbers (`wire_rows`); a crafted row is then the
         best those numbers can carry, and costs what they cost (CoLR: the row's direction
         projected onto the round's subspace, at the row's own norm: of the rows in the subspace
-        within the attack's norm budget, the one that moves furthest along the crafted row)."""
+        within the attack's norm budget, the one that moves furthest along the crafted row).
+        ``norm``: the honest row norm, where the method measures it (FedCIA's similarity rows);
+        default the attack's own estimate (`Attack.budget`)."""
         clients = self.malicious_clients(r) if clients is None else clients
         if self.attack is None or not len(clients):
             return [], 0
-        sent = self.attack.uploads(table, clients, r, Surrogate(spec, shared))
+        sent = self.attack.uploads(table, clients, r, Surrogate(spec, shared), norm=norm)
         shared_floats = sum(v.numel() for v in shared.values())
         out, n_bytes = [], 0
         for c, p in zip(clients, sent, strict=True):
@@ -157,7 +168,8 @@ class Security:
         """The round's security figures: exposure of the targets, the defence's detection."""
         out = dict(self.last)
         if len(self.targets):
-            out.update(exposure(scores, self.known, self.targets, users=np.arange(self.n_benign)))
+            users = self.n_benign if self.n_users is None else self.n_users
+            out.update(exposure(scores, self.known, self.targets, users=np.arange(users)))
         if self.attack is not None:
             out["malicious_clients"] = float(self.n_malicious)
         return out
@@ -165,14 +177,16 @@ class Security:
 
 #: the methods whose server averages item rows, where the security layer plugs in
 PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
-                 "FedRAP, FedPerGNN, CoLR, PerFedRec and their variants)")
+                 "FedRAP, FedPerGNN, CoLR, PerFedRec, PersonalFR's decoder, FedCIA's similarity rows and "
+                 "their variants)")
 
 
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
-    no slot (FedCIA, the autoencoders), and an attack or a defence where its server does not
-    plainly average item rows (the graph methods, CentRAP: not yet); pseudo-item padding
+    no slot (FedCA, FedDAE), and an attack or a defence where its server does not plainly
+    average item rows (the graph methods, CentRAP, FedAvg of the whole autoencoder, FedCIA's
+    parameter averaging and GF-CF filters: not yet); pseudo-item padding
     (``--pad-items``) likewise, unless the algorithm draws its own pseudo rows (``pads_uploads``:
     FedPerGNN)."""
     asked = cfg.attack is not None or cfg.defence is not None or bool(cfg.targets)
@@ -188,8 +202,10 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
         return
     if not slot:
         raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
-                          f"FedRAP, FedPerGNN, GPFedRec and GFed-PP, not on {name} yet")
-    sec = Security.build(cfg, split, algorithm.lr_item, seed)
+                          f"FedRAP, FedPerGNN, PersonalFR, FedCIA, GPFedRec and GFed-PP, not on {name} yet")
+    # a method whose clients are not the data's users, or whose clients step by Adam, says so
+    sec = Security.build(cfg, split, algorithm.lr_item, seed, n_clients=getattr(algorithm, "security_clients", None),
+                         step_bound=getattr(algorithm, "step_bound", None))
     if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not plain:
         raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
     if sec is not None and sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):

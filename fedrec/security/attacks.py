@@ -104,6 +104,18 @@ class Knowledge:
     #: the protocol's bound on an uploaded row step (``--clip``; None: none): no honest row is
     #: longer, so the attacker's honest-norm budget is held to it too (`Attack.budget`)
     row_clip: float | None = None
+    #: how far an honest client's round moves a row's coordinate when its optimiser is Adam
+    #: (PersonalFR: the rate x the local steps; an Adam step moves a coordinate by about the
+    #: rate, in the sign of a steady gradient); None: one SGD step at ``lr_item``
+    step_bound: float | None = None
+
+    def honest_step(self, grad: torch.Tensor) -> torch.Tensor:
+        """The row step an honest client takes on the gradient ``grad``: ``-lr_item x grad``,
+        or under Adam (``step_bound``) ``-step_bound x sign(grad)``, the round's movement of a
+        coordinate whose gradient keeps its sign."""
+        if self.step_bound is not None:
+            return -self.step_bound * grad.sign()
+        return -self.lr_item * grad
 
     @property
     def popularity(self) -> np.ndarray:
@@ -252,7 +264,7 @@ class Attack:
     def _honest_norms(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
         """The row norms of the honest step of the attacker's *cover* client (a profile of κ/2
         random items as positives and as many random negatives, a user drawn as the run draws
-        one, one batch-mean BCE step at the run's item rate, each row held to the protocol's
+        one, one batch-mean BCE step at the run's item rate (`Knowledge.honest_step`), each row held to the protocol's
         ``--clip`` as an honest client's is). Everything it needs is what any
         client holds, so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
@@ -266,7 +278,7 @@ class Attack:
         with torch.enable_grad():
             loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
             (g,) = torch.autograd.grad(loss, [v])
-        norms = (self.know.lr_item * g).norm(dim=1)
+        norms = self.know.honest_step(g).norm(dim=1)
         return norms if self.know.row_clip is None else norms.clamp(max=self.know.row_clip)
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
@@ -508,7 +520,7 @@ class Attack:
         if train_own:
             for (k, t), g in zip(own.items(), grads[1:], strict=True):
                 self._own[k][c] = (t - 0.1 * g)[0].detach()
-        delta = -self.know.lr_item * grads[0]
+        delta = self.know.honest_step(grads[0])
         return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -106,6 +106,10 @@ class AEClient(ClientSide):
 
 class AEServer(ServerSide):
     """The server of the autoencoders: the shared layers, Equation 5 over the nodes' sums."""
+
+    #: why ``--defence`` is refused on Flower (the simulator runs it on PersonalFR)
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
+                                   "their clients' summed decoder, not each client's upload")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

@@ -104,6 +104,9 @@ class AESpec:
         """The federated algorithm the round driver trains."""
         if cfg.ldp or cfg.dp_noise or cfg.clip is not None:
             raise FedrecError("the autoencoder runs take no upload noise or clipping options")
+        if cfg.pad_items:
+            raise FedrecError("the autoencoder runs take no --pad-items: a client's pseudo rows of the decoder "
+                              "are not built")
         from fedrec.federated.ae.algorithm import AEAlgorithm
         from fedrec.federated.ae.state import AEState
 

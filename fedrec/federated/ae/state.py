@@ -34,6 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedrec.core.contract import ClientUpload
+from fedrec.federated.family.model import ITEMS
 from fedrec.models.autoencoder import (
     ROW_TABLES,
     codes,
@@ -259,13 +261,8 @@ class AEState:
         """The server's average over the cohort, equal weights (Algorithm 1). Rows a client did
         not have keep the previous global value in its model (Equation 5), or without
         compression the value weight decay left them at."""
-        C = len(cohort)
-        decaying = not self.spec.compression and self.spec.decay > 0 and self.spec.optimizer == "sgd"
-        decays = torch.ones(C)
-        if decaying:
-            decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.spec.decay,
-                                                self.spec.nesterov) for s in steps])
-        row_decay = decays[torch.as_tensor(np.repeat(np.arange(C), self.client_items[cohort]))]
+        decays, scale = self._decays(cohort, steps, lr)
+        row_decay = decays[torch.as_tensor(np.repeat(np.arange(len(cohort)), self.client_items[cohort]))]
         idx = torch.as_tensor(items)
         sums = {}
         for k, v in upload.items():
@@ -274,7 +271,62 @@ class AEState:
                 sums[k] = v - row_decay.view((-1,) + (1,) * (old.dim() - 1)) * old
             else:
                 sums[k] = v.sum(0)
-        apply_round(self.glob, idx, sums, C, float(decays.mean()) if decaying else 1.0)
+        apply_round(self.glob, idx, sums, len(cohort), scale)
+
+    def _decays(self, cohort: np.ndarray, steps: np.ndarray, lr: float) -> tuple[torch.Tensor, float]:
+        """Each client's weight-decay factor of the rows it did not train (1 unless SGD decays
+        a whole model sent without compression), and the rows' mean factor."""
+        if self.spec.compression or self.spec.decay <= 0 or self.spec.optimizer != "sgd":
+            return torch.ones(len(cohort)), 1.0
+        decays = torch.tensor([decay_factor(int(s), lr, self.spec.momentum, self.spec.decay, self.spec.nesterov)
+                               for s in steps])
+        return decays, float(decays.mean())
+
+    # ---- the security layer's view (PersonalFR: `fedrec.security.adversary`) -------------------
+
+    @property
+    def plain_average(self) -> bool:
+        """Whether the server averages the decoder alone over several clients (PersonalFR), so
+        its output rows and biases are an item table the security layer can read and aggregate
+        row by row. FedAvg of the whole model also shares the encoder's row table (not yet); the
+        Joint model has one client."""
+        return self.spec.share == "decoder" and self.K > 1
+
+    def out_table(self) -> torch.Tensor:
+        """The decoder's output rows beside their biases, ``(n_items, hidden[0] + 1)``: item j's
+        score for a user whose last decoder layer is h is (h, 1) · row j, a dot product."""
+        return torch.cat([self.glob["dec.out"], self.glob["dec.out.b"][:, None]], 1)
+
+    def client_uploads(self, cohort: np.ndarray, items: np.ndarray, upload: dict[str, torch.Tensor],
+                       steps: np.ndarray, lr: float) -> tuple[list[ClientUpload], float]:
+        """Each client's upload as the security layer reads it: its items' `out_table` row
+        deltas (what Equation 5 adds up) and its dense decoder layers; and the weight-decay
+        factor of the rows nobody trained (`apply_uploads`)."""
+        decays, scale = self._decays(cohort, steps, lr)
+        lengths = self.client_items[cohort]
+        idx = torch.as_tensor(items)
+        old = torch.cat([self.glob["dec.out"][idx], self.glob["dec.out.b"][idx][:, None]], 1)
+        new = torch.cat([upload["dec.out"], upload["dec.out.b"][:, None]], 1)
+        deltas = new - decays[torch.as_tensor(np.repeat(np.arange(len(cohort)), lengths))][:, None] * old
+        ptr = np.r_[0, np.cumsum(lengths)]
+        dense = [k for k in upload if k not in ROW_TABLES]
+        return [ClientUpload(int(c), items[ptr[k]:ptr[k + 1]],
+                             {ITEMS: deltas[ptr[k]:ptr[k + 1]], **{name: upload[name][k] for name in dense}})
+                for k, c in enumerate(cohort.tolist())], scale
+
+    def apply_uploads(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], n: int,
+                      scale: float = 1.0) -> None:
+        """Equation 5 from the security layer's sums over ``n`` accepted uploads: `out_table`'s
+        row-delta sums (after ``scale``, the weight decay of untrained rows) and the dense
+        layers' sums."""
+        width = self.glob["dec.out"].shape[1]
+        if scale != 1.0:
+            self.glob["dec.out"].mul_(scale)
+            self.glob["dec.out.b"].mul_(scale)
+        self.glob["dec.out"] += item_sum[:, :width] / n
+        self.glob["dec.out.b"] += item_sum[:, width] / n
+        for k, v in dense_sum.items():
+            self.glob[k] = v / n
 
     def round_bytes(self, cohort: np.ndarray, first_round: bool) -> tuple[int, int]:
         """Bytes up and down of a round (float32 values; with compression the item ids travel

@@ -23,7 +23,7 @@ the byte counts are what each client sends, as in the simulator.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -97,6 +97,10 @@ class CIAClient(ClientSide):
 
 class CIAServer(ServerSide):
     """The server of FedCIA and its baselines: the sum of the nodes' uploads, `combine`."""
+
+    #: why ``--defence`` is refused on Flower (the simulator runs it on FedCIA)
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
+                                   "their clients' summed similarities, not each client's upload")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from fedrec.federated.cia.state import CIAAlgorithm
 
 AGGREGATIONS = ("cia", "waa", "none")
+#: the attacks whose crafted rows go at a row budget, which FedCIA's similarity rows can carry
+#: (`fedrec.federated.cia.state.CIAAlgorithm`; the others train fake users by SGD steps)
+SIMILARITY_ATTACKS = ("fedrecattack", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs")
 FINETUNE_LOSSES = ("norm", "mse")
 SCOPES = ("all", "local")
 
@@ -93,6 +96,13 @@ class CIASpec:
             raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
         if cfg.dp_noise > 0 or cfg.clip is not None:
             raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
+        if cfg.pad_items:
+            raise FedrecError("FedCIA takes no --pad-items: a client uploads every item's similarities")
+        if cfg.attack is not None and cfg.attack not in SIMILARITY_ATTACKS:
+            raise FedrecError(f"FedCIA's malicious clients craft similarity rows at a row budget: --attack "
+                              f"{', '.join(SIMILARITY_ATTACKS)}")
+        if cfg.attack is not None and self.upload_rank:
+            raise FedrecError("FedCIA's crafted similarities travel dense: --attack does not take --set upload_rank yet")
         from fedrec.federated.cia.state import CIAAlgorithm, CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)

@@ -47,6 +47,8 @@ from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Up
 from fedrec.errors import FedrecError
 from fedrec.federated.cia.similarity import eigen, factors, finetune, reconstruct_sum
 from fedrec.federated.cia.stack import ClientStack
+from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.models.gfcf import LocalFilter
 from fedrec.partition import Partition
 from fedrec.protocols.negatives import ComplementSampler
@@ -94,6 +96,25 @@ class CIAState:
             self.user_stack[stack.users] = len(self.stacks)
             self.user_local[stack.users] = np.arange(len(stack.users))
             self.stacks.append(stack)
+
+    @property
+    def plain_average(self) -> bool:
+        """Whether the server averages whole similarity matrices (``cia`` over every item, with
+        parameter models and more than one client): their rows are what the security layer
+        reads and aggregates row by row (`CIAAlgorithm`)."""
+        return (not self.gfcf and self.spec.aggregation == "cia" and self.spec.scope == "all"
+                and self.n_clients > 1)
+
+    def start_similarity(self) -> torch.Tensor:
+        """The clients' mean E_k E_kᵀ before any training (float32): what a round-1 upload
+        moves from. Every client starts from its backbone's shared table, so any client can
+        compute it."""
+        m = self.n_items
+        total = torch.zeros(m, m, dtype=torch.float64)
+        for stack in self.stacks:
+            flat = stack.params["item"].permute(1, 0, 2).reshape(m, -1).double()
+            total += flat @ flat.T
+        return (total / self.n_clients).float()
 
     # ---- a round ---------------------------------------------------------------------------
 
@@ -329,11 +350,31 @@ class CIAAlgorithm(FederatedAlgorithm):
 
     #: each client's kept upload is what it sent, its LDP noise in it (`fedrec.security.inference`)
     keeps_noisy_uploads = True
+    #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
+    security: Any = None
+    takes_security = True
 
     def __init__(self, state: CIAState, cfg: Any, seed: int) -> None:
         self.state, self.cfg, self.seed = state, cfg, seed
         self.n_clients = state.n_clients
         self.max_rounds = 1 if state.gfcf else None
+        #: the last averaged similarity, kept when a round is attacked or defended (the
+        #: uploads' rows are read against it)
+        self.global_similarity: torch.Tensor | None = None
+
+    @property
+    def security_clients(self) -> int:
+        """The benign clients an attacker's share is counted against: the partition's."""
+        return self.n_clients
+
+    @property
+    def lr_item(self) -> float:
+        return float(self.cfg.lr)
+
+    @property
+    def _guarded(self) -> bool:
+        sec = self.security
+        return sec is not None and (sec.attack is not None or sec.rule is not None)
 
     def scale_rates(self, factor: float) -> bool:
         """Scale the clients' Adam rate and the fine-tune's (the driver's back-off); GF-CF has
@@ -350,9 +391,11 @@ class CIAAlgorithm(FederatedAlgorithm):
     def local_update(self, plan: RoundPlan) -> Uploads:
         """Every client trains, then computes what it uploads (`CIAState.client_sums`; each
         client's own upload too when `keep_uploads` is set)."""
+        if self._guarded and self.global_similarity is None:
+            self.global_similarity = self.state.start_similarity()
         loss, batches = self.state.train(self.cfg, plan.round)
         trained = time.perf_counter()
-        keep: list[ClientUpload] | None = [] if self.keep_uploads else None
+        keep: list[ClientUpload] | None = [] if self.keep_uploads or self._guarded else None
         sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), plan.rng, keep)
         return Uploads(payload=sums, per_client=keep, loss_sum=loss, client_batches=batches,
                        bytes_up=int(sums["bytes_up"]), bytes_down=int(sums["bytes_down"]),
@@ -360,9 +403,40 @@ class CIAAlgorithm(FederatedAlgorithm):
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
         """The server's step on the summed uploads, then every client takes it."""
-        sync, extra = combine(self.state.spec, uploads.payload)
+        payload = uploads.payload
+        if self._guarded:
+            assert uploads.per_client is not None
+            payload, n_bytes = self._defended(uploads.per_client, plan.round)
+            uploads.bytes_up, uploads.bytes_down = uploads.bytes_up + n_bytes, uploads.bytes_down + n_bytes
+        sync, extra = combine(self.state.spec, payload)
         self.state.apply(sync)
         uploads.extra = {**extra, **uploads.extra}
+
+    def _defended(self, kept: list[ClientUpload], r: int) -> tuple[dict[str, Any], int]:
+        """Round ``r``'s average with the attack's uploads and by the defence's rule; the bytes
+        the malicious clients send (and as many they download).
+
+        The security layer reads a similarity matrix as an item table whose row j is item j's
+        similarities: each client's upload is its rows less the last average's, the attacker
+        crafts rows against that average (matrix factorisation's dot product on them: a user's
+        score for item t read as Σ_j x_u[j] S̄[j, t]), and the rule aggregates row by row.
+        An honest row's change has no gradient step to size it, so the attacker's row budget is
+        the round's median honest row change (the attacker is given it: a strong attacker)."""
+        sec, prev = self.security, self.global_similarity
+        assert prev is not None
+        m = self.state.n_items
+        benign = [ClientUpload(u.client, u.items, {ITEMS: _dense(u) - prev}) for u in kept]
+        honest = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
+        attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
+        bad, n_bytes = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
+        item_sum, _, n = sec.sums(benign + bad, m, m, {}, prev, r)
+        if n:
+            self.global_similarity = prev + item_sum / n
+        n_bytes = len(bad) * m * m * 4  # a dense upload, whatever rows were crafted
+        return {"n": 1, "similarity": self.global_similarity.double(), "bytes_up": 0, "bytes_down": 0}, n_bytes
+
+    def round_extra(self) -> dict[str, float]:
+        return self.security.figures(self.scores) if self.security is not None else {}
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)
@@ -371,13 +445,25 @@ class CIAAlgorithm(FederatedAlgorithm):
         return self.state.run_extra()
 
     def server_state_dict(self) -> dict[str, Any]:
-        return {"global_filter": self.state._global_filter}
+        out: dict[str, Any] = {"global_filter": self.state._global_filter}
+        if self.global_similarity is not None:
+            out["global_similarity"] = self.global_similarity
+        return out
 
     def client_state_dict(self) -> dict[str, Any]:
         return self.state.client_state()
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         self.state._global_filter = blob["global_filter"]
+        self.global_similarity = blob.get("global_similarity")
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.load_client_state(blob)
+
+
+def _dense(upload: ClientUpload) -> torch.Tensor:
+    """A kept similarity upload as the dense matrix the server rebuilds (float32)."""
+    t = upload.tensors
+    if "similarity" in t:
+        return t["similarity"].float()
+    return reconstruct_sum(t["p"][None].double(), t["lam"][None].double()).float()

@@ -1,0 +1,133 @@
+"""Attacks and defences on FedCIA (`fedrec.federated.cia.state.CIAAlgorithm`): the security layer
+reads an uploaded similarity matrix as an item table whose row j is item j's similarities.
+
+A defended round's average is the per-coordinate rule over the clients' uploads written out; an
+unbounded norm-bound run ends as the plain run; the attacker is a share of the clients, its
+crafted rows no longer than the boost times the round's median honest row change, and they enter
+the average as one more upload each; what is not built is refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.core.contract import RoundPlan
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.cia.state import CIAAlgorithm, _dense
+from fedrec.federated.family.model import ITEMS
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+from fedrec.security.adversary import Security, attach
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    return make_split(synthetic(40, 30, mean_interactions=8, min_interactions=4, seed=6), "ratio-full", seed=0)
+
+
+def _algorithm(split: Split, **engine) -> CIAAlgorithm:  # type: ignore[no-untyped-def]
+    cfg = federated_config("fedcia", **{"local_epochs": 1, **engine})
+    spec = get_algorithm("fedcia").build(split, {"clients": 8, "dim": 6})
+    alg = spec.algorithm(split, cfg, seed=3)
+    attach(alg, split, cfg, seed=3)
+    return alg
+
+
+def _round(alg: CIAAlgorithm, r: int = 1):  # type: ignore[no-untyped-def]
+    plan = RoundPlan(r, np.arange(alg.n_clients), torch.Generator(), np.random.default_rng(r))
+    ups = alg.local_update(plan)
+    return ups, plan
+
+
+def test_a_defended_average_is_the_coordinate_wise_median_of_the_uploads(split: Split) -> None:
+    """Every client uploads every row, so under the median the new average is, coordinate by
+    coordinate, the median of the clients' similarity matrices; the clients then fine-tune
+    towards it."""
+    alg = _algorithm(split, defence="median")
+    ups, plan = _round(alg)
+    assert ups.per_client is not None and len(ups.per_client) == alg.n_clients
+    s = torch.stack([_dense(u) for u in ups.per_client]).sort(0).values
+    k = len(s)
+    want = (s[(k - 1) // 2] + s[k // 2]) / 2
+    alg.aggregate(ups, plan)
+    assert alg.global_similarity is not None
+    torch.testing.assert_close(alg.global_similarity, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_unbounded_norm_bound_run_ends_as_the_plain_run() -> None:
+    """The per-client path (each upload less the last average, summed by the rule) rebuilds the
+    plain average: three rounds end with the plain run's figures."""
+    def run(**opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", model={"clients": 6},
+                        federated=federated_config("fedcia", rounds=3, **opts))
+        return train(cfg)
+
+    plain, bounded = run(targets=1), run(defence="norm-bound", norm_bound=1e9)
+    assert bounded.result.test == pytest.approx(plain.result.test)
+    for a, b in zip(plain.model.state.stacks, bounded.model.state.stacks, strict=True):
+        torch.testing.assert_close(b.params["item"], a.params["item"], rtol=1e-3, atol=1e-3)
+
+
+def test_crafted_rows_are_a_share_of_the_clients_at_the_honest_row_budget(split: Split,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 34% share of 8 clients is 2 malicious clients (ids 8 and 9). Each crafted row is at most boost x the
+    round's median honest row change, and the average is the previous one plus the mean of the
+    benign and crafted changes over every upload."""
+    alg = _algorithm(split, attack="pipattack", boost=3.0, malicious=0.34)
+    sec = alg.security
+    assert isinstance(sec, Security) and (sec.n_benign, sec.n_malicious, sec.n_users) == (8, 2, split.n_users)
+    seen: dict[str, object] = {}
+    real = Security.malicious_uploads
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(self, *args, **kwargs)
+        seen["bad"], seen["norm"] = out[0], kwargs["norm"]
+        return out
+
+    monkeypatch.setattr(Security, "malicious_uploads", spy)
+    ups, plan = _round(alg)
+    prev = alg.global_similarity.clone()
+    assert ups.per_client is not None
+    honest = [_dense(u) - prev for u in ups.per_client]
+    alg.aggregate(ups, plan)
+    bad = seen["bad"]
+    assert [u.client for u in bad] == [8, 9]
+    median = float(torch.cat([h.norm(dim=1) for h in honest]).median())
+    assert seen["norm"] == pytest.approx(median, rel=1e-6)
+    total = torch.stack(honest).sum(0)
+    for u in bad:
+        assert float(u.tensors[ITEMS].norm(dim=1).max()) <= 3.0 * median * (1 + 1e-5)
+        total[torch.as_tensor(u.items)] += u.tensors[ITEMS]
+    torch.testing.assert_close(alg.global_similarity, prev + total / 10, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "option", "why"), [
+    ("fedcia", {"attack": "clusterattack"}, "craft similarity rows at a row budget"),
+    ("fedcia", {"attack": "pipattack", "model": {"clients": 6, "upload_rank": 4}}, "travel dense"),
+    ("fedcia", {"pad_items": 3}, "takes no --pad-items"),
+    ("fedlightgcn", {"defence": "median"}, "not on CIAState's aggregation yet"),
+    ("fedcia-gfcf", {"attack": "pipattack"}, "not on CIAState's aggregation yet"),
+])
+def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: str) -> None:
+    """FedCIA takes the attacks whose rows go at a budget, on dense uploads; parameter
+    averaging (FedLightGCN) and GF-CF's one-shot filters take none yet."""
+    model = option.pop("model", {"clients": 6})
+    cfg = RunConfig(algorithm=name, dataset="synthetic:60x80", protocol="ratio-full", model=model,
+                    federated=federated_config(name, rounds=1, **option))
+    with pytest.raises(FedrecError, match=why):
+        train(cfg)
+
+
+def test_flower_refuses_its_defence(split: Split) -> None:
+    """On Flower a node sends its clients' summed similarities, so the defence stays in the
+    simulator (said in one line)."""
+    from fedrec.flower.roles import check_deployable
+
+    run = RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", model={"clients": 6},
+                    federated=federated_config("fedcia", rounds=1, defence="median"))
+    with pytest.raises(FedrecError, match="summed similarities"):
+        check_deployable(run, split=split)
