@@ -173,7 +173,7 @@ def test_a_crafted_upload_is_what_the_rounds_coordinates_carry(split: Split) -> 
     attack = security.attack
     assert attack is not None
     crafted = attack.uploads
-    object.__setattr__(attack, "uploads", lambda *a: seen.extend(crafted(*a)) or seen)  # (a frozen dataclass)
+    object.__setattr__(attack, "uploads", lambda *a, **k: seen.extend(crafted(*a, **k)) or seen)  # (a frozen dataclass)
     bad, n_bytes = security.malicious_uploads(state.spec, state.items, state.shared, 1, wire=state)
     assert bad and all(len(u.items) for u in bad)
     q = state.basis

@@ -26,6 +26,12 @@ What the official code (sichunluo/PerFedRec, read at 4d0c8f0) does, and what fed
   the first two. The official code does this at evaluation only, with fixed equal weights, and
   for the round's participants only (it keeps no client model between rounds).
 
+**Attacks and defences** (`fedrec.security.adversary`). A malicious client is a client: it
+sends a user vector as everyone does, forged as one of the users it approximates from the public
+interactions, so the server clusters it, and its crafted rows join its cluster's table as well
+as the global one (`join_attackers`). A defence's rule aggregates the global table and each
+cluster's table, over the cluster's members (`guard_clusters`).
+
 On Flower (`PerFedRecClient`, `PerFedRecServer`) a node is told its sampled clients' clusters
 and sent the rows they need of those clusters' tables beside the global rows; it replies with
 the family's sums, each cluster's sums and the user vectors its clients sent.
@@ -48,7 +54,7 @@ import torch
 from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment
 
-from fedrec.federated.family.model import score
+from fedrec.federated.family.model import ITEMS, score
 from fedrec.federated.family.sides import FamilyClient, FamilyServer
 from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
 from fedrec.rounds import draws
@@ -218,6 +224,72 @@ class PerFedRecState(FamilyState):
         self.centroids = centroids
         self.labels[heard] = labels
 
+    # -- attackers (`fedrec.security.adversary`) -------------------------------------------
+
+    def admit_attackers(self, n: int) -> None:
+        """Room for ``n`` malicious clients (run ids after the benign ones) among the clients
+        the server clusters: a vector, a heard flag and a label each."""
+        assert self.labels is not None and self.server_users is not None and self.heard is not None
+        self.labels = np.concatenate([self.labels, np.full(n, -1, np.int64)])
+        self.server_users = torch.cat([self.server_users, self.server_users.new_zeros((n, self.spec.dim))])
+        self.heard = np.concatenate([self.heard, np.zeros(n, bool)])
+
+    def join_attackers(self, ids: np.ndarray, users: dict[str, torch.Tensor], uploads: list[Any]) -> int:
+        """The round's malicious clients (run ``ids``) send the user vectors they forged
+        (``users["user"]``) beside their crafted rows (``uploads``, in the same order): the
+        server keeps and clusters their vectors as anyone's, and a clustered attacker's rows
+        join its cluster's sums as a member's change. The bytes of the vectors."""
+        assert self.server_users is not None and self.labels is not None and self._cluster_sum is not None
+        assert self._cluster_count is not None and self.heard is not None
+        assert [u.client for u in uploads] == ids.tolist()
+        device = self.server_users.device
+        self.server_users[torch.as_tensor(ids, device=device)] = users["user"].to(self.server_users)
+        self.heard[ids] = True
+        self._sent.append(ids)
+        n_items = self.items.shape[0]
+        for c, u in zip(ids.tolist(), uploads, strict=True):
+            k = int(self.labels[c])
+            if k < 0 or not len(u.items):
+                continue
+            key = torch.as_tensor(k * n_items + np.asarray(u.items, np.int64), device=self._cluster_sum.device)
+            self._cluster_sum.index_add_(0, key, u.tensors[ITEMS].to(self._cluster_sum))
+            self._cluster_count.index_add_(0, key, torch.ones(len(key), dtype=self._cluster_count.dtype,
+                                                                device=self._cluster_count.device))
+        return len(ids) * self.spec.dim * FLOAT_BYTES
+
+    def guard_clusters(self, uploads: list[Any], rule: Any, key: tuple[int, ...]) -> None:
+        """A defence's rule on each cluster's table too (``rule``, a
+        `fedrec.security.robust.RobustRule`): the round's cluster sums become, row by row, the
+        rule's over the cluster's members' changes (a benign member's upload less the cluster's
+        offset from the global row; an attacker's crafted change as it sent it), and a row's
+        count its senders (less the members UNION drops). ``key``: the run's seed and the round
+        (UNION's sample, drawn per cluster)."""
+        if self.cluster_items is None:  # no cluster table yet: the round's tables are the global one
+            return
+        assert self.labels is not None and self.trained is not None
+        assert self._cluster_sum is not None and self._cluster_count is not None
+        n_items, width = self.items.shape
+        benign = len(self.trained)
+        self._cluster_sum.zero_()
+        self._cluster_count.zero_()
+        for k in range(self.clusters):
+            members = [u for u in uploads if u.accepted and self.labels[u.client] == k]
+            if not members:
+                continue
+            offset = self.cluster_items[k] - self.items
+            ups = [u if u.client >= benign else
+                   replace(u, tensors={**u.tensors, ITEMS: u.tensors[ITEMS] - offset[torch.as_tensor(u.items)]})
+                   for u in members]
+            item_sum, _, flagged = rule.aggregate(ups, n_items, width, {}, self.cluster_items[k], (*key, 1 + k))
+            kept = [u for u, f in zip(ups, flagged, strict=True) if not (rule.name == "union" and f)]
+            if not kept:
+                continue
+            items = np.concatenate([np.asarray(u.items, np.int64) for u in kept])
+            counts = torch.as_tensor(np.bincount(items, minlength=n_items), dtype=self._cluster_count.dtype)
+            rows = slice(k * n_items, (k + 1) * n_items)
+            self._cluster_sum[rows] = item_sum.to(self._cluster_sum)
+            self._cluster_count[rows] = counts.to(self._cluster_count.device)
+
     # -- scores ----------------------------------------------------------------------------
 
     def _score_block(self, clients: np.ndarray, items: np.ndarray | None) -> torch.Tensor:
@@ -326,9 +398,12 @@ class PerFedRecServer(FamilyServer):
                  n_items: int, secure: bool) -> None:
         super().__init__(spec, cfg, seed, hellos, n_clients, n_items, secure)
         st = self.state
-        st.labels = np.full(n_clients, -1, np.int64)
-        st.server_users = torch.zeros((n_clients, spec.dim), dtype=st.items.dtype)
-        st.heard = np.zeros(n_clients, bool)
+        # clients beyond the data's users (a node that declares them) have a slot too: the server
+        # samples and checks them as any client
+        total = n_clients + sum(int(h.get("extra_clients", 0)) for h in hellos.values())
+        st.labels = np.full(total, -1, np.int64)
+        st.server_users = torch.zeros((total, spec.dim), dtype=st.items.dtype)
+        st.heard = np.zeros(total, bool)
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         msg = super().message(r, node, clients)

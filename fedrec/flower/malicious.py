@@ -42,6 +42,9 @@ class MaliciousNode:
                                    seed=run.seed, client_ids=np.zeros(0, np.int64))
         if not getattr(server, "plain_average", False):
             raise FedrecError(f"'{run.algorithm}': --attack runs where the server averages item rows")
+        if hasattr(server, "admit_attackers"):  # PerFedRec: forged user vectors and cluster sums
+            raise FedrecError(f"'{run.algorithm}': its attackers send forged user vectors and join clusters, "
+                              "which the malicious node does not; run its --attack in the simulator (`fedrec run`)")
         security = Security.build(self.cfg, split, lr_item, run.seed)
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")

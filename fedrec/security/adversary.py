@@ -145,6 +145,15 @@ class Security:
             n_bytes += len(p.items) * (INDEX_BYTES + width * FLOAT_BYTES) + shared_floats * FLOAT_BYTES
         return out, n_bytes
 
+    def forged_users(self, spec: Any, table: torch.Tensor, shared: dict[str, torch.Tensor], r: int,
+                     clients: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """Round ``r``'s sampled malicious clients (run ids, after the benign ones) and the
+        private parameters each sends where the method asks for them (`Attack.forged_users`)."""
+        clients = self.malicious_clients(r) if clients is None else clients
+        assert self.attack is not None
+        users = self.attack.forged_users(table.detach().float().cpu(), clients, r, Surrogate(spec, shared))
+        return self.n_benign + np.asarray(clients, np.int64), users
+
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
              shared: dict[str, torch.Tensor], table: torch.Tensor | None = None, r: int = 0
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
@@ -212,3 +221,6 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
         raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
                           "adds the round's noise as one sum, so the two do not combine yet")
     algorithm.security = sec
+    admit = getattr(state, "admit_attackers", None)  # a server that keeps every client's vector
+    if admit is not None and sec is not None and sec.attack is not None:
+        admit(sec.n_malicious)

@@ -153,6 +153,7 @@ class Attack:
     #: PIECK: the popular items it mines (None: the paper's N, 10 for IPE and 15 for UEA)
     mined: int | None = None
     _users: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    _fit_round: int = field(default=-1, repr=False)  # the round ``_users`` were last fitted in
     _rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _own: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _profiles: list[np.ndarray] | None = field(default=None, repr=False)
@@ -229,6 +230,19 @@ class Attack:
         if self.name == "fedattack":
             return [Poisoned(*self._hardest(q, int(c), r, norm, model)) for c in clients]
         return [Poisoned(*self._fake_user(q, int(c), r, norm, model)) for c in clients]
+
+    def forged_users(self, q: torch.Tensor, clients: np.ndarray, r: int, model: Surrogate
+                     ) -> dict[str, torch.Tensor]:
+        """The private parameters the malicious ``clients`` send where a method asks every client
+        for them (PerFedRec's user vector, which the server clusters): each client sends those
+        of one user it approximates from the public interactions (FedRecAttack's approximation,
+        refitted once a round against the ``q`` it downloaded), a user with public interactions
+        drawn once per client. The server then clusters it with the users like that one."""
+        users, _ = self._approximate(q, r, model)
+        public = np.flatnonzero(np.diff(self.know.public.indptr) > 0)
+        pool = public if len(public) else np.arange(self.know.public.shape[0])
+        pick = torch.as_tensor([int(self.rng(20, int(c)).choice(pool)) for c in clients], dtype=torch.int64)
+        return {k: v[pick].clone() for k, v in users.items()}
 
     def _synthetic(self, q: torch.Tensor, c: int, r: int, norm: float, model: Surrogate) -> Poisoned:
         """A-ra / A-hum (Rong, He and Chen, IJCAI 2022): ``synthetic_users`` users drawn
@@ -334,7 +348,9 @@ class Attack:
         pub = self.know.public
         if self._users is None:
             self._users = model.draw(pub.shape[0], self.rng(2), self.init_std)
-        self._users = model.fit(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
+        if self._fit_round != r:  # once a round, whoever asks first (the attack, `forged_users`)
+            self._users = model.fit(self._users, q, pub, self.fit_steps, self.rng(3, r), self.fit_lr)
+            self._fit_round = r
         return self._users, pub
 
     def _popularity(self, q: torch.Tensor, norm: float) -> tuple[np.ndarray, torch.Tensor]:

@@ -70,6 +70,10 @@ class CohortAlgorithm(FederatedAlgorithm):
                                                  wire=self.state)
             if per_client is not None:
                 per_client.extend(bad)
+            join = getattr(self.state, "join_attackers", None)  # PerFedRec: they send user vectors too
+            if join is not None and bad:
+                ids, users = sec.forged_users(self.state.spec, self.state.items, self.state.shared, plan.round)
+                acc.bytes_up += join(ids, users, bad)
             acc.bytes_up += n_bytes
             acc.bytes_down += n_bytes
             if sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
@@ -88,6 +92,9 @@ class CohortAlgorithm(FederatedAlgorithm):
         if sec is not None and sec.rule is not None and uploads.per_client is not None:
             acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
                                                            self.state.shared, self.state.items, plan.round)
+            guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
+            if guard is not None:
+                guard(uploads.per_client, sec.rule, (self.seed, plan.round))
         self.state.aggregate(acc, self.path, plan.server_gen)
         self.rounds_done = plan.round
 
