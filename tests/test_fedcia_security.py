@@ -29,9 +29,9 @@ def split() -> Split:
     return make_split(synthetic(40, 30, mean_interactions=8, min_interactions=4, seed=6), "ratio-full", seed=0)
 
 
-def _algorithm(split: Split, **engine) -> CIAAlgorithm:  # type: ignore[no-untyped-def]
+def _algorithm(split: Split, model: dict | None = None, **engine) -> CIAAlgorithm:  # type: ignore[no-untyped-def]
     cfg = federated_config("fedcia", **{"local_epochs": 1, **engine})
-    spec = get_algorithm("fedcia").build(split, {"clients": 8, "dim": 6})
+    spec = get_algorithm("fedcia").build(split, {"clients": 8, "dim": 6, **(model or {})})
     alg = spec.algorithm(split, cfg, seed=3)
     attach(alg, split, cfg, seed=3)
     return alg
@@ -43,13 +43,16 @@ def _round(alg: CIAAlgorithm, r: int = 1):  # type: ignore[no-untyped-def]
     return ups, plan
 
 
-def test_a_defended_average_is_the_coordinate_wise_median_of_the_uploads(split: Split) -> None:
+@pytest.mark.parametrize("rank", [0, 3])
+def test_a_defended_average_is_the_coordinate_wise_median_of_the_uploads(split: Split, rank: int) -> None:
     """Every client uploads every row, so under the median the new average is, coordinate by
-    coordinate, the median of the clients' similarity matrices; the clients then fine-tune
-    towards it."""
-    alg = _algorithm(split, defence="median")
+    coordinate, the median of the clients' similarity matrices (a rank-L upload read as the
+    matrix its factors rebuild); the clients then fine-tune towards it."""
+    alg = _algorithm(split, {"upload_rank": rank}, defence="median")
     ups, plan = _round(alg)
     assert ups.per_client is not None and len(ups.per_client) == alg.n_clients
+    if rank:
+        assert "p" in ups.per_client[0].tensors
     s = torch.stack([_dense(u) for u in ups.per_client]).sort(0).values
     k = len(s)
     want = (s[(k - 1) // 2] + s[k // 2]) / 2

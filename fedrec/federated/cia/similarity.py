@@ -74,6 +74,12 @@ def factors(e: torch.Tensor, rank: int, path: UploadPath, rng: np.random.Generat
     return tuple(torch.as_tensor(path.laplace(x.detach().cpu().numpy(), rng)) for x in (p, lam))  # type: ignore[return-value]
 
 
+def similarity_sum(e: torch.Tensor) -> torch.Tensor:
+    """Σ_k E_k E_kᵀ of the clients' item tables ``e`` ``(K, M, d)``, in float64, as one GEMM."""
+    flat = e.permute(1, 0, 2).reshape(e.shape[1], -1).double()
+    return flat @ flat.T
+
+
 def reconstruct_sum(p: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """Σ_k P_k diag(λ_k) P_kᵀ, as the server rebuilds the clients' factored uploads."""
     m = p.shape[1]

@@ -45,7 +45,13 @@ import torch
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.errors import FedrecError
-from fedrec.federated.cia.similarity import eigen, factors, finetune, reconstruct_sum
+from fedrec.federated.cia.similarity import (
+    eigen,
+    factors,
+    finetune,
+    reconstruct_sum,
+    similarity_sum,
+)
 from fedrec.federated.cia.stack import ClientStack
 from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.spec import FamilySpec
@@ -112,8 +118,7 @@ class CIAState:
         m = self.n_items
         total = torch.zeros(m, m, dtype=torch.float64)
         for stack in self.stacks:
-            flat = stack.params["item"].permute(1, 0, 2).reshape(m, -1).double()
-            total += flat @ flat.T
+            total += similarity_sum(stack.params["item"])
         return (total / self.n_clients).float()
 
     # ---- a round ---------------------------------------------------------------------------
@@ -171,8 +176,7 @@ class CIAState:
                     total += s_k
                 up += stack.n_clients * m * m * 4
             else:
-                flat = e.permute(1, 0, 2).reshape(m, -1).double()
-                total += flat @ flat.T  # Σ_k E_k E_kᵀ in one GEMM
+                total += similarity_sum(e)
                 up += stack.n_clients * m * m * 4
         if path.ldp > 0 and not rank and keep is None:  # the clients' noise, summed in one pass
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
@@ -428,12 +432,12 @@ class CIAAlgorithm(FederatedAlgorithm):
         benign = [ClientUpload(u.client, u.items, {ITEMS: _dense(u) - prev}) for u in kept]
         honest = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
         attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
-        bad, n_bytes = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
+        bad, _ = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
         item_sum, _, n = sec.sums(benign + bad, m, m, {}, prev, r)
         if n:
             self.global_similarity = prev + item_sum / n
-        n_bytes = len(bad) * m * m * 4  # a dense upload, whatever rows were crafted
-        return {"n": 1, "similarity": self.global_similarity.double(), "bytes_up": 0, "bytes_down": 0}, n_bytes
+        sent = {"n": 1, "similarity": self.global_similarity.double(), "bytes_up": 0, "bytes_down": 0}
+        return sent, len(bad) * m * m * 4  # each sends a dense upload, whatever rows it crafted
 
     def round_extra(self) -> dict[str, float]:
         return self.security.figures(self.scores) if self.security is not None else {}
