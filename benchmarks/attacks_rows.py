@@ -10,6 +10,8 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-personalfr \\
         --methods personalfr --protocol ratio-rating-implicit --attacks none,fedrecattack,clusterattack \\
         --defences none,norm-bound,median,trimmed-mean,krum,multi-krum,union
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-graph \
+        --methods gfedpp --set public_attackers=true --attacks fedrecattack,pieck-uea --defences none,median
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ def main() -> None:
     ap.add_argument("--attacks", required=True, help="comma-separated attacks (none: the clean run)")
     ap.add_argument("--defences", default="none", help="comma-separated defences (none: undefended)")
     ap.add_argument("--boosts", default="1,10", help="undefended runs take each; defended runs the largest")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a model option beside the method's defaults (named in the file)")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
+    model = dict(kv.split("=", 1) for kv in args.set)
+    named = "".join(f"-{k}={v}" for k, v in sorted(model.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     boosts = [float(b) for b in args.boosts.split(",")]
@@ -42,11 +48,11 @@ def main() -> None:
                 for boost in (boosts if defence == "none" else [max(boosts)]):
                     b = None if boost == 1.0 or attack == "none" else boost
                     tag = "" if b is None else f"-b{b:g}"
-                    path = out / f"poison-{method}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
+                    path = out / f"poison-{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
                     if path.exists():
                         continue
                     blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
-                                      args.protocol)
+                                      args.protocol, model)
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(blob, indent=1))
                     tmp.replace(path)

@@ -178,8 +178,8 @@ def test_security_options_are_checked_up_front():
         _run(malicious=0.1)
     with pytest.raises(FedrecError, match="untargeted"):
         _run(attack="fedattack", targets=2)
-    cfg = RunConfig(algorithm="gpfedrec", dataset="synthetic:300x400",
-                    federated=federated_config("gpfedrec", rounds=1, defence="median"))
+    cfg = RunConfig(algorithm="centrap", dataset="synthetic:300x400",
+                    federated=federated_config("centrap", rounds=1, defence="median"))
     with pytest.raises(FedrecError, match="server averages item rows"):
         train(cfg)
 

@@ -25,6 +25,7 @@ class GPFedRecOptions(GraphSpec, Options):
     alpha: float = internal(0.5)
     gcn_layers: int = internal(1)
     ablation: str = internal("none")
+    public_attackers: bool = internal(False)
 
     def validate(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"))

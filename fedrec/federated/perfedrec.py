@@ -226,9 +226,10 @@ class PerFedRecState(FamilyState):
 
     # -- attackers (`fedrec.security.adversary`) -------------------------------------------
 
-    def admit_attackers(self, n: int) -> None:
+    def admit_attackers(self, n: int, attack: Any = None) -> None:
         """Room for ``n`` malicious clients (run ids after the benign ones) among the clients
-        the server clusters: a vector, a heard flag and a label each."""
+        the server clusters: a vector, a heard flag and a label each (``attack``: not read; the
+        vectors come each round, `join_attackers`)."""
         assert self.labels is not None and self.server_users is not None and self.heard is not None
         self.labels = np.concatenate([self.labels, np.full(n, -1, np.int64)])
         self.server_users = torch.cat([self.server_users, self.server_users.new_zeros((n, self.spec.dim))])

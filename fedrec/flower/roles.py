@@ -153,10 +153,12 @@ class Server:
 
     def _plug_defence(self) -> None:
         """The run's robust rule in the server side's ``rule`` slot, where its server plainly
-        averages item rows (as the simulator's `fedrec.security.adversary.attach` requires)."""
+        averages item rows or admits each client's rows (as the simulator's
+        `fedrec.security.adversary.attach` requires)."""
         from fedrec.security.adversary import PLAIN_AVERAGE, Security
 
-        if not getattr(self.side.state, "plain_average", False):  # (FedRAP-D shares no C to defend)
+        state = self.side.state
+        if not (getattr(state, "plain_average", False) or hasattr(state, "admit_uploads")):  # (FedRAP-D: no C)
             raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{self.run.algorithm}'")
         self.side.rule = Security.defence(self.cfg, self.n_clients, self.n_extra, self.n_items, self.run.seed)
 

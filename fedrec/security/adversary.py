@@ -163,6 +163,22 @@ class Security:
         count."""
         rule = self.rule or RobustRule("mean")
         item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r))
+        self._detected(per_client, flagged)
+        dropped = flagged if rule.name == "union" else np.zeros(len(per_client), bool)
+        return item_sum, shared_sum, sum(u.accepted and not d for u, d in zip(per_client, dropped, strict=True))
+
+    def admit(self, per_client: list[ClientUpload], table: torch.Tensor, r: int) -> list[torch.Tensor]:
+        """Round ``r``'s item rows as the defence's rule keeps them client by client
+        (`RobustRule.admit`: a server that uses each client's table, not a sum); records the
+        defence's detection figures. ``table``: the global table the rows' deltas apply to."""
+        rule = self.rule or RobustRule("mean")
+        kept, flagged = rule.admit(per_client, table, (self.seed, r))
+        self._detected(per_client, flagged)
+        return kept
+
+    def _detected(self, per_client: list[ClientUpload], flagged: np.ndarray) -> None:
+        """The round's detection figures of a rule that flags clients: how many, their precision
+        and recall against the malicious ones."""
         self.last = {}
         if self.rule is not None and self.rule.name in FLAGGING:
             bad = np.array([u.client >= self.n_benign for u in per_client])
@@ -170,8 +186,6 @@ class Security:
             self.last["flagged"] = float(flagged.sum())
             self.last["flag_precision"] = tp / max(float(flagged.sum()), 1.0)
             self.last["flag_recall"] = tp / max(float(bad.sum()), 1.0) if bad.any() else float("nan")
-        dropped = flagged if rule.name == "union" else np.zeros(len(per_client), bool)
-        return item_sum, shared_sum, sum(u.accepted and not d for u, d in zip(per_client, dropped, strict=True))
 
     def figures(self, scores: Any) -> dict[str, float]:
         """The round's security figures: exposure of the targets, the defence's detection."""
@@ -193,9 +207,10 @@ PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, Fe
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
-    no slot (FedCA, FedDAE), and an attack or a defence where its server does not plainly
-    average item rows (the graph methods, CentRAP, FedAvg of the whole autoencoder, FedCIA's
-    parameter averaging and GF-CF filters: not yet); pseudo-item padding
+    no slot (FedCA, FedDAE), and an attack or a defence where its server neither plainly
+    averages item rows nor admits each client's rows (``admit_uploads``: GPFedRec and GFed-PP)
+    (CentRAP, FedAvg of the whole autoencoder, FedCIA's parameter averaging and GF-CF
+    filters: not yet); pseudo-item padding
     (``--pad-items``) likewise, unless the algorithm draws its own pseudo rows (``pads_uploads``:
     FedPerGNN)."""
     asked = cfg.attack is not None or cfg.defence is not None or bool(cfg.targets)
@@ -205,6 +220,8 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     name = type(state).__name__ if state is not None else type(algorithm).__name__
     slot = bool(getattr(algorithm, "takes_security", False))
     plain = slot and bool(getattr(state, "plain_average", False))
+    # the graph methods' server keeps every client's table and admits its rows one by one
+    guarded = plain or (slot and hasattr(state, "admit_uploads"))
     if cfg.pad_items and not plain and not getattr(algorithm, "pads_uploads", False):
         raise FedrecError(f"--pad-items runs on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
     if not asked:
@@ -215,12 +232,13 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     # a method whose clients are not the data's users, or whose clients step by Adam, says so
     sec = Security.build(cfg, split, algorithm.lr_item, seed, n_clients=getattr(algorithm, "security_clients", None),
                          step_bound=getattr(algorithm, "step_bound", None))
-    if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not plain:
-        raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE}, not on {name}'s aggregation yet")
+    if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not guarded:
+        raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE} and on GPFedRec's and GFed-PP's "
+                          f"uploaded tables, not on {name}'s aggregation yet")
     if sec is not None and sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
         raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
                           "adds the round's noise as one sum, so the two do not combine yet")
     algorithm.security = sec
-    admit = getattr(state, "admit_attackers", None)  # a server that keeps every client's vector
+    admit = getattr(state, "admit_attackers", None)  # a server that keeps every client, or a graph of them
     if admit is not None and sec is not None and sec.attack is not None:
-        admit(sec.n_malicious)
+        admit(sec.n_malicious, sec.attack)

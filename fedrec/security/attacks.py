@@ -482,15 +482,29 @@ class Attack:
         labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
         return self._bce_step(q, c, items, labels, None if self.name == "boost" else norm, model, train_own=True)
 
-    def _profile(self, c: int) -> np.ndarray:
+    def declared(self) -> sp.csr_matrix:
+        """The interactions each malicious client declares where a method's clients share
+        theirs with the server (GFed-PP's public users), ``(n_malicious, n_items)``: a bandwagon
+        profile, the targets and popular items it knows (`_profile`), so that it looks like
+        the users who hold those items."""
+        profiles = [self._profile(c, "bandwagon") for c in range(self.n_malicious)]
+        rows = np.repeat(np.arange(self.n_malicious), [len(p) for p in profiles])
+        cols = np.concatenate(profiles) if profiles else np.zeros(0, np.int64)
+        return sp.csr_matrix((np.ones(len(cols), np.float32), (rows, cols)), shape=(self.n_malicious, self.know.n_items))
+
+    def _profile(self, c: int, kind: str | None = None) -> np.ndarray:
+        """Fake user ``c``'s positives by the shilling ``kind`` (default the attack's own name):
+        the targets and ``attack_items`` / 2 items in all, the most popular known ones
+        (popular), popular ones drawn at random (bandwagon) or any (random)."""
+        kind = self.name if kind is None else kind
         rng, t, n = self.rng(7, c), self.know.targets, self.know.n_items
         size = max(self.attack_items // 2 - len(t), 0)
         pop = self.know.popularity.astype(float)
         pop[t] = -np.inf
         popular = np.argsort(-pop, kind="stable")[: max(size, n // 10)]
-        if self.name == "popular":
+        if kind == "popular":
             return np.unique(np.concatenate([t, popular[:size]]))
-        pool = popular if self.name == "bandwagon" else np.setdiff1d(np.arange(n), t)
+        pool = popular if kind == "bandwagon" else np.setdiff1d(np.arange(n), t)
         return np.unique(np.concatenate([t, rng.choice(pool, min(size, len(pool)), replace=False)]))
 
     def _hardest(self, q: torch.Tensor, c: int, r: int, norm: float,

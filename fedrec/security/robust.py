@@ -33,11 +33,16 @@ Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped mo
 the rows it uploaded; UNION flags the clients it drops (the detection figures count these).
 
 Shared dense weights (FedNCF's MLP) are one "row" uploaded by every client.
+
+A server that uses every client's rows rather than their sum (GPFedRec's and GFed-PP's graph
+step) asks what a rule keeps of each client's rows instead (`RobustRule.admit`): the same
+judgement per row, applied client by client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,15 +133,17 @@ class RobustRule:
         scale = (bound / norms.clamp_min(1e-12)).clamp(max=1.0)
         return rows * scale[own, None]
 
-    def _grouped(self, rows: torch.Tensor, starts: np.ndarray, counts: np.ndarray
+    def _grouped(self, rows: torch.Tensor, starts: np.ndarray, counts: np.ndarray, locate: Any = None
                  ) -> tuple[torch.Tensor, np.ndarray]:
         """The rule's location estimate of each group of consecutive ``rows`` (group g:
-        ``counts[g]`` rows from ``starts[g]``), and which rows it dropped (Krum rules).
+        ``counts[g]`` rows from ``starts[g]``), and which rows it dropped (Krum rules);
+        ``locate``: what to estimate of a group (default `_locate`; `_kept_range`).
 
         Groups are taken in blocks of similar size, largest first, padded to the block's first
         (largest) group (NaN padding) so a block is one tensor operation within ``budget_mb``."""
         width = rows.shape[1]
-        out = torch.empty(len(counts), width)
+        locate = self._locate if locate is None else locate
+        out: torch.Tensor | None = None
         dropped = np.zeros(len(rows), bool)
         by_size = np.argsort(-counts, kind="stable")  # largest first: a block's first group sizes it
         g = 0
@@ -151,12 +158,14 @@ class RobustRule:
             src = (starts[block][:, None] + pos[None, :])[valid]
             padded = torch.full((len(block), c_max, width), float("nan"))
             padded[torch.as_tensor(valid)] = rows[torch.as_tensor(src)]
-            loc, keep = self._locate(padded, torch.as_tensor(counts[block]))
+            loc, keep = locate(padded, torch.as_tensor(counts[block]))
+            if out is None:
+                out = torch.empty(len(counts), loc.shape[1])
             out[torch.as_tensor(block)] = loc
             if keep is not None:
                 dropped[src] = ~keep[torch.as_tensor(valid)].cpu().numpy()
             g += take
-        return out, dropped
+        return (out if out is not None else torch.empty(0, width)), dropped
 
     def _locate(self, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Location of each group in ``x`` ``(G, C, D)`` (NaN-padded past ``c[g]`` rows)."""
@@ -164,14 +173,11 @@ class RobustRule:
             return x.nan_to_num(0.0).sum(1) / c[:, None], None
         if self.name in ("median", "trimmed-mean"):
             s = x.nan_to_num(float("inf")).sort(dim=1).values  # padding sorts last
-            pos = torch.arange(x.shape[1])[None, :]
+            lo, hi = self._kept(c)
             if self.name == "median":
-                lo, hi = (c - 1) // 2, c // 2
-                pick = lambda i: s.gather(1, i[:, None, None].expand(-1, 1, s.shape[2]))[:, 0]  # noqa: E731
-                return (pick(lo) + pick(hi)) / 2, None
-            k = torch.floor(self.trim * c.double()).long()  # float64: 0.45 x 20 is 9
-            k = torch.minimum(k, (c - 1) // 2)  # always keep at least one value
-            inside = (pos >= k[:, None]) & (pos < (c - k)[:, None])
+                return (_pick(s, lo) + _pick(s, hi)) / 2, None
+            pos = torch.arange(x.shape[1])[None, :]
+            inside = (pos >= lo[:, None]) & (pos <= hi[:, None])
             vals = torch.where(inside[:, :, None], s, torch.zeros(()))
             return vals.sum(1) / inside.sum(1, keepdim=True), None
         # Krum and Multi-Krum
@@ -197,6 +203,81 @@ class RobustRule:
             keep = (rank < n_keep[:, None]) & real
         chosen = torch.where(keep[:, :, None], z, torch.zeros(()))
         return chosen.sum(1) / keep.sum(1, keepdim=True), keep
+
+    def _kept(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first and last sorted positions a coordinate rule keeps of ``c`` values: the
+        middle one or two (median), all but ``--trim`` of each tail (trimmed mean, at least one)."""
+        if self.name == "median":
+            return (c - 1) // 2, c // 2
+        k = torch.floor(self.trim * c.double()).long()  # float64: 0.45 x 20 is 9
+        k = torch.minimum(k, (c - 1) // 2)
+        return k, c - k - 1
+
+    def _kept_range(self, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """Per group of ``x`` ``(G, C, D)``, the lowest and highest value the coordinate rule
+        keeps of each coordinate, ``(G, 2D)``."""
+        s = x.nan_to_num(float("inf")).sort(dim=1).values
+        lo, hi = self._kept(c)
+        return torch.cat([_pick(s, lo), _pick(s, hi)], 1), None
+
+    def admit(self, uploads: list[ClientUpload], table: torch.Tensor | None = None,
+              key: tuple[int, ...] = ()) -> tuple[list[torch.Tensor], np.ndarray]:
+        """What the rule keeps of each upload's item rows, client by client, for a server that
+        uses every client's rows rather than their sum (GPFedRec's and GFed-PP's graph step):
+        norm-bound scales a client's rows as `aggregate` does; Krum and Multi-Krum zero the
+        rows they drop, UNION every row of a client it drops; the median and the trimmed mean
+        clamp each coordinate into the range of the values they keep of that row (the middle
+        one or two; all but the trimmed tails), so no client's row moves further than the
+        rule's own estimate allows: under the median every sender of a row moves it by the
+        median (its sum is `aggregate`'s), under the trimmed mean the tails are winsorised.
+        ``mean`` keeps every row. Returns each upload's kept rows (zeros for a rejected one)
+        and the flags (`aggregate`'s)."""
+        kept = [u.tensors[ITEMS].float() if u.accepted else torch.zeros_like(u.tensors[ITEMS].float())
+                for u in uploads]
+        flagged = np.zeros(len(uploads), bool)
+        ok = [i for i, u in enumerate(uploads) if u.accepted]
+        if self.name == "union":
+            if table is None:
+                raise ValueError("the union defence needs the global item table")
+            dropped = union_filter([uploads[i] for i in ok], table, self.byzantine, key)
+            flagged[np.asarray(ok, np.int64)[dropped]] = True
+            return [torch.zeros_like(k) if f else k for k, f in zip(kept, flagged, strict=True)], flagged
+        sizes = [len(uploads[i].items) for i in ok]
+        if self.name == "mean" or not sum(sizes):
+            return kept, flagged
+        items = np.concatenate([uploads[i].items for i in ok]).astype(np.int64)
+        rows = torch.cat([kept[i] for i in ok])
+        owner = np.repeat(np.arange(len(ok)), sizes)
+        if self.name == "norm-bound":
+            rows = self._bound(rows, owner, len(ok))
+        else:
+            order = np.argsort(items, kind="stable")
+            by_item = rows[torch.as_tensor(order)]
+            sorted_items = items[order]
+            starts = np.flatnonzero(np.r_[True, sorted_items[1:] != sorted_items[:-1]])
+            counts = np.diff(np.r_[starts, len(sorted_items)])
+            if self.name in FLAGGING:  # Krum, Multi-Krum
+                _, dropped = self._grouped(by_item, starts, counts)
+                by_item = by_item * torch.as_tensor(~dropped)[:, None]
+                lost = np.zeros(len(items))
+                lost[order] = dropped
+                sent = np.bincount(owner, minlength=len(ok))
+                flagged[np.asarray(ok, np.int64)] = np.bincount(owner, weights=lost, minlength=len(ok)) > sent / 2
+            else:
+                bounds, _ = self._grouped(by_item, starts, counts, locate=self._kept_range)
+                group = torch.as_tensor(np.repeat(np.arange(len(starts)), counts))
+                lo, hi = bounds[:, : rows.shape[1]], bounds[:, rows.shape[1]:]
+                by_item = torch.minimum(torch.maximum(by_item, lo[group]), hi[group])
+            rows = torch.empty_like(rows)
+            rows[torch.as_tensor(order)] = by_item
+        for i, part in zip(ok, rows.split(sizes), strict=True):
+            kept[i] = part
+        return kept, flagged
+
+
+def _pick(s: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """Row ``i[g]`` of each group ``g`` of ``s`` ``(G, C, D)``: ``(G, D)``."""
+    return s.gather(1, i[:, None, None].expand(-1, 1, s.shape[2]))[:, 0]
 
 
 def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: float,

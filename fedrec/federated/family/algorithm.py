@@ -59,7 +59,8 @@ class CohortAlgorithm(FederatedAlgorithm):
 
         cohort = order_by_activity(self.split.train, plan.clients)
         sec = self.security
-        keep = self.keep_uploads or (sec is not None and sec.keeps_uploads)
+        own = hasattr(self.state, "admit_uploads")  # GPFedRec, GFed-PP: the state keeps each client's rows
+        keep = self.keep_uploads or (sec is not None and sec.keeps_uploads and not own)
         kept: list[Any] | None = [] if keep else None
         acc = self._acc
         train_cohort(self.state, self.spec, self.cfg, self.split.train, self.split.sampler, cohort,
@@ -76,7 +77,9 @@ class CohortAlgorithm(FederatedAlgorithm):
                 acc.bytes_up += join(ids, users, bad)
             acc.bytes_up += n_bytes
             acc.bytes_down += n_bytes
-            if sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
+            if own:  # their tables join the graph
+                self.state.receive_malicious(bad)
+            elif sec.rule is None:  # plain FedAvg: the malicious rows join the running sums
                 for u in bad:
                     acc.item_sum.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
                     acc.contributed(torch.as_tensor(u.items))
@@ -89,7 +92,9 @@ class CohortAlgorithm(FederatedAlgorithm):
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
         acc, sec = uploads.payload, self.security
-        if sec is not None and sec.rule is not None and uploads.per_client is not None:
+        if sec is not None and sec.rule is not None and hasattr(self.state, "admit_uploads"):
+            self.state.admit_uploads(sec, plan.round)
+        elif sec is not None and sec.rule is not None and uploads.per_client is not None:
             acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
                                                            self.state.shared, self.state.items, plan.round)
             guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too

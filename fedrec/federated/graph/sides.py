@@ -8,7 +8,8 @@ own (see `fedrec.rounds.sides`).
   a personalised table, that table (GPFedRec: p_i, the MSE target; GFed-PP: a public user's
   start). The node trains its clients with the simulator's `train_cohort` and replies with each
   client's uploaded rows (client, item, row), and GPFedRec's pull factor of each client.
-* **Server**: keeps every client's rows (`GraphState.uploads`) and aggregates as the simulator.
+* **Server**: keeps every client's rows (`GraphState.uploads`) and aggregates as the simulator;
+  under ``--defence`` the rule admits each client's rows first (`GraphState.admit_uploads`).
 * **Evaluate**: the node scores each client with the table it trained (kept from the train
   message and its own trained rows), as the simulator does.
 
@@ -99,8 +100,8 @@ class GraphClient(FamilyClient):
 class GraphServer(FamilyServer):
     """The server of GPFedRec / GFed-PP: every client's rows, the graph step, each client's table."""
 
-    #: its graph step reads every client's table: no robust rule of item rows yet
-    takes_rule: ClassVar[bool] = False
+    #: its nodes send each client's rows, which a robust rule admits before the graph step
+    takes_rule: ClassVar[bool] = True
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -133,9 +134,11 @@ class GraphServer(FamilyServer):
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         acc = self.acc
         acc.rejected += rejected
+        if self.rule is not None:  # the simulator's defended round (`GraphState.admit_uploads`)
+            self.state.admit_uploads(self.rule, r)
         self.state.aggregate(acc, self.path, gen)
         return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected,
-                           dict(self.state.round_extra()))
+                           {**self.state.round_extra(), **(self.rule.last if self.rule is not None else {})})
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         problem = missing(reply, ["owner", "items", "rows", "decay_clients", "decay", "n", "rejected",

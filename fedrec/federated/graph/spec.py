@@ -48,6 +48,9 @@ class GraphSpec:
     gcn_layers: int = 1
     #: the part a variant turns off: none, iei, ugc or upie
     ablation: str = "none"
+    #: under --attack, malicious clients declare themselves public and share forged
+    #: interactions (a bandwagon profile with the targets), so they join the user graph
+    public_attackers: bool = False
 
     def __post_init__(self) -> None:
         check(

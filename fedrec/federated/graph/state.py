@@ -55,9 +55,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec.core.contract import ClientUpload
 from fedrec.core.device import here
 from fedrec.errors import FedrecError, UnstableSetting
-from fedrec.federated.family.model import client_params, score
+from fedrec.federated.family.model import ITEMS, client_params, score
 from fedrec.federated.family.personal import PersonalRows
 from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
 from fedrec.federated.graph.user_graph import (
@@ -102,6 +103,10 @@ class GraphState(FamilyState):
     uploads: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = field(default_factory=list)
     seen: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    #: malicious clients in the graph, after the users (`admit_attackers`)
+    attackers: int = 0
+    #: GFed-PP's training interactions, of which the public users' build the graph (the server's)
+    interactions: sp.csr_matrix | None = None
     _target: torch.Tensor | None = None
     _ptr: torch.Tensor | None = None
 
@@ -143,9 +148,12 @@ class GraphState(FamilyState):
             shared = int(train[np.flatnonzero(public)].nnz)
             if graph.ablation not in ("ugc", "iei") and public.any():
                 adjacency = public_graph(train, public)
-        return GraphState(base.spec, base.items, base.shared, base.private, lr, lr_item,
-                          PersonalRows(n_items, graph.dim), None, graph, table, dense_of, public,
-                          adjacency, torch.ones(n_clients), shared)
+        out = GraphState(base.spec, base.items, base.shared, base.private, lr, lr_item,
+                         PersonalRows(n_items, graph.dim), None, graph, table, dense_of, public,
+                         adjacency, torch.ones(n_clients), shared)
+        if train is not None and not graph.gpfedrec and not node:  # the public users' rows: what the server holds
+            out.interactions = (sp.diags(public.astype(np.float32)) @ train).tocsr()
+        return out
 
     @property
     def n_items(self) -> int:
@@ -241,6 +249,72 @@ class GraphState(FamilyState):
         self.pending = True
         self.ldp = path.ldp
         self.noise_seed = int(torch.randint(2**62, (1,), generator=gen, device="cpu"))
+
+    # -- attackers and defences ---------------------------------------------------------------
+
+    def admit_attackers(self, n: int, attack: Any = None) -> None:
+        """Give ``n`` malicious clients, ids after the users, a place in the graph as the server
+        gives any client: a user of the neighbour graph with a table of its own under GPFedRec
+        (and GFed-PP's ``iei``); under GFed-PP a private user (it shares no interactions; its
+        start is q_g), or with ``public_attackers`` a public one that shares the interactions
+        ``attack`` declares (`Attack.declared`), and so joins the graph of public users. An
+        attacker claims no local steps, so GPFedRec's server rebuilds its untouched rows as q_g."""
+        if n <= 0:
+            return
+        public = bool(self.graph.public_attackers and not self.graph.gpfedrec and attack is not None)
+        self.attackers += n
+        self.public = np.concatenate([self.public, np.full(n, public)])
+        self.decay = torch.cat([self.decay, torch.ones(n, dtype=self.decay.dtype, device=self.decay.device)])
+        if public:
+            assert self.interactions is not None
+            declared = attack.declared()
+            self.interactions = sp.vstack([self.interactions, declared]).tocsr()
+            self.shared_interactions += int(declared.nnz)
+            if self.graph.ablation not in ("ugc", "iei"):
+                self.adjacency = public_graph(self.interactions, self.public)
+        dense = (self.graph.gpfedrec or self.graph.ablation == "iei"
+                 or (public and self.graph.ablation != "upie" and self.graph.alpha > 0))
+        start = int(self.table.shape[0]) if self.table is not None else 0
+        self.dense_of = np.concatenate([self.dense_of, np.arange(start, start + n) if dense else np.full(n, -1)])
+        if dense:
+            fresh = self.items.expand(n, *self.items.shape).clone()
+            self.table = fresh if self.table is None else torch.cat([self.table, fresh.to(self.table)])
+
+    def receive_malicious(self, uploads: list[ClientUpload]) -> None:
+        """The malicious clients' uploads (crafted row steps against q_g) as the tables they
+        send: each one's start rows plus its crafted steps."""
+        for u in uploads:
+            owner = np.full(len(u.items), u.client, np.int64)
+            items = np.asarray(u.items, np.int64)
+            self.uploads.append((owner, items, self._train_start(owner, items) + u.tensors[ITEMS].to(self.items)))
+        self.seen += len(uploads)
+
+    def admit_uploads(self, security: Any, r: int) -> None:
+        """Round ``r``'s uploads as the defence's rule admits them before the graph step: each
+        client's rows are its start rows plus its steps, and the rule judges the steps row by
+        row over the clients that sent each (`Security.admit`), against q_g."""
+        owner, items, rows = self._flat_uploads()
+        order = np.argsort(owner, kind="stable")
+        owner, items, rows = owner[order], items[order], rows[torch.as_tensor(order)]
+        start = self._train_start(owner, items)
+        bounds = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True]) if len(owner) else np.zeros(1, np.int64)
+        steps = rows - start
+        per_client = [ClientUpload(int(owner[a]), items[a:b], {ITEMS: steps[a:b]})
+                      for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        kept = security.admit(per_client, self.items, r)
+        admitted = torch.cat(kept).to(rows) if kept else rows
+        self.uploads = [(owner, items, start + admitted)]
+
+    def _train_start(self, owner: np.ndarray, items: np.ndarray) -> torch.Tensor:
+        """The rows clients ``owner`` started the round's training from at ``items``: q_g's
+        (GPFedRec; GFed-PP without a table), a GFed-PP client's own table's otherwise."""
+        it = torch.as_tensor(items)
+        start = self.items[it]
+        if not self.graph.gpfedrec:
+            has, rows = self._dense_rows(owner, it)
+            if has is not None:
+                start[has] = rows
+        return start
 
     # -- the server step ---------------------------------------------------------------------
 
@@ -346,7 +420,8 @@ class GraphState(FamilyState):
     def run_extra(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.graph.method}
         if not self.graph.gpfedrec:
-            out.update(public_users=int(self.public.sum()), private_users=int((~self.public).sum()),
+            public = self.public[: len(self.public) - self.attackers]
+            out.update(public_users=int(public.sum()), private_users=int((~public).sum()),
                        shared_interactions=self.shared_interactions)
             if self.adjacency is not None:
                 out["graph_density"] = graph_nnz(self.adjacency) / max(int(self.public.sum()) ** 2, 1)
@@ -356,7 +431,8 @@ class GraphState(FamilyState):
         """GFed-PP's public and private users, whose test figures the engine reports apart."""
         if self.graph.gpfedrec:
             return {}
-        return {"public": self.public.copy(), "private": ~self.public}
+        public = self.public[: len(self.public) - self.attackers]
+        return {"public": public.copy(), "private": ~public}
 
     def server_state_dict(self) -> dict[str, Any]:
         """The server of this family holds every client's uploaded rows and the graph's tables."""
