@@ -22,6 +22,7 @@ from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.federated.ae.algorithm import AEAlgorithm
 from fedrec.federated.family.spec import FamilySpec
+from fedrec.models.autoencoder import ROW_TABLES
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
 from fedrec.security.adversary import Security, attach
@@ -36,9 +37,9 @@ def split() -> Split:
                       seed=0)
 
 
-def _algorithm(split: Split, **engine) -> AEAlgorithm:  # type: ignore[no-untyped-def]
-    cfg = federated_config("personalfr", **{"lr": 0.01, "clients_per_round": 1.0, "local_epochs": 2, **engine})
-    spec = get_algorithm("personalfr").build(split, OPTIONS)
+def _algorithm(split: Split, name: str = "personalfr", **engine) -> AEAlgorithm:  # type: ignore[no-untyped-def]
+    cfg = federated_config(name, **{"lr": 0.01, "clients_per_round": 1.0, "local_epochs": 2, **engine})
+    spec = get_algorithm(name).build(split, OPTIONS)
     alg = spec.algorithm(split, cfg, seed=4)
     attach(alg, split, cfg, seed=4)
     return alg
@@ -50,11 +51,13 @@ def _median(x: torch.Tensor) -> torch.Tensor:
     return (s[(c - 1) // 2] + s[c // 2]) / 2
 
 
-def test_a_defended_round_is_the_per_client_median_and_equation_5(split: Split) -> None:
-    """Under the median, each output row moves by (its senders x their median delta) / the
-    round's clients, and each dense decoder layer becomes the median of the clients' layers;
-    written out client by client from what each one trained."""
-    alg = _algorithm(split, defence="median")
+@pytest.mark.parametrize("name", ["personalfr", "fedavg-ae"])
+def test_a_defended_round_is_the_per_client_median_and_equation_5(split: Split, name: str) -> None:
+    """Under the median, each item's row (output row and bias; under FedAvg the encoder's
+    first-layer row too) moves by (its senders x their median delta) / the round's clients, and
+    each shared dense layer becomes the median of the clients' layers; written out client by
+    client from what each one trained."""
+    alg = _algorithm(split, name, defence="median")
     st = alg.state
     plan = RoundPlan(1, np.arange(st.K), torch.Generator(), np.random.default_rng(1))
     before = {k: v.clone() for k, v in st.glob.items()}
@@ -64,32 +67,37 @@ def test_a_defended_round_is_the_per_client_median_and_equation_5(split: Split) 
     mine = {int(c): (items[ptr[k]:ptr[k + 1]], k) for k, c in enumerate(cohort)}
     alg.aggregate(ups, plan)
 
+    tables = [k for k in ("dec.out", "dec.out.b", "enc.in") if k in before]
+    assert ("enc.in" in tables) == (name == "fedavg-ae")
+
+    def row(t: dict[str, torch.Tensor], p: int) -> torch.Tensor:
+        return torch.cat([t[k][p].reshape(-1) for k in tables])
+
     n = len(cohort)
     for j in range(split.n_items):
         deltas = []
         for its, k in mine.values():
             at = np.flatnonzero(its == j)
             if len(at):
-                p = ptr[k] + int(at[0])
-                deltas.append(torch.cat([upload["dec.out"][p] - before["dec.out"][j],
-                                         (upload["dec.out.b"][p] - before["dec.out.b"][j])[None]]))
-        want = torch.cat([before["dec.out"][j], before["dec.out.b"][j][None]])
+                deltas.append(row(upload, ptr[k] + int(at[0])) - row(before, j))
+        want = row(before, j)
         if deltas:
             want = want + len(deltas) * _median(torch.stack(deltas)) / n
-        got = torch.cat([st.glob["dec.out"][j], st.glob["dec.out.b"][j][None]])
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for k in before:
-        if k.startswith("dec.") and k not in ("dec.out", "dec.out.b"):
-            torch.testing.assert_close(st.glob[k], _median(upload[k]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(row(st.glob, j), want, rtol=1e-5, atol=1e-6)
+    dense = [k for k in before if k not in ROW_TABLES]
+    assert dense and any(k.startswith("enc.") for k in dense) == (name == "fedavg-ae")
+    for k in dense:
+        torch.testing.assert_close(st.glob[k], _median(upload[k]), rtol=1e-5, atol=1e-6)
 
 
-def test_an_unbounded_norm_bound_run_is_the_plain_run() -> None:
+@pytest.mark.parametrize("name", ["personalfr", "fedavg-ae"])
+def test_an_unbounded_norm_bound_run_is_the_plain_run(name: str) -> None:
     """The per-client path (each client's deltas summed by the rule) rebuilds Equation 5: with a
     bound no client reaches, three rounds end where the plain rounds end."""
     def run(**opts):  # type: ignore[no-untyped-def]
-        cfg = RunConfig(algorithm="personalfr", dataset="synthetic:60x80", protocol="ratio-rating-implicit",
+        cfg = RunConfig(algorithm=name, dataset="synthetic:60x80", protocol="ratio-rating-implicit",
                         model={"clients": 10, "hidden": (8, 4)},
-                        federated=federated_config("personalfr", rounds=3, clients_per_round=0.5, **opts))
+                        federated=federated_config(name, rounds=3, clients_per_round=0.5, **opts))
         return train(cfg)
 
     plain, bounded = run(targets=1), run(defence="norm-bound", norm_bound=1e9)
@@ -138,13 +146,12 @@ def test_fedrecattack_exposes_its_target_and_the_median_stops_it() -> None:
 
 
 @pytest.mark.parametrize(("name", "option", "why"), [
-    ("fedavg-ae", {"attack": "fedrecattack"}, "not on AEState's aggregation yet"),
     ("ae", {"defence": "median"}, "not on AEState's aggregation yet"),
     ("personalfr", {"pad_items": 5}, "take no --pad-items"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: str) -> None:
-    """FedAvg of the whole model shares the encoder's row table too, and the Joint model has one
-    client: no attack or defence there; no autoencoder draws pseudo rows."""
+    """The Joint model has one client: no attack or defence there; no autoencoder draws pseudo
+    rows."""
     cfg = RunConfig(algorithm=name, dataset="synthetic:150x80", protocol="ratio-rating-implicit",
                     federated=federated_config(name, rounds=1, **option))
     with pytest.raises(FedrecError, match=why):

@@ -18,6 +18,12 @@ table (`AEState.out_table`) as it reads the item family's:
 * a defence's robust rule aggregates the output rows client by client, and the dense decoder
   layers as one row every client sends (as FedNCF's shared weights); Equation 5 then divides
   by the accepted uploads.
+
+**FedAvg of the whole autoencoder** shares the encoder too. Its first layer is a second item
+table whose rows a client sends for the same items, so the security layer reads both as one
+table (`AEState.row_table`: the output row and bias of item j, then its encoder row). The
+attacker crafts the scoring columns and sends its encoder rows and every dense layer back as
+they came; a rule judges item j's whole row.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.federated.ae.state import AEState
+from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.spec import FamilySpec
 from fedrec.models.autoencoder import ROW_TABLES
 from fedrec.rounds.upload import FLOAT_BYTES
@@ -113,11 +120,14 @@ class AEAlgorithm(FederatedAlgorithm):
         docstring); the bytes the malicious clients send (and as many they download)."""
         st, sec = self.state, self.security
         benign, scale = st.client_uploads(cohort, rows, upload, steps, self.cfg.lr)
-        table = st.out_table()
+        scoring, table = st.out_table(), st.row_table()
         dense = {k: v for k, v in st.glob.items() if k not in ROW_TABLES}
-        attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=table.shape[1])
-        bad, n_bytes = sec.malicious_uploads(attacker_model, table, {}, r)
-        for u in bad:  # the dense decoder layers go back as they came
+        attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
+        bad, n_bytes = sec.malicious_uploads(attacker_model, scoring, {}, r)
+        rest = table.shape[1] - scoring.shape[1]  # FedAvg's encoder rows go back as they came
+        for u in bad:  # and the dense layers
+            crafted = u.tensors[ITEMS]
+            u.tensors[ITEMS] = torch.cat([crafted, crafted.new_zeros((len(crafted), rest))], 1)
             u.tensors.update({k: v.clone() for k, v in dense.items()})
         n_bytes += len(bad) * sum(v.numel() for v in dense.values()) * FLOAT_BYTES
         item_sum, dense_sum, n = sec.sums(benign + bad, *table.shape, dense, table, r)

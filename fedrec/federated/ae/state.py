@@ -286,27 +286,38 @@ class AEState:
 
     @property
     def plain_average(self) -> bool:
-        """Whether the server averages the decoder alone over several clients (PersonalFR), so
-        its output rows and biases are an item table the security layer can read and aggregate
-        row by row. FedAvg of the whole model also shares the encoder's row table (not yet); the
-        Joint model has one client."""
-        return self.spec.share == "decoder" and self.K > 1
+        """Whether the server averages shared layers over several clients (PersonalFR's decoder,
+        FedAvg's whole model), so their item rows are a table the security layer can read and
+        aggregate row by row (`row_table`). The Joint model has one client."""
+        return self.K > 1
 
     def out_table(self) -> torch.Tensor:
         """The decoder's output rows beside their biases, ``(n_items, hidden[0] + 1)``: item j's
         score for a user whose last decoder layer is h is (h, 1) · row j, a dot product."""
         return torch.cat([self.glob["dec.out"], self.glob["dec.out.b"][:, None]], 1)
 
+    def row_table(self) -> torch.Tensor:
+        """Every shared row table side by side, ``(n_items, width)``: `out_table`'s columns
+        first, then (FedAvg) the encoder's first-layer rows. A client sends the rows of its
+        items of all of them, so item j's row is one upload row."""
+        return self._rows_of(self.glob)
+
+    def _rows_of(self, tables: dict[str, torch.Tensor], idx: torch.Tensor | None = None) -> torch.Tensor:
+        """``tables``' shared row tables (at ``idx``, or whole) as `row_table` lays them out."""
+        parts = [tables[k] if idx is None else tables[k][idx] for k in ("dec.out", "dec.out.b", "enc.in")
+                 if k in self.glob]
+        return torch.cat([p if p.dim() == 2 else p[:, None] for p in parts], 1)
+
     def client_uploads(self, cohort: np.ndarray, items: np.ndarray, upload: dict[str, torch.Tensor],
                        steps: np.ndarray, lr: float) -> tuple[list[ClientUpload], float]:
-        """Each client's upload as the security layer reads it: its items' `out_table` row
-        deltas (what Equation 5 adds up) and its dense decoder layers; and the weight-decay
+        """Each client's upload as the security layer reads it: its items' `row_table` row
+        deltas (what Equation 5 adds up) and its dense shared layers; and the weight-decay
         factor of the rows nobody trained (`apply_uploads`)."""
         decays, scale = self._decays(cohort, steps, lr)
         lengths = self.client_items[cohort]
         idx = torch.as_tensor(items)
-        old = torch.cat([self.glob["dec.out"][idx], self.glob["dec.out.b"][idx][:, None]], 1)
-        new = torch.cat([upload["dec.out"], upload["dec.out.b"][:, None]], 1)
+        old = self._rows_of(self.glob, idx)
+        new = self._rows_of(upload)
         deltas = new - decays[torch.as_tensor(np.repeat(np.arange(len(cohort)), lengths))][:, None] * old
         ptr = np.r_[0, np.cumsum(lengths)]
         dense = [k for k in upload if k not in ROW_TABLES]
@@ -316,15 +327,19 @@ class AEState:
 
     def apply_uploads(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], n: int,
                       scale: float = 1.0) -> None:
-        """Equation 5 from the security layer's sums over ``n`` accepted uploads: `out_table`'s
+        """Equation 5 from the security layer's sums over ``n`` accepted uploads: `row_table`'s
         row-delta sums (after ``scale``, the weight decay of untrained rows) and the dense
         layers' sums."""
-        width = self.glob["dec.out"].shape[1]
-        if scale != 1.0:
-            self.glob["dec.out"].mul_(scale)
-            self.glob["dec.out.b"].mul_(scale)
-        self.glob["dec.out"] += item_sum[:, :width] / n
-        self.glob["dec.out.b"] += item_sum[:, width] / n
+        at = 0
+        for k in ("dec.out", "dec.out.b", "enc.in"):
+            if k not in self.glob:
+                continue
+            t = self.glob[k]
+            width = t.shape[1] if t.dim() == 2 else 1
+            if scale != 1.0:
+                t.mul_(scale)
+            t += (item_sum[:, at : at + width] if t.dim() == 2 else item_sum[:, at]) / n
+            at += width
         for k, v in dense_sum.items():
             self.glob[k] = v / n
 
