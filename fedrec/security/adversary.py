@@ -200,8 +200,8 @@ class Security:
 
 #: the methods whose server averages item rows, where the security layer plugs in
 PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
-                 "FedRAP, FedPerGNN, CoLR, PerFedRec, PersonalFR's decoder, FedCIA's similarity rows and "
-                 "their variants)")
+                 "FedRAP, FedPerGNN, CoLR, PerFedRec, PersonalFR's decoder, FedAvg-AE's item rows, FedCIA's "
+                 "similarity rows and their variants)")
 
 
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
@@ -209,7 +209,7 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
     no slot (FedCA, FedDAE), and an attack or a defence where its server neither plainly
     averages item rows nor admits each client's rows (``admit_uploads``: GPFedRec and GFed-PP)
-    (CentRAP, FedAvg of the whole autoencoder, FedCIA's parameter averaging and GF-CF
+    (CentRAP, the one-client Joint autoencoder, FedCIA's parameter averaging and GF-CF
     filters: not yet); pseudo-item padding
     (``--pad-items``) likewise, unless the algorithm draws its own pseudo rows (``pads_uploads``:
     FedPerGNN)."""
