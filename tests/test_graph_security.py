@@ -155,6 +155,8 @@ def test_attackers_join_the_graph_with_q_g_plus_their_crafted_steps(split: Split
     else:
         assert st.table is not None
         torch.testing.assert_close(st.items, st.table.mean(0), rtol=1e-5, atol=1e-6)
+        # the attackers' reach into the users' personalised tables is recorded
+        assert 0.0 <= st.extra["attacker_weight"] <= st.extra["attacked_users"] <= 1.0
     assert st.user_groups() == {} or len(st.user_groups()["public"]) == 40
 
 

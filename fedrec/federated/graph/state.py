@@ -353,6 +353,11 @@ class GraphState(FamilyState):
                 gram.add(uploaded(k).view(n, -1).double())
             g, stats = neighbour_graph(gram.result(), self.graph.similarity, self.graph.threshold)
             self.extra.update(stats)
+            if self.attackers:  # how far into the users' personalised tables the attackers reach
+                users = n - self.attackers
+                weight = g[:users, users:].sum(1)
+                self.extra.update(attacked_users=float((weight > 0).float().mean()),
+                                  attacker_weight=float(weight.mean()))
             assert self.table is not None
             for k, (a, b, _) in enumerate(blocks):
                 x = uploaded(k).view(n, -1)
@@ -414,7 +419,9 @@ class GraphState(FamilyState):
 
     def round_extra(self) -> dict[str, float]:
         """The server step at the start of this round: its seconds and, for GPFedRec, the graph
-        it built (mean neighbours, their mean similarity and the others')."""
+        it built (mean neighbours, their mean similarity and the others'; under an attack, the
+        share of users with an attacker among their neighbours and the attackers' mean weight
+        in a user's personalised table)."""
         return dict(self.extra)
 
     def run_extra(self) -> dict[str, Any]:
