@@ -37,6 +37,8 @@ def main() -> None:
                     help="a model option beside the method's defaults (named in the file)")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
+    if any("=" not in kv for kv in args.set):
+        ap.error("--set takes KEY=VALUE")
     model = dict(kv.split("=", 1) for kv in args.set)
     named = "".join(f"-{k}={v}" for k, v in sorted(model.items()))
     out = Path(args.out)

@@ -120,9 +120,7 @@ class RobustRule:
             loc, _ = self._grouped(stacked, np.array([0]), np.array([len(ok)]))
             shared_sum[k] = (loc[0] * len(ok)).reshape(v.shape)
         if self.name in FLAGGING:
-            sent = np.bincount(owner, minlength=len(ok))
-            lost = np.bincount(owner, weights=dropped, minlength=len(ok))
-            flagged[[i for i, u in enumerate(uploads) if u.accepted]] = lost > sent / 2
+            flagged[[i for i, u in enumerate(uploads) if u.accepted]] = _dropped_most(owner, dropped, len(ok))
         return item_sum, shared_sum, flagged
 
     def _bound(self, rows: torch.Tensor, owner: np.ndarray, n: int) -> torch.Tensor:
@@ -259,10 +257,7 @@ class RobustRule:
             if self.name in FLAGGING:  # Krum, Multi-Krum
                 _, dropped = self._grouped(by_item, starts, counts)
                 by_item = by_item * torch.as_tensor(~dropped)[:, None]
-                lost = np.zeros(len(items))
-                lost[order] = dropped
-                sent = np.bincount(owner, minlength=len(ok))
-                flagged[np.asarray(ok, np.int64)] = np.bincount(owner, weights=lost, minlength=len(ok)) > sent / 2
+                flagged[np.asarray(ok, np.int64)] = _dropped_most(owner[order], dropped, len(ok))
             else:
                 bounds, _ = self._grouped(by_item, starts, counts, locate=self._kept_range)
                 group = torch.as_tensor(np.repeat(np.arange(len(starts)), counts))
@@ -273,6 +268,13 @@ class RobustRule:
         for i, part in zip(ok, rows.split(sizes), strict=True):
             kept[i] = part
         return kept, flagged
+
+
+def _dropped_most(owner: np.ndarray, dropped: np.ndarray, n: int) -> np.ndarray:
+    """Which of ``n`` uploads a Krum rule flags: those with more than half of their rows
+    (row k sent by ``owner[k]``) dropped."""
+    sent = np.bincount(owner, minlength=n)
+    return np.bincount(owner, weights=dropped, minlength=n) > sent / 2
 
 
 def _pick(s: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
