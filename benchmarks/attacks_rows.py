@@ -12,6 +12,9 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
         --defences none,norm-bound,median,trimmed-mean,krum,multi-krum,union
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-graph \
         --methods gfedpp --set public_attackers=true --attacks fedrecattack,pieck-uea --defences none,median
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-feddae \
+        --methods feddae --engine clients_per_round=0.1 --attacks none,fedrecattack,pieck-uea \
+        --defences none,norm-bound,median,trimmed-mean,krum,union
 """
 
 from __future__ import annotations
@@ -35,12 +38,18 @@ def main() -> None:
     ap.add_argument("--boosts", default="1,10", help="undefended runs take each; defended runs the largest")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a model option beside the method's defaults (named in the file)")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=NUMBER",
+                    help="an engine option beside the paper setting (named in the file)")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
-    if any("=" not in kv for kv in args.set):
-        ap.error("--set takes KEY=VALUE")
+    if any("=" not in kv for kv in args.set + args.engine):
+        ap.error("--set and --engine take KEY=VALUE")
     model = dict(kv.split("=", 1) for kv in args.set)
-    named = "".join(f"-{k}={v}" for k, v in sorted(model.items()))
+    try:
+        engine = {k: float(v) if "." in v or "e" in v else int(v) for k, v in (kv.split("=", 1) for kv in args.engine)}
+    except ValueError:
+        ap.error("--engine takes KEY=NUMBER")
+    named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     boosts = [float(b) for b in args.boosts.split(",")]
@@ -54,7 +63,7 @@ def main() -> None:
                     if path.exists():
                         continue
                     blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
-                                      args.protocol, model)
+                                      args.protocol, model, engine)
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(blob, indent=1))
                     tmp.replace(path)

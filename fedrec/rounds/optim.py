@@ -28,6 +28,9 @@ def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
     if not isinstance(steps, torch.Tensor):
         from torch.optim.adam import adam
 
+        if g.stride() != p.stride():  # the fused kernel pairs p's and g's elements in memory order
+            g = torch.empty_like(p).copy_(g)
+
         adam([p], [g], [m], [v], [], [torch.tensor(float(steps - 1), device=p.device)], fused=True,
              amsgrad=False, beta1=BETA1, beta2=BETA2, lr=lr, weight_decay=weight_decay, eps=EPS,
              maximize=False)

@@ -200,14 +200,14 @@ class Security:
 
 #: the methods whose server averages item rows, where the security layer plugs in
 PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, FedRecon, PFedRec, MetaMF, "
-                 "FedRAP, FedPerGNN, CoLR, PerFedRec, PersonalFR's decoder, FedAvg-AE's item rows, FedCIA's "
-                 "similarity rows and their variants)")
+                 "FedRAP, FedPerGNN, CoLR, PerFedRec, PersonalFR's decoder, FedAvg-AE's item rows, FedDAE's "
+                 "gradient rows, FedCIA's similarity rows and their variants)")
 
 
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
-    no slot (FedCA, FedDAE), and an attack or a defence where its server neither plainly
+    no slot (FedCA), and an attack or a defence where its server neither plainly
     averages item rows nor admits each client's rows (``admit_uploads``: GPFedRec and GFed-PP)
     (CentRAP, the one-client Joint autoencoder, FedCIA's parameter averaging and GF-CF
     filters: not yet); pseudo-item padding
@@ -228,7 +228,7 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
         return
     if not slot:
         raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
-                          f"FedRAP, FedPerGNN, PersonalFR, FedCIA, GPFedRec and GFed-PP, not on {name} yet")
+                          f"FedRAP, FedPerGNN, PersonalFR, FedDAE, FedCIA, GPFedRec and GFed-PP, not on {name} yet")
     # a method whose clients are not the data's users, or whose clients step by Adam, says so
     sec = Security.build(cfg, split, algorithm.lr_item, seed, n_clients=getattr(algorithm, "security_clients", None),
                          step_bound=getattr(algorithm, "step_bound", None))

@@ -14,12 +14,12 @@ clients (`fedrec.federated.dae.state.server_step`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from fedrec.federated.dae.state import DAEState, initial_parts, server_step
+from fedrec.federated.dae.state import FIRST, DAEState, initial_parts, server_step
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.ragged import ranges
 from fedrec.rounds.sides import (
@@ -37,9 +37,6 @@ from fedrec.rounds.sides import (
     stage_metrics,
     wire_ids,
 )
-
-#: the global encoder's first layer: an item's row, sent for the items a client holds
-FIRST = "g.W0"
 
 
 class DAEClient(ClientSide):
@@ -96,6 +93,10 @@ class DAEClient(ClientSide):
 
 class DAEServer(ServerSide):
     """FedDAE's server: the global encoder and decoder and its Adam state."""
+
+    #: why ``--defence`` is refused on Flower (the simulator runs it)
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
+                                   "their clients' summed gradients, not each client's upload")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

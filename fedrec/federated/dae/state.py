@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Uploads
 from fedrec.core.device import here
 from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.spec import FamilySpec
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
 from fedrec.rounds.optim import adam_
@@ -66,6 +67,8 @@ _DROP_LOCAL, _DROP_GLOBAL, _DROP_GATE, _NOISE_LOCAL, _NOISE_GLOBAL = range(5)
 CHUNK_BYTES = 1 << 30
 #: users scored at once
 SCORE_USERS = 256
+#: the global encoder's first layer: an item's row, which a client uses (and sends) for its bag
+FIRST = "g.W0"
 
 
 def _mlp(prefix: str, widths: list[int], gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -209,26 +212,28 @@ class DAEState:
     def beta(self, r: int) -> float:
         return self.spec.beta * math.tanh(r / 10)
 
-    def train(self, clients: np.ndarray, cfg: Any, r: int, keep: list[ClientUpload] | None = None
-              ) -> tuple[dict[str, torch.Tensor], float, int]:
+    def train(self, clients: np.ndarray, cfg: Any, r: int, keep: list[ClientUpload] | None = None,
+              norms: list[torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], float, int]:
         """Round ``r``'s local training of ``clients`` (those with a training item); the sums
         over them of their accumulated gradients of the global parts, the loss sum, and their
-        number. ``keep``: each client's own upload is appended to it."""
+        number. ``keep``: each client's own upload is appended to it; ``norms``: the norms of
+        the clients' accumulated gradients of their bag items' `out_table` rows (the rows an
+        honest client moves most, which an attacker's rows match) are appended to it."""
         clients = np.asarray(clients, np.int64)
         clients = clients[np.diff(self.matrix.indptr)[clients] > 0]
-        per_client = 5 * 4 * sum(v.numel() for k, v in self.glob.items() if not k.endswith("g.W0"))
+        per_client = 5 * 4 * sum(v.numel() for k, v in self.glob.items() if k != FIRST)
         chunk = max(1, CHUNK_BYTES // max(per_client, 1))
         sums = {k: torch.zeros_like(v) for k, v in self.glob.items()}
         loss = 0.0
         for a in range(0, len(clients), chunk):
-            loss += self._train_chunk(_Bags.of(self.matrix, clients[a : a + chunk]), cfg, r, sums, keep)
+            loss += self._train_chunk(_Bags.of(self.matrix, clients[a : a + chunk]), cfg, r, sums, keep, norms)
         return sums, loss, len(clients)
 
     def _train_chunk(self, bags: _Bags, cfg: Any, r: int, sums: dict[str, torch.Tensor],
-                     keep: list[ClientUpload] | None) -> float:
+                     keep: list[ClientUpload] | None, norms: list[torch.Tensor] | None = None) -> float:
         c = len(bags.users)
         users = torch.as_tensor(bags.users)
-        leaves = {k: (v[bags.items] if k == "g.W0" else v.expand(c, *v.shape)).clone() for k, v in self.glob.items()}
+        leaves = {k: (v[bags.items] if k == FIRST else v.expand(c, *v.shape)).clone() for k, v in self.glob.items()}
         leaves.update({k: (v[bags.pos] if k.endswith(".W0") else v[users]).clone() for k, v in self.priv.items()})
         moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in leaves.items()}
         acc = {k: torch.zeros_like(leaves[k]) for k in self.glob}
@@ -256,10 +261,14 @@ class DAEState:
                 # the first layer's rows travel as the upload's item rows (`ITEMS`): they are
                 # exactly the rows of the client's items, which a privacy audit reads
                 keep.append(ClientUpload(user, bags.items[rows].cpu().numpy(),
-                                         {ITEMS if k == "g.W0" else k: g[rows] if k == "g.W0" else g[c]
+                                         {ITEMS if k == FIRST else k: g[rows] if k == FIRST else g[c]
                                           for k, g in acc.items()}))
+        if norms is not None:
+            w, b = self.out_keys
+            norms.append((acc[w][bags.owner, :, bags.items].square().sum(1) + acc[b][bags.owner, bags.items].square()
+                          ).sqrt())
         for k, g in acc.items():
-            if k == "g.W0":
+            if k == FIRST:
                 sums[k].index_add_(0, bags.items, g)
             else:
                 sums[k] += g.sum(0)
@@ -270,6 +279,71 @@ class DAEState:
         self.server_steps = server_step(self.glob, self.moments, self.server_steps, sums, n, lr,
                                         self.spec.weight_decay)
 
+    # ---- the security layer's view (`fedrec.security.adversary`) -------------------------------
+
+    #: the server averages the clients' gradients of every global part, so the security layer
+    #: reads its item rows as a table and aggregates them row by row (`row_table`)
+    plain_average = True
+
+    @property
+    def out_keys(self) -> tuple[str, str]:
+        """The decoder's output layer, weight ``(hidden[0], n_items)`` and bias: item j's logit
+        for a user whose last decoder layer is h is (h, 1) · (W[:, j], b_j), a dot product."""
+        n = len(self.spec.hidden)
+        return f"d.W{n}", f"d.b{n}"
+
+    def out_table(self) -> torch.Tensor:
+        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b."""
+        w, b = self.out_keys
+        return torch.cat([self.glob[w].T, self.glob[b][:, None]], 1)
+
+    def row_table(self) -> torch.Tensor:
+        """Every item table the server averages, as rows of one width: `out_table`'s m rows, then
+        (a global encoder) its first layer's m rows, a zero after each. A client sends every
+        output row (its softmax reaches every item) and the encoder rows of its bag, so a rule
+        judges each row over the clients that sent it."""
+        out = self.out_table()
+        if FIRST not in self.glob:
+            return out
+        first = self.glob[FIRST]
+        return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
+
+    def dense_keys(self) -> list[str]:
+        """The global parts outside `row_table`: one dense row each, sent whole by every client."""
+        return [k for k in self.glob if k not in (FIRST, *self.out_keys)]
+
+    def client_uploads(self, kept: list[ClientUpload], lr: float) -> list[ClientUpload]:
+        """Each client's upload (`train`'s ``keep``) as the security layer reads it: its rows of
+        `row_table` and its dense parts, as steps ``-lr x`` its accumulated gradients (the step
+        an SGD server at the clients' rate would take on it alone: the sign and scale of the
+        row deltas the attacks craft and UNION adds to the table)."""
+        m = self.matrix.shape[1]
+        w, b = self.out_keys
+        out = []
+        for u in kept:
+            rows = [torch.cat([u.tensors[w].T, u.tensors[b][:, None]], 1)]
+            items = [np.arange(m)]
+            if FIRST in self.glob:
+                g = u.tensors[ITEMS]
+                rows.append(torch.cat([g, g.new_zeros((len(g), 1))], 1))
+                items.append(m + np.asarray(u.items, np.int64))
+            out.append(ClientUpload(u.client, np.concatenate(items), {
+                ITEMS: -lr * torch.cat(rows), **{k: -lr * u.tensors[k] for k in self.dense_keys()}}))
+        return out
+
+    def gradient_sums(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], lr: float
+                      ) -> dict[str, torch.Tensor]:
+        """The global parts' gradient sums from the security layer's sums of `client_uploads`'
+        steps (their inverse: ``-1 / lr`` x, laid out as `glob`)."""
+        m = self.matrix.shape[1]
+        w, b = self.out_keys
+        width = self.glob[w].shape[0]
+        sums = {w: item_sum[:m, :width].T, b: item_sum[:m, width]}
+        if FIRST in self.glob:
+            sums[FIRST] = item_sum[m:, :width]
+        sums.update(dense_sum)
+        return {k: -sums[k].reshape(v.shape) / lr for k, v in self.glob.items()}
+
     @torch.no_grad()
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         users = np.asarray(users, np.int64)
@@ -279,7 +353,7 @@ class DAEState:
             bags = _Bags.of(self.matrix, users[a : a + SCORE_USERS])
             c = len(bags.users)
             u = torch.as_tensor(bags.users)
-            p = {k: v[bags.items] if k == "g.W0" else v for k, v in self.glob.items()}
+            p = {k: v[bags.items] if k == FIRST else v for k, v in self.glob.items()}
             p.update({k: v[bags.pos] if k.endswith(".W0") else v[u] for k, v in self.priv.items()})
             logits = self.forward(p, bags, None)[0] if c else torch.zeros((0, m))
             block = logits.cpu().numpy()
@@ -290,8 +364,8 @@ class DAEState:
         """Floats the clients download (and upload as gradients): the global parts, of the first
         layer only the rows of each client's items."""
         counts = np.diff(self.matrix.indptr)[clients]
-        dense = sum(v.numel() for k, v in self.glob.items() if k != "g.W0")
-        rows = int(counts.sum()) * (self.glob["g.W0"].shape[1] if "g.W0" in self.glob else 0)
+        dense = sum(v.numel() for k, v in self.glob.items() if k != FIRST)
+        rows = int(counts.sum()) * (self.glob[FIRST].shape[1] if FIRST in self.glob else 0)
         return len(clients) * dense + rows
 
 
@@ -335,7 +409,29 @@ def _layer(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class DAEAlgorithm(FederatedAlgorithm):
-    """A `DAEState` as the round driver's federated algorithm."""
+    """A `DAEState` as the round driver's federated algorithm.
+
+    **Attacks and defences** (`fedrec.security.adversary`). The server averages every client's
+    accumulated gradients, so the security layer reads FedDAE's item rows as the item family's
+    table (`DAEState.row_table`: the decoder's output rows, a dot product with the user's last
+    decoder layer, and the global encoder's first-layer rows), each client's upload as steps
+    (`DAEState.client_uploads`), and hands the server's Adam step the sums its rule accepts:
+
+    * a malicious client is one more user (ids after the data's users, sampled as the users
+      are). It crafts row steps of the output table against matrix factorisation's dot product
+      (the users' last layers, which pass through encoders and a gate, are what it
+      approximates), at the norm of an honest client's bag rows (measured on the round's
+      honest clients, as for FedCIA's similarity rows: an upper bound of what a cover client
+      would estimate), and sends zero steps for every other part (a client whose gradients
+      vanish);
+    * a defence's rule judges each output row over every client, each encoder row over the
+      clients whose bag holds the item, and each dense layer as one row every client sends;
+      the server's mean divides by the accepted uploads.
+    """
+
+    #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
+    security: Any = None
+    takes_security = True
 
     def __init__(self, state: DAEState, cfg: Any) -> None:
         self.state, self.cfg = state, cfg
@@ -343,24 +439,83 @@ class DAEAlgorithm(FederatedAlgorithm):
         self.clients_per_round = cfg.clients_per_round
         self.divergence_hint = "lower --lr"
 
+    @property
+    def lr_item(self) -> float:
+        """The rate of `DAEState.client_uploads`' steps: the clients' and the server's Adam rate."""
+        return float(self.cfg.lr)
+
     def scale_rates(self, factor: float) -> bool:
         """Scale the clients' and the server's Adam rate (the driver's back-off)."""
         self.cfg = dataclasses.replace(self.cfg, lr=self.cfg.lr * factor)
         self.divergence_hint = f"lower --lr (now {self.cfg.lr:g})"
         return True
 
+    def _guarded(self) -> tuple[bool, bool]:
+        """Whether the round crafts malicious uploads, and whether a rule judges each upload."""
+        sec = self.security
+        return sec is not None and sec.attack is not None, sec is not None and sec.rule is not None
+
     def local_update(self, plan: RoundPlan) -> Uploads:
-        kept: list[ClientUpload] | None = [] if self.keep_uploads else None
-        sums, loss, n = self.state.train(plan.clients, self.cfg, plan.round, kept)
+        attacked, judged = self._guarded()
+        kept: list[ClientUpload] | None = [] if self.keep_uploads or judged else None
+        norms: list[torch.Tensor] | None = [] if attacked else None
+        sums, loss, n = self.state.train(plan.clients, self.cfg, plan.round, kept, norms)
         trained = np.asarray(plan.clients, np.int64)
         trained = trained[np.diff(self.state.matrix.indptr)[trained] > 0]
         floats = self.state.payload_floats(trained)
-        return Uploads(payload=(sums, n), per_client=kept, loss_sum=loss, client_batches=n * self.cfg.local_epochs,
+        return Uploads(payload=(sums, n, norms), per_client=kept, loss_sum=loss, client_batches=n * self.cfg.local_epochs,
                        bytes_up=4 * floats, bytes_down=4 * floats)
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
-        sums, n = uploads.payload
+        sums, n, norms = uploads.payload
+        attacked, judged = self._guarded()
+        if attacked or judged:
+            sums, n, n_bytes = self._secured(uploads, sums, n, norms, plan.round)
+            uploads.bytes_up += n_bytes
+            uploads.bytes_down += n_bytes
         self.state.server_step(sums, n, self.cfg.lr)
+
+    def _secured(self, uploads: Uploads, sums: dict[str, torch.Tensor], n: int,
+                 norms: list[torch.Tensor] | None, r: int) -> tuple[dict[str, torch.Tensor], int, int]:
+        """Round ``r``'s gradient sums and accepted count with the attack's uploads and by the
+        defence's rule (class docstring), and the bytes the malicious clients send (and as many
+        they download)."""
+        st, sec, lr = self.state, self.security, self.cfg.lr
+        m = st.matrix.shape[1]
+        table = st.row_table()
+        bad = self.malicious_uploads(r, norms) if sec.attack is not None else []
+        n_bytes = len(bad) * 4 * sum(v.numel() for k, v in st.glob.items() if k != FIRST)
+        if sec.rule is None:  # the honest sums as they are, the crafted steps added as gradients
+            crafted = torch.zeros_like(table)
+            for u in bad:
+                crafted[:m] += u.tensors[ITEMS]
+            extra = st.gradient_sums(crafted, {k: torch.zeros_like(st.glob[k]) for k in st.dense_keys()}, lr)
+            return {k: v + extra[k] for k, v in sums.items()}, n + len(bad), n_bytes
+        assert uploads.per_client is not None
+        dense = {k: st.glob[k] for k in st.dense_keys()}
+        item_sum, dense_sum, accepted = sec.sums(st.client_uploads(uploads.per_client, lr) + bad, *table.shape,
+                                                 dense, table, r)
+        return st.gradient_sums(item_sum, dense_sum, lr), accepted, n_bytes
+
+    def malicious_uploads(self, r: int, norms: list[torch.Tensor] | None) -> list[ClientUpload]:
+        """Round ``r``'s uploads of the sampled malicious clients, as `DAEState.client_uploads`
+        lays an upload out: every output row (zero but the crafted ones, held to the median of
+        the honest clients' bag-row ``norms`` as steps) and zero steps of every other part."""
+        st, sec = self.state, self.security
+        m, width = st.matrix.shape[1], st.row_table().shape[1]
+        scoring = st.out_table()
+        model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
+        honest = self.cfg.lr * float(torch.cat(norms).median()) if norms else None
+        bad, _ = sec.malicious_uploads(model, scoring, {}, r, norm=honest)
+        for u in bad:
+            rows = torch.zeros(m, width)
+            rows[torch.as_tensor(u.items, dtype=torch.int64), : scoring.shape[1]] = u.tensors[ITEMS]
+            u.items, u.tensors = np.arange(m), {ITEMS: rows, **{k: torch.zeros_like(st.glob[k])
+                                                                 for k in st.dense_keys()}}
+        return bad
+
+    def round_extra(self) -> dict[str, float]:
+        return self.security.figures(self.scores) if self.security is not None else {}
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)
