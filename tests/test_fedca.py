@@ -195,7 +195,7 @@ def test_aggregation_mixes_only_the_aggregated_clients(split: Split) -> None:
     alg = spec.algorithm(split, cfg, seed=0)
     plan = alg.plan(1)
     uploads = alg.local_update(plan)
-    members, up = uploads.payload
+    members, up, _ = uploads.payload
     assert len(members) == int(split.n_users * 0.3)
     before = alg.state.tables.clone()
     alg.aggregate(uploads, plan)
@@ -204,7 +204,7 @@ def test_aggregation_mixes_only_the_aggregated_clients(split: Split) -> None:
     # the FedAvg switch: every aggregated client takes the same mean
     fed = _spec(aggregated=0.3, aggregation="fedavg").algorithm(split, cfg, seed=0)
     uploads = fed.local_update(fed.plan(1))
-    members, up = uploads.payload
+    members, up, _ = uploads.payload
     own = up["tables"].clone()
     fed.aggregate(uploads, fed.plan(1))
     share = up["samples"] / up["samples"].sum()

@@ -207,10 +207,10 @@ PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, Fe
 def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
-    no slot (FedCA), and an attack or a defence where its server neither plainly
-    averages item rows nor admits each client's rows (``admit_uploads``: GPFedRec and GFed-PP)
-    (CentRAP, the one-client Joint autoencoder, FedCIA's parameter averaging and GF-CF
-    filters: not yet); pseudo-item padding
+    no slot (an algorithm registered from outside fedrec), and an attack or a defence where its
+    server neither plainly averages item rows nor admits each client's rows (``admit_uploads``:
+    GPFedRec, GFed-PP and FedCA) (CentRAP, the one-client Joint autoencoder, FedCIA's parameter
+    averaging, FedLightGCN and GF-CF filters: not yet); pseudo-item padding
     (``--pad-items``) likewise, unless the algorithm draws its own pseudo rows (``pads_uploads``:
     FedPerGNN)."""
     asked = cfg.attack is not None or cfg.defence is not None or bool(cfg.targets)
@@ -228,13 +228,13 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
         return
     if not slot:
         raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
-                          f"FedRAP, FedPerGNN, PersonalFR, FedDAE, FedCIA, GPFedRec and GFed-PP, not on {name} yet")
+                          f"FedRAP, FedPerGNN, PersonalFR, FedDAE, FedCIA, FedCA, GPFedRec and GFed-PP, not on {name} yet")
     # a method whose clients are not the data's users, or whose clients step by Adam, says so
     sec = Security.build(cfg, split, algorithm.lr_item, seed, n_clients=getattr(algorithm, "security_clients", None),
                          step_bound=getattr(algorithm, "step_bound", None))
     if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not guarded:
-        raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE} and on GPFedRec's and GFed-PP's "
-                          f"uploaded tables, not on {name}'s aggregation yet")
+        raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE} and on the tables GPFedRec's, GFed-PP's "
+                          f"and FedCA's servers keep of each client, not on {name}'s aggregation yet")
     if sec is not None and sec.rule is not None and (cfg.dp_noise > 0 or cfg.ldp > 0):
         raise FedrecError("--defence aggregates each client's upload; with --ldp/--dp-noise the simulator "
                           "adds the round's noise as one sum, so the two do not combine yet")

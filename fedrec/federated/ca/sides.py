@@ -18,7 +18,7 @@ each client's model is the simulator's whenever it trains or is scored.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -121,6 +121,10 @@ def expected_shapes(spec: Any, n_items: int) -> dict[str, tuple[int, ...]]:
 class CAServer(ServerSide):
     """FedCA's server: the common start, the round's aggregated clients, and the new models
     waiting for their nodes."""
+
+    #: why ``--defence`` is refused on Flower (the simulator runs it)
+    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); the Flower server keeps no "
+                                   "copy of each client's table to judge its steps against")
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

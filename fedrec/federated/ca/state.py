@@ -81,8 +81,9 @@ class CAState:
         self.start, gen = common_start(m, d, cfg.item_std, seed)
         self.tables = self.start.expand(n, m, d).clone()
         score = list(self.model.score_shapes())
-        self.params = {k: v.expand(n, *v.shape[1:]).clone()
-                       for k, v in init_params(self.model, score, 1, gen).items()}
+        #: the start every client's tower takes
+        self.tower = init_params(self.model, score, 1, gen)
+        self.params = {k: v.expand(n, *v.shape[1:]).clone() for k, v in self.tower.items()}
         self.params.update(client_params(self.model, ["user"], self.ids, (seed, draws.INIT)))
         self.received = np.zeros(n, bool)  # has downloaded the start
 
@@ -177,6 +178,40 @@ class CAState:
             target = self.tables if k == "tables" else self.params[k.removeprefix("score.")]
             target[idx] = v
 
+    # ---- the security layer's view (`fedrec.security.adversary`) -------------------------------
+
+    def admit_attackers(self, n: int, attack: Any = None) -> None:
+        """Give ``n`` malicious clients, ids after the users, a model as any client has one:
+        the common start's table, the towers' start, a user vector drawn by its id."""
+        if n <= 0:
+            return
+        first = self.tables.shape[0]
+        ids = np.arange(first, first + n)
+        self.tables = torch.cat([self.tables, self.start.expand(n, *self.start.shape).to(self.tables)])
+        fresh = {k: v.expand(n, *v.shape[1:]).clone() for k, v in self.tower.items()}
+        fresh.update(client_params(self.model, ["user"], ids, (self.seed, draws.INIT)))
+        self.params = {k: torch.cat([v, fresh[k].to(v)]) for k, v in self.params.items()}
+        self.received = np.concatenate([self.received, np.zeros(n, bool)])
+
+    def admit_uploads(self, security: Any, members: np.ndarray, up: dict[str, torch.Tensor],
+                      known: torch.Tensor, r: int) -> None:
+        """Round ``r``'s tables of the aggregated ``members`` (``up``) as the defence's rule
+        admits them before the weights are computed: each client's steps are its table less
+        the server's copy of it (``known``: the common start, or what the server computed for
+        it at its last aggregation), non-zero on the rows it trained since; the rule judges
+        them row by row over the clients that moved each row (`Security.admit`), and each
+        table becomes its copy plus what was kept of its steps."""
+        idx = torch.as_tensor(members)
+        steps = up["tables"] - known[idx]
+        moved = steps.abs().sum(2) > 0
+        per_client = [ClientUpload(int(c), torch.nonzero(moved[j]).flatten().cpu().numpy(), {ITEMS: steps[j][moved[j]]})
+                      for j, c in enumerate(members.tolist())]
+        kept = security.admit(per_client, known[idx].mean(0), r)  # UNION's table: the copies' mean
+        tables = up["tables"].clone()
+        for j, rows in enumerate(kept):  # what the rule took off each step (zero: the table as sent)
+            tables[j, moved[j]] += rows.to(tables) - steps[j][moved[j]]
+        up["tables"] = tables
+
     # ---- scores ------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -231,7 +266,28 @@ def mixtures(spec: Any, up: dict[str, torch.Tensor], w: torch.Tensor) -> dict[st
 
 class CAAlgorithm(FederatedAlgorithm):
     """A `CAState` as the round driver's federated algorithm: the sampled clients train, a
-    share of them upload, the server weighs them and each takes its mixture."""
+    share of them upload, the server weighs them and each takes its mixture.
+
+    **Attacks and defences** (`fedrec.security.adversary`). The server keeps no global table;
+    it mixes the aggregated clients' own tables, so the security layer plugs in where they are:
+
+    * a malicious client is one more client with a model of its own (`CAState.admit_attackers`),
+      sampled as the users are, and aggregated at the same share (``aggregated``, from a stream
+      of its own). It uploads its table plus crafted row steps against its table (on the
+      backbone's score, its tower as it is), held to the median norm of the honest aggregated
+      clients' row steps this round (measured, as for FedCIA's similarity rows: an upper bound
+      of what a cover client would estimate); its principal directions are those of its
+      crafted rows, and it claims the honest aggregated clients' median training size (FedCA
+      weighs a client by the size it reports). It then takes its mixture as any aggregated
+      client does;
+    * a defence's rule admits each aggregated client's table before the weights
+      (`CAState.admit_uploads`): steps against the server's copy of each table, judged row by
+      row over the clients that moved the row. Towers and bases are taken as sent.
+    """
+
+    #: the run's attack and defence (`fedrec.security.adversary.attach`); None: plain rounds
+    security: Any = None
+    takes_security = True
 
     def __init__(self, state: CAState, cfg: Any) -> None:
         self.state, self.cfg = state, cfg
@@ -249,6 +305,18 @@ class CAAlgorithm(FederatedAlgorithm):
         self.divergence_hint = f"lower --lr (now {self.cfg.lr:g})"
         return True
 
+    @property
+    def lr_item(self) -> float:
+        """The rate of a row step (the clients' Adam rate; its round's bound is `step_bound`)."""
+        return float(self.cfg.lr)
+
+    @property
+    def step_bound(self) -> float:
+        """How far an honest client's round moves a coordinate at most: the rate x the local
+        steps of a client of the mean training size."""
+        rows = self.state.split.train.nnz / max(self.n_clients, 1) * (1 + self.cfg.negatives)
+        return float(self.cfg.lr * self.cfg.local_epochs * np.ceil(rows / self.cfg.batch_size))
+
     def local_update(self, plan: RoundPlan) -> Uploads:
         state, spec = self.state, self.state.spec
         loss, batches, trained = state.train(plan.clients, self.cfg, plan.round)
@@ -262,8 +330,55 @@ class CAAlgorithm(FederatedAlgorithm):
         bytes_up = len(members) * (per + spec.principal * spec.dim) * 4
         bytes_down = (len(members) + len(new)) * per * 4
         kept = self._per_client(members, up) if self.keep_uploads and up is not None else None
-        return Uploads(payload=(members, up), per_client=kept, loss_sum=loss, client_batches=batches,
-                       bytes_up=bytes_up, bytes_down=bytes_down, extra={"aggregated": float(len(members))})
+        honest = len(members)
+        if self.security is not None and self.security.attack is not None:
+            members, up, n_bad = self._with_attackers(members, up, plan.round)
+            bytes_up += n_bad * (per + spec.principal * spec.dim) * 4
+            bytes_down += n_bad * per * 4
+        return Uploads(payload=(members, up, honest), per_client=kept, loss_sum=loss, client_batches=batches,
+                       bytes_up=bytes_up, bytes_down=bytes_down, extra={"aggregated": float(honest)})
+
+    def _known_tables(self) -> torch.Tensor:
+        """The server's copy of each client's table (the common start until it aggregates one)."""
+        if self._known is None:
+            self._known = self.state.start.expand_as(self.state.tables).clone()
+        return self._known
+
+    def _with_attackers(self, members: np.ndarray, up: dict[str, torch.Tensor] | None, r: int
+                        ) -> tuple[np.ndarray, dict[str, torch.Tensor] | None, int]:
+        """Round ``r``'s aggregated clients and uploads with the sampled malicious clients'
+        (class docstring), and how many of them joined."""
+        st, sec, spec = self.state, self.security, self.state.spec
+        sampled = sec.malicious_clients(r)
+        n_bad = int(len(sampled) * spec.aggregated)
+        if not n_bad:
+            return members, up, 0
+        sampled = np.sort(np.random.default_rng([self.seed, r, 0xCA]).choice(sampled, n_bad, replace=False))
+        known = self._known_tables()
+        norm, claim = None, float(np.median(np.diff(st.split.train.indptr)))
+        if up is not None:  # the honest aggregated clients' row steps and training sizes
+            steps = (up["tables"] - known[torch.as_tensor(members)]).norm(dim=2)
+            norm = float(steps[steps > 0].median()) if bool((steps > 0).any()) else None
+            claim = float(up["samples"].median())
+        ids = self.n_clients + sampled
+        bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
+        score = list(st.model.score_shapes())
+        for c, client in zip(sampled.tolist(), ids.tolist(), strict=True):
+            table = st.tables[client]
+            tower = {k: st.params[k][client] for k in score}
+            (u,), _ = sec.malicious_uploads(st.model, table, tower, r, clients=np.array([c]), norm=norm)
+            rows = torch.as_tensor(u.items, dtype=torch.int64)
+            sent = table.clone()
+            sent[rows] += u.tensors[ITEMS].to(sent)
+            bad["tables"].append(sent)
+            bad["bases"].append(principal_basis(sent[rows], spec.principal))
+            bad["samples"].append(torch.tensor(claim, dtype=torch.float64, device=sent.device))
+            for k in score:
+                bad.setdefault(f"score.{k}", []).append(tower[k])
+        extra = {k: torch.stack(v) for k, v in bad.items()}
+        if up is None:
+            return ids, extra, n_bad
+        return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, n_bad
 
     def _per_client(self, members: np.ndarray, up: dict[str, torch.Tensor]) -> list[ClientUpload]:
         """Each aggregated client's upload as the server reads it: its basis and tower, and as
@@ -282,14 +397,24 @@ class CAAlgorithm(FederatedAlgorithm):
                 for j, c in enumerate(members)]
 
     def aggregate(self, uploads: Uploads, plan: RoundPlan) -> None:
-        members, up = uploads.payload
+        members, up, honest = uploads.payload
         if up is None:
             return
+        sec = self.security
+        if sec is not None and sec.rule is not None:
+            self.state.admit_uploads(sec, members, up, self._known_tables(), plan.round)
+        elif sec is not None:
+            self._known_tables()  # the attackers' norm reads the honest steps against it
         w = self.state.weights(up)
         self.state.apply(members, up, w)
         if self._known is not None:  # the server computed what each aggregated client now holds
             self._known[torch.as_tensor(members)] = self.state.tables[torch.as_tensor(members)]
-        uploads.extra["self_weight"] = float(torch.diagonal(w).mean())
+        uploads.extra["self_weight"] = float(torch.diagonal(w[:honest, :honest]).mean()) if honest else 0.0
+        if len(members) > honest and honest:  # the attackers' mean share of an honest client's mixture
+            uploads.extra["attacker_weight"] = float(w[:honest, honest:].sum(1).mean())
+
+    def round_extra(self) -> dict[str, float]:
+        return self.security.figures(self.scores) if self.security is not None else {}
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)

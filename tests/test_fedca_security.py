@@ -1,0 +1,133 @@
+"""Attacks and defences on FedCA (`fedrec.federated.ca.state.CAAlgorithm`): the server mixes the
+aggregated clients' own tables, so attackers are clients with models of their own that join the
+aggregation, and a defence admits each client's table before the weights.
+
+A median round equals the reference written out (each item row's steps against the server's
+copies, over the clients that moved the row, every one replaced by their median, then the
+weights and mixtures of the admitted tables); an unbounded norm bound ends where the plain run
+ends; the attackers join at the users' share with their table plus crafted rows at the honest
+norm and the honest median training size; Flower refuses the defence in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec.algorithms import get_algorithm
+from fedrec.core.contract import RoundPlan
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
+from fedrec.errors import FedrecError
+from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.federated.ca.state import CAAlgorithm, mix_weights, mixtures
+from fedrec.protocols import make_split
+from fedrec.protocols.protocol import Split
+from fedrec.security.adversary import attach
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    return make_split(to_implicit(synthetic(30, 120, mean_interactions=10, min_interactions=4, seed=7)), "loo-full",
+                      seed=0)
+
+
+def _algorithm(split: Split, name: str = "fedca", **engine) -> CAAlgorithm:  # type: ignore[no-untyped-def]
+    cfg = federated_config(name, **{"lr": 0.05, "local_epochs": 2, "batch_size": 8, "negatives": 2,
+                                    "clients_per_round": 1.0, **engine})
+    alg = get_algorithm(name).build(split, {"dim": 6}).algorithm(split, cfg, seed=3)
+    attach(alg, split, cfg, seed=3)
+    return alg
+
+
+def _plan(r: int) -> RoundPlan:
+    return RoundPlan(r, np.arange(30), torch.Generator(), np.random.default_rng(r))
+
+
+def _to_median(x: torch.Tensor) -> torch.Tensor:
+    """Each of ``x``'s rows clamped, coordinate by coordinate, between the two middle values
+    (the one middle value for an odd count): each row moves by the median, and their sum is
+    the count x the median."""
+    s, c = x.sort(0).values, len(x)
+    return torch.minimum(torch.maximum(x, s[(c - 1) // 2]), s[c // 2])
+
+
+@pytest.mark.parametrize("name", ["fedca", "fedca-ncf"])
+def test_a_median_round_admits_each_row_by_its_movers_median(split: Split, name: str) -> None:
+    """Two rounds under the median: in the second each aggregated client's table is the
+    server's copy (what it computed for the client at round 1) plus, on each row it moved, its
+    step clamped between the middle steps of the clients that moved that row (`RobustRule.admit`);
+    the weights and mixtures are then those of the admitted tables."""
+    alg = _algorithm(split, name, defence="median")
+    st = alg.state
+    alg.aggregate(alg.local_update(_plan(1)), _plan(1))
+    known = st.tables.clone()  # what the server computed for every (aggregated) client
+    ups = alg.local_update(_plan(2))
+    members, up, honest = ups.payload
+    assert honest == len(members) == 30
+    sent = {k: v.clone() for k, v in up.items()}
+    steps = sent["tables"] - known[torch.as_tensor(members)]
+    admitted = known[torch.as_tensor(members)].clone()
+    for j in range(split.n_items):
+        movers = torch.nonzero(steps[:, j].abs().sum(1) > 0).flatten()
+        if len(movers):
+            admitted[movers, j] += _to_median(steps[movers, j])
+    alg.aggregate(ups, _plan(2))
+    want = mixtures(st.spec, {**sent, "tables": admitted}, mix_weights(st.spec, {**sent, "tables": admitted}, st.start))
+    torch.testing.assert_close(st.tables[torch.as_tensor(members)], want["tables"], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unbounded_norm_bound_run_is_the_plain_run() -> None:
+    """Admission rebuilds every table from the server's copy and the client's steps: with a
+    bound no client reaches, three rounds end where the plain rounds end."""
+    def run(**opts):  # type: ignore[no-untyped-def]
+        cfg = RunConfig(algorithm="fedca", dataset="synthetic:60x120", protocol="loo-full", model={"dim": 6},
+                        federated=federated_config("fedca", rounds=3, clients_per_round=0.5, **opts))
+        return train(cfg)
+
+    plain, bounded = run(targets=1), run(defence="norm-bound", norm_bound=1e9)
+    torch.testing.assert_close(bounded.model.state.tables, plain.model.state.tables, rtol=1e-5, atol=1e-6)
+    assert [h.loss for h in bounded.result.history] == pytest.approx([h.loss for h in plain.result.history])
+
+
+@pytest.mark.parametrize("name", ["fedca", "fedca-avg"])
+def test_attackers_join_the_aggregation_with_crafted_rows_at_the_honest_norm(split: Split, name: str) -> None:
+    """``--malicious`` of the users become clients with models (ids after the users, the common
+    start); each sampled one uploads its table plus crafted rows no longer than the boost x the
+    honest aggregated clients' median row step, claims their median training size, takes its
+    mixture, and counts in the round's bytes and the attackers' weight."""
+    alg = _algorithm(split, name, attack="fedrecattack", boost=3.0, malicious=0.2)
+    st, sec = alg.state, alg.security
+    assert sec is not None and sec.n_malicious == 6 and st.tables.shape[0] == 36
+    torch.testing.assert_close(st.tables[30:], st.start.expand(6, *st.start.shape))
+    clean = _algorithm(split, name, targets=1)
+    before = st.tables.clone()
+    ups = alg.local_update(_plan(1))
+    members, up, honest = ups.payload
+    bad = members[honest:]
+    assert honest == 30 and len(bad) == len(sec.malicious_clients(1)) > 0 and (bad >= 30).all()
+    steps = (up["tables"][:honest] - before[:30]).norm(dim=2)
+    norm = float(steps[steps > 0].median())
+    crafted = (up["tables"][honest:] - before[torch.as_tensor(bad)]).norm(dim=2)
+    assert float(crafted.max()) <= 3.0 * norm * (1 + 1e-5) and int((crafted > 0).sum(1).min()) >= 1
+    assert torch.equal(up["samples"][honest:], up["samples"][:honest].median().expand(len(bad)))
+    assert ups.bytes_up > clean.local_update(_plan(1)).bytes_up
+    alg.aggregate(ups, _plan(1))
+    assert not torch.equal(st.tables[torch.as_tensor(bad)], before[torch.as_tensor(bad)])  # took its mixture
+    assert 0 <= ups.extra["attacker_weight"] <= 1
+    assert set(alg.round_extra()) >= {"er@10", "malicious_clients"}
+
+
+def test_flower_refuses_the_defence(split: Split) -> None:
+    from fedrec.flower.malicious import MaliciousNode
+    from fedrec.flower.roles import check_deployable
+
+    run = RunConfig(algorithm="fedca", dataset="synthetic:60x120", protocol="loo-full",
+                    federated=federated_config("fedca", rounds=1, defence="median"))
+    with pytest.raises(FedrecError, match="keeps no copy"):
+        check_deployable(run, split=split)
+    attacked = dataclasses.replace(run, federated=federated_config("fedca", rounds=1, attack="fedrecattack"))
+    with pytest.raises(FedrecError, match="run its --attack in the simulator"):
+        MaliciousNode(attacked, split)
