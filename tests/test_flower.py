@@ -138,6 +138,8 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     ("colr", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),
     ("gpfedrec", {"defence": "median", "model": {"dim": 32}}),
     ("gfedpp", {"defence": "krum", "model": {"dim": 32, "public_ratio": 0.5}}),
+    ("fedca", {"defence": "median", "rounds": 3}),
+    ("fedca-avg", {"defence": "krum", "protocol": "loo-full"}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates

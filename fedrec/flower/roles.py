@@ -157,7 +157,7 @@ class Server:
         `fedrec.security.adversary.attach` requires)."""
         from fedrec.security.adversary import PLAIN_AVERAGE, Security
 
-        state = self.side.state
+        state = getattr(self.side, "state", self.side)  # FedCA's server side admits the tables itself
         if not (getattr(state, "plain_average", False) or hasattr(state, "admit_uploads")):  # (FedRAP-D: no C)
             raise FedrecError(f"--defence runs on {PLAIN_AVERAGE}, not on '{self.run.algorithm}'")
         self.side.rule = Security.defence(self.cfg, self.n_clients, self.n_extra, self.n_items, self.run.seed)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.federated.ca.state import CAState, common_start, mix_weights, mixtures
+from fedrec.federated.ca.state import CAState, admit_tables, common_start, mix_weights, mixtures
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,
@@ -122,9 +122,11 @@ class CAServer(ServerSide):
     """FedCA's server: the common start, the round's aggregated clients, and the new models
     waiting for their nodes."""
 
-    #: why ``--defence`` is refused on Flower (the simulator runs it)
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); the Flower server keeps no "
-                                   "copy of each client's table to judge its steps against")
+    #: its nodes send each aggregated client's table, which a robust rule admits before the
+    #: weights (`fedrec.federated.ca.state.admit_tables`, against the server's copy of each)
+    takes_rule: ClassVar[bool] = True
+    #: the run's defence (`fedrec.flower.roles.Server`); None: the tables as sent
+    rule: Any = None
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -137,6 +139,15 @@ class CAServer(ServerSide):
             self.idle[np.asarray(h["idle"], np.int64)] = True
         self.per = n_items * spec.dim + sum(math.prod(s) for s in spec.model.score_shapes().values())
         self.pending: dict[int, dict[str, torch.Tensor]] = {}  # client -> its new model, not yet sent
+        #: under a defence, the server's copy of each client's table (the common start until it
+        #: mixes one), which the rule judges a client's steps against
+        self.known: torch.Tensor | None = None
+
+    def admit_uploads(self, members: np.ndarray, up: dict[str, torch.Tensor], r: int) -> None:
+        """The aggregated clients' tables as the defence's rule admits them (`admit_tables`)."""
+        if self.known is None:
+            self.known = self.start.expand(self.n_clients, *self.start.shape).clone()
+        admit_tables(self.rule, members, up, self.known, r)
 
     def begin(self, r: int) -> None:
         from fedrec.core.plan import round_plan
@@ -198,12 +209,18 @@ class CAServer(ServerSide):
             keys = (*UPLOAD, *(k for k in self.shapes if k.startswith("score.")))
             up = {k: torch.as_tensor(np.concatenate([np.asarray(u[k]) for u in self.ups])[order]) for k in keys}
             up["samples"] = up["samples"].to(torch.float64)
+            if self.rule is not None:
+                self.admit_uploads(members[order], up, r)
             w = mix_weights(self.spec, up, self.start)
             new = mixtures(self.spec, up, w)
             for j, c in enumerate(members[order].tolist()):
                 self.pending[c] = {k: v[j] for k, v in new.items()}
+            if self.known is not None:
+                self.known[torch.as_tensor(members[order])] = new["tables"]
             self.totals.bytes_down += len(members) * self.per * 4
             self.totals.extra["self_weight"] = float(torch.diagonal(w).mean())
+        if self.rule is not None:
+            self.totals.extra.update(self.rule.last)
         return self.totals
 
     def evaluate_message(self) -> Payload:

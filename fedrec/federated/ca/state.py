@@ -195,22 +195,9 @@ class CAState:
 
     def admit_uploads(self, security: Any, members: np.ndarray, up: dict[str, torch.Tensor],
                       known: torch.Tensor, r: int) -> None:
-        """Round ``r``'s tables of the aggregated ``members`` (``up``) as the defence's rule
-        admits them before the weights are computed: each client's steps are its table less
-        the server's copy of it (``known``: the common start, or what the server computed for
-        it at its last aggregation), non-zero on the rows it trained since; the rule judges
-        them row by row over the clients that moved each row (`Security.admit`), and each
-        table becomes its copy plus what was kept of its steps."""
-        idx = torch.as_tensor(members)
-        steps = up["tables"] - known[idx]
-        moved = steps.abs().sum(2) > 0
-        per_client = [ClientUpload(int(c), torch.nonzero(moved[j]).flatten().cpu().numpy(), {ITEMS: steps[j][moved[j]]})
-                      for j, c in enumerate(members.tolist())]
-        kept = security.admit(per_client, known[idx].mean(0), r)  # UNION's table: the copies' mean
-        tables = up["tables"].clone()
-        for j, rows in enumerate(kept):  # what the rule took off each step (zero: the table as sent)
-            tables[j, moved[j]] += rows.to(tables) - steps[j][moved[j]]
-        up["tables"] = tables
+        """Round ``r``'s tables of the aggregated ``members`` as the defence's rule admits them
+        (`admit_tables`)."""
+        admit_tables(security, members, up, known, r)
 
     # ---- scores ------------------------------------------------------------------------------
 
@@ -234,6 +221,27 @@ def common_start(n_items: int, dim: int, item_std: float, seed: int) -> tuple[to
     server and nodes draw the same."""
     gen = torch.Generator().manual_seed(seed)
     return here(torch.randn((n_items, dim), generator=gen, device="cpu")) * item_std, gen
+
+
+def admit_tables(security: Any, members: np.ndarray, up: dict[str, torch.Tensor], known: torch.Tensor,
+                 r: int) -> None:
+    """Round ``r``'s tables of the aggregated ``members`` (``up["tables"]``, replaced) as the
+    defence's rule admits them before the weights are computed: each client's steps are its
+    table less the server's copy of it (``known``: the common start, or what the server computed
+    for it at its last aggregation), non-zero on the rows it trained since; the rule judges them
+    row by row over the clients that moved each row (`Security.admit`; UNION's table: the
+    copies' mean), and each table loses what the rule took off its steps (a simulator's server
+    and a deployment's run this one step)."""
+    idx = torch.as_tensor(members)
+    steps = up["tables"] - known[idx]
+    moved = steps.abs().sum(2) > 0
+    per_client = [ClientUpload(int(c), torch.nonzero(moved[j]).flatten().cpu().numpy(), {ITEMS: steps[j][moved[j]]})
+                  for j, c in enumerate(members.tolist())]
+    kept = security.admit(per_client, known[idx].mean(0), r)
+    tables = up["tables"].clone()
+    for j, rows in enumerate(kept):  # what the rule took off each step (zero: the table as sent)
+        tables[j, moved[j]] += rows.to(tables) - steps[j][moved[j]]
+    up["tables"] = tables
 
 
 def mix_weights(spec: Any, up: dict[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
