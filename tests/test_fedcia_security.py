@@ -4,7 +4,8 @@ reads an uploaded similarity matrix as an item table whose row j is item j's sim
 A defended round's average is the per-coordinate rule over the clients' uploads written out; an
 unbounded norm-bound run ends as the plain run; the attacker is a share of the clients, its
 crafted rows no longer than the boost times the round's median honest row change, and they enter
-the average as one more upload each; what is not built is refused in one line."""
+the average as one more upload each (under ``upload_rank``, the rank-L upload nearest them); what
+is not built is refused in one line."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import pytest
 import torch
 
 from fedrec.algorithms import get_algorithm
-from fedrec.core.contract import RoundPlan
+from fedrec.core.contract import ClientUpload, RoundPlan
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.cia.state import CIAAlgorithm, _dense
+from fedrec.federated.cia.state import CIAAlgorithm, _dense, _factored
 from fedrec.federated.family.model import ITEMS
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -108,15 +109,47 @@ def test_crafted_rows_are_a_share_of_the_clients_at_the_honest_row_budget(split:
     torch.testing.assert_close(alg.global_similarity, prev + total / 10, rtol=1e-5, atol=1e-5)
 
 
+def test_a_rank_l_attacker_sends_the_rank_l_upload_nearest_its_crafted_matrix(split: Split) -> None:
+    """Under ``upload_rank`` L a malicious client sends an eigen-upload as an honest one does:
+    the matrix its crafted rows mean (the last average plus them), made symmetric, truncated to
+    its top L eigenpairs with non-negative eigenvalues; the server reads it as every row's
+    change, and the round's bytes count L factors of M and L eigenvalues per attacker."""
+    rng = np.random.default_rng(0)
+    a = torch.as_tensor(rng.normal(size=(12, 5)), dtype=torch.float32)
+    prev = a @ a.T
+    rows = torch.as_tensor(rng.normal(size=(2, 12)), dtype=torch.float32)
+    crafted = ClientUpload(9, np.array([1, 4]), {ITEMS: rows})
+    sent = _factored(crafted, prev, 3)
+    assert np.array_equal(sent.items, np.arange(12))
+    rebuilt = (prev + sent.tensors[ITEMS]).double()
+    meant = prev.double().clone()
+    meant[[1, 4]] += rows.double()
+    lam, p = np.linalg.eigh(((meant + meant.T) / 2).numpy())
+    top = np.argsort(lam)[::-1][:3]
+    want = (p[:, top] * np.maximum(lam[top], 0)) @ p[:, top].T
+    np.testing.assert_allclose(rebuilt.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert np.linalg.matrix_rank(rebuilt.numpy(), tol=1e-3) <= 3
+
+    dense = _algorithm(split, attack="pipattack", boost=3.0, malicious=0.34)
+    ranked = _algorithm(split, {"upload_rank": 3}, attack="pipattack", boost=3.0, malicious=0.34)
+    spent = []
+    for alg in (dense, ranked):
+        ups, plan = _round(alg)
+        before = ups.bytes_up
+        alg.aggregate(ups, plan)
+        spent.append(ups.bytes_up - before)
+    m = split.n_items
+    assert spent == [2 * m * m * 4, 2 * (m * 3 + 3) * 4]
+
+
 @pytest.mark.parametrize(("name", "option", "why"), [
     ("fedcia", {"attack": "clusterattack"}, "craft similarity rows at a row budget"),
-    ("fedcia", {"attack": "pipattack", "model": {"clients": 6, "upload_rank": 4}}, "travel dense"),
     ("fedcia", {"pad_items": 3}, "takes no --pad-items"),
     ("fedlightgcn", {"defence": "median"}, "not on CIAState's aggregation yet"),
     ("fedcia-gfcf", {"attack": "pipattack"}, "not on CIAState's aggregation yet"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: str) -> None:
-    """FedCIA takes the attacks whose rows go at a budget, on dense uploads; parameter
+    """FedCIA takes the attacks whose rows go at a budget, dense or of rank L; parameter
     averaging (FedLightGCN) and GF-CF's one-shot filters take none yet."""
     model = option.pop("model", {"clients": 6})
     cfg = RunConfig(algorithm=name, dataset="synthetic:60x80", protocol="ratio-full", model=model,

@@ -101,8 +101,6 @@ class CIASpec:
         if cfg.attack is not None and cfg.attack not in SIMILARITY_ATTACKS:
             raise FedrecError(f"FedCIA's malicious clients craft similarity rows at a row budget: --attack "
                               f"{', '.join(SIMILARITY_ATTACKS)}")
-        if cfg.attack is not None and self.upload_rank:
-            raise FedrecError("FedCIA's crafted similarities travel dense: --attack does not take --set upload_rank yet")
         from fedrec.federated.cia.state import CIAAlgorithm, CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)

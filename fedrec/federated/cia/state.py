@@ -425,19 +425,24 @@ class CIAAlgorithm(FederatedAlgorithm):
         crafts rows against that average (matrix factorisation's dot product on them: a user's
         score for item t read as Σ_j x_u[j] S̄[j, t]), and the rule aggregates row by row.
         An honest row's change has no gradient step to size it, so the attacker's row budget is
-        the round's median honest row change (the attacker is given it: a strong attacker)."""
+        the round's median honest row change (the attacker is given it: a strong attacker).
+        Under ``upload_rank`` L a malicious client sends what an honest one sends, an
+        eigen-upload of rank L (`_factored`), and the server reads the matrix it rebuilds."""
         sec, prev = self.security, self.global_similarity
         assert prev is not None
-        m = self.state.n_items
+        m, rank = self.state.n_items, self.state.spec.upload_rank
         benign = [ClientUpload(u.client, u.items, {ITEMS: _dense(u) - prev}) for u in kept]
         honest = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
         attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
         bad, _ = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
+        if rank:
+            bad = [_factored(u, prev, rank) for u in bad]
         item_sum, _, n = sec.sums(benign + bad, m, m, {}, prev, r)
         if n:
             self.global_similarity = prev + item_sum / n
         sent = {"n": 1, "similarity": self.global_similarity.double(), "bytes_up": 0, "bytes_down": 0}
-        return sent, len(bad) * m * m * 4  # each sends a dense upload, whatever rows it crafted
+        floats = m * min(rank, m) + min(rank, m) if rank else m * m  # whatever rows it crafted
+        return sent, len(bad) * floats * 4
 
     def round_extra(self) -> dict[str, float]:
         return self.security.figures(self.scores) if self.security is not None else {}
@@ -463,6 +468,22 @@ class CIAAlgorithm(FederatedAlgorithm):
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.load_client_state(blob)
+
+
+def _factored(upload: ClientUpload, prev: torch.Tensor, rank: int) -> ClientUpload:
+    """A malicious upload of crafted rows (``upload``: steps of some rows of the last average
+    ``prev``) as a rank-``rank`` eigen-upload can carry it: the matrix it means, prev plus the
+    steps, made symmetric (a similarity is), and its best approximation a rank-L upload can
+    send (the top L eigenpairs with their eigenvalues kept non-negative: P diag(λ) Pᵀ, as an
+    honest client's E_k E_kᵀ is); read back, as the server reads every upload, as every row's
+    change from ``prev``."""
+    meant = prev.double().clone()
+    meant[torch.as_tensor(upload.items)] += upload.tensors[ITEMS].double()
+    lam, p = torch.linalg.eigh((meant + meant.T) / 2)
+    top = torch.argsort(lam, descending=True)[:rank]
+    sent = reconstruct_sum(p[:, top][None], lam[top].clamp_min(0)[None])
+    m = len(prev)
+    return ClientUpload(upload.client, np.arange(m), {ITEMS: (sent - prev.double()).float()})
 
 
 def _dense(upload: ClientUpload) -> torch.Tensor:
