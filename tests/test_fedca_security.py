@@ -128,3 +128,21 @@ def test_flower_refuses_a_malicious_node(split: Split) -> None:
                     federated=federated_config("fedca", rounds=1, attack="fedrecattack"))
     with pytest.raises(FedrecError, match="run its --attack in the simulator"):
         MaliciousNode(run, split)
+
+
+def test_a_defended_checkpoint_keeps_the_servers_copies(split: Split) -> None:
+    """The server's copy of each client's table is server state under a defence: a run resumed
+    from a checkpoint judges the next round's steps against the same copies, and continues as
+    the uninterrupted run does."""
+    a = _algorithm(split, defence="median", clients_per_round=0.5)
+    a.train_round(1)
+    blob = a.state_dict()
+    assert "known" in blob["server"]
+    b = _algorithm(split, defence="median", clients_per_round=0.5)
+    b.load_state_dict({"server": {k: v.clone() for k, v in blob["server"].items()},
+                       "clients": {"tables": blob["clients"]["tables"].clone(),
+                                   "params": {k: v.clone() for k, v in blob["clients"]["params"].items()},
+                                   "received": blob["clients"]["received"].copy()}})
+    a.train_round(2)
+    b.train_round(2)
+    torch.testing.assert_close(a.state.tables, b.state.tables)

@@ -234,10 +234,11 @@ class CAServer(ServerSide):
         clients = sorted(self.pending)
         keys = list(self.pending[clients[0]]) if clients else []
         return {"start": self.start, "pending.clients": torch.as_tensor(clients, dtype=torch.int64),
-                **{f"pending.{k}": torch.stack([self.pending[c][k] for c in clients]) for k in keys}}
+                **{f"pending.{k}": torch.stack([self.pending[c][k] for c in clients]) for k in keys},
+                **({"known": self.known} if self.known is not None else {})}
 
     def load_state_dict(self, blob: dict[str, Any]) -> None:
-        self.start = blob["start"]
+        self.start, self.known = blob["start"], blob.get("known")
         clients = [int(c) for c in blob["pending.clients"]]
         keys = [k.removeprefix("pending.") for k in blob if k.startswith("pending.") and k != "pending.clients"]
         self.pending = {c: {k: blob[f"pending.{k}"][j] for k in keys} for j, c in enumerate(clients)}

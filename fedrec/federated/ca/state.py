@@ -432,8 +432,9 @@ class CAAlgorithm(FederatedAlgorithm):
         return {"backbone": s.backbone, "aggregation": s.aggregation}
 
     def server_state_dict(self) -> dict[str, Any]:
-        """The common start of the item table (the similarity's origin)."""
-        return {"start": self.state.start}
+        """The common start of the item table (the similarity's origin), and under a defence
+        or an audit the server's copy of each client's table."""
+        return {"start": self.state.start, **({"known": self._known} if self._known is not None else {})}
 
     def client_state_dict(self) -> dict[str, Any]:
         """Every client's own model, and which clients have downloaded the start."""
@@ -441,6 +442,7 @@ class CAAlgorithm(FederatedAlgorithm):
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.start = blob["start"]
+        self._known = blob.get("known")
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.state.tables, self.state.params = blob["tables"], blob["params"]
