@@ -338,12 +338,15 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
     start = time.perf_counter()
     res = train(cfg).result
     last = res.history[-1].extra
-    keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall")
+    keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall", "attacker_weight",
+            "attacked_users")
     return {"method": method, "attack": _label(attack, boost),
             "defence": defence, "seed": seed, "malicious": share, **({"model": model} if model else {}),
             **({"engine": engine} if engine else {}),
             **{k: last[k] for k in keep if k in last},
             "er@10_by_round": [h.extra.get("er@10") for h in res.history],
+            **({"attacker_weight_by_round": [h.extra.get("attacker_weight") for h in res.history]}
+               if "attacker_weight" in last else {}),
             "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
             **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),

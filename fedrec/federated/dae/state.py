@@ -502,16 +502,15 @@ class DAEAlgorithm(FederatedAlgorithm):
         lays an upload out: every output row (zero but the crafted ones, held to the median of
         the honest clients' bag-row ``norms`` as steps) and zero steps of every other part."""
         st, sec = self.state, self.security
-        m, width = st.matrix.shape[1], st.row_table().shape[1]
-        scoring = st.out_table()
+        scoring = st.out_table()  # `row_table`'s first m rows, of its width
         model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
         honest = self.cfg.lr * float(torch.cat(norms).median()) if norms else None
         bad, _ = sec.malicious_uploads(model, scoring, {}, r, norm=honest)
         for u in bad:
-            rows = torch.zeros(m, width)
-            rows[torch.as_tensor(u.items, dtype=torch.int64), : scoring.shape[1]] = u.tensors[ITEMS]
-            u.items, u.tensors = np.arange(m), {ITEMS: rows, **{k: torch.zeros_like(st.glob[k])
-                                                                 for k in st.dense_keys()}}
+            rows = torch.zeros_like(scoring)
+            rows[torch.as_tensor(u.items, dtype=torch.int64)] = u.tensors[ITEMS]
+            u.items, u.tensors = np.arange(len(scoring)), {ITEMS: rows, **{k: torch.zeros_like(st.glob[k])
+                                                                            for k in st.dense_keys()}}
         return bad
 
     def round_extra(self) -> dict[str, float]:
