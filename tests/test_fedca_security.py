@@ -146,3 +146,12 @@ def test_a_defended_checkpoint_keeps_the_servers_copies(split: Split) -> None:
     a.train_round(2)
     b.train_round(2)
     torch.testing.assert_close(a.state.tables, b.state.tables)
+
+
+@pytest.mark.parametrize("attack", ["pieck-uea", "poisonfrs"])
+def test_attacks_that_mine_one_table_are_refused(split: Split, attack: str) -> None:
+    """PIECK and PoisonFRS read popular items off one table's movement over rounds; FedCA's
+    attackers each hold their own table, so these attacks are refused in one line."""
+    cfg = federated_config("fedca", rounds=1, attack=attack)
+    with pytest.raises(FedrecError, match="mines popular items"):
+        get_algorithm("fedca").build(split, {"dim": 6}).algorithm(split, cfg, seed=3)

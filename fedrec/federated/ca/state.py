@@ -287,7 +287,9 @@ class CAAlgorithm(FederatedAlgorithm):
       of what a cover client would estimate); its principal directions are those of its
       crafted rows, and it claims the honest aggregated clients' median training size (FedCA
       weighs a client by the size it reports). It then takes its mixture as any aggregated
-      client does;
+      client does. (FedRecAttack's approximated users are refitted once a round, to the first
+      sampled attacker's table; the attacks that mine one table's movement over rounds are
+      refused, `fedrec.federated.ca.spec.MINING_ATTACKS`);
     * a defence's rule admits each aggregated client's table before the weights
       (`CAState.admit_uploads`): steps against the server's copy of each table, judged row by
       row over the clients that moved the row. Towers and bases are taken as sent.
