@@ -23,6 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fedrec.errors import FedrecError
+from fedrec.experiment import federated_config
 from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
 
 
@@ -50,6 +52,11 @@ def main() -> None:
     except ValueError:
         ap.error("--engine takes KEY=NUMBER")
     named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
+    try:  # an unknown method or engine option ends in one line before any cell runs
+        for method in args.methods.split(","):
+            federated_config(method, "ml-100k", paper=True, **engine)
+    except FedrecError as e:
+        ap.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     boosts = [float(b) for b in args.boosts.split(",")]

@@ -11,9 +11,12 @@ defended deployment is `tests/test_flower.py`'s)."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
+from robust_reference import clamped_to_median
 
 from fedrec.algorithms import get_algorithm
 from fedrec.core.contract import RoundPlan
@@ -45,14 +48,6 @@ def _plan(r: int) -> RoundPlan:
     return RoundPlan(r, np.arange(30), torch.Generator(), np.random.default_rng(r))
 
 
-def _to_median(x: torch.Tensor) -> torch.Tensor:
-    """Each of ``x``'s rows clamped, coordinate by coordinate, between the two middle values
-    (the one middle value for an odd count): each row moves by the median, and their sum is
-    the count x the median."""
-    s, c = x.sort(0).values, len(x)
-    return torch.minimum(torch.maximum(x, s[(c - 1) // 2]), s[c // 2])
-
-
 @pytest.mark.parametrize("name", ["fedca", "fedca-ncf"])
 def test_a_median_round_admits_each_row_by_its_movers_median(split: Split, name: str) -> None:
     """Two rounds under the median: in the second each aggregated client's table is the
@@ -72,7 +67,7 @@ def test_a_median_round_admits_each_row_by_its_movers_median(split: Split, name:
     for j in range(split.n_items):
         movers = torch.nonzero(steps[:, j].abs().sum(1) > 0).flatten()
         if len(movers):
-            admitted[movers, j] += _to_median(steps[movers, j])
+            admitted[movers, j] += clamped_to_median(steps[movers, j])
     alg.aggregate(ups, _plan(2))
     want = mixtures(st.spec, {**sent, "tables": admitted}, mix_weights(st.spec, {**sent, "tables": admitted}, st.start))
     torch.testing.assert_close(st.tables[torch.as_tensor(members)], want["tables"], rtol=1e-5, atol=1e-6)
@@ -139,10 +134,7 @@ def test_a_defended_checkpoint_keeps_the_servers_copies(split: Split) -> None:
     blob = a.state_dict()
     assert "known" in blob["server"]
     b = _algorithm(split, defence="median", clients_per_round=0.5)
-    b.load_state_dict({"server": {k: v.clone() for k, v in blob["server"].items()},
-                       "clients": {"tables": blob["clients"]["tables"].clone(),
-                                   "params": {k: v.clone() for k, v in blob["clients"]["params"].items()},
-                                   "received": blob["clients"]["received"].copy()}})
+    b.load_state_dict(copy.deepcopy(blob))
     a.train_round(2)
     b.train_round(2)
     torch.testing.assert_close(a.state.tables, b.state.tables)

@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from robust_reference import median
 
 from fedrec.core.contract import RoundPlan
 from fedrec.data.preprocess import to_implicit
@@ -45,12 +46,6 @@ def _algorithm(split: Split, encoders: str = "dual", **engine) -> DAEAlgorithm: 
     return alg
 
 
-def _median(x: torch.Tensor) -> torch.Tensor:
-    """The coordinate-wise median over the first axis (the two middle values' mean)."""
-    s, c = x.sort(0).values, len(x)
-    return (s[(c - 1) // 2] + s[c // 2]) / 2
-
-
 @pytest.mark.parametrize("encoders", ["dual", "local"])
 def test_a_median_round_is_the_per_client_median_and_the_servers_adam_step(split: Split, encoders: str) -> None:
     """Under the median the server steps on, per output row and dense layer, every client's
@@ -68,13 +63,13 @@ def test_a_median_round_is_the_per_client_median_and_the_servers_adam_step(split
     alg.aggregate(ups, plan)
 
     n = len(kept)
-    want = {k: n * _median(torch.stack([u.tensors[k] for u in kept])) for k in before if k != FIRST}
+    want = {k: n * median(torch.stack([u.tensors[k] for u in kept])) for k in before if k != FIRST}
     if FIRST in before:
         rows = torch.zeros_like(before[FIRST])
         for j in range(split.n_items):
             sent = [u.tensors[ITEMS][np.flatnonzero(u.items == j)[0]] for u in kept if j in u.items]
             if sent:
-                rows[j] = len(sent) * _median(torch.stack(sent))
+                rows[j] = len(sent) * median(torch.stack(sent))
         want[FIRST] = rows
     assert (FIRST in want) == (encoders == "dual")
     server_step(before, moments, 0, want, n, alg.cfg.lr, st.spec.weight_decay)

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from robust_reference import median
 
 from fedrec.algorithms import get_algorithm
 from fedrec.core.contract import RoundPlan
@@ -43,12 +44,6 @@ def _algorithm(split: Split, name: str = "personalfr", **engine) -> AEAlgorithm:
     alg = spec.algorithm(split, cfg, seed=4)
     attach(alg, split, cfg, seed=4)
     return alg
-
-
-def _median(x: torch.Tensor) -> torch.Tensor:
-    """The coordinate-wise median over the first axis (the two middle values' mean)."""
-    s, c = x.sort(0).values, len(x)
-    return (s[(c - 1) // 2] + s[c // 2]) / 2
 
 
 @pytest.mark.parametrize("name", ["personalfr", "fedavg-ae"])
@@ -82,12 +77,12 @@ def test_a_defended_round_is_the_per_client_median_and_equation_5(split: Split, 
                 deltas.append(row(upload, ptr[k] + int(at[0])) - row(before, j))
         want = row(before, j)
         if deltas:
-            want = want + len(deltas) * _median(torch.stack(deltas)) / n
+            want = want + len(deltas) * median(torch.stack(deltas)) / n
         torch.testing.assert_close(row(st.glob, j), want, rtol=1e-5, atol=1e-6)
     dense = [k for k in before if k not in ROW_TABLES]
     assert dense and any(k.startswith("enc.") for k in dense) == (name == "fedavg-ae")
     for k in dense:
-        torch.testing.assert_close(st.glob[k], _median(upload[k]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(st.glob[k], median(upload[k]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["personalfr", "fedavg-ae"])
