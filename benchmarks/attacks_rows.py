@@ -15,6 +15,9 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-feddae \
         --methods feddae --engine clients_per_round=0.1 --attacks none,fedrecattack,pieck-uea \
         --defences none,norm-bound,median,trimmed-mean,krum,union
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-regula \
+        --methods fedmf,fedncf --engine client_objective=regula --boosts 10 \
+        --attacks none,pieck-ipe,pieck-uea,fedrecattack
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ from pathlib import Path
 from fedrec.errors import FedrecError
 from fedrec.experiment import federated_config
 from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
+
+
+def _value(text: str) -> int | float | str:
+    """An engine option's value: a whole number, a number, or the text itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def main() -> None:
@@ -40,17 +53,15 @@ def main() -> None:
     ap.add_argument("--boosts", default="1,10", help="undefended runs take each; defended runs the largest")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a model option beside the method's defaults (named in the file)")
-    ap.add_argument("--engine", action="append", default=[], metavar="KEY=NUMBER",
-                    help="an engine option beside the paper setting (named in the file)")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engine option beside the paper setting, a number or a text such as "
+                         "client_objective=regula (named in the file)")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
     if any("=" not in kv for kv in args.set + args.engine):
         ap.error("--set and --engine take KEY=VALUE")
     model = dict(kv.split("=", 1) for kv in args.set)
-    try:
-        engine = {k: float(v) if "." in v or "e" in v else int(v) for k, v in (kv.split("=", 1) for kv in args.engine)}
-    except ValueError:
-        ap.error("--engine takes KEY=NUMBER")
+    engine = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.engine)}
     named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
     try:  # an unknown method or engine option ends in one line before any cell runs
         for method in args.methods.split(","):

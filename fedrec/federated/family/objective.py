@@ -17,8 +17,9 @@ The gradient is not clipped by ``--set clip=``, which bounds the data term's.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,8 +38,13 @@ class ClientObjective:
 
     #: its ``--client-objective`` name
     name: ClassVar[str] = ""
-    #: whether it reads each client's own rows and each step's slots (`Contrast.rows_step`)
+    #: whether it reads each client's own rows and each step's slots (`rows_step`, on what
+    #: `cohort_rows` made of the cohort once)
     reads_rows: ClassVar[bool] = False
+    #: whether it keeps what it saw of the server's table from round to round (`observe`)
+    observes_table: ClassVar[bool] = False
+    #: whether it also steps each client's user vector (`user_step`)
+    steps_user: ClassVar[bool] = False
 
     def gradient(self, tensor: str, current: torch.Tensor, sent: torch.Tensor) -> torch.Tensor | None:
         """The term's gradient w.r.t. downloaded ``tensor`` (``items`` for the item rows, else a
@@ -54,6 +60,36 @@ class ClientObjective:
 
     def check(self) -> None:
         """Reject impossible settings with one `FedrecError` (override)."""
+
+    def refusal(self, spec: Any) -> str | None:
+        """Why this term cannot train the member ``spec`` (a `FamilySpec`), or None."""
+        return None
+
+    def observe(self, table: torch.Tensor, memo: dict[str, torch.Tensor], r: int) -> None:
+        """See the server's ``table`` at the start of round ``r`` and keep what the term needs
+        in ``memo`` (the server's, kept in its checkpoints and sent to a Flower node's clients)."""
+
+    def cohort_rows(self, row_ptr: np.ndarray, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                    row_items: np.ndarray, memo: Mapping[str, torch.Tensor], table: torch.Tensor,
+                    summed: bool = False) -> Any:
+        """What `rows_step` and `user_step` read of a cohort (its clients' local rows between
+        ``row_ptr`` entries, of items ``row_items``; its ``steps``), made once; None: the term
+        does nothing for it. ``table``: the server's table as the round sent it; ``summed``:
+        the item rows step on the batch's summed loss, not its mean (``--aggregation samples``)."""
+        return ClientRows.of(row_ptr, steps)
+
+    def rows_step(self, rows: torch.Tensor, view: Any, step: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  ids: np.ndarray, key: tuple[int, ...], lr: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The term's step at ``rows`` for one lockstep step (the active clients' slots ``step``;
+        ``view``: `cohort_rows`'; ``ids``: the run's id of each of the cohort's clients, the
+        draws' keys): the local rows it moves and what is added to each (``-lr`` times the
+        gradient), or None."""
+        return None
+
+    def user_step(self, view: Any, user: torch.Tensor, lr: float) -> torch.Tensor | None:
+        """What the step's active clients subtract from their ``user`` vectors (as they were
+        when the step began) for this term, at rate ``lr``; None: nothing."""
+        return None
 
     def text(self) -> str:
         """The ``--client-objective`` string that parses back to this term."""
@@ -183,11 +219,14 @@ class Contrast(ClientObjective):
     def text(self) -> str:
         return f"{self.name}:alpha={self.alpha:g},negatives={self.negatives}"
 
+    def refusal(self, spec: Any) -> str | None:
+        if spec.loss == "mse":
+            return (f"--client-objective {self.name} contrasts a client's positives with its negatives; "
+                    "a fit to ratings has no negatives")
+        return None
+
     def rows_step(self, rows: torch.Tensor, roles: ClientRows, step: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                   ids: np.ndarray, key: tuple[int, ...], lr: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The term's step at ``rows`` for one lockstep step (the active clients' slots ``step``;
-        ``ids``: the run's id of each of the cohort's clients, the draws' keys): the local rows
-        it moves and what is added to each (``-lr`` times the gradient), or None."""
         idx, y, m = step
         if self.alpha == 0:
             return None
@@ -221,3 +260,144 @@ class Contrast(ClientObjective):
             ga, gc = torch.autograd.grad(self.alpha * (ce * weight).sum(), [va, vc])
         return (torch.cat([at_a, at_c.reshape(-1)]),
                 torch.cat([ga, gc.reshape(-1, gc.shape[-1])]).mul_(-lr))
+
+
+@dataclass
+class PopularView:
+    """What `Regula` reads of a cohort: which local rows are of popular items, and the popular
+    rows as the round sent them (their rank weights folded in)."""
+
+    #: each local row: whether its item is one of the mined popular ones
+    popular: torch.Tensor
+    #: sum over the popular items of w_k times their unit row (the cosines' pull)
+    pull: torch.Tensor
+    #: the popular rows' log-softmax over the dimensions, one row a popular item
+    log_q: torch.Tensor
+    #: the rank weights w_k, most popular first
+    weights: torch.Tensor
+    #: the rows step on the batch's summed loss (IPE summed over the slots), not its mean
+    summed: bool = False
+
+
+@register_objective
+@dataclass(frozen=True)
+class Regula(ClientObjective):
+    """PIECK's defence (Zhang et al., "Manipulating Federated Recommender Systems: Poisoning
+    with Synthetic Users and Its Countermeasures", ICDE 2024; official code junzhang-zj/PIECK,
+    ``FedRecClientDefense`` of MF-FRS, read at dce13ce, never copied): two client-side terms
+    against PIECK's attacks, which mine the items whose rows move most (the popular ones) and
+    pull the target's row towards them (IPE) or towards users approximated from them (UEA).
+
+    * **Mining.** The popular items are the ``size`` items whose rows moved most over the first
+      ``window`` rounds, ||E_(1+window) - E_1|| (the official client measures its own first
+      epoch, one pass over the clients: a round at full participation; set ``window`` to the
+      rounds of a pass otherwise). The change of the table every client downloads alike gives
+      every client the same items, so the server mines them once and sends their ids and rows
+      (the official clients download the whole table each round). They stay fixed, and the terms
+      start in round 1 + ``window``.
+    * **IPE** (``ipe`` times) -sum_k w_k mean_j cos(e_pk, e_j): at each local step, over the
+      client's slots of unpopular items in its batch, with the popular rows e_pk as the round
+      sent them (a constant), so every row a client trains is drawn towards the popular ones
+      and a target pulled there stands out no more. w_k = (size - k + 1)² / sum_i i², k = 1 the
+      most popular.
+    * **UEA** (``uea`` times) -sum_k w_k KL(softmax(u) || softmax(e_pk)) / dim on the client's
+      user vector u only, which pushes u's profile away from the popular rows' (an attacker
+      approximates users from them).
+
+    Both gradients are taken where the step starts and applied with the data term's, at the
+    item rate and the user rate (one SGD step on the sum, as the official client).
+
+    Departures: the official client starts UEA in its first epoch against ``size`` arbitrary
+    items (a top-k of zeros); here neither term acts before the items are mined. The official
+    mean over a client's data becomes the mean over its batch, as the data term's; under
+    fedrec's per-sample rule (``--aggregation samples``: the rows step on the batch's summed
+    loss, the user vector on its mean) IPE is summed over the batch's slots too, so the two
+    terms keep the official ratio to the data term.
+    """
+
+    name: ClassVar[str] = "regula"
+    reads_rows: ClassVar[bool] = True
+    observes_table: ClassVar[bool] = True
+    steps_user: ClassVar[bool] = True
+    #: popular items mined (the official ``regula_size``)
+    size: int = 10
+    #: the IPE term's weight (the official ``ipe_mu``)
+    ipe: float = 1.0
+    #: the UEA term's weight (the official ``uea_mu``)
+    uea: float = 1.0
+    #: rounds over which the rows' movement is measured
+    window: int = 1
+
+    def check(self) -> None:
+        if self.size < 1 or self.window < 1 or not self.ipe >= 0 or not self.uea >= 0:
+            raise FedrecError(f"--client-objective regula: size and window must be >= 1, ipe and uea >= 0 "
+                              f"(got {self.size}, {self.window}, {self.ipe:g}, {self.uea:g})")
+
+    def text(self) -> str:
+        return f"{self.name}:size={self.size},ipe={self.ipe:g},uea={self.uea:g},window={self.window}"
+
+    def refusal(self, spec: Any) -> str | None:
+        if self.uea > 0 and spec.user_shapes().get("user") != (spec.item_width,):
+            return (f"--client-objective {self.name}: its UEA term steps a user vector as wide as the item "
+                    "rows, which this algorithm's clients do not hold (give uea=0 for IPE alone)")
+        return None
+
+    def weights(self) -> torch.Tensor:
+        """w_k = (size - k + 1)² / sum_i i², most popular first."""
+        w = torch.arange(self.size, 0, -1, dtype=torch.float64) ** 2
+        return (w / w.sum()).float()
+
+    def observe(self, table: torch.Tensor, memo: dict[str, torch.Tensor], r: int) -> None:
+        if "popular" in memo:
+            return
+        if r == 1:
+            memo["start"] = table.clone()
+        elif r == 1 + self.window and "start" in memo:
+            moved = torch.linalg.vector_norm(table - memo.pop("start"), dim=1).cpu().numpy()
+            order = np.argsort(-moved, kind="stable")[: self.size]  # ties to the lower id
+            memo["popular"] = torch.as_tensor(order, dtype=torch.int64)
+
+    def cohort_rows(self, row_ptr: np.ndarray, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                    row_items: np.ndarray, memo: Mapping[str, torch.Tensor], table: torch.Tensor,
+                    summed: bool = False) -> PopularView | None:
+        if "popular" not in memo:
+            return None
+        ids = memo["popular"].cpu().numpy()
+        e = table[memo["popular"].to(table.device)]
+        w = self.weights()[: len(ids)].to(table.device)
+        unit = e / torch.linalg.vector_norm(e, dim=1, keepdim=True).clamp_min(1e-8)
+        popular = torch.as_tensor(np.isin(row_items, ids), device=table.device)
+        return PopularView(popular, w @ unit, torch.log_softmax(e, 1), w, summed)
+
+    def rows_step(self, rows: torch.Tensor, view: PopularView, step: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  ids: np.ndarray, key: tuple[int, ...], lr: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """IPE's step on the active clients' slots of unpopular items: the gradient of
+        -w_k cos(e_pk, e) in e is -(q / |e| - (q . e) e / |e|³) summed over k (q = sum_k w_k e_pk
+        / |e_pk|), divided by the client's count of such slots (the mean; summed under
+        ``view.summed``, as the data term)."""
+        idx, _, m = step
+        if self.ipe == 0:
+            return None
+        take = (m > 0) & ~view.popular[idx]
+        k_of, slot = torch.nonzero(take, as_tuple=True)
+        if len(k_of) == 0:
+            return None
+        local = idx[k_of, slot]
+        e = rows[local]
+        norm = torch.linalg.vector_norm(e, dim=1, keepdim=True).clamp_min(1e-8)
+        pull = view.pull[None, :] / norm - ((e @ view.pull)[:, None] / norm**3) * e
+        if view.summed:
+            return local, pull.mul_(lr * self.ipe)
+        count = take.sum(1)[k_of].to(rows.dtype)
+        return local, pull.mul_((lr * self.ipe / count)[:, None])
+
+    def user_step(self, view: PopularView, user: torch.Tensor, lr: float) -> torch.Tensor | None:
+        """UEA's step: KL(p || q_k) with p = softmax(u) has gradient p (log p - log q_k - KL) in u."""
+        if self.uea == 0:
+            return None
+        log_p = torch.log_softmax(user, 1)
+        p = log_p.exp()
+        gap = log_p[:, None, :] - view.log_q[None]  # (clients, popular, dim)
+        kl = (p[:, None, :] * gap).sum(-1, keepdim=True)
+        grad = -(self.uea / user.shape[1]) * torch.einsum("k,ckd->cd", view.weights, p[:, None, :] * (gap - kl))
+        return grad.mul_(lr)

@@ -47,6 +47,11 @@ from fedrec.rounds.sides import (
     wire_ids,
 )
 
+#: a train message's keys of what the client objective kept of the server's table (`FamilyState.memo`)
+MEMO = "memo."
+#: the parts of it a node's clients read: Regula's popular items (not the table it measures from)
+SENT_MEMO = ("popular",)
+
 
 class FamilyClient(ClientSide):
     """A node of the family: its clients' data and private state."""
@@ -68,6 +73,7 @@ class FamilyClient(ClientSide):
             item_std=self.cfg.item_std, seed=self.seed, train=self.data.train,
             client_ids=self.data.users)
         use_aggregation(state, self.cfg.aggregation)
+        state.observer = False  # the server sees the table; a train message carries what the term keeps
         return state
 
     def private_state(self) -> dict[str, Any]:
@@ -119,6 +125,7 @@ class FamilyClient(ClientSide):
         st.shared = {k: torch.as_tensor(msg[f"shared.{k}"]) for k in st.shared}
         rows = order_by_activity(self.data.train, self.data.rows_of(np.asarray(msg["clients"])))
         acc = st.begin_round(r)
+        st.memo = {k[len(MEMO):]: torch.as_tensor(v) for k, v in msg.items() if k.startswith(MEMO)}
         train_cohort(st, self.spec, self.cfg, self.data.train, self.data.sampler, rows,
                      self.data.users[rows], self.seed, r, self.path, acc, keep=keep, pad_seed=self.pad_seed)
         if self.path.noisy:  # each client's LDP/DP noise is added here, before anything leaves
@@ -191,9 +198,12 @@ class FamilyServer(ServerSide):
         want_round, items = self.want.get(node, (0, None))
         if want_round != r or items is None:  # no request for this round: the whole table
             items = np.arange(self.n_items)
+        memo = {MEMO + k: v.cpu().numpy() for k, v in self.state.memo.items() if k in SENT_MEMO}
+        if MEMO + "popular" in memo:  # Regula's popular rows travel with the ones asked for
+            items = np.union1d(items, memo[MEMO + "popular"])
         return {"round": r, "clients": wire_ids(clients), "items": wire_ids(items),
                 "rows": self.state.items[torch.as_tensor(items)].cpu().numpy(),
-                **{f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()},
+                **{f"shared.{k}": v.cpu().numpy() for k, v in self.state.shared.items()}, **memo,
                 **({"per_client": 1} if self.rule is not None else {})}
 
     def fold(self, node: int, reply: Payload) -> None:

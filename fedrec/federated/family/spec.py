@@ -118,9 +118,9 @@ class FamilySpec:
         spec = spec._with_part("server", getattr(engine, "server_opt", None), ServerOpt.parse, "--server-opt")
         spec = spec._with_part("objective", getattr(engine, "client_objective", None), parse_objective,
                                "--client-objective")
-        if spec.objective is not None and spec.objective.reads_rows and spec.loss == "mse":
-            raise FedrecError(f"--client-objective {spec.objective.name} contrasts a client's positives with its "
-                              "negatives; a fit to ratings has no negatives")
+        refusal = spec.objective.refusal(spec) if spec.objective is not None else None
+        if refusal is not None:
+            raise FedrecError(refusal)
         return spec
 
     def _with_part(self, field: str, named: str | None, parse: Callable[[str], Any], flag: str) -> FamilySpec:

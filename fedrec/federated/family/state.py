@@ -11,7 +11,9 @@ store per name, gathered for a cohort and scattered back after training.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -29,14 +31,13 @@ from fedrec.federated.family.model import (
     mean_loss,
     score,
 )
-from fedrec.federated.family.objective import ClientRows
 from fedrec.federated.family.personal import PersonalRows
 from fedrec.federated.family.server_opt import ServerOptimizer
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.optim import clip_scale
 from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
-from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -190,6 +191,13 @@ class FamilyState:
     #: by id) and the round being trained (not dataclass fields: set by `create`, `begin_round`)
     client_ids = None
     round = 0
+    #: what the client objective kept of the server's table (`ClientObjective.observe`: Regula's
+    #: popular items; replaced, never changed in place; not a dataclass field: a ClassVar); a
+    #: Flower node's is the server's, sent each round
+    memo: ClassVar[Mapping[str, torch.Tensor]] = MappingProxyType({})
+    #: this state sees the server's table (False on a Flower node, which holds only the rows its
+    #: clients need; not a dataclass field)
+    observer = True
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
@@ -221,6 +229,11 @@ class FamilyState:
         row's contributors, under ``per_row``)."""
         self.round = r
         self.round_start_items = self.items.clone() if self.spec.dual else None
+        term = self.spec.objective
+        if self.observer and term is not None and term.observes_table:
+            memo = dict(self.memo)
+            term.observe(self.items, memo, r)
+            self.memo = memo
         counts = torch.zeros(self.items.shape[0], dtype=self.items.dtype) if self.per_row else None
         return Accumulator(
             torch.zeros_like(self.items), {k: torch.zeros_like(v) for k, v in self.shared.items()},
@@ -246,24 +259,37 @@ class FamilyState:
             for _ in range(spec.reconstruct_epochs):
                 for step, v in zip(epoch, gathered, strict=True):
                     self._step(params, rows, step, [["user"]], v)
-        sent = (start, cohort.row_ptr) if spec.objective is not None else None
-        reads_rows = spec.objective is not None and spec.objective.reads_rows
-        roles = ClientRows.of(cohort.row_ptr, steps) if reads_rows else None
+        term = spec.objective
+        sent = (start, cohort.row_ptr) if term is not None else None
+        view = None
+        if term is not None and term.reads_rows:
+            view = term.cohort_rows(cohort.row_ptr, steps, cohort.row_items, self.memo, self.items,
+                                     summed=self.per_sample)
         loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
         for t, step in enumerate(steps):
-            # a term on the client's own rows (UNION's): its step is taken where the data term's
-            # starts, and applied with it
+            # a term on the client's own rows (UNION's, Regula's): its step is taken where the
+            # data term's starts, and applied with it
             # (keyed by the epoch and the batch within it: lockstep step b of an epoch is every
             # active client's b-th batch, whichever clients share the cohort)
-            extra = None if roles is None else spec.objective.rows_step(
-                rows, roles, step, self._ids(cohort),
-                (self.seed, draws.CONTRAST, self.round, *divmod(t, cohort.steps_per_epoch)), self.lr_item)
+            extra = user_extra = None
+            if view is not None:
+                extra = term.rows_step(rows, view, step, self._ids(cohort),
+                                       (self.seed, draws.CONTRAST, self.round, *divmod(t, cohort.steps_per_epoch)),
+                                       self.lr_item)
+                if term.steps_user and "user" in params:
+                    user_extra = term.user_step(view, params["user"][: step[0].shape[0]], self.lr_of("user"))
             loss_sum += self._step(params, rows, step, spec.phases(), sent=sent)
             if extra is not None:
                 self._apply_item_step(rows, *extra)
+            if user_extra is not None:
+                params["user"][: len(user_extra)].sub_(user_extra)
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
-        return self._finish(cohort, params, start, rows, path, float(loss_sum))
+        up = self._finish(cohort, params, start, rows, path, float(loss_sum))
+        if view is not None and "popular" in self.memo:  # Regula's popular ids and rows come down too
+            up.bytes_down += len(cohort.clients) * len(self.memo["popular"]) * (
+                INDEX_BYTES + self.items.shape[1] * FLOAT_BYTES)
+        return up
 
     def _ids(self, cohort: CohortBatches) -> np.ndarray:
         """The run's ids of the cohort's clients (rows of this state)."""
@@ -556,7 +582,7 @@ class FamilyState:
     # server and client state, declared apart: a Flower node keeps only the clients' part
     def server_state_dict(self) -> dict[str, Any]:
         return {"items": self.items, "round_start_items": self.round_start_items, "shared": self.shared,
-                "server_optimizer": self.server_optimizer.state_dict()}
+                "server_optimizer": self.server_optimizer.state_dict(), "objective_memo": dict(self.memo)}
 
     def client_state_dict(self) -> dict[str, Any]:
         return {"private": self.private, "personal": self.personal.state()}
@@ -565,6 +591,7 @@ class FamilyState:
         self.items, self.round_start_items = blob["items"], blob["round_start_items"]
         self.shared = blob["shared"]
         self.server_optimizer.load_state_dict(blob["server_optimizer"])
+        self.memo = dict(blob.get("objective_memo", {}))
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         self.private = blob["private"]
