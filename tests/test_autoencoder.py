@@ -162,6 +162,37 @@ def test_round_equals_clients_trained_alone(case: str, request: pytest.FixtureRe
         torch.testing.assert_close(v, want, rtol=1e-4, atol=1e-5, msg=f"{case}: {name}")
 
 
+def test_kept_codes_are_recomputed_for_the_clients_that_trained(explicit: Split) -> None:
+    """PersonalFR keeps each user's code (its private encoder's output) between scorings: after
+    rounds in which some clients train, every user's last hidden layer equals one computed
+    afresh from the ratings (to float32 rounding: the encoder's batched products group users as
+    the call does), its trained clients' users included; new private parameters forget them."""
+    spec = AESpec(share="decoder", clients=4, hidden=HIDDEN, dropout=0.0)
+    state = AEState(spec, explicit, spec.partition(explicit.n_users, 0), seed=1)
+    cfg = FederatedConfig(batch_size=2, local_epochs=2, lr=0.05)
+    users = np.arange(explicit.n_users)
+    state._codes(users)  # every code kept
+    assert state._code_fresh.all()
+    for r, cohort in enumerate(([0, 2], [1], [3, 2]), start=1):
+        cohort = np.asarray(cohort)
+        before = state._code.clone()
+        payload, items = state.download(cohort)
+        upload, _ = state.local_update(cohort, payload, cfg, r)
+        trained = np.isin(state.partition.client_of_user, cohort)
+        assert not state._code_fresh[trained].any() and state._code_fresh[~trained].all()
+        got = state._codes(users[::2])  # a subset first: only its stale users are encoded
+        torch.testing.assert_close(torch.as_tensor(got), torch.as_tensor(state._grouped(users[::2])),
+                                   rtol=0, atol=1e-5)
+        got = state._codes(users)
+        torch.testing.assert_close(torch.as_tensor(got), torch.as_tensor(state._grouped(users)), rtol=0, atol=1e-5)
+        moved = (state._code - before).abs().amax(1) > 1e-4
+        assert moved[torch.as_tensor(trained)].all() and not moved[torch.as_tensor(~trained)].any()
+    state.priv = {k: v.clone() for k, v in state.priv.items()}
+    assert not state._code_fresh.any()
+    shared = AESpec(share="all", clients=4, hidden=HIDDEN, dropout=0.0, compression=False)
+    assert AEState(shared, explicit, shared.partition(explicit.n_users, 0), seed=1)._code is None
+
+
 def test_payload_holds_only_the_rows_of_the_clients_items(explicit: Split) -> None:
     """Partial compression is applied: a client receives (and returns) its items' output rows
     only, never the private encoder, and the bytes counted are those of the payload."""

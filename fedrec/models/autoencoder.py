@@ -99,20 +99,32 @@ def codes(p: dict[str, torch.Tensor], hidden: tuple[int, ...], rows: torch.Tenso
     ``p``'s dense entries have a leading axis of at least A (one layer per group). Dropout on
     the code keeps the units whose uniform ``draws`` ``(A, B, hidden[-1])`` are >= ``dropout``.
     """
-    h = F.embedding_bag(rows, p["enc.in"], offsets, mode="sum", per_sample_weights=values)
-    h = h.view(A, B, -1) + p["enc.in.b"][:A, None]
-    h = _activate(h, p, "enc.in", A)
-    depth = len(hidden) - 1
-    for j in range(1, depth + 1):
-        h = torch.baddbmm(p[f"enc.{j}.b"][:A, None], h, p[f"enc.{j}.W"][:A])
-        h = _activate(h, p, f"enc.{j}", A)
+    h = encode(p, hidden, rows, offsets, values, A, B)
     if dropout > 0:
         keep = (draws if draws is not None else torch.rand(h.shape)) >= dropout
         h = h * keep / (1.0 - dropout)
-    for j in range(1, depth + 1):
+    return decode_hidden(p, hidden, h, A)
+
+
+def encode(p: dict[str, torch.Tensor], hidden: tuple[int, ...], rows: torch.Tensor,
+           offsets: torch.Tensor, values: torch.Tensor, A: int, B: int) -> torch.Tensor:
+    """The code (the encoder's output) of A groups of B users: (A, B, hidden[-1]); inputs as
+    `codes`'."""
+    h = F.embedding_bag(rows, p["enc.in"], offsets, mode="sum", per_sample_weights=values)
+    h = h.view(A, B, -1) + p["enc.in.b"][:A, None]
+    h = _activate(h, p, "enc.in", A)
+    for j in range(1, len(hidden)):
+        h = torch.baddbmm(p[f"enc.{j}.b"][:A, None], h, p[f"enc.{j}.W"][:A])
+        h = _activate(h, p, f"enc.{j}", A)
+    return h
+
+
+def decode_hidden(p: dict[str, torch.Tensor], hidden: tuple[int, ...], h: torch.Tensor, A: int) -> torch.Tensor:
+    """The decoder's last hidden layer from codes ``h`` (A, B, hidden[-1]): (A * B, hidden[0])."""
+    for j in range(1, len(hidden)):
         h = torch.baddbmm(p[f"dec.{j}.b"][:A, None], h, p[f"dec.{j}.W"][:A])
         h = _activate(h, p, f"dec.{j}", A)
-    return h.reshape(A * B, -1)
+    return h.reshape(h.shape[0] * h.shape[1], -1)
 
 
 def pair_outputs(h: torch.Tensor, slots: torch.Tensor, out_rows: torch.Tensor,

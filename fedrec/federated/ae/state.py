@@ -39,6 +39,8 @@ from fedrec.federated.family.model import ITEMS
 from fedrec.models.autoencoder import (
     ROW_TABLES,
     codes,
+    decode_hidden,
+    encode,
     forward_macs,
     init_params,
     layer_shapes,
@@ -112,10 +114,27 @@ class AEState:
         enc, dec = layer_shapes(self.hidden, spec.norm)
         self.dense_names = [*enc, *dec]
         self.glob = {k: v for k, v in init.items() if not spec.private(k)}
+        # each user's code (the encoder's output) as its client's private encoder last left it:
+        # scoring runs the encoder only for the users of clients trained since (a tenth a round
+        # at PersonalFR's defaults); a shared encoder changes every round, so nothing is kept
+        private_encoder = all(spec.private(k) for k in init if k.startswith("enc."))
+        self._code = torch.zeros(self.n_users, self.hidden[-1]) if private_encoder else None
+        self._code_fresh = np.zeros(self.n_users, bool)
         # one draw shared by every client: the common start of a federated model
         self.priv = {k: (v[self.row_item].clone() if k in ROW_TABLES else v.expand(self.K, *v.shape).clone())
                      for k, v in init.items() if spec.private(k)}
         self.opt: dict[str, Any] | None = None  # kept across rounds only by the Joint model
+
+    @property
+    def priv(self) -> dict[str, torch.Tensor]:
+        """Every client's private parameters (client k's dense layers at index k, its row
+        table's rows at its row offsets); setting them forgets the kept codes."""
+        return self._priv
+
+    @priv.setter
+    def priv(self, value: dict[str, torch.Tensor]) -> None:
+        self._priv = value
+        self._code_fresh[:] = False
 
     # ---- one round ------------------------------------------------------------------------------
 
@@ -202,6 +221,7 @@ class AEState:
             macs_sparse += forward_macs(per_user, per_user, self.hidden)
         for k, v in self.priv.items():
             v[flat_t if k in ROW_TABLES else cohort_t] = local[k].detach()
+        self._code_fresh[np.isin(self.partition.client_of_user, cohort)] = False
         if self.K == 1:
             self.opt = opt
         upload = {k: local[k].detach() for k in self.glob}
@@ -375,6 +395,20 @@ class AEState:
 
     def _codes(self, users: np.ndarray) -> np.ndarray:
         """Last hidden layer of ``users``: each through its client's encoder and the decoder.
+        A private encoder's codes are kept (`_code`) and computed only for users whose client
+        trained since; the decoder, shared, runs on every user each time."""
+        users = np.asarray(users, np.int64)
+        if self._code is None:
+            return self._grouped(users)
+        stale = np.unique(users[~self._code_fresh[users]])
+        if len(stale):
+            self._code[torch.as_tensor(stale)] = torch.as_tensor(self._grouped(stale, encode_only=True))
+            self._code_fresh[stale] = True
+        return self._grouped(users, coded=True)
+
+    def _grouped(self, users: np.ndarray, encode_only: bool = False, coded: bool = False) -> np.ndarray:
+        """The codes (``encode_only``) or last hidden layers of ``users``, from their ratings, or
+        (``coded``) from the kept codes through the decoder.
 
         Users are laid out as in training, a group per client (one group when the encoder is
         shared), so a client's private layers are applied to all its users by one matmul."""
@@ -382,7 +416,7 @@ class AEState:
         group_of = self.partition.client_of_user[users] if private else np.zeros(len(users), np.int64)
         order = np.argsort(group_of, kind="stable")
         groups, first, counts = np.unique(group_of[order], return_index=True, return_counts=True)
-        out = np.zeros((len(users), self.hidden[0]), dtype=np.float32)
+        out = np.zeros((len(users), self.hidden[-1 if encode_only else 0]), dtype=np.float32)
         per_chunk = max(1, _SCORE_CHUNK // max(int(counts.max(initial=1)), 1))
         with torch.no_grad():
             for a in range(0, len(groups), per_chunk):
@@ -393,17 +427,24 @@ class AEState:
                 table = np.full((A, B), -1, dtype=np.int64)
                 table[np.repeat(np.arange(A), c), pos] = users[where]
                 slot_user = table.reshape(-1)
-                lengths, nnz, slots = self._bags(slot_user)
                 p = {k: (v.expand(A, *v.shape) if k in self.dense_names else v) for k, v in self.glob.items()}
-                if private:
-                    idx = torch.as_tensor(g)
-                    p.update({k: v[idx] for k, v in self.priv.items() if k not in ROW_TABLES})
-                    p["enc.in"] = self.priv["enc.in"]
-                    rows = self.row_ptr[g][slots // B] + self.pair_pos[nnz]
+                idx = torch.as_tensor(g)
+                if coded:  # the kept codes (empty slots zero: each slot's rows are its own)
+                    p.update({k: v[idx] for k, v in self.priv.items() if k.startswith("dec.")})
+                    z = torch.zeros(A * B, self.hidden[-1])
+                    z[torch.as_tensor(slot_user >= 0)] = self._code[torch.as_tensor(slot_user[slot_user >= 0])]
+                    z = z.view(A, B, -1)
                 else:
-                    rows = self.items[nnz]
-                bag = torch.as_tensor(np.r_[0, np.cumsum(lengths)[:-1]])
-                h = codes(p, self.hidden, torch.as_tensor(rows), bag, self.values[nnz], A, B)
+                    lengths, nnz, slots = self._bags(slot_user)
+                    if private:
+                        p.update({k: v[idx] for k, v in self.priv.items() if k not in ROW_TABLES})
+                        p["enc.in"] = self.priv["enc.in"]
+                        rows = self.row_ptr[g][slots // B] + self.pair_pos[nnz]
+                    else:
+                        rows = self.items[nnz]
+                    bag = torch.as_tensor(np.r_[0, np.cumsum(lengths)[:-1]])
+                    z = encode(p, self.hidden, torch.as_tensor(rows), bag, self.values[nnz], A, B)
+                h = z.reshape(A * B, -1) if encode_only else decode_hidden(p, self.hidden, z, A)
                 out[where] = h.cpu().numpy()[np.repeat(np.arange(A), c) * B + pos]
         return out
 
