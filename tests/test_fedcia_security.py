@@ -4,8 +4,8 @@ reads an uploaded similarity matrix as an item table whose row j is item j's sim
 A defended round's average is the per-coordinate rule over the clients' uploads written out; an
 unbounded norm-bound run ends as the plain run; the attacker is a share of the clients, its
 crafted rows no longer than the boost times the round's median honest row change, and they enter
-the average as one more upload each (under ``upload_rank``, the rank-L upload nearest them); what
-is not built is refused in one line."""
+the average as one more upload each (under ``upload_rank``, the rank-L upload nearest them); a
+deployed defence is taken, and what is not built is refused in one line."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fedrec.core.contract import ClientUpload, RoundPlan
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.cia.state import CIAAlgorithm, _dense, _factored
+from fedrec.federated.cia.state import CIAAlgorithm, _factored, dense_upload
 from fedrec.federated.family.model import ITEMS
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -55,7 +55,7 @@ def test_a_defended_average_is_the_coordinate_wise_median_of_the_uploads(split: 
     assert ups.per_client is not None and len(ups.per_client) == alg.n_clients
     if rank:
         assert "p" in ups.per_client[0].tensors
-    want = median(torch.stack([_dense(u) for u in ups.per_client]))
+    want = median(torch.stack([dense_upload(u) for u in ups.per_client]))
     alg.aggregate(ups, plan)
     assert alg.global_similarity is not None
     torch.testing.assert_close(alg.global_similarity, want, rtol=1e-5, atol=1e-6)
@@ -95,7 +95,7 @@ def test_crafted_rows_are_a_share_of_the_clients_at_the_honest_row_budget(split:
     ups, plan = _round(alg)
     prev = alg.global_similarity.clone()
     assert ups.per_client is not None
-    honest = [_dense(u) - prev for u in ups.per_client]
+    honest = [dense_upload(u) - prev for u in ups.per_client]
     alg.aggregate(ups, plan)
     bad = seen["bad"]
     assert [u.client for u in bad] == [8, 9]
@@ -157,12 +157,17 @@ def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: 
         train(cfg)
 
 
-def test_flower_refuses_its_defence(split: Split) -> None:
-    """On Flower a node sends its clients' summed similarities, so the defence stays in the
-    simulator (said in one line)."""
+def test_flower_takes_its_defence_not_on_a_variant_without_similarity_rows(split: Split) -> None:
+    """On Flower a defended round asks the nodes for each client's upload (the simulator's
+    figures: `tests/test_flower.py`); a variant whose server averages no similarity rows
+    (``scope=local``) is refused there as in the simulator, in one line."""
+    from fedrec.flower.dispatch import run_in_process
     from fedrec.flower.roles import check_deployable
 
     run = RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", model={"clients": 6},
                     federated=federated_config("fedcia", rounds=1, defence="median"))
-    with pytest.raises(FedrecError, match="summed similarities"):
-        check_deployable(run, split=split)
+    check_deployable(run, split=split)
+    local = RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full",
+                      model={"clients": 6, "scope": "local"}, federated=federated_config("fedcia", rounds=1, defence="median"))
+    with pytest.raises(FedrecError, match="not on 'fedcia'"):
+        run_in_process(local, 2)

@@ -140,6 +140,13 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     ("gfedpp", {"defence": "krum", "model": {"dim": 32, "public_ratio": 0.5}}),
     ("fedca", {"defence": "median", "rounds": 3}),
     ("fedca-avg", {"defence": "krum", "protocol": "loo-full"}),
+    # the autoencoders: each client's decoder rows (and FedAvg's encoder rows), dense layers whole
+    ("personalfr", {"defence": "median", "clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
+    ("fedavg-ae", {"defence": "krum", "model": AE, "protocol": "ratio-rating-implicit"}),
+    ("feddae", {"defence": "median", "clients_per_round": 0.5, "model": DAE}),
+    # FedCIA: each client's similarity rows, dense or as a rank-L eigen-upload
+    ("fedcia", {"defence": "median", "model": CIA, "protocol": "ratio-full"}),
+    ("fedcia", {"defence": "krum", "model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates

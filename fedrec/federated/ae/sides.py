@@ -9,7 +9,9 @@ decoder rows of the sampled clients' items only (with compression; without it, t
 tables), and the reply the sums over the node's clients of their row deltas and dense layers.
 The server applies Equation 5 as the simulator does: a row moves by the sum of its deltas over
 the clients of the round (a client without the row counts as unchanged), dense layers become
-the mean.
+the mean. Under a robust rule (``--defence``) the server asks for each client's upload instead
+(`AEState.client_uploads`) and applies Equation 5 to what the rule accepts, as the simulator's
+`AEAlgorithm` does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedrec.federated.ae.state import AEState, apply_round
+from fedrec.federated.ae.state import AEState, apply_round, apply_row_sums, row_table_of
+from fedrec.federated.family.sides import check_per_client, client_uploads, per_client_payload
 from fedrec.models.autoencoder import ROW_TABLES, init_params
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
@@ -78,12 +81,23 @@ class AEClient(ClientSide):
 
     def train(self, msg: Payload) -> Payload:
         """Train the sampled clients from the layers and rows sent; reply with the sums of their
-        row deltas (on the rows they hold) and of their dense layers."""
+        row deltas (on the rows they hold) and of their dense layers, or, when the server asks
+        (``per_client``: a robust rule), each client's own upload as the simulator's security
+        layer reads it (`AEState.client_uploads`) and the sum of their weight-decay factors."""
         r, st = int(msg["round"]), self.state
         self._set_global(msg)
-        cohort, _ = st.training_order(local_rows(self.clients, np.asarray(msg["clients"])), self.cfg)
+        cohort, steps = st.training_order(local_rows(self.clients, np.asarray(msg["clients"])), self.cfg)
         payload, items = st.download(cohort)
         upload, stats = st.local_update(cohort, payload, self.cfg, r)
+        up, down = st.round_bytes(cohort, first_round=False)  # item ids: in the first answer
+        counts = {"n": len(cohort), "loss_sum": stats["loss_sum"], "client_batches": stats["client_batches"],
+                  "bytes_up": up, "bytes_down": down, **{k: stats[k] for k in FIGURES}}
+        if msg.get("per_client"):
+            uploads, _ = st.client_uploads(cohort, items, upload, steps, self.cfg.lr)
+            decays, _ = st._decays(cohort, steps, self.cfg.lr)
+            dense = {k: v for k, v in st.glob.items() if k not in ROW_TABLES}
+            return {**per_client_payload(uploads, self.clients, dense), **counts,
+                    "decay_sum": float(decays.sum())}
         touched = np.unique(items)
         at = torch.as_tensor(np.searchsorted(touched, items))
         reply: Payload = {"items": wire_ids(touched)}
@@ -93,10 +107,7 @@ class AEClient(ClientSide):
                 reply[f"rows.{k}"] = torch.zeros((len(touched), *delta.shape[1:])).index_add_(0, at, delta).cpu().numpy()
             else:
                 reply[f"dense.{k}"] = v.sum(0).cpu().numpy()
-        up, down = st.round_bytes(cohort, first_round=False)  # item ids: in the first answer
-        reply.update({"n": len(cohort), "loss_sum": stats["loss_sum"],
-                      "client_batches": stats["client_batches"], "bytes_up": up, "bytes_down": down,
-                      **{k: stats[k] for k in FIGURES}})
+        reply.update(counts)
         return reply
 
     def evaluate(self, msg: Payload) -> Payload:
@@ -105,11 +116,17 @@ class AEClient(ClientSide):
 
 
 class AEServer(ServerSide):
-    """The server of the autoencoders: the shared layers, Equation 5 over the nodes' sums."""
+    """The server of the autoencoders: the shared layers, Equation 5 over the nodes' sums, or
+    over each client's upload as a robust ``rule`` aggregates them."""
 
-    #: why ``--defence`` is refused on Flower (the simulator runs it on PersonalFR)
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
-                                   "their clients' summed decoder, not each client's upload")
+    #: it has a slot for a robust rule (``--defence``): the nodes then send each client's upload
+    takes_rule: ClassVar[bool] = True
+    #: the round's robust aggregation (`fedrec.security.adversary.Security`), plugged in by the
+    #: deployment; None: the nodes' plain sums
+    rule: Any = None
+    #: its server averages the shared layers over the clients, whose output rows are an item
+    #: table a rule can judge row by row (`fedrec.federated.ae.state.AEState.plain_average`)
+    plain_average: ClassVar[bool] = True
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -126,6 +143,13 @@ class AEServer(ServerSide):
         self.figures = dict.fromkeys(FIGURES, 0.0)
         self.n = 0
         self.first = r == 1
+        self.kept: list[Any] = []  # each client's upload, under a rule
+        self.decay_sum = 0.0
+
+    @property
+    def dense(self) -> dict[str, torch.Tensor]:
+        """The shared dense layers (a client's upload holds its copy of each)."""
+        return {k: v for k, v in self.glob.items() if k not in ROW_TABLES}
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         if self.spec.compression:
@@ -139,30 +163,51 @@ class AEServer(ServerSide):
         idx = torch.as_tensor(items)
         rows = {f"rows.{k}": v[idx].cpu().numpy() for k, v in self.glob.items() if k in ROW_TABLES}
         dense = {f"dense.{k}": v.cpu().numpy() for k, v in self.glob.items() if k not in ROW_TABLES}
-        return {"round": r, "clients": wire_ids(clients), "items": wire_ids(items), **rows, **dense}
+        return {"round": r, "clients": wire_ids(clients), "items": wire_ids(items), **rows, **dense,
+                **({"per_client": 1} if self.rule is not None else {})}
 
     def fold(self, node: int, reply: Payload) -> None:
+        if self.rule is not None:
+            self.kept.extend(client_uploads(reply, list(self.dense)))
+            self.decay_sum += float(reply["decay_sum"])
+            self._fold_counts(reply)
+            return
         idx = torch.as_tensor(reply["items"])
         for k in self.glob:
             if k in ROW_TABLES:
                 self.sums[k].index_add_(0, idx, torch.as_tensor(reply[f"rows.{k}"]))
             else:
                 self.sums[k] += torch.as_tensor(reply[f"dense.{k}"])
+        self._fold_counts(reply)
+
+    def _fold_counts(self, reply: Payload) -> None:
         self.totals.add(reply)
         self.n += int(reply["n"])
         for k in FIGURES:
             self.figures[k] += float(reply[k])
 
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
-        if self.n > 0:
+        if self.rule is not None:  # as the simulator's `AEAlgorithm._guarded`
+            table = row_table_of(self.glob)
+            item_sum, dense_sum, n = self.rule.sums(self.kept, *table.shape, self.dense, table, r)
+            if n:
+                apply_row_sums(self.glob, item_sum, dense_sum, n, self.decay_sum / max(self.n, 1))
+        elif self.n > 0:
             apply_round(self.glob, torch.arange(self.n_items), self.sums, self.n)
         if self.first and self.spec.compression:  # every client's item ids, sent in its first answer
             self.totals.bytes_up += 4 * sum(len(flat) for _, flat, _ in self.items_of.values())
         self.totals.rejected = rejected
-        self.totals.extra = {**self.figures, "clients": float(self.n)}
+        self.totals.extra = {**self.figures, "clients": float(self.n),
+                             **(self.rule.last if self.rule is not None else {})}
         return self.totals
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        if self.rule is not None:
+            problem = missing(reply, [*FIGURES, "decay_sum"]) or check_per_client(
+                reply, clients, self.n_items, row_table_of(self.glob).shape[1], self.dense, side_keys=())
+            if problem is None and not math.isfinite(float(reply["decay_sum"])):
+                problem = "the weight-decay sum is not finite"
+            return problem
         keys = [f"{'rows' if k in ROW_TABLES else 'dense'}.{k}" for k in self.glob]
         problem = missing(reply, ["items", *COUNTS, *FIGURES, *keys])
         if problem:

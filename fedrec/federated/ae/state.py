@@ -70,6 +70,34 @@ def apply_round(glob: dict[str, torch.Tensor], idx: torch.Tensor, sums: dict[str
             glob[k] = s / n
 
 
+def row_table_of(glob: dict[str, torch.Tensor], tables: dict[str, torch.Tensor] | None = None,
+                 idx: torch.Tensor | None = None) -> torch.Tensor:
+    """The shared row tables of ``glob`` side by side, ``(rows, width)``: the decoder's output
+    rows and biases, then (FedAvg) the encoder's first-layer rows; taken from ``tables`` (default
+    ``glob``), at ``idx`` or whole."""
+    tables = glob if tables is None else tables
+    parts = [tables[k] if idx is None else tables[k][idx] for k in ("dec.out", "dec.out.b", "enc.in") if k in glob]
+    return torch.cat([p if p.dim() == 2 else p[:, None] for p in parts], 1)
+
+
+def apply_row_sums(glob: dict[str, torch.Tensor], item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor],
+                   n: int, scale: float = 1.0) -> None:
+    """Equation 5 from sums over ``n`` uploads: the `row_table_of` layout's row-delta sums
+    (after ``scale``, the weight decay of untrained rows) and the dense layers' sums."""
+    at = 0
+    for k in ("dec.out", "dec.out.b", "enc.in"):
+        if k not in glob:
+            continue
+        t = glob[k]
+        width = t.shape[1] if t.dim() == 2 else 1
+        if scale != 1.0:
+            t.mul_(scale)
+        t += (item_sum[:, at : at + width] if t.dim() == 2 else item_sum[:, at]) / n
+        at += width
+    for k, v in dense_sum.items():
+        glob[k] = v / n
+
+
 class AEState:
     """Global (shared) parameters, every client's private ones, and the data's row layout.
 
@@ -324,9 +352,7 @@ class AEState:
 
     def _rows_of(self, tables: dict[str, torch.Tensor], idx: torch.Tensor | None = None) -> torch.Tensor:
         """``tables``' shared row tables (at ``idx``, or whole) as `row_table` lays them out."""
-        parts = [tables[k] if idx is None else tables[k][idx] for k in ("dec.out", "dec.out.b", "enc.in")
-                 if k in self.glob]
-        return torch.cat([p if p.dim() == 2 else p[:, None] for p in parts], 1)
+        return row_table_of(self.glob, tables, idx)
 
     def client_uploads(self, cohort: np.ndarray, items: np.ndarray, upload: dict[str, torch.Tensor],
                        steps: np.ndarray, lr: float) -> tuple[list[ClientUpload], float]:
@@ -347,21 +373,8 @@ class AEState:
 
     def apply_uploads(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], n: int,
                       scale: float = 1.0) -> None:
-        """Equation 5 from the security layer's sums over ``n`` accepted uploads: `row_table`'s
-        row-delta sums (after ``scale``, the weight decay of untrained rows) and the dense
-        layers' sums."""
-        at = 0
-        for k in ("dec.out", "dec.out.b", "enc.in"):
-            if k not in self.glob:
-                continue
-            t = self.glob[k]
-            width = t.shape[1] if t.dim() == 2 else 1
-            if scale != 1.0:
-                t.mul_(scale)
-            t += (item_sum[:, at : at + width] if t.dim() == 2 else item_sum[:, at]) / n
-            at += width
-        for k, v in dense_sum.items():
-            self.glob[k] = v / n
+        """Equation 5 from the security layer's sums over ``n`` accepted uploads (`apply_row_sums`)."""
+        apply_row_sums(self.glob, item_sum, dense_sum, n, scale)
 
     def round_bytes(self, cohort: np.ndarray, first_round: bool) -> tuple[int, int]:
         """Bytes up and down of a round (float32 values; with compression the item ids travel

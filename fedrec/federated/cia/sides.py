@@ -17,7 +17,10 @@ does). Every client trains every round (the paper's Algorithm 1).
   node never trains or scores between that point and the next message.
 
 A node's message to the server is the sum of its clients' uploads (as decoded by the server);
-the byte counts are what each client sends, as in the simulator.
+the byte counts are what each client sends, as in the simulator. Under a robust rule
+(``--defence``) the server asks for each client's upload instead and aggregates its similarity
+rows by the rule against the last average (round 1: the start's, which the nodes sum in their
+first answer), as the simulator's `CIAAlgorithm` does.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedrec.core.contract import ClientUpload
 from fedrec.errors import FedrecError
-from fedrec.federated.cia.state import CIAState, combine
+from fedrec.federated.cia.state import CIAState, combine, dense_upload
+from fedrec.federated.family.model import ITEMS
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,
@@ -69,7 +74,11 @@ class CIAClient(ClientSide):
         self.state.load_client_state(blob)
 
     def hello(self, resume_round: int = 0) -> Payload:
-        return {"clients": self.clients, "n_clients": self.n_clients, "n_items": self.state.n_items}
+        out: Payload = {"clients": self.clients, "n_clients": self.n_clients, "n_items": self.state.n_items}
+        if self.cfg.defence is not None and self.state.plain_average and resume_round == 0:
+            # what a defended server judges round 1's uploads against: the start's E_k E_kᵀ, summed
+            out["start_similarity"] = self.state.similarity_total().cpu().numpy()
+        return out
 
     def _sync(self, msg: Payload) -> None:
         """Apply the server's last step if this node's clients have not taken it yet."""
@@ -85,10 +94,16 @@ class CIAClient(ClientSide):
             raise FedrecError("FedCIA trains every client every round; the server sent a subset")
         self._sync(msg)
         loss, batches = self.state.train(self.cfg, int(msg["round"]))
-        sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), np.random.default_rng())
+        keep: list[ClientUpload] | None = [] if msg.get("per_client") else None
+        sums = self.state.client_sums(UploadPath(ldp=self.cfg.ldp), np.random.default_rng(), keep)
+        counts = {"n": int(sums["n"]), "loss_sum": loss, "client_batches": batches,
+                  "bytes_up": int(sums["bytes_up"]), "bytes_down": int(sums["bytes_down"])}
+        if keep is not None:  # a robust rule: each client's upload as sent, stacked by part
+            return {"owner": np.array([u.client for u in keep], np.int64),
+                    **{f"up.{k}": torch.stack([u.tensors[k] for u in keep]).cpu().numpy() for k in keep[0].tensors},
+                    **counts}
         reply = {f"sum.{k}": _numpy(v) for k, v in sums.items() if k not in COUNTS}
-        return {**reply, "n": int(sums["n"]), "loss_sum": loss, "client_batches": batches,
-                "bytes_up": int(sums["bytes_up"]), "bytes_down": int(sums["bytes_down"])}
+        return {**reply, **counts}
 
     def evaluate(self, msg: Payload) -> Payload:
         self._sync(msg)
@@ -96,19 +111,33 @@ class CIAClient(ClientSide):
 
 
 class CIAServer(ServerSide):
-    """The server of FedCIA and its baselines: the sum of the nodes' uploads, `combine`."""
+    """The server of FedCIA and its baselines: the sum of the nodes' uploads, `combine`; under
+    a robust ``rule``, each client's similarity rows aggregated by it, as the simulator's
+    `CIAAlgorithm` does."""
 
-    #: why ``--defence`` is refused on Flower (the simulator runs it on FedCIA)
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
-                                   "their clients' summed similarities, not each client's upload")
+    #: it has a slot for a robust rule (``--defence``): the nodes then send each client's upload
+    takes_rule: ClassVar[bool] = True
+    #: the round's robust aggregation (`fedrec.security.adversary.Security`), plugged in by the
+    #: deployment; None: the nodes' plain sums
+    rule: Any = None
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
-        self.spec, self.n_items = spec, n_items
+        self.spec, self.n_items, self.n_clients = spec, n_items, n_clients
         self.max_rounds = 1 if spec.models[0][0] == "gfcf" else None  # GF-CF: one shot
         self.sync: dict[str, Any] = {}  # the last server step, sent with every message
         self.sync_round = 0
         self.keys: set[str] | None = None  # the upload's keys, fixed by the first good reply
+        # under a rule: the last average the clients' rows are judged against (round 1: the start's)
+        starts = [np.asarray(h["start_similarity"], np.float64) for h in hellos.values() if "start_similarity" in h]
+        self.global_similarity = (torch.as_tensor(sum(starts)) / n_clients).float() if starts else None
+
+    @property
+    def plain_average(self) -> bool:
+        """Whether the server averages whole similarity matrices, whose rows a rule can judge
+        (`fedrec.federated.cia.state.CIAState.plain_average`)."""
+        spec = self.spec
+        return spec.models[0][0] != "gfcf" and spec.aggregation == "cia" and spec.scope == "all" and spec.clients > 1
 
     def _sync_payload(self) -> Payload:
         return {"sync_round": self.sync_round, **{f"sync.{k}": _numpy(v) for k, v in self.sync.items()}}
@@ -117,11 +146,21 @@ class CIAServer(ServerSide):
         self.sums: dict[str, Any] = {}
         self.totals = RoundTotals()
         self.n = 0
+        self.kept: list[ClientUpload] = []
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
-        return {"round": r, "clients": clients, **self._sync_payload()}
+        return {"round": r, "clients": clients, **self._sync_payload(),
+                **({"per_client": 1} if self.rule is not None else {})}
 
     def fold(self, node: int, reply: Payload) -> None:
+        if self.rule is not None:
+            parts = {k[len("up."):]: np.asarray(v) for k, v in reply.items() if k.startswith("up.")}
+            everything = np.arange(self.n_items)
+            self.kept.extend(ClientUpload(int(c), everything, {k: torch.as_tensor(v[i]) for k, v in parts.items()})
+                             for i, c in enumerate(np.asarray(reply["owner"]).tolist()))
+            self.totals.add(reply)
+            self.n += int(reply["n"])
+            return
         for k, v in reply.items():
             if k.startswith("sum."):
                 name = k[len("sum."):]
@@ -132,7 +171,18 @@ class CIAServer(ServerSide):
 
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         extra: dict[str, float] = {}
-        if self.n > 0:
+        if self.rule is not None and self.kept:  # as the simulator's `CIAAlgorithm._defended`
+            prev = self.global_similarity
+            assert prev is not None
+            benign = [ClientUpload(u.client, u.items, {ITEMS: dense_upload(u) - prev}) for u in self.kept]
+            item_sum, _, n = self.rule.sums(benign, self.n_items, self.n_items, {}, prev, r)
+            if n:
+                self.global_similarity = prev + item_sum / n
+            self.sync, extra = combine(self.spec, {"n": 1, "similarity": self.global_similarity.double(),
+                                                   "bytes_up": 0, "bytes_down": 0})
+            self.sync_round = r
+            extra = {**extra, **self.rule.last}
+        elif self.n > 0:
             self.sync, extra = combine(self.spec, {**self.sums, "n": self.n})
             self.sync_round = r
         self.totals.rejected = rejected
@@ -143,6 +193,8 @@ class CIAServer(ServerSide):
         problem = missing(reply, COUNTS)
         if problem:
             return problem
+        if self.rule is not None:
+            return self._check_per_client(reply, clients)
         keys = {k for k in reply if k.startswith("sum.")}
         if self.keys is not None and keys != self.keys:
             return f"uploads {sorted(keys)}, expected {sorted(self.keys)}"
@@ -158,11 +210,34 @@ class CIAServer(ServerSide):
         self.keys = keys
         return None
 
+    def _check_per_client(self, reply: Payload, clients: np.ndarray) -> str | None:
+        """Why each client's upload cannot be folded, or None: one dense similarity (M, M) or
+        one rank-L eigen-upload (M, L) and (L,) for each client sent, finite."""
+        owner, m = np.asarray(reply.get("owner", [])), self.n_items
+        if owner.ndim != 1 or owner.dtype.kind not in "iu" or sorted(owner.tolist()) != sorted(np.asarray(clients).tolist()):
+            return "uploads are not one for each client sent"
+        parts = {k: np.asarray(v) for k, v in reply.items() if k.startswith("up.")}
+        if set(parts) not in ({"up.similarity"}, {"up.p", "up.lam"}):
+            return f"uploads {sorted(parts)}, expected up.similarity or up.p and up.lam"
+        c = len(owner)
+        shapes = {k: v.shape for k, v in parts.items()}
+        if "up.similarity" in parts:
+            ok = shapes["up.similarity"] == (c, m, m)
+        else:
+            rank = shapes["up.lam"][-1] if len(shapes["up.lam"]) == 2 else -1
+            ok = shapes["up.lam"] == (c, rank) and shapes["up.p"] == (c, m, rank)
+        if not ok or not all(np.isfinite(v).all() for v in parts.values()):
+            return f"uploads have shapes {shapes} or non-finite values"
+        if int(reply["n"]) != c or not math.isfinite(float(reply["loss_sum"])):
+            return f"{reply['n']} clients trained of the {c} sent, or a non-finite loss"
+        return None
+
     def evaluate_message(self) -> Payload:
         return self._sync_payload()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sync": self.sync, "sync_round": self.sync_round}
+        return {"sync": self.sync, "sync_round": self.sync_round, "global_similarity": self.global_similarity}
 
     def load_state_dict(self, blob: dict[str, Any]) -> None:
         self.sync, self.sync_round = blob["sync"], blob["sync_round"]
+        self.global_similarity = blob.get("global_similarity")

@@ -115,11 +115,15 @@ class CIAState:
         """The clients' mean E_k E_kᵀ before any training (float32): what a round-1 upload
         moves from. Every client starts from its backbone's shared table, so any client can
         compute it."""
+        return (self.similarity_total() / self.n_clients).float()
+
+    def similarity_total(self) -> torch.Tensor:
+        """The sum over this state's clients of E_k E_kᵀ as their models are now (float64)."""
         m = self.n_items
         total = torch.zeros(m, m, dtype=torch.float64)
         for stack in self.stacks:
             total += similarity_sum(stack.params["item"])
-        return (total / self.n_clients).float()
+        return total
 
     # ---- a round ---------------------------------------------------------------------------
 
@@ -431,7 +435,7 @@ class CIAAlgorithm(FederatedAlgorithm):
         sec, prev = self.security, self.global_similarity
         assert prev is not None
         m, rank = self.state.n_items, self.state.spec.upload_rank
-        benign = [ClientUpload(u.client, u.items, {ITEMS: _dense(u) - prev}) for u in kept]
+        benign = [ClientUpload(u.client, u.items, {ITEMS: dense_upload(u) - prev}) for u in kept]
         honest = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
         attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
         bad, _ = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
@@ -486,7 +490,7 @@ def _factored(upload: ClientUpload, prev: torch.Tensor, rank: int) -> ClientUplo
     return ClientUpload(upload.client, np.arange(m), {ITEMS: (sent - prev.double()).float()})
 
 
-def _dense(upload: ClientUpload) -> torch.Tensor:
+def dense_upload(upload: ClientUpload) -> torch.Tensor:
     """A kept similarity upload as the dense matrix the server rebuilds (float32)."""
     t = upload.tensors
     if "similarity" in t:

@@ -8,7 +8,9 @@ first layer (what the simulator counts, and what its uploads reveal). A train me
 the global decoder and deeper encoder layers whole and the first layer's rows of the sampled
 clients' items; the reply sums the node's clients' accumulated gradients (the first layer on
 the rows they touched). The server takes the simulator's Adam step on the mean over the round's
-clients (`fedrec.federated.dae.state.server_step`).
+clients (`fedrec.federated.dae.state.server_step`). Under a robust rule (``--defence``) the
+server asks for each client's upload instead, as steps (`DAEState.client_uploads`), and takes
+the step on what the rule accepts, as the simulator's `DAEAlgorithm` does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedrec.federated.dae.state import FIRST, DAEState, initial_parts, server_step
+from fedrec.federated.dae.state import FIRST, DAEState, TableView, initial_parts, server_step
+from fedrec.federated.family.sides import check_per_client, client_uploads, per_client_payload
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.ragged import ranges
 from fedrec.rounds.sides import (
@@ -68,12 +71,22 @@ class DAEClient(ClientSide):
 
     def train(self, msg: Payload) -> Payload:
         """Train the sampled clients from the parts sent; reply with the sums of their
-        accumulated gradients (the first layer's on the rows of their items)."""
+        accumulated gradients (the first layer's on the rows of their items), or, when the
+        server asks (``per_client``: a robust rule), each client's own upload as the simulator's
+        security layer reads it (`DAEState.client_uploads`: steps, not gradients)."""
         st = self.state
         self._set_global(msg)
         rows = local_rows(self.data.users, np.asarray(msg["clients"], np.int64))
-        sums, loss, n = st.train(rows, self.cfg, int(msg["round"]))
+        kept: list[Any] | None = [] if msg.get("per_client") else None
+        sums, loss, n = st.train(rows, self.cfg, int(msg["round"]), kept)
         trained = rows[np.diff(self.data.train.indptr)[rows] > 0]
+        floats = st.payload_floats(trained)
+        counts = {"n": n, "loss_sum": loss, "client_batches": n * self.cfg.local_epochs,
+                  "bytes_up": 4 * floats, "bytes_down": 4 * floats}
+        if kept is not None:
+            dense = {k: st.glob[k] for k in st.dense_keys()}
+            ids = np.arange(self.n_clients)  # a kept upload names its client by the run's id already
+            return {**per_client_payload(st.client_uploads(kept, self.cfg.lr), ids, dense), **counts}
         touched = np.unique(self.data.train[trained].indices)
         reply: Payload = {"items": wire_ids(touched)}
         for k, g in sums.items():
@@ -81,9 +94,7 @@ class DAEClient(ClientSide):
                 reply[f"rows.{k}"] = g[torch.as_tensor(touched, dtype=torch.int64)].cpu().numpy()
             else:
                 reply[f"dense.{k}"] = g.cpu().numpy()
-        floats = st.payload_floats(trained)
-        reply.update({"n": n, "loss_sum": loss, "client_batches": n * self.cfg.local_epochs,
-                      "bytes_up": 4 * floats, "bytes_down": 4 * floats})
+        reply.update(counts)
         return reply
 
     def evaluate(self, msg: Payload) -> Payload:
@@ -91,12 +102,15 @@ class DAEClient(ClientSide):
         return stage_metrics(self.state.scores, self.data.valid, self.data.test, self.data.protocol)
 
 
-class DAEServer(ServerSide):
-    """FedDAE's server: the global encoder and decoder and its Adam state."""
+class DAEServer(TableView, ServerSide):
+    """FedDAE's server: the global encoder and decoder and its Adam state; under a robust
+    ``rule`` it aggregates each client's upload as the simulator's `DAEAlgorithm` does."""
 
-    #: why ``--defence`` is refused on Flower (the simulator runs it)
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
-                                   "their clients' summed gradients, not each client's upload")
+    #: it has a slot for a robust rule (``--defence``): the nodes then send each client's upload
+    takes_rule: ClassVar[bool] = True
+    #: the round's robust aggregation (`fedrec.security.adversary.Security`), plugged in by the
+    #: deployment; None: the nodes' plain sums
+    rule: Any = None
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -112,6 +126,7 @@ class DAEServer(ServerSide):
         self.sums = {k: torch.zeros_like(v) for k, v in self.glob.items()}
         self.totals = RoundTotals()
         self.n = 0
+        self.kept: list[Any] = []  # each client's upload, under a rule
 
     def _items(self, node: int, clients: np.ndarray) -> np.ndarray:
         held, flat, ptr = self.items_of[node]
@@ -127,9 +142,15 @@ class DAEServer(ServerSide):
                 out[f"rows.{k}"] = v[torch.as_tensor(items)].cpu().numpy()
             else:
                 out[f"dense.{k}"] = v.cpu().numpy()
+        if self.rule is not None:
+            out["per_client"] = 1
         return out
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        if self.rule is not None:
+            table = self.row_table()
+            return check_per_client(reply, clients, table.shape[0], table.shape[1],
+                                    {k: self.glob[k] for k in self.dense_keys()}, side_keys=())
         keys = [f"{'rows' if k == FIRST else 'dense'}.{k}" for k in self.glob]
         problem = missing(reply, ["items", *COUNTS, *keys])
         if problem:
@@ -149,6 +170,11 @@ class DAEServer(ServerSide):
         return None
 
     def fold(self, node: int, reply: Payload) -> None:
+        if self.rule is not None:
+            self.kept.extend(client_uploads(reply, self.dense_keys()))
+            self.totals.add(reply)
+            self.n += int(reply["n"])
+            return
         for k, s in self.sums.items():
             if k == FIRST:
                 s.index_add_(0, torch.as_tensor(reply["items"], dtype=torch.int64), torch.as_tensor(reply[f"rows.{k}"]))
@@ -158,10 +184,15 @@ class DAEServer(ServerSide):
         self.n += int(reply["n"])
 
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
-        self.steps = server_step(self.glob, self.moments, self.steps, self.sums, self.n, self.cfg.lr,
-                                 self.spec.weight_decay)
+        sums, n = self.sums, self.n
+        if self.rule is not None:  # as the simulator's `DAEAlgorithm._secured`
+            table = self.row_table()
+            item_sum, dense_sum, n = self.rule.sums(self.kept, *table.shape,
+                                                    {k: self.glob[k] for k in self.dense_keys()}, table, r)
+            sums = self.gradient_sums(item_sum, dense_sum, self.cfg.lr)
+        self.steps = server_step(self.glob, self.moments, self.steps, sums, n, self.cfg.lr, self.spec.weight_decay)
         self.totals.rejected = rejected
-        self.totals.extra = {"clients": float(self.n)}
+        self.totals.extra = {"clients": float(self.n), **(self.rule.last if self.rule is not None else {})}
         return self.totals
 
     def evaluate_message(self) -> Payload:

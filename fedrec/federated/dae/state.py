@@ -106,7 +106,60 @@ class _Bags:
                    counts, dense)
 
 
-class DAEState:
+class TableView:
+    """The security layer's view of FedDAE's global parts (`fedrec.security.adversary`), shared
+    by the simulator's state and a Flower server: needs ``glob``, ``spec`` and ``n_items``."""
+
+    glob: dict[str, torch.Tensor]
+    spec: Any
+    n_items: int
+
+    #: the server averages the clients' gradients of every global part, so the security layer
+    #: reads its item rows as a table and aggregates them row by row (`row_table`)
+    plain_average = True
+
+    @property
+    def out_keys(self) -> tuple[str, str]:
+        """The decoder's output layer, weight ``(hidden[0], n_items)`` and bias: item j's logit
+        for a user whose last decoder layer is h is (h, 1) · (W[:, j], b_j), a dot product."""
+        n = len(self.spec.hidden)
+        return f"d.W{n}", f"d.b{n}"
+
+    def out_table(self) -> torch.Tensor:
+        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b."""
+        w, b = self.out_keys
+        return torch.cat([self.glob[w].T, self.glob[b][:, None]], 1)
+
+    def row_table(self) -> torch.Tensor:
+        """Every item table the server averages, as rows of one width: `out_table`'s m rows, then
+        (a global encoder) its first layer's m rows, a zero after each. A client sends every
+        output row (its softmax reaches every item) and the encoder rows of its bag, so a rule
+        judges each row over the clients that sent it."""
+        out = self.out_table()
+        if FIRST not in self.glob:
+            return out
+        first = self.glob[FIRST]
+        return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
+
+    def dense_keys(self) -> list[str]:
+        """The global parts outside `row_table`: one dense row each, sent whole by every client."""
+        return [k for k in self.glob if k not in (FIRST, *self.out_keys)]
+
+    def gradient_sums(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], lr: float
+                      ) -> dict[str, torch.Tensor]:
+        """The global parts' gradient sums from the security layer's sums of `client_uploads`'
+        steps (their inverse: ``-1 / lr`` x, laid out as `glob`)."""
+        m = self.n_items
+        w, b = self.out_keys
+        width = self.glob[w].shape[0]
+        sums = {w: item_sum[:m, :width].T, b: item_sum[:m, width]}
+        if FIRST in self.glob:
+            sums[FIRST] = item_sum[m:, :width]
+        sums.update(dense_sum)
+        return {k: -sums[k].reshape(v.shape) / lr for k, v in self.glob.items()}
+
+
+class DAEState(TableView):
     """The global encoder and decoder (``glob``), the server's Adam state, and every client's
     local encoder and gate (``priv``: first layers as rows of the users' training items)."""
 
@@ -124,6 +177,7 @@ class DAEState:
                      for k, v in start.items()}
         self.moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in self.glob.items()}
         self.server_steps = 0
+        self.n_items = m
 
     # ---- the model ---------------------------------------------------------------------------
 
@@ -279,39 +333,6 @@ class DAEState:
         self.server_steps = server_step(self.glob, self.moments, self.server_steps, sums, n, lr,
                                         self.spec.weight_decay)
 
-    # ---- the security layer's view (`fedrec.security.adversary`) -------------------------------
-
-    #: the server averages the clients' gradients of every global part, so the security layer
-    #: reads its item rows as a table and aggregates them row by row (`row_table`)
-    plain_average = True
-
-    @property
-    def out_keys(self) -> tuple[str, str]:
-        """The decoder's output layer, weight ``(hidden[0], n_items)`` and bias: item j's logit
-        for a user whose last decoder layer is h is (h, 1) · (W[:, j], b_j), a dot product."""
-        n = len(self.spec.hidden)
-        return f"d.W{n}", f"d.b{n}"
-
-    def out_table(self) -> torch.Tensor:
-        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b."""
-        w, b = self.out_keys
-        return torch.cat([self.glob[w].T, self.glob[b][:, None]], 1)
-
-    def row_table(self) -> torch.Tensor:
-        """Every item table the server averages, as rows of one width: `out_table`'s m rows, then
-        (a global encoder) its first layer's m rows, a zero after each. A client sends every
-        output row (its softmax reaches every item) and the encoder rows of its bag, so a rule
-        judges each row over the clients that sent it."""
-        out = self.out_table()
-        if FIRST not in self.glob:
-            return out
-        first = self.glob[FIRST]
-        return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
-
-    def dense_keys(self) -> list[str]:
-        """The global parts outside `row_table`: one dense row each, sent whole by every client."""
-        return [k for k in self.glob if k not in (FIRST, *self.out_keys)]
-
     def client_uploads(self, kept: list[ClientUpload], lr: float) -> list[ClientUpload]:
         """Each client's upload (`train`'s ``keep``) as the security layer reads it: its rows of
         `row_table` and its dense parts, as steps ``-lr x`` its accumulated gradients (the step
@@ -330,19 +351,6 @@ class DAEState:
             out.append(ClientUpload(u.client, np.concatenate(items), {
                 ITEMS: -lr * torch.cat(rows), **{k: -lr * u.tensors[k] for k in self.dense_keys()}}))
         return out
-
-    def gradient_sums(self, item_sum: torch.Tensor, dense_sum: dict[str, torch.Tensor], lr: float
-                      ) -> dict[str, torch.Tensor]:
-        """The global parts' gradient sums from the security layer's sums of `client_uploads`'
-        steps (their inverse: ``-1 / lr`` x, laid out as `glob`)."""
-        m = self.matrix.shape[1]
-        w, b = self.out_keys
-        width = self.glob[w].shape[0]
-        sums = {w: item_sum[:m, :width].T, b: item_sum[:m, width]}
-        if FIRST in self.glob:
-            sums[FIRST] = item_sum[m:, :width]
-        sums.update(dense_sum)
-        return {k: -sums[k].reshape(v.shape) / lr for k, v in self.glob.items()}
 
     @torch.no_grad()
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:

@@ -349,10 +349,14 @@ def client_uploads(reply: Payload, shared: list[str]) -> list[ClientUpload]:
 
 
 def check_per_client(reply: Payload, clients: np.ndarray, n_items: int, width: int,
-                     shared: dict[str, torch.Tensor]) -> str | None:
-    """Why a `per_client_payload` reply for ``clients`` cannot be folded, or None."""
-    problem = missing(reply, ["owner", "accepted", "ptr", "items", "rows", "n", "rejected", "loss_sum",
-                              "client_batches", "want_round", "want_items", *(f"shared.{k}" for k in shared)])
+                     shared: dict[str, torch.Tensor],
+                     side_keys: tuple[str, ...] = ("rejected", "want_round", "want_items")
+                     ) -> str | None:
+    """Why a `per_client_payload` reply for ``clients`` cannot be folded, or None; ``side_keys``:
+    what else the method's replies carry (the family's: its rejected count and the rows a node
+    wants next)."""
+    problem = missing(reply, ["owner", "accepted", "ptr", "items", "rows", "n", "loss_sum",
+                              "client_batches", *side_keys, *(f"shared.{k}" for k in shared)])
     if problem:
         return problem
     owner, ptr = np.asarray(reply["owner"]), np.asarray(reply["ptr"])
@@ -371,6 +375,6 @@ def check_per_client(reply: Payload, clients: np.ndarray, n_items: int, width: i
         got = np.asarray(reply[f"shared.{k}"])
         if got.shape != (len(owner), *v.shape) or not np.isfinite(got).all():
             return f"shared weight {k} has shape {got.shape} or non-finite values"
-    if int(reply["n"]) + int(reply["rejected"]) != len(clients):
+    if int(reply["n"]) + int(reply.get("rejected", 0)) != len(clients):
         return "counts do not add up to the clients sent"
     return None
