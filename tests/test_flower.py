@@ -147,6 +147,9 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     # FedCIA: each client's similarity rows, dense or as a rank-L eigen-upload
     ("fedcia", {"defence": "median", "model": CIA, "protocol": "ratio-full"}),
     ("fedcia", {"defence": "krum", "model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),
+    # PerFedRec: the global table from each client's upload, each cluster's from its members'
+    ("perfedrec", {"defence": "median", "clients_per_round": 0.5, "rounds": 3, "model": {"clusters": 3}}),
+    ("perfedrec", {"defence": "union", "aggregation": "clients", "rounds": 3, "model": {"clusters": 3}}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates
@@ -166,7 +169,7 @@ def test_what_a_deployed_defence_refuses_is_one_line() -> None:
     from fedrec.errors import FedrecError
 
     with pytest.raises(FedrecError, match="--defence runs in the simulator"):
-        run_in_process(_run("perfedrec", rounds=1, defence="median"), 2)
+        run_in_process(_run("fedpergnn", rounds=1, defence="median"), 2)
     with pytest.raises(FedrecError, match="with --ldp/--dp-noise"):
         run_in_process(_run("fedmf", rounds=1, defence="median", ldp=0.1), 2)
 
@@ -403,8 +406,6 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     (RunConfig("fedca"), True, "not a secure sum"),
     (RunConfig("perfedrec"), True, "clusters the users"),
     (RunConfig("feddae"), True, "every layer"),
-    (RunConfig("perfedrec", federated=federated_config("perfedrec", defence="median")), False,
-     "runs in the simulator"),
     (RunConfig("fedpergnn", federated=federated_config("fedpergnn", defence="median")), False,
      "runs in the simulator"),
     (RunConfig("feddae", protocol="ratio-rating"), False, "cannot be evaluated"),

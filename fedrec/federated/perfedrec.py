@@ -34,7 +34,9 @@ cluster's table, over the cluster's members (`guard_clusters`).
 
 On Flower (`PerFedRecClient`, `PerFedRecServer`) a node is told its sampled clients' clusters
 and sent the rows they need of those clusters' tables beside the global rows; it replies with
-the family's sums, each cluster's sums and the user vectors its clients sent.
+the family's sums, each cluster's sums and the user vectors its clients sent; under a robust
+rule, each client's upload, which the server judges as the simulator does (`FamilyServer.finish`
+calls `guard_clusters`).
 
 Not kept: the official GNN (each client propagates its positives over *every* user's
 interactions in the global graph, which a client cannot see; its layers are not chained), its
@@ -258,19 +260,20 @@ class PerFedRecState(FamilyState):
                                                                 device=self._cluster_count.device))
         return len(ids) * self.spec.dim * FLOAT_BYTES
 
-    def guard_clusters(self, uploads: list[Any], rule: Any, key: tuple[int, ...]) -> None:
+    def guard_clusters(self, uploads: list[Any], rule: Any, key: tuple[int, ...], benign: int | None = None) -> None:
         """A defence's rule on each cluster's table too (``rule``, a
         `fedrec.security.robust.RobustRule`): the round's cluster sums become, row by row, the
         rule's over the cluster's members' changes (a benign member's upload less the cluster's
         offset from the global row; an attacker's crafted change as it sent it), and a row's
         count its senders (less the members UNION drops). ``key``: the run's seed and the round
-        (UNION's sample, drawn per cluster)."""
+        (UNION's sample, drawn per cluster); ``benign``: the data's clients, whose ids come
+        before the attackers' (default: this state's, the simulator's)."""
         if self.cluster_items is None:  # no cluster table yet: the round's tables are the global one
             return
         assert self.labels is not None and self.trained is not None
         assert self._cluster_sum is not None and self._cluster_count is not None
         n_items, width = self.items.shape
-        benign = len(self.trained)
+        benign = len(self.trained) if benign is None else benign
         self._cluster_sum.zero_()
         self._cluster_count.zero_()
         for k in range(self.clusters):
@@ -390,10 +393,9 @@ class PerFedRecServer(FamilyServer):
     """PerFedRec's server: the family's, with every user's cluster, the latest vector each
     sent, the cluster tables, and the clustering (`PerFedRecState.aggregate`)."""
 
-    #: its clusters are not a robust rule's rows (``--defence`` is refused with PerFedRec)
-    takes_rule: ClassVar[bool] = False
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
-                                   "their clients' cluster sums, not each client's upload")
+    #: a robust rule judges the global table from each client's upload (the family's), and each
+    #: cluster's table from its members' (`PerFedRecState.guard_clusters`, in `FamilyServer.finish`)
+    takes_rule: ClassVar[bool] = True
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:

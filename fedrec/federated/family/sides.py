@@ -261,6 +261,9 @@ class FamilyServer(ServerSide):
         if self.rule is not None:
             acc.item_sum, acc.shared_sum, acc.n = self.rule.sums(self.kept, *self.state.items.shape,
                                                                  self.state.shared, self.state.items, r)
+            guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
+            if guard is not None:
+                guard(self.kept, self.rule.rule, (self.state.seed, r), benign=self.n_clients)
         self.state.aggregate(acc, self.path, gen)
         extra = {**self.state.round_extra(), **(self.rule.last if self.rule is not None else {})}
         return RoundTotals(acc.loss_sum, acc.client_batches, acc.bytes_up, acc.bytes_down, acc.rejected, extra)
