@@ -44,6 +44,7 @@ def _value(text: str) -> int | float | str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--dataset", default="ml-100k", help="a registered data set (named in the file unless ML-100K)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--protocol", default=None, help="the split (default: each method's own)")
@@ -65,7 +66,7 @@ def main() -> None:
     named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
     try:  # an unknown method or engine option ends in one line before any cell runs
         for method in args.methods.split(","):
-            federated_config(method, "ml-100k", paper=True, **engine)
+            federated_config(method, args.dataset, paper=True, **engine)
     except FedrecError as e:
         ap.error(str(e))
     out = Path(args.out)
@@ -77,11 +78,12 @@ def main() -> None:
                 for boost in (boosts if defence == "none" else [max(boosts)]):
                     b = None if boost == 1.0 or attack == "none" else boost
                     tag = "" if b is None else f"-b{b:g}"
-                    path = out / f"poison-{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
+                    where = "" if args.dataset == "ml-100k" else f"{args.dataset}-"
+                    path = out / f"poison-{where}{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
                     if path.exists():
                         continue
                     blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
-                                      args.protocol, model, engine)
+                                      args.protocol, model, engine, args.dataset)
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(blob, indent=1))
                     tmp.replace(path)

@@ -316,14 +316,16 @@ def plot(t: AttackTables, folder: Path) -> list[Path]:
 
 def poison_run(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float,
                rounds: int, data_dir: str | None, protocol: str | None = None,
-               model: dict[str, Any] | None = None, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+               model: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
+               dataset: str = "ml-100k") -> dict[str, Any]:
     """One cell of the poisoning table: ``method`` on ML-100K in its paper setting for ``rounds``
     rounds, ``attack`` ("none": one target measured, no attacker) by a ``share`` of malicious
     clients with rows x ``boost``, under ``defence``; the figures the table reports. ``protocol``:
     the split (None: the run's default; a rating method such as PersonalFR names a ranking one,
     as ``ratio-rating-implicit``, so the target's exposure in a top 10 means something);
     ``model``: model options beside the method's defaults (GFed-PP's ``public_attackers``);
-    ``engine``: engine options beside the paper setting (FedDAE's ``clients_per_round``)."""
+    ``engine``: engine options beside the paper setting (FedDAE's ``clients_per_round``);
+    ``dataset``: another registered data set than ML-100K."""
     from fedrec.experiment import RunConfig, federated_config, train
 
     opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
@@ -331,16 +333,16 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
     if defence != "none":
         opts["defence"] = defence
     where = {} if protocol is None else {"protocol": protocol}
-    cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir, **where,
+    cfg = RunConfig(algorithm=method, dataset=dataset, seed=seed, data_dir=data_dir, **where,
                     model=dict(model or {}),
-                    federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **where,
+                    federated=federated_config(method, dataset, paper=True, rounds=rounds, **where,
                                                **dict(engine or {}), **opts))
     start = time.perf_counter()
     res = train(cfg).result
     last = res.history[-1].extra
     keep = ("er@5", "er@10", "er@20", "target_ndcg@10", "flag_precision", "flag_recall", "attacker_weight",
             "attacked_users")
-    return {"method": method, "attack": _label(attack, boost),
+    return {"method": method, "attack": _label(attack, boost), **({"dataset": dataset} if dataset != "ml-100k" else {}),
             "defence": defence, "seed": seed, "malicious": share, **({"model": model} if model else {}),
             **({"engine": engine} if engine else {}),
             **{k: last[k] for k in keep if k in last},
