@@ -138,7 +138,7 @@ def test_fedrecattack_exposes_its_target_and_the_median_stops_it() -> None:
 def test_flower_runs_its_defence_and_refuses_an_attacker_node(split: Split) -> None:
     """On Flower a defended round asks the nodes for each client's steps (the simulator's
     figures: `tests/test_flower.py`); a malicious node says where FedDAE's attack runs."""
-    from fedrec.flower.malicious import MaliciousNode
+    from fedrec.flower.malicious import malicious_node
     from fedrec.flower.roles import check_deployable
 
     run = RunConfig(algorithm="feddae", dataset="synthetic:60x80", protocol="loo-full", model=MODEL,
@@ -146,4 +146,4 @@ def test_flower_runs_its_defence_and_refuses_an_attacker_node(split: Split) -> N
     check_deployable(run, split=split)
     attacked = dataclasses.replace(run, federated=federated_config("feddae", rounds=1, attack="fedrecattack"))
     with pytest.raises(FedrecError, match="run its --attack in the simulator"):
-        MaliciousNode(attacked, split)
+        malicious_node(attacked, split)

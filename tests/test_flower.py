@@ -115,6 +115,9 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     ("fedncf", {"attack": "a-ra", "clients_per_round": 0.5, "malicious": 0.1}),  # poisons shared weights
     # crafted rows travel as the round's r coordinates
     ("colr", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),
+    # the autoencoders' attacker: crafted decoder rows, the rest sent back as it came
+    ("personalfr", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.2, "model": AE,
+                    "protocol": "ratio-rating-implicit"}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -144,6 +147,8 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     ("personalfr", {"defence": "median", "clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
     ("fedavg-ae", {"defence": "krum", "model": AE, "protocol": "ratio-rating-implicit"}),
     ("feddae", {"defence": "median", "clients_per_round": 0.5, "model": DAE}),
+    ("fedavg-ae", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.2, "model": AE,
+                   "protocol": "ratio-rating-implicit"}),
     # FedCIA: each client's similarity rows, dense or as a rank-L eigen-upload
     ("fedcia", {"defence": "median", "model": CIA, "protocol": "ratio-full"}),
     ("fedcia", {"defence": "krum", "model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),

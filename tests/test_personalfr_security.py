@@ -153,15 +153,19 @@ def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: 
         train(cfg)
 
 
-def test_flower_runs_its_defence_and_refuses_an_attacker_node(split: Split) -> None:
-    """On Flower a defended round asks the nodes for each client's upload (the simulator's
-    figures: `tests/test_flower.py`); a malicious node says where PersonalFR's attack runs."""
-    from fedrec.flower.malicious import MaliciousNode
+def test_flower_runs_its_defence_and_its_attacker_node(split: Split) -> None:
+    """On Flower a defended round asks the nodes for each client's upload, and the attacker's
+    node declares clients after the partition's that download the whole decoder (the
+    simulator's figures: `tests/test_flower.py`)."""
+    from fedrec.flower.malicious import AEMaliciousNode, malicious_node
     from fedrec.flower.roles import check_deployable
 
     run = RunConfig(algorithm="personalfr", dataset="synthetic:60x80", protocol="ratio-rating-implicit",
-                    federated=federated_config("personalfr", rounds=1, defence="median"))
+                    model={"clients": 6}, federated=federated_config("personalfr", rounds=1, defence="median"))
     check_deployable(run, split=split)
     attacked = dataclasses.replace(run, federated=federated_config("personalfr", rounds=1, attack="fedrecattack"))
-    with pytest.raises(FedrecError, match="run its --attack in the simulator"):
-        MaliciousNode(attacked, split)
+    node = malicious_node(attacked, split)
+    assert isinstance(node, AEMaliciousNode)
+    hello = node.hello()
+    k = int(hello["n_clients"])
+    assert hello["whole_table"] and hello["clients"].tolist() == list(range(k, k + node.security.n_malicious))

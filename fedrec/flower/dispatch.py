@@ -28,9 +28,9 @@ def run_in_process(run: RunConfig, partitions: int, split: Split | None = None,
 
     def make(i: int) -> Any:
         if i == partitions:  # the attacker's node, after the honest ones
-            from fedrec.flower.malicious import MaliciousNode
+            from fedrec.flower.malicious import malicious_node
 
-            return MaliciousNode(run, split)
+            return malicious_node(run, split)
         return Node(run, i, partitions, split)
 
     nodes = {i: make(i) for i in range(partitions + (run.federated.attack is not None))}

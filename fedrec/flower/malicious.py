@@ -8,7 +8,8 @@ the same `fedrec.security.attacks.Attack` the simulator runs. It keeps the attac
 approximated users, the rows each client sends) as its clients' private state. Its clients hold
 no user, so it reports no evaluation figures. The server samples the declared clients beyond
 the users as the simulator samples its malicious clients (`fedrec.security.adversary.extra_sample`),
-so an attacked deployment ends with the simulator's figures (tested).
+so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
+FedAvg-AE's attacker is `AEMaliciousNode` (`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -27,15 +28,24 @@ from fedrec.rounds.sides import Payload, wire_ids
 from fedrec.security.adversary import Security
 
 
+def malicious_node(run: RunConfig, split: Split) -> Any:
+    """The attacker's node for ``run``: the item family's (`MaliciousNode`) or the rating
+    autoencoders' (`AEMaliciousNode`); one `FedrecError` line where neither is built."""
+    spec = check_deployable(run, split=split)
+    if getattr(spec, "share", None) is not None:  # PersonalFR, FedAvg-AE
+        return AEMaliciousNode(run, split, spec)
+    return MaliciousNode(run, split)
+
+
 class MaliciousNode:
     """The attacker's node (see the module docstring)."""
 
     def __init__(self, run: RunConfig, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         spec = check_deployable(run, split=split)
-        if not hasattr(spec, "create_state"):  # PersonalFR: its attack runs in the simulator
+        if not hasattr(spec, "create_state"):  # FedDAE, FedCIA: their attacks run in the simulator
             raise FedrecError(f"'{run.algorithm}': a malicious Flower node crafts the item table of the item-embedding "
-                              "family; run its --attack in the simulator (`fedrec run`)")
+                              "family or the autoencoders' decoder; run its --attack in the simulator (`fedrec run`)")
         self.model_spec = getattr(spec, "family", spec)  # FedRAP's head is a family member
         lr_item = self.cfg.item_lr(split.n_items)
         server = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,
@@ -86,6 +96,79 @@ class MaliciousNode:
         touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
         return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
+
+    def private_state(self) -> bytes:
+        return pack_state(self.security.attack.state() if self.security.attack else {})
+
+    def load_private_state(self, raw: bytes) -> None:
+        assert self.security.attack is not None
+        self.security.attack.load_state(unpack_state(raw))
+
+    def train_secure(self, msg: Payload) -> Any:
+        raise FedrecError("secure aggregation with a malicious node is not wired")
+
+
+class AEMaliciousNode:
+    """The attacker's node of PersonalFR and FedAvg-AE: clients after the partition's K, which
+    download the whole decoder each round (``whole_table`` in its first answer) and send what
+    the simulator's attackers send (`fedrec.federated.ae.algorithm.AEAlgorithm._guarded`):
+    crafted output rows and biases against the dot product on them, every other row table's
+    rows unchanged, and the dense layers as they came; summed, or each client's upload under a
+    robust rule."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: Any) -> None:
+        from fedrec.federated.family.spec import FamilySpec
+
+        self.run, self.cfg = run, run.federated
+        algorithm = spec.algorithm(split, self.cfg, run.seed)  # the partition's K and an Adam client's bound
+        security = Security.build(self.cfg, split, algorithm.lr_item, run.seed, n_clients=algorithm.security_clients,
+                                  step_bound=algorithm.step_bound)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security, self.n_items = security, split.n_items
+        self.K = algorithm.state.K
+        self.hidden = algorithm.state.hidden[0]
+        self.tables = [k for k in ("dec.out", "dec.out.b", "enc.in") if k in algorithm.state.glob]
+        self.model = FamilySpec(score="dot", private_score=False, dual=False, dim=self.hidden + 1)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        sec = self.security
+        return {"clients": np.arange(self.K, self.K + sec.n_malicious), "n_clients": self.K,
+                "n_items": self.n_items, "extra_clients": sec.n_malicious, "whole_table": 1,
+                "client_items": np.zeros(0, np.int32), "client_ptr": np.zeros(sec.n_malicious + 1, np.int64)}
+
+    def train(self, msg: Payload) -> Payload:
+        r = int(msg["round"])
+        if len(np.asarray(msg["items"])) != self.n_items:
+            raise FedrecError("a malicious node needs the whole table")
+        rows = {k: torch.as_tensor(msg[f"rows.{k}"]) for k in self.tables}
+        dense = {k[len("dense."):]: torch.as_tensor(v) for k, v in msg.items() if k.startswith("dense.")}
+        scoring = torch.cat([rows["dec.out"], rows["dec.out.b"][:, None]], 1)
+        clients = np.asarray(msg["clients"], np.int64) - self.K
+        sent, n_bytes = self.security.malicious_uploads(self.model, scoring, {}, r, clients)
+        rest = rows["enc.in"].shape[1] if "enc.in" in rows else 0  # FedAvg's encoder rows go back as they came
+        for u in sent:
+            crafted = u.tensors["items"]
+            u.tensors["items"] = torch.cat([crafted, crafted.new_zeros((len(crafted), rest))], 1)
+            u.tensors.update({k: v.clone() for k, v in dense.items()})
+        n_bytes += len(sent) * sum(v.numel() for v in dense.values()) * 4
+        counts = {"n": len(sent), "loss_sum": 0.0, "client_batches": 0, "bytes_up": n_bytes, "bytes_down": n_bytes,
+                  "macs": 0.0, "macs_fedrec": 0.0, "users_trained": 0.0}
+        if msg.get("per_client"):  # the server's robust rule looks at each client's upload
+            ids = np.arange(self.K + self.security.n_malicious)  # the uploads name their ids
+            return {**per_client_payload(sent, ids, dense), **counts, "decay_sum": 0.0, "decay_n": 0}
+        total = torch.zeros(self.n_items, self.hidden + 1 + rest)
+        for up in sent:
+            total.index_add_(0, torch.as_tensor(up.items), up.tensors["items"])
+        parts = {"dec.out": total[:, : self.hidden], "dec.out.b": total[:, self.hidden]}
+        if rest:
+            parts["enc.in"] = total[:, self.hidden + 1 :]
+        return {"items": wire_ids(np.arange(self.n_items)),
+                **{f"rows.{k}": v.cpu().numpy() for k, v in parts.items()},
+                **{f"dense.{k}": (v * len(sent)).cpu().numpy() for k, v in dense.items()}, **counts}
 
     def evaluate(self, msg: Payload) -> Payload:
         return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user

@@ -97,7 +97,7 @@ class AEClient(ClientSide):
             decays, _ = st._decays(cohort, steps, self.cfg.lr)
             dense = {k: v for k, v in st.glob.items() if k not in ROW_TABLES}
             return {**per_client_payload(uploads, self.clients, dense), **counts,
-                    "decay_sum": float(decays.sum())}
+                    "decay_sum": float(decays.sum()), "decay_n": len(cohort)}
         touched = np.unique(items)
         at = torch.as_tensor(np.searchsorted(touched, items))
         reply: Payload = {"items": wire_ids(touched)}
@@ -135,7 +135,9 @@ class AEServer(ServerSide):
         self.glob = {k: v for k, v in init.items() if not spec.private(k)}
         # each node's clients (in id order) and the item ids each rated, from their first answers
         self.items_of = {node: (np.sort(np.asarray(h["clients"], np.int64)), np.asarray(h["client_items"]),
-                                np.asarray(h["client_ptr"])) for node, h in hellos.items()}
+                                np.asarray(h["client_ptr"])) for node, h in hellos.items() if not h.get("whole_table")}
+        # a node that asks for the whole table each round (the attacker's: it crafts rows of every item)
+        self.whole = {node for node, h in hellos.items() if h.get("whole_table")}
 
     def begin(self, r: int) -> None:
         self.sums = {k: torch.zeros_like(v) for k, v in self.glob.items()}
@@ -144,7 +146,7 @@ class AEServer(ServerSide):
         self.n = 0
         self.first = r == 1
         self.kept: list[Any] = []  # each client's upload, under a rule
-        self.decay_sum = 0.0
+        self.decay_sum, self.decay_n = 0.0, 0  # the benign clients' weight-decay factors
 
     @property
     def dense(self) -> dict[str, torch.Tensor]:
@@ -152,7 +154,7 @@ class AEServer(ServerSide):
         return {k: v for k, v in self.glob.items() if k not in ROW_TABLES}
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
-        if self.spec.compression:
+        if self.spec.compression and node not in self.whole:
             held, flat, ptr = self.items_of[node]
             local = np.searchsorted(held, clients)
             lengths = ptr[local + 1] - ptr[local]
@@ -170,6 +172,7 @@ class AEServer(ServerSide):
         if self.rule is not None:
             self.kept.extend(client_uploads(reply, list(self.dense)))
             self.decay_sum += float(reply["decay_sum"])
+            self.decay_n += int(reply["decay_n"])
             self._fold_counts(reply)
             return
         idx = torch.as_tensor(reply["items"])
@@ -191,7 +194,7 @@ class AEServer(ServerSide):
             table = row_table_of(self.glob)
             item_sum, dense_sum, n = self.rule.sums(self.kept, *table.shape, self.dense, table, r)
             if n:
-                apply_row_sums(self.glob, item_sum, dense_sum, n, self.decay_sum / max(self.n, 1))
+                apply_row_sums(self.glob, item_sum, dense_sum, n, self.decay_sum / max(self.decay_n, 1))
         elif self.n > 0:
             apply_round(self.glob, torch.arange(self.n_items), self.sums, self.n)
         if self.first and self.spec.compression:  # every client's item ids, sent in its first answer
@@ -203,7 +206,7 @@ class AEServer(ServerSide):
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         if self.rule is not None:
-            problem = missing(reply, [*FIGURES, "decay_sum"]) or check_per_client(
+            problem = missing(reply, [*FIGURES, "decay_sum", "decay_n"]) or check_per_client(
                 reply, clients, self.n_items, row_table_of(self.glob).shape[1], self.dense, side_keys=())
             if problem is None and not math.isfinite(float(reply["decay_sum"])):
                 problem = "the weight-decay sum is not finite"
