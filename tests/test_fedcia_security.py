@@ -157,6 +157,28 @@ def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: 
         train(cfg)
 
 
+def test_a_deployed_defence_judges_round_one_against_every_clients_start() -> None:
+    """Nodes holding one client and two (4 clients on 3 nodes) each send their clients' start
+    similarity, so norm bounding, which is not shift-invariant, ends with the simulator's
+    figures; a node's malformed start is refused in one line when the server starts."""
+    from fedrec.flower.dispatch import run_in_process
+    from fedrec.flower.roles import Node, Server, wire
+
+    run = RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", seed=3,
+                    model={"clients": 4, "finetune_steps": 20},
+                    federated=federated_config("fedcia", rounds=2, defence="norm-bound", norm_bound=0.05))
+    deployed = run_in_process(run, 3).out
+    simulated = train(run).result
+    for x, y in zip(deployed.history, simulated.history, strict=True):
+        assert x.valid == pytest.approx(y.valid, rel=1e-6)
+    from fedrec.experiment import prepare_split
+
+    hellos = {i: wire(Node(run, i, 3, prepare_split(run)).hello()) for i in range(3)}
+    hellos[1]["start_similarity"] = hellos[1]["start_similarity"][:5]
+    with pytest.raises(FedrecError, match="node 1 sent a start similarity"):
+        Server(run, hellos)
+
+
 def test_flower_takes_its_defence_not_on_a_variant_without_similarity_rows(split: Split) -> None:
     """On Flower a defended round asks the nodes for each client's upload (the simulator's
     figures: `tests/test_flower.py`); a variant whose server averages no similarity rows

@@ -170,6 +170,26 @@ def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[s
             np.testing.assert_equal(x.extra["flag_recall"], y.extra["flag_recall"])  # NaN without attackers
 
 
+def test_a_per_client_reply_that_repeats_an_item_or_garbles_a_count_is_refused() -> None:
+    """A robust rule counts a row's uploads, so one client naming an item twice would be two
+    votes; a count that is not one finite number would crash the fold."""
+    from fedrec.core.contract import ClientUpload
+    from fedrec.federated.family.sides import check_per_client, per_client_payload
+
+    def reply(items: list[int], **counts: Any) -> dict[str, Any]:
+        ups = [ClientUpload(0, np.asarray(items), {"items": torch.ones(len(items), 2)}),
+               ClientUpload(1, np.asarray([0, 1]), {"items": torch.ones(2, 2)})]
+        return {**per_client_payload(ups, np.array([5, 6]), {}), "n": 2, "rejected": 0, "loss_sum": 0.0,
+                "client_batches": 2, "bytes_up": 8, "bytes_down": 8, "want_round": 0,
+                "want_items": np.zeros(0, np.int32), **counts}
+
+    clients = np.array([5, 6])
+    assert check_per_client(reply([0, 1]), clients, 4, 2, {}) is None
+    assert "twice" in check_per_client(reply([0, 0, 1]), clients, 4, 2, {})
+    assert "finite number" in check_per_client(reply([0, 1], bytes_up="many"), clients, 4, 2, {})
+    assert "finite number" in check_per_client(reply([0, 1], loss_sum=float("nan")), clients, 4, 2, {})
+
+
 def test_what_a_deployed_defence_refuses_is_one_line() -> None:
     from fedrec.errors import FedrecError
 

@@ -88,8 +88,10 @@ def test_a_round_is_each_client_trained_alone_on_its_loss_and_both_terms(aggrega
         torch.testing.assert_close(up.delta[cohort.rows_of(k)], table - before.items[torch.as_tensor(items)], **TOL)
         moved += not torch.allclose(up.delta[cohort.rows_of(k)], plain.delta[cohort.rows_of(k)])
     assert moved > len(cohort.clients) // 2  # the terms changed most clients' rows
-    # each client also downloads the popular ids and rows
-    assert up.bytes_down - plain.bytes_down == len(cohort.clients) * SIZE * (4 + 4 * DIM)
+    # each client also downloads the popular ids, and the popular rows it does not hold
+    held = int(np.isin(cohort.row_items, popular).sum())
+    assert 0 < held < len(cohort.clients) * SIZE
+    assert up.bytes_down - plain.bytes_down == len(cohort.clients) * SIZE * 4 + (len(cohort.clients) * SIZE - held) * 4 * DIM
 
 
 def test_the_popular_items_moved_most_over_the_window() -> None:
@@ -102,9 +104,15 @@ def test_the_popular_items_moved_most_over_the_window() -> None:
     moved = torch.tensor([[1.0, 0], [5, 0], [0, 2], [3, 4], [0, 2], [0, 0]])  # norms 1, 5, 2, 5, 2, 0
     term.observe(start + moved, memo, 3)
     assert memo["popular"].tolist() == [1, 3, 2]  # ties to the lower id
-    assert "start" not in memo  # the snapshot is dropped once mined
+    assert "start" not in memo and "since" not in memo  # the snapshot is dropped once mined
     term.observe(start, memo, 4)
     assert memo["popular"].tolist() == [1, 3, 2]  # fixed from then on
+    late: dict[str, torch.Tensor] = {}  # a run first seen in round 5 (a resume without the memo)
+    term.observe(start, late, 5)
+    term.observe(start + moved, late, 6)
+    assert "popular" not in late
+    term.observe(start + moved, late, 7)
+    assert late["popular"].tolist() == [1, 3, 2]
 
 
 def test_no_term_before_the_items_are_mined_and_zero_weights_are_fedmf() -> None:
@@ -116,7 +124,8 @@ def test_no_term_before_the_items_are_mined_and_zero_weights_are_fedmf() -> None
     assert torch.equal(early.local_update(cohort, UploadPath()).delta, plain.delta)
     zero = _state(split, "regula:ipe=0,uea=0")
     zero.memo = {"popular": torch.as_tensor(_popular(split))}
-    assert torch.equal(zero.local_update(cohort, UploadPath()).delta, plain.delta)
+    up = zero.local_update(cohort, UploadPath())
+    assert torch.equal(up.delta, plain.delta) and up.bytes_down == plain.bytes_down
     fedmf = _state(split, None)
     fedmf.local_update(cohort, UploadPath())
     assert torch.equal(zero.private["user"], fedmf.private["user"])

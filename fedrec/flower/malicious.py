@@ -59,6 +59,7 @@ class MaliciousNode:
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")
         self.security = security
+        server.observer = False  # not the server: a client objective's memo is none of its business
         self.server = server  # what the round's messages carry of a row (`wire_rows`)
         self.n_users, self.n_items = split.n_users, split.n_items
 
@@ -159,7 +160,7 @@ class AEMaliciousNode:
                   "macs": 0.0, "macs_fedrec": 0.0, "users_trained": 0.0}
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
             ids = np.arange(self.K + self.security.n_malicious)  # the uploads name their ids
-            return {**per_client_payload(sent, ids, dense), **counts, "decay_sum": 0.0, "decay_n": 0}
+            return {**per_client_payload(sent, ids, dense), **counts}
         total = torch.zeros(self.n_items, self.hidden + 1 + rest)
         for up in sent:
             total.index_add_(0, torch.as_tensor(up.items), up.tensors["items"])

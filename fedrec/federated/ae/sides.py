@@ -24,7 +24,12 @@ import numpy as np
 import torch
 
 from fedrec.federated.ae.state import AEState, apply_round, apply_row_sums, row_table_of
-from fedrec.federated.family.sides import check_per_client, client_uploads, per_client_payload
+from fedrec.federated.family.sides import (
+    bad_numbers,
+    check_per_client,
+    client_uploads,
+    per_client_payload,
+)
 from fedrec.models.autoencoder import ROW_TABLES, init_params
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
@@ -94,10 +99,8 @@ class AEClient(ClientSide):
                   "bytes_up": up, "bytes_down": down, **{k: stats[k] for k in FIGURES}}
         if msg.get("per_client"):
             uploads, _ = st.client_uploads(cohort, items, upload, steps, self.cfg.lr)
-            decays, _ = st._decays(cohort, steps, self.cfg.lr)
             dense = {k: v for k, v in st.glob.items() if k not in ROW_TABLES}
-            return {**per_client_payload(uploads, self.clients, dense), **counts,
-                    "decay_sum": float(decays.sum()), "decay_n": len(cohort)}
+            return {**per_client_payload(uploads, self.clients, dense), **counts}
         touched = np.unique(items)
         at = torch.as_tensor(np.searchsorted(touched, items))
         reply: Payload = {"items": wire_ids(touched)}
@@ -146,7 +149,6 @@ class AEServer(ServerSide):
         self.n = 0
         self.first = r == 1
         self.kept: list[Any] = []  # each client's upload, under a rule
-        self.decay_sum, self.decay_n = 0.0, 0  # the benign clients' weight-decay factors
 
     @property
     def dense(self) -> dict[str, torch.Tensor]:
@@ -171,8 +173,6 @@ class AEServer(ServerSide):
     def fold(self, node: int, reply: Payload) -> None:
         if self.rule is not None:
             self.kept.extend(client_uploads(reply, list(self.dense)))
-            self.decay_sum += float(reply["decay_sum"])
-            self.decay_n += int(reply["decay_n"])
             self._fold_counts(reply)
             return
         idx = torch.as_tensor(reply["items"])
@@ -193,8 +193,8 @@ class AEServer(ServerSide):
         if self.rule is not None:  # as the simulator's `AEAlgorithm._guarded`
             table = row_table_of(self.glob)
             item_sum, dense_sum, n = self.rule.sums(self.kept, *table.shape, self.dense, table, r)
-            if n:
-                apply_row_sums(self.glob, item_sum, dense_sum, n, self.decay_sum / max(self.decay_n, 1))
+            if n:  # no weight decay of untrained rows: a deployment trains with Adam or compression
+                apply_row_sums(self.glob, item_sum, dense_sum, n)
         elif self.n > 0:
             apply_round(self.glob, torch.arange(self.n_items), self.sums, self.n)
         if self.first and self.spec.compression:  # every client's item ids, sent in its first answer
@@ -206,11 +206,8 @@ class AEServer(ServerSide):
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         if self.rule is not None:
-            problem = missing(reply, [*FIGURES, "decay_sum", "decay_n"]) or check_per_client(
-                reply, clients, self.n_items, row_table_of(self.glob).shape[1], self.dense, side_keys=())
-            if problem is None and not math.isfinite(float(reply["decay_sum"])):
-                problem = "the weight-decay sum is not finite"
-            return problem
+            return (missing(reply, FIGURES) or bad_numbers(reply, FIGURES) or check_per_client(
+                reply, clients, self.n_items, row_table_of(self.glob).shape[1], self.dense, side_keys=()))
         keys = [f"{'rows' if k in ROW_TABLES else 'dense'}.{k}" for k in self.glob]
         problem = missing(reply, ["items", *COUNTS, *FIGURES, *keys])
         if problem:

@@ -19,8 +19,8 @@ does). Every client trains every round (the paper's Algorithm 1).
 A node's message to the server is the sum of its clients' uploads (as decoded by the server);
 the byte counts are what each client sends, as in the simulator. Under a robust rule
 (``--defence``) the server asks for each client's upload instead and aggregates its similarity
-rows by the rule against the last average (round 1: the start's, which the nodes sum in their
-first answer), as the simulator's `CIAAlgorithm` does.
+rows by the rule against the last average (round 1: the start's, which every node sums over its
+clients in its first answer), as the simulator's `CIAAlgorithm` does.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedrec.core.contract import ClientUpload
 from fedrec.errors import FedrecError
 from fedrec.federated.cia.state import CIAState, combine, dense_upload
 from fedrec.federated.family.model import ITEMS
+from fedrec.federated.family.sides import bad_numbers
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,
@@ -52,6 +54,24 @@ from fedrec.rounds.upload import UploadPath
 
 def _numpy(v: Any) -> Any:
     return v.cpu().numpy() if isinstance(v, torch.Tensor) else v
+
+
+def averages_similarities(spec: Any, n_clients: int) -> bool:
+    """Whether the server averages whole similarity matrices, whose rows a robust rule judges
+    (`fedrec.federated.cia.state.CIAState.plain_average`, for the run's ``n_clients``)."""
+    return spec.models[0][0] != "gfcf" and spec.aggregation == "cia" and spec.scope == "all" and n_clients > 1
+
+
+def _stacked(keep: list[ClientUpload]) -> Payload:
+    """Clients' uploads stacked by part (``up.similarity``, or ``up.p`` and ``up.lam``); rank-L
+    uploads of models of different widths (a backbone narrower than L sends fewer pairs) are
+    padded with zero pairs, which add nothing to the matrix they rebuild."""
+    if "similarity" in keep[0].tensors:
+        return {"up.similarity": torch.stack([u.tensors["similarity"] for u in keep]).cpu().numpy()}
+    rank = max(len(u.tensors["lam"]) for u in keep)
+    p = torch.stack([F.pad(u.tensors["p"], (0, rank - len(u.tensors["lam"]))) for u in keep])
+    lam = torch.stack([F.pad(u.tensors["lam"], (0, rank - len(u.tensors["lam"]))) for u in keep])
+    return {"up.p": p.cpu().numpy(), "up.lam": lam.cpu().numpy()}
 
 
 class CIAClient(ClientSide):
@@ -75,7 +95,7 @@ class CIAClient(ClientSide):
 
     def hello(self, resume_round: int = 0) -> Payload:
         out: Payload = {"clients": self.clients, "n_clients": self.n_clients, "n_items": self.state.n_items}
-        if self.cfg.defence is not None and self.state.plain_average and resume_round == 0:
+        if self.cfg.defence is not None and averages_similarities(self.state.spec, self.n_clients) and resume_round == 0:
             # what a defended server judges round 1's uploads against: the start's E_k E_kᵀ, summed
             out["start_similarity"] = self.state.similarity_total().cpu().numpy()
         return out
@@ -99,9 +119,7 @@ class CIAClient(ClientSide):
         counts = {"n": int(sums["n"]), "loss_sum": loss, "client_batches": batches,
                   "bytes_up": int(sums["bytes_up"]), "bytes_down": int(sums["bytes_down"])}
         if keep is not None:  # a robust rule: each client's upload as sent, stacked by part
-            return {"owner": np.array([u.client for u in keep], np.int64),
-                    **{f"up.{k}": torch.stack([u.tensors[k] for u in keep]).cpu().numpy() for k in keep[0].tensors},
-                    **counts}
+            return {"owner": np.array([u.client for u in keep], np.int64), **_stacked(keep), **counts}
         reply = {f"sum.{k}": _numpy(v) for k, v in sums.items() if k not in COUNTS}
         return {**reply, **counts}
 
@@ -128,16 +146,23 @@ class CIAServer(ServerSide):
         self.sync: dict[str, Any] = {}  # the last server step, sent with every message
         self.sync_round = 0
         self.keys: set[str] | None = None  # the upload's keys, fixed by the first good reply
-        # under a rule: the last average the clients' rows are judged against (round 1: the start's)
-        starts = [np.asarray(h["start_similarity"], np.float64) for h in hellos.values() if "start_similarity" in h]
-        self.global_similarity = (torch.as_tensor(sum(starts)) / n_clients).float() if starts else None
+        # under a rule: the last average the clients' rows are judged against (round 1: the
+        # start's, which every node sums over its clients in its first answer)
+        self.global_similarity: torch.Tensor | None = None
+        if hellos and all("start_similarity" in h for h in hellos.values()):
+            total = np.zeros((n_items, n_items))
+            for node, h in hellos.items():
+                start = np.asarray(h["start_similarity"])
+                if start.shape != (n_items, n_items) or start.dtype.kind != "f" or not np.isfinite(start).all():
+                    raise FedrecError(f"node {node} sent a start similarity of shape {start.shape} {start.dtype} "
+                                      f"or non-finite values, expected ({n_items}, {n_items}) floats")
+                total += start
+            self.global_similarity = (torch.as_tensor(total) / n_clients).float()
 
     @property
     def plain_average(self) -> bool:
-        """Whether the server averages whole similarity matrices, whose rows a rule can judge
-        (`fedrec.federated.cia.state.CIAState.plain_average`)."""
-        spec = self.spec
-        return spec.models[0][0] != "gfcf" and spec.aggregation == "cia" and spec.scope == "all" and spec.clients > 1
+        """Whether the server averages whole similarity matrices, whose rows a rule can judge."""
+        return averages_similarities(self.spec, self.n_clients)
 
     def _sync_payload(self) -> Payload:
         return {"sync_round": self.sync_round, **{f"sync.{k}": _numpy(v) for k, v in self.sync.items()}}
@@ -173,7 +198,10 @@ class CIAServer(ServerSide):
         extra: dict[str, float] = {}
         if self.rule is not None and self.kept:  # as the simulator's `CIAAlgorithm._defended`
             prev = self.global_similarity
-            assert prev is not None
+            if prev is None:
+                raise FedrecError("a defended FedCIA deployment judges uploads against the last average, which this "
+                                  "server lacks (a checkpoint of an undefended run, or nodes that sent no start "
+                                  "similarity): start the run afresh with --defence")
             benign = [ClientUpload(u.client, u.items, {ITEMS: dense_upload(u) - prev}) for u in self.kept]
             item_sum, _, n = self.rule.sums(benign, self.n_items, self.n_items, {}, prev, r)
             if n:
@@ -219,6 +247,8 @@ class CIAServer(ServerSide):
         parts = {k: np.asarray(v) for k, v in reply.items() if k.startswith("up.")}
         if set(parts) not in ({"up.similarity"}, {"up.p", "up.lam"}):
             return f"uploads {sorted(parts)}, expected up.similarity or up.p and up.lam"
+        if any(v.dtype.kind != "f" for v in parts.values()) or bad_numbers(reply, COUNTS):
+            return "uploads or counts are not numbers"
         c = len(owner)
         shapes = {k: v.shape for k, v in parts.items()}
         if "up.similarity" in parts:

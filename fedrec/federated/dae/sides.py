@@ -149,8 +149,8 @@ class DAEServer(TableView, ServerSide):
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
         if self.rule is not None:
             table = self.row_table()
-            return check_per_client(reply, clients, table.shape[0], table.shape[1],
-                                    {k: self.glob[k] for k in self.dense_keys()}, side_keys=())
+            return check_per_client(reply, clients, table.shape[0], table.shape[1],  # (users with no item: none)
+                                    {k: self.glob[k] for k in self.dense_keys()}, side_keys=(), every_client=False)
         keys = [f"{'rows' if k == FIRST else 'dense'}.{k}" for k in self.glob]
         problem = missing(reply, ["items", *COUNTS, *keys])
         if problem:

@@ -27,6 +27,7 @@ import torch
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.options import parse_named, typed
 from fedrec.rounds import draws
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 
 #: the registered terms, by name (`register_objective`)
 OBJECTIVES: dict[str, type[ClientObjective]] = {}
@@ -90,6 +91,11 @@ class ClientObjective:
         """What the step's active clients subtract from their ``user`` vectors (as they were
         when the step began) for this term, at rate ``lr``; None: nothing."""
         return None
+
+    def download_bytes(self, view: Any, row_ptr: np.ndarray, width: int) -> int:
+        """What the cohort (its clients' local rows between ``row_ptr`` entries, of ``width``
+        numbers) downloads for this term beyond its own rows."""
+        return 0
 
     def text(self) -> str:
         """The ``--client-objective`` string that parses back to this term."""
@@ -292,9 +298,10 @@ class Regula(ClientObjective):
       ``window`` rounds, ||E_(1+window) - E_1|| (the official client measures its own first
       epoch, one pass over the clients: a round at full participation; set ``window`` to the
       rounds of a pass otherwise). The change of the table every client downloads alike gives
-      every client the same items, so the server mines them once and sends their ids and rows
-      (the official clients download the whole table each round). They stay fixed, and the terms
-      start in round 1 + ``window``.
+      every client the same items, so the server mines them once and sends their ids and the
+      rows a client lacks (the official clients download the whole table each round). They stay
+      fixed, and the terms start in round 1 + ``window``. (A run resumed from a checkpoint
+      without the term's memo measures from the first round it sees.)
     * **IPE** (``ipe`` times) -sum_k w_k mean_j cos(e_pk, e_j): at each local step, over the
       client's slots of unpopular items in its batch, with the popular rows e_pk as the round
       sent them (a constant), so every row a client trains is drawn towards the popular ones
@@ -350,17 +357,18 @@ class Regula(ClientObjective):
     def observe(self, table: torch.Tensor, memo: dict[str, torch.Tensor], r: int) -> None:
         if "popular" in memo:
             return
-        if r == 1:
-            memo["start"] = table.clone()
-        elif r == 1 + self.window and "start" in memo:
+        if "start" not in memo:
+            memo["start"], memo["since"] = table.clone(), torch.tensor(r)
+        elif r >= int(memo["since"]) + self.window:
             moved = torch.linalg.vector_norm(table - memo.pop("start"), dim=1).cpu().numpy()
+            del memo["since"]
             order = np.argsort(-moved, kind="stable")[: self.size]  # ties to the lower id
             memo["popular"] = torch.as_tensor(order, dtype=torch.int64)
 
     def cohort_rows(self, row_ptr: np.ndarray, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                     row_items: np.ndarray, memo: Mapping[str, torch.Tensor], table: torch.Tensor,
                     summed: bool = False) -> PopularView | None:
-        if "popular" not in memo:
+        if "popular" not in memo or (self.ipe == 0 and self.uea == 0):
             return None
         ids = memo["popular"].cpu().numpy()
         e = table[memo["popular"].to(table.device)]
@@ -368,6 +376,12 @@ class Regula(ClientObjective):
         unit = e / torch.linalg.vector_norm(e, dim=1, keepdim=True).clamp_min(1e-8)
         popular = torch.as_tensor(np.isin(row_items, ids), device=table.device)
         return PopularView(popular, w @ unit, torch.log_softmax(e, 1), w, summed)
+
+    def download_bytes(self, view: PopularView, row_ptr: np.ndarray, width: int) -> int:
+        """Each client's ``size`` popular ids and the popular rows it does not hold already."""
+        held = int(view.popular.sum())  # the cohort's local rows of popular items
+        clients, size = len(row_ptr) - 1, len(view.weights)
+        return clients * size * INDEX_BYTES + (clients * size - held) * width * FLOAT_BYTES
 
     def rows_step(self, rows: torch.Tensor, view: PopularView, step: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                   ids: np.ndarray, key: tuple[int, ...], lr: float) -> tuple[torch.Tensor, torch.Tensor] | None:

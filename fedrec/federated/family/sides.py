@@ -351,33 +351,50 @@ def client_uploads(reply: Payload, shared: list[str]) -> list[ClientUpload]:
             for k in range(len(owner))]
 
 
+def bad_numbers(reply: Payload, keys: list[str] | tuple[str, ...]) -> str | None:
+    """Why one of ``keys`` is not one finite real number in ``reply`` (a count or a figure that
+    the server folds), or None."""
+    for k in keys:
+        v = np.asarray(reply[k])
+        if v.shape != () or v.dtype.kind not in "biuf" or not np.isfinite(v):
+            return f"{k} is not one finite number"
+    return None
+
+
 def check_per_client(reply: Payload, clients: np.ndarray, n_items: int, width: int,
                      shared: dict[str, torch.Tensor],
-                     side_keys: tuple[str, ...] = ("rejected", "want_round", "want_items")
-                     ) -> str | None:
+                     side_keys: tuple[str, ...] = ("rejected", "want_round", "want_items"),
+                     every_client: bool = True) -> str | None:
     """Why a `per_client_payload` reply for ``clients`` cannot be folded, or None; ``side_keys``:
     what else the method's replies carry (the family's: its rejected count and the rows a node
-    wants next)."""
-    problem = missing(reply, ["owner", "accepted", "ptr", "items", "rows", "n", "loss_sum",
-                              "client_batches", *side_keys, *(f"shared.{k}" for k in shared)])
+    wants next); ``every_client``: each client sent must upload (FedDAE's clients without a
+    training item do not). A client's rows name each item once: a rule counts a row's uploads,
+    so a repeated item would be several votes."""
+    numbers = ["n", "loss_sum", "client_batches", "bytes_up", "bytes_down", *(k for k in ("rejected",) if k in side_keys)]
+    problem = missing(reply, ["owner", "accepted", "ptr", "items", "rows", *numbers, *side_keys,
+                              *(f"shared.{k}" for k in shared)]) or bad_numbers(reply, numbers)
     if problem:
         return problem
     owner, ptr = np.asarray(reply["owner"]), np.asarray(reply["ptr"])
     items, rows = np.asarray(reply["items"]), np.asarray(reply["rows"])
     if owner.ndim != 1 or owner.dtype.kind not in "iu" or not np.isin(owner, clients).all() \
-            or len(np.unique(owner)) != len(owner) or len(owner) != len(clients):
+            or len(np.unique(owner)) != len(owner) or (every_client and len(owner) != len(clients)):
         return "uploads are not one for each client sent"
-    if (ptr.shape != (len(owner) + 1,) or ptr[0] != 0 or (np.diff(ptr) < 0).any() or ptr[-1] != len(items)
-            or np.asarray(reply["accepted"]).shape != owner.shape):
+    if (ptr.shape != (len(owner) + 1,) or ptr.dtype.kind not in "iu" or ptr[0] != 0 or (np.diff(ptr) < 0).any()
+            or ptr[-1] != len(items) or np.asarray(reply["accepted"]).shape != owner.shape):
         return "row pointers or accepted flags do not match the uploads"
-    if items.dtype.kind not in "iu" or (len(items) and (items.min() < 0 or items.max() >= n_items)):
+    if items.ndim != 1 or items.dtype.kind not in "iu" or (len(items) and (items.min() < 0 or items.max() >= n_items)):
         return "item ids out of range"
+    keys = np.repeat(np.arange(len(owner), dtype=np.int64), np.diff(ptr)) * n_items + items
+    if len(np.unique(keys)) != len(keys):
+        return "an upload names an item twice"
     if rows.shape != (len(items), width) or rows.dtype != np.float32 or not np.isfinite(rows).all():
         return f"rows have shape {rows.shape} {rows.dtype} or non-finite values"
     for k, v in shared.items():
         got = np.asarray(reply[f"shared.{k}"])
         if got.shape != (len(owner), *v.shape) or not np.isfinite(got).all():
             return f"shared weight {k} has shape {got.shape} or non-finite values"
-    if int(reply["n"]) + int(reply.get("rejected", 0)) != len(clients):
+    rejected = int(reply.get("rejected", 0))
+    if int(reply["n"]) + rejected != (len(clients) if every_client else len(owner)):
         return "counts do not add up to the clients sent"
     return None

@@ -37,7 +37,7 @@ from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.optim import clip_scale
 from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
-from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
+from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 
 def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -286,9 +286,8 @@ class FamilyState:
         if spec.dual:
             self.personal.update(cohort.clients, cohort.row_items, cohort.row_ptr, rows)
         up = self._finish(cohort, params, start, rows, path, float(loss_sum))
-        if view is not None and "popular" in self.memo:  # Regula's popular ids and rows come down too
-            up.bytes_down += len(cohort.clients) * len(self.memo["popular"]) * (
-                INDEX_BYTES + self.items.shape[1] * FLOAT_BYTES)
+        if view is not None:  # what the term reads beyond the clients' rows (Regula's popular rows)
+            up.bytes_down += term.download_bytes(view, cohort.row_ptr, self.items.shape[1])
         return up
 
     def _ids(self, cohort: CohortBatches) -> np.ndarray:
