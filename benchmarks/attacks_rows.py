@@ -26,7 +26,9 @@ import argparse
 import json
 from pathlib import Path
 
-from fedrec.errors import FedrecError
+from fedrec.data import user_sets
+from fedrec.data.registry import REGISTRY
+from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import federated_config
 from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
 
@@ -64,9 +66,11 @@ def main() -> None:
     model = dict(kv.split("=", 1) for kv in args.set)
     engine = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.engine)}
     named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
-    try:  # an unknown method or engine option ends in one line before any cell runs
+    try:  # an unknown data set, method or engine option (or its value) ends in one line before any cell runs
+        if args.dataset not in REGISTRY and user_sets.get(args.dataset) is None:
+            raise UnknownNameError("data set", args.dataset, [*REGISTRY, *user_sets.entries()])
         for method in args.methods.split(","):
-            federated_config(method, args.dataset, paper=True, **engine)
+            federated_config(method, args.dataset, paper=True, **engine).validate()
     except FedrecError as e:
         ap.error(str(e))
     out = Path(args.out)

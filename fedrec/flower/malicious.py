@@ -37,7 +37,28 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
     return MaliciousNode(run, split)
 
 
-class MaliciousNode:
+class AttackerNode:
+    """What every attacker's node does alike: its clients hold no user, so it reports no
+    figures; its private state is the attack's (``security``: the run's
+    `fedrec.security.adversary.Security`)."""
+
+    security: Security
+
+    def evaluate(self, msg: Payload) -> Payload:
+        return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
+
+    def private_state(self) -> bytes:
+        return pack_state(self.security.attack.state() if self.security.attack else {})
+
+    def load_private_state(self, raw: bytes) -> None:
+        assert self.security.attack is not None
+        self.security.attack.load_state(unpack_state(raw))
+
+    def train_secure(self, msg: Payload) -> Any:
+        raise FedrecError("secure aggregation with a malicious node is not wired")
+
+
+class MaliciousNode(AttackerNode):
     """The attacker's node (see the module docstring)."""
 
     def __init__(self, run: RunConfig, split: Split) -> None:
@@ -98,21 +119,8 @@ class MaliciousNode:
         return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
 
-    def evaluate(self, msg: Payload) -> Payload:
-        return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
 
-    def private_state(self) -> bytes:
-        return pack_state(self.security.attack.state() if self.security.attack else {})
-
-    def load_private_state(self, raw: bytes) -> None:
-        assert self.security.attack is not None
-        self.security.attack.load_state(unpack_state(raw))
-
-    def train_secure(self, msg: Payload) -> Any:
-        raise FedrecError("secure aggregation with a malicious node is not wired")
-
-
-class AEMaliciousNode:
+class AEMaliciousNode(AttackerNode):
     """The attacker's node of PersonalFR and FedAvg-AE: clients after the partition's K, which
     download the whole decoder each round (``whole_table`` in its first answer) and send what
     the simulator's attackers send (`fedrec.federated.ae.algorithm.AEAlgorithm._guarded`):
@@ -170,16 +178,3 @@ class AEMaliciousNode:
         return {"items": wire_ids(np.arange(self.n_items)),
                 **{f"rows.{k}": v.cpu().numpy() for k, v in parts.items()},
                 **{f"dense.{k}": (v * len(sent)).cpu().numpy() for k, v in dense.items()}, **counts}
-
-    def evaluate(self, msg: Payload) -> Payload:
-        return {"valid.users": 0.0, "test.users": 0.0}  # its clients hold no user
-
-    def private_state(self) -> bytes:
-        return pack_state(self.security.attack.state() if self.security.attack else {})
-
-    def load_private_state(self, raw: bytes) -> None:
-        assert self.security.attack is not None
-        self.security.attack.load_state(unpack_state(raw))
-
-    def train_secure(self, msg: Payload) -> Any:
-        raise FedrecError("secure aggregation with a malicious node is not wired")
