@@ -131,39 +131,41 @@ def clip_clients(delta: torch.Tensor, counts: torch.Tensor, bound: float) -> tor
 WHOLE_ROW = 255  # entry-count byte marking a row sent whole
 
 
-def encode_sparse(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def encode_sparse(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Each row as its non-zero entries or whole, whichever is shorter (see the module docs).
 
     Returns the per-row count bytes (``WHOLE_ROW`` for a whole row), the column byte of each
     sparse entry, the float32 values (sparse entries and whole rows, in row order) and the
-    width. (Row ids travel too; both sides know them from the rows' order, so they are counted,
-    not built.)
+    width, as tensors on the rows' device (on a GPU the rows are not copied to the host and
+    back). Row ids travel too; both sides know them from the rows' order, so they are counted,
+    not built.
     """
     width = rows.shape[1]
     if width >= WHOLE_ROW:
         raise ValueError("the sparse row encoding stores columns in one byte (width < 255)")
-    dense = rows.cpu().numpy()
-    per_row = np.count_nonzero(dense, axis=1)
+    rows = rows.float()
+    nz = rows != 0
+    per_row = nz.sum(1)
     whole = per_row * (1 + FLOAT_BYTES) >= width * FLOAT_BYTES
-    counts = np.where(whole, WHOLE_ROW, per_row).astype(np.uint8)
-    if whole.all():  # a dense table (FedRAP's C at most settings): no mask to build
-        return counts, np.zeros(0, np.uint8), dense.astype(np.float32).reshape(-1), width
-    nz = dense != 0
-    cols = np.nonzero(nz[~whole])[1].astype(np.uint8)
-    return counts, cols, dense[nz | whole[:, None]].astype(np.float32), width
+    counts = torch.where(whole, WHOLE_ROW, per_row).to(torch.uint8)
+    if bool(whole.all()):  # a dense table (FedRAP's C at most settings): no mask to build
+        return counts, torch.zeros(0, dtype=torch.uint8, device=rows.device), rows.reshape(-1), width
+    cols = torch.nonzero(nz[~whole])[:, 1].to(torch.uint8)
+    return counts, cols, rows[nz | whole[:, None]], width
 
 
-def decode_sparse(counts: np.ndarray, cols: np.ndarray, values: np.ndarray,
+def decode_sparse(counts: torch.Tensor, cols: torch.Tensor, values: torch.Tensor,
                   width: int) -> tuple[torch.Tensor, int]:
     """Rows back from `encode_sparse`, and the bytes the encoding took."""
     whole = counts == WHOLE_ROW
-    rows = np.zeros((len(counts), width), np.float32)
-    if whole.all():
-        rows[:] = values.reshape(-1, width)
-    else:  # whole rows are blocks of ``width`` values; the others' values go to their columns
-        in_whole = np.repeat(whole, np.where(whole, width, counts).astype(np.int64))
-        rows[whole] = values[in_whole].reshape(-1, width)
-        sparse = np.flatnonzero(~whole)
-        rows[np.repeat(sparse, counts[sparse].astype(np.int64)), cols] = values[~in_whole]
-    n_bytes = len(counts) * INDEX_BYTES + counts.nbytes + cols.nbytes + values.nbytes
-    return torch.as_tensor(rows), int(n_bytes)
+    n_bytes = len(counts) * INDEX_BYTES + counts.numel() + cols.numel() + values.numel() * FLOAT_BYTES
+    if bool(whole.all()):
+        return values.reshape(-1, width).clone(), n_bytes
+    rows = torch.zeros((len(counts), width), dtype=torch.float32, device=values.device)
+    # whole rows are blocks of ``width`` values; the others' values go to their columns
+    per_row = torch.where(whole, width, counts.long())
+    in_whole = torch.repeat_interleave(whole, per_row, output_size=len(values))
+    rows[whole] = values[in_whole].reshape(-1, width)
+    sparse = torch.nonzero(~whole).flatten()
+    rows[torch.repeat_interleave(sparse, per_row[sparse]), cols.long()] = values[~in_whole]
+    return rows, n_bytes
