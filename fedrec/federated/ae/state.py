@@ -213,7 +213,8 @@ class AEState:
         opt = self._optimiser(local)
         row_client = torch.as_tensor(np.repeat(np.arange(C), self.client_items[cohort]))
         n_out = self.client_items[cohort] if spec.compression else np.full(C, self.n_items)
-        loss_sum = macs = macs_sparse = 0.0
+        macs = macs_sparse = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
         batches = 0
         for t in range(table.shape[1]):
             A = int((steps_k > t).sum())
@@ -235,13 +236,13 @@ class AEState:
             else:
                 err = (pred - vals) ** 2
             k_t = torch.as_tensor(k_of_pair)
-            count = torch.bincount(k_t, minlength=A).clamp(min=1)
+            count = torch.as_tensor(np.bincount(k_of_pair, minlength=A).clip(min=1))  # (the host's: no wait)
             per_client = torch.zeros(A).index_add_(0, k_t, err) / count
             for v in local.values():
                 v.grad = None
             per_client.sum().backward()
             self._step(local, opt, A, row_client[: offsets[A]], cfg.lr)
-            loss_sum += float(per_client.detach().sum())
+            loss_sum += per_client.detach().sum()
             batches += A
             per_user = lengths[real]
             n_out_user = np.repeat(n_out[:A], real.reshape(A, -1).sum(1))
@@ -253,7 +254,7 @@ class AEState:
         if self.K == 1:
             self.opt = opt
         upload = {k: local[k].detach() for k in self.glob}
-        stats = {"loss_sum": loss_sum, "macs": macs, "macs_fedrec": macs_sparse,
+        stats = {"loss_sum": float(loss_sum), "macs": macs, "macs_fedrec": macs_sparse,
                  "users_trained": float(len(users)), "client_batches": float(batches)}
         return upload, stats
 

@@ -70,7 +70,7 @@ from fedrec.federated.graph.user_graph import (
     public_users,
 )
 from fedrec.rounds import draws
-from fedrec.rounds.cohort import CohortBatches
+from fedrec.rounds.cohort import CohortBatches, argsort_ints
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
@@ -294,7 +294,7 @@ class GraphState(FamilyState):
         client's rows are its start rows plus its steps, and the rule judges the steps row by
         row over the clients that sent each (`Security.admit`), against q_g."""
         owner, items, rows = self._flat_uploads()
-        order = np.argsort(owner, kind="stable")
+        order = argsort_ints(owner)
         owner, items, rows = owner[order], items[order], rows[torch.as_tensor(order)]
         start = self._train_start(owner, items)
         bounds = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True]) if len(owner) else np.zeros(1, np.int64)
@@ -325,7 +325,7 @@ class GraphState(FamilyState):
 
     def _graph_step(self) -> None:
         owner, items, rows = self._flat_uploads()
-        order = np.argsort(items, kind="stable")
+        order = argsort_ints(items)  # (stable; numpy's took 15% of a GPU round at ML-100K)
         owner, items, rows = owner[order], items[order], rows[torch.as_tensor(order)]
         m, d = self.n_items, self.graph.dim
         n = len(self.dense_of)
