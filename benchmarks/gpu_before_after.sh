@@ -8,7 +8,9 @@
 #
 # ML-100K must be in FEDREC_CACHE (the machine may have no network). Knobs: WORKLOADS
 # (space-separated gpu_speed.py rows), BIG (rows whose split is drawn first on spare cores,
-# default pfedrec-1m-users; empty: none), BUDGET (seconds a row, default 20), BIG_BUDGET (90),
+# default pfedrec-1m-users; empty: none), BIG_SIDES (the sides a big row runs, default
+# "before after"), PREPARE (other rows whose split is drawn first on spare cores), AFTER (rows
+# of this tree alone, after the pairs), BUDGET (seconds a row, default 20), BIG_BUDGET (90),
 # TESTS (the gpu tests' files, default the device tests), TEST_TIMEOUT (150), WHEELS (a folder
 # of wheels installed first, e.g. Optuna's for the tuning test), PROFILE (workloads profiled by
 # function after the rows, `gpu_profile.py --cprofile`). Rows land in
@@ -32,7 +34,8 @@ if [ -n "${WHEELS:-}" ]; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 big=${BIG-pfedrec-1m-users}
-for w in $big; do  # spare cores draw the big splits while the small rows run
+prep=${PREPARE:-}
+for w in $big $prep; do  # spare cores draw the big splits while the small rows run
     (PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_speed.py --prepare --workload "$w" --split-cache "$SPLITS" \
         > "$OUT/prepare-$w.log" 2>&1; touch "$SPLITS/.prepared-$w") &
 done
@@ -45,6 +48,7 @@ tail -n 15 "$OUT/gpu-tests.log"
 
 row() {  # side, workload, budget
     local dir=$HERE
+    case " $prep " in *" $2 "*) while [ ! -e "$SPLITS/.prepared-$2" ]; do sleep 2; done ;; esac
     [ "$1" = before ] && dir=$HERE/$BEFORE
     (cd "$dir" && PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_speed.py --devices cuda --budget-s "$3" \
         --split-cache "$SPLITS" --json "$OUT/$1.jsonl" --workload "$2" 2>&1 | tail -n 1 | sed "s/^/$1  /")
@@ -52,9 +56,12 @@ row() {  # side, workload, budget
 for w in ${WORKLOADS:-pfedrec-ml100k pfedrec-ml1m gpfedrec-ml100k gfedpp-ml100k gpfedrec-ml1m}; do
     row before "$w" "${BUDGET:-20}"; row after "$w" "${BUDGET:-20}"
 done | tee "$OUT/rows.txt"
+for w in ${AFTER:-}; do
+    row after "$w" "${BUDGET:-20}"
+done | tee -a "$OUT/rows.txt"
 for w in $big; do
     while [ ! -e "$SPLITS/.prepared-$w" ]; do sleep 2; done
-    { row before "$w" "${BIG_BUDGET:-90}"; row after "$w" "${BIG_BUDGET:-90}"; } | tee -a "$OUT/rows.txt"
+    for side in ${BIG_SIDES:-before after}; do row "$side" "$w" "${BIG_BUDGET:-90}"; done | tee -a "$OUT/rows.txt"
 done
 wait
 for w in ${PROFILE:-}; do
