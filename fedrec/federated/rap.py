@@ -58,6 +58,7 @@ from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
 from fedrec.options import check
 from fedrec.rounds.cohort import CohortBatches, Step
 from fedrec.rounds.keyed_rows import KeyedRows
+from fedrec.rounds.ragged import index_counts
 from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
 CURRICULA = ("tanh", "fixed", "sin", "square", "frac")
@@ -113,7 +114,7 @@ def step_runs(step: Step, whole_clients: bool = True) -> list[Runs]:
     owner = owner_all[starts]
     labels = torch.zeros(len(starts), device=rows.device).index_add_(
         0, torch.cumsum(new, 0) - 1, torch.as_tensor(step.flat_labels))
-    weight = (1.0 / torch.bincount(owner_all, minlength=step.n_active)[owner].double()).float()
+    weight = (1.0 / index_counts(owner_all, step.n_active)[owner].double()).float()
     cut = 0
     if whole_clients:
         # the first run after the last gap in the rows, moved on to the next client's first run

@@ -25,6 +25,7 @@ import torch
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches, Step
+from fedrec.rounds.ragged import index_counts
 
 # SplitMix64's constants as the int64 holding the same bits: torch's int64 arithmetic wraps as
 # numpy's uint64 does, and the shifts are made logical with a mask
@@ -111,8 +112,7 @@ class DeviceStep(Step):
         labels[owner, slot] = self.flat_labels
         mask[owner, slot] = 1.0
         # as `Step._blocks`: a padding slot repeats its client's last real row
-        counts = torch.bincount(owner, minlength=self.n_active)
-        last = rows[torch.arange(self.n_active, device=device), counts - 1]
+        last = rows[torch.arange(self.n_active, device=device), index_counts(owner, self.n_active) - 1]
         return torch.where(mask > 0, rows, last[:, None]), labels, mask
 
 
