@@ -13,7 +13,8 @@
 # of this tree alone, after the pairs), BUDGET (seconds a row, default 20), BIG_BUDGET (90),
 # TESTS (the gpu tests' files, default the device tests), TEST_TIMEOUT (150), WHEELS (a folder
 # of wheels installed first, e.g. Optuna's for the tuning test), PROFILE (workloads profiled by
-# function after the rows, `gpu_profile.py --cprofile`). Rows land in
+# function after the rows, `gpu_profile.py --cprofile`), PROFILE_TORCH (under PyTorch's profiler:
+# the kernels' busy share and launch counts; both in $OUT/profiles.txt). Rows land in
 # $OUT/before.jsonl and $OUT/after.jsonl, so a call stopped at its limit keeps what it measured.
 set -u
 OUT=${OUT:-/tmp/gpu-before-after}
@@ -64,8 +65,11 @@ for w in $big; do
     for side in ${BIG_SIDES:-before after}; do row "$side" "$w" "${BIG_BUDGET:-90}"; done | tee -a "$OUT/rows.txt"
 done
 wait
-for w in ${PROFILE:-}; do
-    PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_profile.py "$w" --cprofile --rounds 2 --top 30 \
-        --split-cache "$SPLITS" > "$OUT/cprofile-$w.txt" 2>&1
-    head -n 1 "$OUT/cprofile-$w.txt"
-done
+profile() {  # workload, gpu_profile.py's options: appended to one file (a call returns few files)
+    local w=$1; shift
+    PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH} $PY benchmarks/gpu_profile.py "$w" "$@" \
+        --split-cache "$SPLITS" 2>&1 | grep -v -e UserWarning -e _warn_once >> "$OUT/profiles.txt"
+}
+for w in ${PROFILE:-}; do profile "$w" --cprofile --rounds 2 --top 30; done
+for w in ${PROFILE_TORCH:-}; do profile "$w" --rounds 3 --top 25; done
+grep "^== " "$OUT/profiles.txt" 2>/dev/null

@@ -39,6 +39,7 @@ def test_slots_store_each_new_key_once_and_keep_old_rows_in_place() -> None:
     assert second[0] == first[1] and second[2] == first[0]  # old keys keep their rows
     assert len(store) == 3 and (store.rows[second[1]] == 0).all()
     assert store.find(np.array([2, 3])).tolist() == [-1, int(first[1])]
+    assert torch.equal(store.slots(torch.tensor([3, 1, 7])), second)  # keys as tensors: the same slots
 
 
 def test_state_does_not_depend_on_the_order_keys_arrived() -> None:
