@@ -145,7 +145,11 @@ def test_the_two_part_tower_is_the_concatenated_one_on_each_device(device: str, 
 #: step jumps: its scores end 0.4% of their scale off on an H100, every other user's to 1.2e-7.
 #: Which commit shows it is chance (it appeared with the two-part tower, whose sums are ordered
 #: differently, and not before).
-ROUND_OFF_GAIN = {"fedcia": 0.1, "fedcia-mf": 0.1, "gfedpp-no-ugc": 0.01}
+#: FedCA-NCF: Adam over an MLP with ReLU, where a gradient near zero takes a whole normalised
+#: step and a pre-activation near the kink switches a unit: on the CPU alone, the learning rate
+#: times (1 + 1e-6) moves its scores after two rounds by up to 1.8% of their scale (median
+#: 1.7e-4), and CUDA's sums move them by 1.5% (H200; FedCA with the FCF backbone: 0.08%).
+ROUND_OFF_GAIN = {"fedcia": 0.1, "fedcia-mf": 0.1, "gfedpp-no-ugc": 0.01, "fedca-ncf": 0.03}
 
 
 @pytest.mark.gpu
