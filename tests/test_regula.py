@@ -27,7 +27,7 @@ SEED, ROUND = 2, 3
 def _state(split, objective: str | None, aggregation: str = "clients"):  # type: ignore[no-untyped-def]
     alg = get_algorithm("fedmf")
     spec = alg.build(split, {**alg.defaults, "dim": DIM})
-    spec = spec.configured(federated_config("fedmf", client_objective=objective))
+    spec = spec.configured(federated_config("fedmf", client_objective=objective)).for_clients(split.n_users, 1.0)
     lr_item = 2.0 if aggregation == "clients" else 0.2
     state = spec.create_state(split.n_users, split.n_items, lr=LR, lr_item=lr_item, item_std=0.5, seed=SEED)
     use_aggregation(state, aggregation)
@@ -131,6 +131,24 @@ def test_no_term_before_the_items_are_mined_and_zero_weights_are_fedmf() -> None
     assert torch.equal(zero.private["user"], fedmf.private["user"])
 
 
+def test_the_default_window_is_one_pass_over_the_clients() -> None:
+    """The official client mines over its first epoch, one pass over the clients: ``window`` 0
+    is the rounds of a pass at the run's participation (a fraction or a count); a window given
+    stays; a run mines once that many rounds have passed."""
+    assert Regula().window == 0
+    assert [Regula().for_clients(60, p).window for p in (1.0, 0.5, 0.1, 7, 60)] == [1, 2, 10, 9, 1]
+    assert Regula(window=4).for_clients(60, 0.1).window == 4
+    memos = []
+    for rounds in (2, 3):
+        cfg = RunConfig("fedmf", dataset="synthetic:60x300", seed=3, model={"dim": 8},
+                        federated=federated_config("fedmf", rounds=rounds, clients_per_round=0.5,
+                                                   client_objective="regula:size=4"))
+        done = train(cfg)
+        assert done.model.state.spec.objective.window == 2
+        memos.append(dict(done.model.state.memo))
+    assert "popular" not in memos[0] and len(memos[1]["popular"]) == 4  # mined at round 3's start
+
+
 def test_mined_in_a_run_kept_in_checkpoints_and_bad_settings_are_one_line(tmp_path) -> None:
     def config(rounds: int, objective: str | None = "regula:size=4") -> RunConfig:
         return RunConfig("fedmf", dataset="synthetic:60x300", seed=3, model={"dim": 8},
@@ -152,8 +170,10 @@ def test_mined_in_a_run_kept_in_checkpoints_and_bad_settings_are_one_line(tmp_pa
         assert [h.valid for h in resumed.result.history] == [h.valid for h in done.result.history]
     assert parse_objective("regula") == Regula()
     assert parse_objective(Regula(size=4, ipe=0.5).text()) == Regula(size=4, ipe=0.5)
-    with pytest.raises(FedrecError, match="size and window must be >= 1"):
+    with pytest.raises(FedrecError, match="size must be >= 1, window >= 0"):
         parse_objective("regula:size=0")
+    with pytest.raises(FedrecError, match="window >= 0"):
+        parse_objective("regula:window=-1")
     with pytest.raises(FedrecError, match="user vector"):
         train(RunConfig("pfedrec", dataset="synthetic:60x200",
                         federated=federated_config("pfedrec", rounds=1, client_objective="regula")))

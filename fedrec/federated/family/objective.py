@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from fedrec.core.plan import cohort_size
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.options import parse_named, typed
 from fedrec.rounds import draws
@@ -65,6 +66,12 @@ class ClientObjective:
     def refusal(self, spec: Any) -> str | None:
         """Why this term cannot train the member ``spec`` (a `FamilySpec`), or None."""
         return None
+
+    def for_clients(self, n_clients: int, per_round: float) -> ClientObjective:
+        """This term in a federation of ``n_clients`` of which ``per_round`` train a round (a
+        fraction <= 1 or a count, as ``--clients-per-round``): a setting it derives from the
+        participation resolved (the server's and the simulator's alike)."""
+        return self
 
     def observe(self, table: torch.Tensor, memo: dict[str, torch.Tensor], r: int) -> None:
         """See the server's ``table`` at the start of round ``r`` and keep what the term needs
@@ -295,9 +302,9 @@ class Regula(ClientObjective):
     pull the target's row towards them (IPE) or towards users approximated from them (UEA).
 
     * **Mining.** The popular items are the ``size`` items whose rows moved most over the first
-      ``window`` rounds, ||E_(1+window) - E_1|| (the official client measures its own first
-      epoch, one pass over the clients: a round at full participation; set ``window`` to the
-      rounds of a pass otherwise). The change of the table every client downloads alike gives
+      ``window`` rounds, ||E_(1+window) - E_1||. The official client measures its own first
+      epoch, one pass over the clients, so ``window`` 0 (the default) is the rounds of a pass,
+      ceil(clients / clients a round): one at full participation, ten at a tenth. The change of the table every client downloads alike gives
       every client the same items, so the server mines them once and sends their ids and the
       rows a client lacks (the official clients download the whole table each round). They stay
       fixed, and the terms start in round 1 + ``window``. (A run resumed from a checkpoint
@@ -332,16 +339,24 @@ class Regula(ClientObjective):
     ipe: float = 1.0
     #: the UEA term's weight (the official ``uea_mu``)
     uea: float = 1.0
-    #: rounds over which the rows' movement is measured
-    window: int = 1
+    #: rounds over which the rows' movement is measured; 0: the rounds of one pass over the
+    #: clients at the run's participation (`for_clients`)
+    window: int = 0
 
     def check(self) -> None:
-        if self.size < 1 or self.window < 1 or not self.ipe >= 0 or not self.uea >= 0:
-            raise FedrecError(f"--client-objective regula: size and window must be >= 1, ipe and uea >= 0 "
-                              f"(got {self.size}, {self.window}, {self.ipe:g}, {self.uea:g})")
+        if self.size < 1 or self.window < 0 or not self.ipe >= 0 or not self.uea >= 0:
+            raise FedrecError(f"--client-objective regula: size must be >= 1, window >= 0 (0: one pass over "
+                              f"the clients), ipe and uea >= 0 (got {self.size}, {self.window}, {self.ipe:g}, "
+                              f"{self.uea:g})")
 
     def text(self) -> str:
         return f"{self.name}:size={self.size},ipe={self.ipe:g},uea={self.uea:g},window={self.window}"
+
+    def for_clients(self, n_clients: int, per_round: float) -> Regula:
+        """``window`` 0 as the rounds of one pass over the clients."""
+        if self.window:
+            return self
+        return replace(self, window=-(-n_clients // cohort_size(n_clients, per_round)))
 
     def refusal(self, spec: Any) -> str | None:
         if self.uea > 0 and spec.user_shapes().get("user") != (spec.item_width,):
@@ -355,6 +370,7 @@ class Regula(ClientObjective):
         return (w / w.sum()).float()
 
     def observe(self, table: torch.Tensor, memo: dict[str, torch.Tensor], r: int) -> None:
+        assert self.window > 0, "a pass's window is resolved by `for_clients` before the first round"
         if "popular" in memo:
             return
         if "start" not in memo:

@@ -179,6 +179,8 @@ class FamilyServer(ServerSide):
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
+        for_clients = getattr(spec, "for_clients", None)  # a client objective's participation-derived settings
+        spec = for_clients(n_clients, cfg.clients_per_round) if for_clients is not None else spec
         self.spec, self.cfg, self.n_items, self.n_clients = spec, cfg, n_items, n_clients
         self.lr_item = cfg.item_lr(n_items)
         self.state = spec.create_state(0, n_items, lr=cfg.lr, lr_item=self.lr_item, item_std=cfg.item_std,

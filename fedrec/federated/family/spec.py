@@ -123,6 +123,15 @@ class FamilySpec:
             raise FedrecError(refusal)
         return spec
 
+    def for_clients(self, n_clients: int, per_round: float) -> FamilySpec:
+        """This spec in a federation of ``n_clients``, ``per_round`` of them a round: its client
+        objective's settings that follow the participation resolved (`ClientObjective.for_clients`;
+        the simulator and a Flower server resolve them alike)."""
+        if self.objective is None:
+            return self
+        term = self.objective.for_clients(n_clients, per_round)
+        return self if term == self.objective else replace(self, objective=term)
+
     def _with_part(self, field: str, named: str | None, parse: Callable[[str], Any], flag: str) -> FamilySpec:
         """This spec with the part ``field`` the engine names (``named``, parsed by ``parse``); a
         spec defined by another one of its own refuses it."""
@@ -139,7 +148,7 @@ class FamilySpec:
         the engine options ``cfg`` (`configured`)."""
         from fedrec.federated.family.algorithm import CohortAlgorithm
 
-        return CohortAlgorithm(self.configured(cfg), split, cfg, seed)
+        return CohortAlgorithm(self.configured(cfg).for_clients(split.n_users, cfg.clients_per_round), split, cfg, seed)
 
     def create_state(self, n_clients: int, n_items: int, *, lr: float, lr_item: float,
                      item_std: float, seed: int, train: Any = None,
