@@ -118,6 +118,10 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     # the autoencoders' attacker: crafted decoder rows, the rest sent back as it came
     ("personalfr", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.2, "model": AE,
                     "protocol": "ratio-rating-implicit"}),
+    # the graph methods' attackers are users of the graph: q_g (or their own table) plus their steps
+    ("gpfedrec", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"dim": 32}}),
+    ("gfedpp", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
+                "model": {"dim": 32, "public_ratio": 0.5, "public_attackers": True}}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -141,6 +145,8 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     ("colr", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),
     ("gpfedrec", {"defence": "median", "model": {"dim": 32}}),
     ("gfedpp", {"defence": "krum", "model": {"dim": 32, "public_ratio": 0.5}}),
+    ("gfedpp", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
+                "model": {"dim": 32, "public_ratio": 0.5}}),
     ("fedca", {"defence": "median", "rounds": 3}),
     ("fedca-avg", {"defence": "krum", "protocol": "loo-full"}),
     # the autoencoders: each client's decoder rows (and FedAvg's encoder rows), dense layers whole

@@ -9,7 +9,8 @@ approximated users, the rows each client sends) as its clients' private state. I
 no user, so it reports no evaluation figures. The server samples the declared clients beyond
 the users as the simulator samples its malicious clients (`fedrec.security.adversary.extra_sample`),
 so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
-FedAvg-AE's attacker is `AEMaliciousNode` (`malicious_node` picks the run's).
+FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`
+(`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.family.sides import per_client_payload
+from fedrec.federated.graph.spec import GraphSpec
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import Payload, wire_ids
@@ -34,6 +36,8 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
     spec = check_deployable(run, split=split)
     if getattr(spec, "share", None) is not None:  # PersonalFR, FedAvg-AE
         return AEMaliciousNode(run, split, spec)
+    if isinstance(spec, GraphSpec):  # GPFedRec, GFed-PP
+        return GraphMaliciousNode(run, split, spec)
     return MaliciousNode(run, split)
 
 
@@ -178,3 +182,64 @@ class AEMaliciousNode(AttackerNode):
         return {"items": wire_ids(np.arange(self.n_items)),
                 **{f"rows.{k}": v.cpu().numpy() for k, v in parts.items()},
                 **{f"dense.{k}": (v * len(sent)).cpu().numpy() for k, v in dense.items()}, **counts}
+
+
+class GraphMaliciousNode(AttackerNode):
+    """The attacker's node of GPFedRec and GFed-PP, whose server keeps each client's rows and
+    builds its graph over every client (`fedrec.federated.graph.state.GraphState.admit_attackers`):
+    its clients, after the users, are users of the graph. Each round it crafts its clients'
+    steps against q_g as the simulator's attackers do and sends each client's rows as the server
+    keeps them, the rows it started from plus the steps (q_g's; a GFed-PP client with a table
+    of its own, its table's). Under GFed-PP's ``public_attackers`` its first answer declares
+    their interactions, as a node's public users share theirs. It claims no local steps, so
+    GPFedRec's server keeps its pull factor at 1."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: GraphSpec) -> None:
+        self.run, self.cfg = run, run.federated
+        lr_item = self.cfg.item_lr(split.n_items)
+        # a node's state without clients: the clients' model (the attack's surrogate) and the wire
+        self.state = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,
+                                       seed=run.seed, client_ids=np.zeros(0, np.int64), n_total=split.n_users)
+        security = Security.build(self.cfg, split, lr_item, run.seed)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security = security
+        self.gpfedrec = bool(spec.gpfedrec)
+        self.public = bool(spec.public_attackers and not self.gpfedrec)
+        self.n_users, self.n_items = split.n_users, split.n_items
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        sec = self.security
+        out: Payload = {"clients": np.arange(sec.n_benign, sec.n_benign + sec.n_malicious), "n_clients": self.n_users,
+                        "n_items": self.n_items, "extra_clients": sec.n_malicious,
+                        # none of its clients is one of the data's public users
+                        "public_clients": np.zeros(0, np.int32), "public_ptr": np.zeros(1, np.int64),
+                        "public_items": np.zeros(0, np.int32)}
+        if self.public:
+            assert sec.attack is not None
+            declared = sec.attack.declared()
+            out.update(declared_ptr=declared.indptr.astype(np.int64), declared_items=wire_ids(declared.indices))
+        return out
+
+    def train(self, msg: Payload) -> Payload:
+        r = int(msg["round"])
+        q = torch.as_tensor(msg["rows"])
+        clients = np.asarray(msg["clients"], np.int64) - self.n_users
+        sent, n_bytes = self.security.malicious_uploads(self.state.spec, q, self.state.shared, r, clients,
+                                                        wire=self.state)
+        tables = {} if self.gpfedrec else dict(zip(np.asarray(msg["table_clients"], np.int64).tolist(),
+                                                   torch.as_tensor(msg["tables"]), strict=True))
+        owner, items, rows = [], [], []
+        for up in sent:
+            it = torch.as_tensor(np.asarray(up.items, np.int64))
+            start = tables[up.client][it] if up.client in tables else q[it]
+            owner.append(np.full(len(up.items), up.client, np.int64))
+            items.append(np.asarray(up.items, np.int64))
+            rows.append(start + up.tensors["items"].to(q))
+        width = q.shape[1]
+        return {"owner": wire_ids(np.concatenate(owner) if owner else np.zeros(0, np.int64)),
+                "items": wire_ids(np.concatenate(items) if items else np.zeros(0, np.int64)),
+                "rows": (torch.cat(rows) if rows else torch.zeros((0, width))).cpu().numpy(),
+                "decay_clients": np.zeros(0, np.int32), "decay": np.zeros(0, np.float32),
+                "n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
+                "bytes_up": n_bytes, "bytes_down": n_bytes}

@@ -9,7 +9,9 @@ own (see `fedrec.rounds.sides`).
   start). The node trains its clients with the simulator's `train_cohort` and replies with each
   client's uploaded rows (client, item, row), and GPFedRec's pull factor of each client.
 * **Server**: keeps every client's rows (`GraphState.uploads`) and aggregates as the simulator;
-  under ``--defence`` the rule admits each client's rows first (`GraphState.admit_uploads`).
+  under ``--defence`` the rule admits each client's rows first (`GraphState.admit_uploads`). A
+  malicious node's clients (``extra_clients`` in its first answer) join the graph as the
+  simulator's attackers (`GraphState.admit_attackers`; `fedrec.flower.malicious.GraphMaliciousNode`).
 * **Evaluate**: the node scores each client with the table it trained (kept from the train
   message and its own trained rows), as the simulator does.
 
@@ -109,6 +111,9 @@ class GraphServer(FamilyServer):
         self.lr_item = cfg.item_lr(n_items)
         self.state = spec.create_state(n_clients, n_items, lr=cfg.lr, lr_item=self.lr_item,
                                        item_std=cfg.item_std, seed=seed, train=_public_interactions(hellos, n_clients, n_items))
+        # a malicious node's clients, after the users, join the graph as the simulator's attackers do
+        extra = sum(int(h.get("extra_clients", 0)) for h in hellos.values())
+        self.state.admit_attackers(extra, _Declared.of(hellos, n_items))
         self.path = cfg.upload_path(self.lr_item).noiseless  # the nodes noise the uploads
         self.want, self.acc = {}, None
 
@@ -149,7 +154,7 @@ class GraphServer(FamilyServer):
         if owner.shape != items.shape or rows.shape != (len(items), self.state.graph.dim):
             return f"rows have shape {rows.shape} for {len(items)} (client, item) pairs"
         if len(items) and (items.min() < 0 or items.max() >= self.n_items
-                           or owner.min() < 0 or owner.max() >= self.n_clients):
+                           or owner.min() < 0 or owner.max() >= len(self.state.dense_of)):
             return "client or item ids out of range"
         if not np.isfinite(rows).all() or not math.isfinite(float(reply["loss_sum"])):
             return "rows or loss hold non-finite values"
@@ -176,3 +181,25 @@ def _public_interactions(hellos: dict[int, Payload], n_clients: int, n_items: in
         items.append(np.asarray(h["public_items"], np.int64))
     u, i = np.concatenate(users), np.concatenate(items)
     return sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(n_clients, n_items))
+
+
+class _Declared:
+    """The interactions a malicious node declared for its clients (``declared_*`` in its first
+    answer, under GFed-PP's ``public_attackers``), where `GraphState.admit_attackers` reads an
+    attack's (`fedrec.security.attacks.Attack.declared`)."""
+
+    def __init__(self, matrix: sp.csr_matrix) -> None:
+        self.matrix = matrix
+
+    def declared(self) -> sp.csr_matrix:
+        return self.matrix
+
+    @staticmethod
+    def of(hellos: dict[int, Payload], n_items: int) -> _Declared | None:
+        for h in hellos.values():
+            if "declared_ptr" in h:
+                ptr = np.asarray(h["declared_ptr"], np.int64)
+                items = np.asarray(h["declared_items"], np.int64)
+                return _Declared(sp.csr_matrix((np.ones(len(items), np.float32), items, ptr),
+                                               shape=(len(ptr) - 1, n_items)))
+        return None
