@@ -136,6 +136,21 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
 
+def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() -> None:
+    """GFed-PP's public attackers join the user graph by the interactions their node declares:
+    one row of item ids a declared client, or one clear line."""
+    from fedrec.errors import FedrecError
+    from fedrec.federated.graph.sides import _Declared
+
+    good = {"extra_clients": 2, "declared_ptr": np.array([0, 1, 3]), "declared_items": np.array([4, 0, 9])}
+    assert _Declared.of({7: good}, 2, 10).declared().toarray().sum(1).tolist() == [1.0, 2.0]
+    assert _Declared.of({7: {"extra_clients": 2}}, 2, 10) is None
+    for bad in ({"declared_ptr": np.array([0, 3])}, {"declared_items": np.array([4, 0, 10])},
+                {"declared_ptr": np.array([0, 2, 1])}, {"declared_items": np.array([4.0, 0.0, 9.0])}):
+        with pytest.raises(FedrecError, match="node 7 declared interactions"):
+            _Declared.of({7: {**good, **bad}}, 2, 10)
+
+
 @pytest.mark.parametrize(("alg", "engine"), [
     ("fedmf", {"defence": "trimmed-mean"}),
     ("pfedrec", {"defence": "median", "clients_per_round": 0.5}),

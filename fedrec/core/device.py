@@ -57,10 +57,11 @@ class _RunDevice(DeviceContext):
     numpy array made a CUDA tensor by ``torch.as_tensor`` is staged in pinned host memory and
     copied without waiting. From pageable memory PyTorch's copy waits for the device to finish
     everything queued before it returns, so each array a round moves in (a step's index block,
-    a client's ids) stalled the host until the GPU caught up: a PersonalFR round made 233 copies
-    and 207 waits, and kept its kernels busy 1% of the time (H200 profile, ML-100K). The pinned block is
-    not reused before its copy is done (PyTorch's caching host allocator records the copy), and
-    the array is copied to the pinned block first, so changing it afterwards changes nothing."""
+    a client's ids) stalled the host until the GPU caught up (a PersonalFR round on ML-100K:
+    233 copies and 207 waits, its kernels busy 1% of the time, H200 profile). The pinned block
+    is not reused before its copy is done (PyTorch's caching host allocator records the copy),
+    and the array is copied to the pinned block first, so changing it afterwards changes
+    nothing."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.as_tensor and args and isinstance(args[0], np.ndarray):

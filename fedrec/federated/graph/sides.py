@@ -31,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec.errors import FedrecError
 from fedrec.federated.engine import train_cohort
 from fedrec.federated.family.sides import FamilyClient, FamilyServer, _fold_counts
 from fedrec.rounds.cohort import order_by_activity
@@ -113,7 +114,7 @@ class GraphServer(FamilyServer):
                                        item_std=cfg.item_std, seed=seed, train=_public_interactions(hellos, n_clients, n_items))
         # a malicious node's clients, after the users, join the graph as the simulator's attackers do
         extra = sum(int(h.get("extra_clients", 0)) for h in hellos.values())
-        self.state.admit_attackers(extra, _Declared.of(hellos, n_items))
+        self.state.admit_attackers(extra, _Declared.of(hellos, extra, n_items))
         self.path = cfg.upload_path(self.lr_item).noiseless  # the nodes noise the uploads
         self.want, self.acc = {}, None
 
@@ -195,11 +196,18 @@ class _Declared:
         return self.matrix
 
     @staticmethod
-    def of(hellos: dict[int, Payload], n_items: int) -> _Declared | None:
-        for h in hellos.values():
-            if "declared_ptr" in h:
-                ptr = np.asarray(h["declared_ptr"], np.int64)
-                items = np.asarray(h["declared_items"], np.int64)
-                return _Declared(sp.csr_matrix((np.ones(len(items), np.float32), items, ptr),
-                                               shape=(len(ptr) - 1, n_items)))
+    def of(hellos: dict[int, Payload], extra: int, n_items: int) -> _Declared | None:
+        """The declared interactions of the ``extra`` clients beyond the users, or None where no
+        node declared any; one `FedrecError` line where they do not fit."""
+        for node, h in hellos.items():
+            if "declared_ptr" not in h:
+                continue
+            ptr, items = np.asarray(h["declared_ptr"]), np.asarray(h["declared_items"])
+            if (ptr.shape != (extra + 1,) or ptr.dtype.kind not in "iu" or items.ndim != 1
+                    or items.dtype.kind not in "iu" or ptr[0] != 0 or (np.diff(ptr) < 0).any()
+                    or ptr[-1] != len(items) or (len(items) and (items.min() < 0 or items.max() >= n_items))):
+                raise FedrecError(f"node {node} declared interactions that are not one row of item ids "
+                                  f"for each of the {extra} clients beyond the users")
+            return _Declared(sp.csr_matrix((np.ones(len(items), np.float32), items.astype(np.int64),
+                                            ptr.astype(np.int64)), shape=(extra, n_items)))
         return None
