@@ -6,8 +6,9 @@ A median round equals the reference written out (each item row's steps against t
 copies, over the clients that moved the row, every one replaced by their median, then the
 weights and mixtures of the admitted tables); an unbounded norm bound ends where the plain run
 ends; the attackers join at the users' share with their table plus crafted rows at the honest
-norm and the honest median training size; a malicious Flower node is refused in one line (the
-defended deployment is `tests/test_flower.py`'s)."""
+norm and the honest median training size, and a mining attack (PIECK) watches the mean of their
+tables; a malicious Flower node is refused in one line (the defended deployment is
+`tests/test_flower.py`'s)."""
 
 from __future__ import annotations
 
@@ -140,10 +141,44 @@ def test_a_defended_checkpoint_keeps_the_servers_copies(split: Split) -> None:
     torch.testing.assert_close(a.state.tables, b.state.tables)
 
 
-@pytest.mark.parametrize("attack", ["pieck-uea", "poisonfrs"])
-def test_attacks_that_mine_one_table_are_refused(split: Split, attack: str) -> None:
-    """PIECK and PoisonFRS read popular items off one table's movement over rounds; FedCA's
-    attackers each hold their own table, so these attacks are refused in one line."""
-    cfg = federated_config("fedca", rounds=1, attack=attack)
-    with pytest.raises(FedrecError, match="mines popular items"):
-        get_algorithm("fedca").build(split, {"dim": 6}).algorithm(split, cfg, seed=3)
+def test_a_mining_attack_watches_the_mean_of_the_attackers_tables(split: Split) -> None:
+    """PIECK mines popular items from one table's movement: on FedCA the mean of every
+    malicious client's table, looked at once a round. While it mines, each attacker uploads its
+    table as it holds it; at the third look the mined items are the rows that moved most over
+    the looks (targets left out), and each sampled attacker adds the same step, on the targets
+    only, against the watched table, at the boost x the honest clients' median row step."""
+    from fedrec.security.attacks import MINING_LOOKS
+
+    # at half participation a different half of the attackers takes a mixture each round, so
+    # their tables differ and the watched table is none of them
+    alg = _algorithm(split, "fedca", attack="pieck-uea", boost=2.0, malicious=0.2, clients_per_round=0.5)
+    st, sec = alg.state, alg.security
+    assert sec is not None and sec.attack is not None
+    looks, r = [], 0
+    while len(looks) < MINING_LOOKS:
+        r += 1
+        before = st.tables.clone()
+        ups = alg.local_update(_plan(r))
+        members, up, honest = ups.payload
+        bad = torch.as_tensor(members[honest:])
+        if not len(bad):  # no attacker sampled: no look
+            alg.aggregate(ups, _plan(r))
+            continue
+        looks.append(before[30:].mean(0))
+        if len(looks) < MINING_LOOKS:  # still mining: the tables as they are held
+            torch.testing.assert_close(up["tables"][honest:], before[bad])
+            alg.aggregate(ups, _plan(r))
+    assert not torch.equal(before[30], before[31]) or not torch.equal(before[30], before[32])
+    torch.testing.assert_close(alg.adversary_table(), looks[-1])
+    moved = sum((b - a).norm(dim=1) for a, b in zip(looks, looks[1:], strict=False))
+    assert float(moved.min()) > 0  # the watched table moves by the mixtures it takes
+    moved[torch.as_tensor(sec.targets)] = -torch.inf
+    popular = torch.argsort(moved, descending=True, stable=True)[:15].numpy()
+    np.testing.assert_array_equal(sec.attack.state()["popular"], popular)
+    steps = (up["tables"][:honest] - before[torch.as_tensor(members[:honest])]).norm(dim=2)
+    norm = float(steps[steps > 0].median())
+    want = torch.zeros_like(before[0])
+    want[torch.as_tensor(sec.targets)] = sec.attack._pieck(looks[-1], popular, norm)
+    for j in range(len(bad)):
+        torch.testing.assert_close(up["tables"][honest + j] - before[bad[j]], want, rtol=1e-5, atol=1e-6)
+    assert 0 < float(want.norm(dim=1).max()) <= 2.0 * norm * (1 + 1e-5)

@@ -54,6 +54,7 @@ from fedrec.federated.ca.composite import (
     principal_basis,
     similarity,
 )
+from fedrec.federated.ca.spec import MINING_ATTACKS
 from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS, batch_loss, client_params, init_params
 from fedrec.protocols.protocol import Split
@@ -288,8 +289,11 @@ class CAAlgorithm(FederatedAlgorithm):
       crafted rows, and it claims the honest aggregated clients' median training size (FedCA
       weighs a client by the size it reports). It then takes its mixture as any aggregated
       client does. (FedRecAttack's approximated users are refitted once a round, to the first
-      sampled attacker's table; the attacks that mine one table's movement over rounds are
-      refused, `fedrec.federated.ca.spec.MINING_ATTACKS`);
+      sampled attacker's table.) The attacks that mine popular items from one table's movement
+      over rounds (PIECK, PoisonFRS: `fedrec.federated.ca.spec.MINING_ATTACKS`) watch one
+      table, the mean of every malicious client's (`adversary_table`: the adversary holds all
+      its clients' models, and each moves only by the mixtures of trained tables it takes), and
+      craft one round's rows against it, which each sampled attacker adds to its own table;
     * a defence's rule admits each aggregated client's table before the weights
       (`CAState.admit_uploads`): steps against the server's copy of each table, judged row by
       row over the clients that moved the row. Towers and bases are taken as sent.
@@ -373,10 +377,16 @@ class CAAlgorithm(FederatedAlgorithm):
         ids = self.n_clients + sampled
         bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
         score = list(st.model.score_shapes())
-        for c, client in zip(sampled.tolist(), ids.tolist(), strict=True):
+        if sec.attack.name in MINING_ATTACKS:  # one round's rows against the one table it watches
+            tower = {k: st.params[k][int(ids[0])] for k in score}
+            crafted, _ = sec.malicious_uploads(st.model, self.adversary_table(), tower, r, clients=sampled, norm=norm)
+        else:  # each attacker's rows against its own table
+            crafted = [sec.malicious_uploads(st.model, st.tables[client], {k: st.params[k][client] for k in score}, r,
+                                             clients=np.array([c]), norm=norm)[0][0]
+                       for c, client in zip(sampled.tolist(), ids.tolist(), strict=True)]
+        for client, u in zip(ids.tolist(), crafted, strict=True):
             table = st.tables[client]
             tower = {k: st.params[k][client] for k in score}
-            (u,), _ = sec.malicious_uploads(st.model, table, tower, r, clients=np.array([c]), norm=norm)
             rows = torch.as_tensor(u.items, dtype=torch.int64)
             sent = table.clone()
             sent[rows] += u.tensors[ITEMS].to(sent)
@@ -389,6 +399,11 @@ class CAAlgorithm(FederatedAlgorithm):
         if up is None:
             return ids, extra, n_bad
         return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, n_bad
+
+    def adversary_table(self) -> torch.Tensor:
+        """The one table a mining attack watches: the mean of every malicious client's table."""
+        first = self.n_clients
+        return self.state.tables[first : first + self.security.n_malicious].mean(0)
 
     def _per_client(self, members: np.ndarray, up: dict[str, torch.Tensor]) -> list[ClientUpload]:
         """Each aggregated client's upload as the server reads it: its basis and tower, and as
