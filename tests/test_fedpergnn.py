@@ -19,6 +19,7 @@ from fedrec.federated.engine import client_negatives
 from fedrec.federated.pergnn import state as pergnn
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
+from fedrec.security.adversary import attach
 from tests.client_alone import small_split
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -261,3 +262,46 @@ def test_attacks_and_defences_plug_into_its_item_rows() -> None:
     assert attacked["er@10"] > clean["er@10"] + 0.5 and defended["er@10"] < 0.1
     union = run(attack="clusterattack", boost=10.0, defence="union")
     assert union["flagged"] == union["malicious_clients"] and union["flag_precision"] == 1.0
+
+
+@pytest.mark.parametrize("rule", ["median", "norm-bound"])
+def test_a_robust_rule_judges_each_clients_graph_layer_step(split: Split, rule: str) -> None:
+    """Under a robust rule each client's upload carries its own graph-layer step (−lr x its
+    gradient of W and a, each client's alone), and the layer moves by the rule's location of
+    them: the median coordinate by coordinate; ``norm-bound``, which bounds rows only, their
+    mean."""
+    alg = _algorithm(split, aggregation="clients", defence=rule, norm_bound=1e9)
+    attach(alg, split, alg.cfg, seed=2)
+    st = alg.state
+    clients = np.arange(0, split.n_users, 2)
+    alg.aggregate(alg.local_update(_plan(split, 1, clients)), _plan(split, 1, clients))
+    clients = np.arange(split.n_users - 25, split.n_users)
+    before = {k: getattr(st, k).clone() for k in ("w", "a")}
+    st.expand(clients, 2)
+    negs = client_negatives(4, split.train, split.sampler, clients, clients, alg.seed, 2)
+    starts = np.concatenate([[0], np.cumsum(np.diff(split.train.indptr)[clients])])
+    grads = [_alone(st, int(u), negs[starts[k]:starts[k + 1]]) for k, u in enumerate(clients)]
+    ups = alg.local_update(_plan(split, 2, clients))
+    assert [u.client for u in ups.per_client] == clients.tolist()
+    steps = {}
+    for name in ("w", "a"):
+        sent = torch.stack([u.tensors[name] for u in ups.per_client])
+        steps[name] = torch.stack([-st.lr * g[name] for g in grads])
+        torch.testing.assert_close(sent, steps[name], **TOL)
+    alg.aggregate(ups, _plan(split, 2, clients))
+    for name in ("w", "a"):
+        want = steps[name].median(0).values if rule == "median" else steps[name].mean(0)
+        if rule == "median":  # an even count: the two middle values' mean
+            srt = steps[name].sort(0).values
+            want = (srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2 if len(srt) % 2 == 0 else want
+        torch.testing.assert_close(getattr(st, name), before[name] + want, **TOL)
+
+
+def test_an_attacker_sends_a_zero_graph_layer_step_under_a_rule(split: Split) -> None:
+    """An attacker, which does not run the graph layer, sends a zero step of it."""
+    alg = _algorithm(split, aggregation="clients", defence="median", attack="fedrecattack", malicious=0.1)
+    attach(alg, split, alg.cfg, seed=2)
+    ups = alg.local_update(_plan(split, 1, np.arange(split.n_users)))
+    bad = [u for u in ups.per_client if u.client >= split.n_users]
+    assert bad and all(not u.tensors["w"].any() and not u.tensors["a"].any() for u in bad)
+    assert all(u.tensors["w"].shape == alg.state.w.shape for u in ups.per_client)

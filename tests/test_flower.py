@@ -176,6 +176,9 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     # PerFedRec: the global table from each client's upload, each cluster's from its members'
     ("perfedrec", {"defence": "median", "clients_per_round": 0.5, "rounds": 3, "model": {"clusters": 3}}),
     ("perfedrec", {"defence": "union", "aggregation": "clients", "rounds": 3, "model": {"clusters": 3}}),
+    # FedPerGNN: each client's item rows and graph-layer steps (the server relays the neighbours)
+    ("fedpergnn", {"defence": "median", "clients_per_round": 0.5, "rounds": 3, "model": {"neighbours": 3}}),
+    ("fedpergnn", {"defence": "krum", "aggregation": "clients", "model": {"neighbours": 3}}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates
@@ -214,8 +217,6 @@ def test_a_per_client_reply_that_repeats_an_item_or_garbles_a_count_is_refused()
 def test_what_a_deployed_defence_refuses_is_one_line() -> None:
     from fedrec.errors import FedrecError
 
-    with pytest.raises(FedrecError, match="--defence runs in the simulator"):
-        run_in_process(_run("fedpergnn", rounds=1, defence="median"), 2)
     with pytest.raises(FedrecError, match="with --ldp/--dp-noise"):
         run_in_process(_run("fedmf", rounds=1, defence="median", ldp=0.1), 2)
 
@@ -452,8 +453,6 @@ def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
     (RunConfig("fedca"), True, "not a secure sum"),
     (RunConfig("perfedrec"), True, "clusters the users"),
     (RunConfig("feddae"), True, "every layer"),
-    (RunConfig("fedpergnn", federated=federated_config("fedpergnn", defence="median")), False,
-     "runs in the simulator"),
     (RunConfig("feddae", protocol="ratio-rating"), False, "cannot be evaluated"),
     (RunConfig("personalfr", protocol="ratio-rating", model={"clients": 1}), False, "Joint"),
     (RunConfig("personalfr", protocol="loo-sampled"), False, "cannot be evaluated"),

@@ -23,7 +23,9 @@ A train message carries the whole item table and the graph layer. A reply carrie
 * the graph layer's steps;
 * the new user vectors.
 
-The server averages them as the simulator does.
+The server averages them as the simulator does. Under a robust rule (``--defence``) the server
+asks for each client's upload instead (``per_client``: its item rows and graph-layer steps) and
+aggregates them by the rule, as the simulator's `GNNAlgorithm.aggregate` does.
 
 Under ``--ldp`` and ``--pad-items``, a node draws its clients' noise and pseudo rows from its
 own entropy. The server knows the run's seed and could redraw anything keyed by it.
@@ -39,6 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fedrec.federated.family.sides import check_per_client, client_uploads, per_client_payload
 from fedrec.federated.pergnn.state import GNNAlgorithm, GNNState, neighbours
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.ragged import ranges
@@ -107,14 +110,17 @@ class GNNClient(ClientSide):
         if st.spec.neighbours:
             st.neighbour_vectors[torch.as_tensor(rows)] = torch.as_tensor(msg["neighbours.vectors"])
             st.neighbour_valid[rows] = np.asarray(msg["neighbours.valid"], bool)
-        step = self.algorithm.client_steps(rows, int(msg["round"]))
+        kept: list[Any] | None = [] if msg.get("per_client") else None  # a robust rule: each client's upload
+        step = self.algorithm.client_steps(rows, int(msg["round"]), kept, each_layer=kept is not None)
+        counts = {"published": st.users[torch.as_tensor(rows)].cpu().numpy(), "n": len(rows),
+                  "loss_sum": step.loss_sum, "client_batches": len(rows), "bytes_up": step.bytes_up,
+                  "bytes_down": step.bytes_down}
+        if kept is not None:  # the uploads name the clients by their run ids
+            return {**per_client_payload(kept, np.arange(self.n_clients), {"w": st.w, "a": st.a}), **counts}
         touched = torch.nonzero(step.item_count > 0).reshape(-1)
         return {"items": wire_ids(touched.cpu().numpy()), "rows": step.item_sum[touched].cpu().numpy(),
                 "senders": step.item_count[touched].cpu().numpy().astype(np.int32),
-                "w": step.layer_sum["w"].cpu().numpy(), "a": step.layer_sum["a"].cpu().numpy(),
-                "published": st.users[torch.as_tensor(rows)].cpu().numpy(),
-                "n": len(rows), "loss_sum": step.loss_sum, "client_batches": len(rows),
-                "bytes_up": step.bytes_up, "bytes_down": step.bytes_down}
+                "w": step.layer_sum["w"].cpu().numpy(), "a": step.layer_sum["a"].cpu().numpy(), **counts}
 
     def evaluate(self, msg: Payload) -> Payload:
         self._set_global(msg)
@@ -125,9 +131,14 @@ class GNNServer(ServerSide):
     """FedPerGNN's server: the item table, the graph layer, and the third party's matching of
     items and relaying of published user vectors."""
 
-    #: why ``--defence`` is refused on Flower (the simulator runs it)
-    rule_refusal: ClassVar[str] = ("--defence runs in the simulator (`fedrec run`); on Flower its nodes send "
-                                   "their clients' summed rows, not each client's upload")
+    #: it has a slot for a robust rule (``--defence``): the nodes then send each client's upload,
+    #: its item rows and graph-layer steps, and the server aggregates them by the rule as the
+    #: simulator's `GNNAlgorithm.aggregate` does
+    takes_rule: ClassVar[bool] = True
+    #: the round's robust aggregation (`fedrec.security.adversary.Security`), plugged in by the
+    #: deployment; None: plain averages
+    rule: Any = None
+    plain_average: ClassVar[bool] = True
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -160,6 +171,7 @@ class GNNServer(ServerSide):
         self.layer = {"w": torch.zeros_like(self.w), "a": torch.zeros_like(self.a)}
         self.sent: dict[int, np.ndarray] = {}
         self.new_vectors: list[tuple[np.ndarray, torch.Tensor]] = []
+        self.kept: list[Any] = []  # each client's upload, under a rule
         self.totals = RoundTotals()
         self.n = 0
 
@@ -168,7 +180,8 @@ class GNNServer(ServerSide):
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         out: Payload = {"round": r, "clients": wire_ids(clients),
-                        **{k: getattr(self, k).cpu().numpy() for k in GLOBAL}}
+                        **{k: getattr(self, k).cpu().numpy() for k in GLOBAL},
+                        **({"per_client": 1} if self.rule is not None else {})}
         trainable = self._trainable(clients)
         self.sent[node] = trainable
         if self.spec.neighbours:
@@ -179,10 +192,15 @@ class GNNServer(ServerSide):
         return out
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
+        n = len(self._trainable(clients))
+        if self.rule is not None:
+            layer = {"w": self.w, "a": self.a}
+            return (check_per_client(reply, self._trainable(clients), self.n_items, self.items.shape[1], layer,
+                                     side_keys=("published",))
+                    or bad_floats("published", np.asarray(reply["published"]), (n, self.spec.dim)))
         problem = missing(reply, ["items", "rows", "senders", "w", "a", "published", *COUNTS])
         if problem:
             return problem
-        n = len(self._trainable(clients))
         items = np.asarray(reply["items"])
         problem = bad_item_ids(items, self.n_items)
         if problem:
@@ -201,26 +219,34 @@ class GNNServer(ServerSide):
         return None
 
     def fold(self, node: int, reply: Payload) -> None:
+        self.new_vectors.append((self.sent[node], torch.as_tensor(reply["published"])))
+        self.totals.add(reply)
+        self.n += int(reply["n"])
+        if self.rule is not None:  # each client's upload, for the rule
+            # (a rule runs under the papers' item-row rule only: the round's clients divide)
+            self.kept.extend(client_uploads(reply, ["w", "a"]))
+            return
         at = torch.as_tensor(reply["items"], dtype=torch.int64)
         self.item_sum.index_add_(0, at, torch.as_tensor(reply["rows"]))
         self.item_count.index_add_(0, at, torch.as_tensor(reply["senders"], dtype=self.item_count.dtype))
         for k in self.layer:
             self.layer[k] += torch.as_tensor(reply[k])
-        self.new_vectors.append((self.sent[node], torch.as_tensor(reply["published"])))
-        self.totals.add(reply)
-        self.n += int(reply["n"])
 
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         for clients, vectors in self.new_vectors:  # the third party's: published for the next rounds
             self.published[torch.as_tensor(clients)] = vectors
             self.has_published[clients] = True
-        if self.n:
-            divisor = self.item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else self.n
-            self.items = self.items + self.item_sum / divisor
-            self.w = self.w + self.layer["w"] / self.n
-            self.a = self.a + self.layer["a"] / self.n
+        n = self.n
+        if self.rule is not None and n:  # as the simulator's `GNNAlgorithm.aggregate`
+            self.item_sum, self.layer, n = self.rule.sums(self.kept, *self.items.shape, {"w": self.w, "a": self.a},
+                                                          self.items, r)
+        if n:
+            divisor = self.item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else n
+            self.items = self.items + self.item_sum.to(self.items) / divisor
+            self.w = self.w + self.layer["w"].to(self.w) / n
+            self.a = self.a + self.layer["a"].to(self.a) / n
         self.totals.rejected = rejected
-        self.totals.extra = {"clients": float(self.n)}
+        self.totals.extra = {"clients": float(self.n), **(self.rule.last if self.rule is not None else {})}
         return self.totals
 
     def evaluate_message(self) -> Payload:

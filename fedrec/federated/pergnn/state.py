@@ -76,6 +76,8 @@ CHUNK_SAMPLES = 1 << 20
 SCORE_CELLS = 1 << 23
 #: LeakyReLU's slope in the attention (GAT's)
 SLOPE = 0.2
+#: numbers of the outer products summed at once into each client's graph-layer gradient
+OUTER_CELLS = 1 << 22
 
 
 @dataclass
@@ -140,21 +142,40 @@ def positives(train: sp.csr_matrix, clients: np.ndarray) -> tuple[np.ndarray, np
 
 def user_representation(users: torch.Tensor, history_rows: torch.Tensor, history_owner: torch.Tensor,
                         neighbour_vectors: torch.Tensor, neighbour_owner: torch.Tensor, w: torch.Tensor,
-                        a: torch.Tensor) -> torch.Tensor:
+                        a: torch.Tensor, taps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """h_u = Σ_j α_j W x_j over each user's node, its items' rows and its neighbours' vectors,
     α = softmax over the user's nodes of LeakyReLU(a₁·W x_u + a₂·W x_j) (module docstring).
-    ``users`` ``(C, d)``; the other nodes are flat, ``*_owner`` naming their user (0..C-1)."""
+    ``users`` ``(C, d)``; the other nodes are flat, ``*_owner`` naming their user (0..C-1).
+    ``taps``: filled with the graph's intermediate tensors (``z_self``, the users' W x_u; ``z``,
+    every node's W x_j; ``s``, the attention's inputs a₁·z_u + a₂·z_j; ``owner``, each node's
+    user), whose gradients give each user's gradient of W and a (`layer_gradients`)."""
     c, d = users.shape
     z_self = users @ w
     z = torch.cat([z_self, history_rows @ w, neighbour_vectors @ w])
     owner = torch.cat([torch.arange(c, device=users.device), history_owner, neighbour_owner])
-    e = F.leaky_relu(z_self[owner] @ a[:d] + z @ a[d:], SLOPE)
+    s = z_self[owner] @ a[:d] + z @ a[d:]
+    if taps is not None:
+        taps.update(z_self=z_self, z=z, s=s, owner=owner)
+    e = F.leaky_relu(s, SLOPE)
     top = torch.full((c,), -torch.inf, dtype=e.dtype, device=e.device).scatter_reduce(
         0, owner, e.detach(), "amax", include_self=True)
     ex = (e - top[owner]).exp()
     den = torch.zeros(c, dtype=e.dtype, device=e.device).index_add(0, owner, ex)
     alpha = ex / den[owner]
     return torch.zeros(c, d, dtype=z.dtype, device=z.device).index_add(0, owner, alpha[:, None] * z)
+
+
+def owner_outer(x: torch.Tensor, g: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+    """Σ_j x_jᵀ g_j over each owner's rows ``(n, dx, dg)``: each owner's gradient of a weight
+    that maps ``x`` to outputs whose gradient is ``g`` (the sum over every row is the weight's
+    gradient); the outer products are formed `OUTER_CELLS` numbers at a time."""
+    dx, dg = x.shape[1], g.shape[1]
+    out = x.new_zeros((n, dx * dg))
+    step = max(1, OUTER_CELLS // (dx * dg))
+    for a in range(0, len(x), step):
+        outer = x[a : a + step, :, None] * g[a : a + step, None, :]
+        out.index_add_(0, owner[a : a + step], outer.reshape(len(outer), -1))
+    return out.reshape(n, dx, dg)
 
 
 def neighbours(train: sp.csr_matrix, raters: sp.csc_matrix, published: torch.Tensor, has_published: np.ndarray,
@@ -244,10 +265,12 @@ class GNNState:
             s = s + rows[..., d] + self.offsets[torch.as_tensor(clients, device=s.device)][:, None]
         return s
 
-    def gradients(self, lay: Layout) -> dict[str, torch.Tensor]:
+    def gradients(self, lay: Layout, each_layer: bool = False) -> dict[str, torch.Tensor]:
         """Each client's gradient of its mean loss (BCE, or squared error on ratings): of its
         item rows ``(R, width)``, its user vector ``(C, d)``, and the graph layer's summed over
-        the chunk's clients (``w``, ``a``)."""
+        the chunk's clients (``w``, ``a``); with ``each_layer`` also each client's graph-layer
+        gradient (``w_each`` ``(C, d, d)``, ``a_each`` ``(C, 2d)``), which a robust rule judges
+        client by client. The sums are computed the same way either way."""
         dev, d = self.items.device, self.spec.dim
         rows = self.items[torch.as_tensor(lay.row_items, device=dev)].clone().requires_grad_(True)
         users = self.users[torch.as_tensor(lay.clients, device=dev)].clone().requires_grad_(True)
@@ -256,9 +279,11 @@ class GNNState:
         sc = torch.as_tensor(lay.sample_client, device=dev)
         sr = torch.as_tensor(lay.sample_row, device=dev)
         label = torch.as_tensor(lay.label, device=dev)
+        taps: dict[str, torch.Tensor] | None = {} if each_layer else None
         with torch.enable_grad():
-            h = user_representation(users, rows[torch.as_tensor(lay.history, device=dev), :d],
-                                    torch.as_tensor(lay.history_owner, device=dev), nb, nb_owner, w, a)
+            history = rows[torch.as_tensor(lay.history, device=dev), :d]
+            history_owner = torch.as_tensor(lay.history_owner, device=dev)
+            h = user_representation(users, history, history_owner, nb, nb_owner, w, a, taps)
             hv = rows[:, :d] @ w
             logit = (h[sc] * hv[sr]).sum(1)
             if self.offsets is not None:
@@ -269,8 +294,25 @@ class GNNState:
                 per = F.binary_cross_entropy_with_logits(logit, label, reduction="none")
             n_c = torch.bincount(sc, minlength=len(lay.clients)).clamp_min(1).to(per.dtype)
             loss = (per / n_c[sc]).sum()  # each client's mean, summed: its own gradients stay apart
-            g_rows, g_users, g_w, g_a = torch.autograd.grad(loss, [rows, users, w, a])
-        return {"rows": g_rows, "users": g_users, "w": g_w, "a": g_a, "loss": loss.detach()}
+            if taps is None:
+                g_rows, g_users, g_w, g_a = torch.autograd.grad(loss, [rows, users, w, a])
+            else:
+                g_rows, g_users, g_w, g_a, g_zself, g_z, g_s, g_hv = torch.autograd.grad(
+                    loss, [rows, users, w, a, taps["z_self"], taps["z"], taps["s"], hv])
+        out = {"rows": g_rows, "users": g_users, "w": g_w, "a": g_a, "loss": loss.detach()}
+        if taps is not None:  # W maps every node and item row, a the attention's inputs (`owner_outer`)
+            c = len(lay.clients)
+            row_owner = torch.as_tensor(np.repeat(np.arange(c), np.diff(lay.row_ptr)), device=dev)
+            nodes = torch.cat([history, nb]).detach()
+            node_owner = torch.cat([history_owner, nb_owner])
+            out["w_each"] = (owner_outer(users.detach(), g_zself, torch.arange(c, device=dev), c)
+                             + owner_outer(nodes, g_z[c:], node_owner, c)
+                             + owner_outer(rows[:, :d].detach(), g_hv, row_owner, c))
+            per_user = torch.zeros(c, dtype=g_s.dtype, device=dev).index_add_(0, taps["owner"], g_s)
+            a_self = taps["z_self"].detach() * per_user[:, None]
+            a_node = torch.zeros_like(a_self).index_add_(0, taps["owner"], g_s[:, None] * taps["z"].detach())
+            out["a_each"] = torch.cat([a_self, a_node], 1)
+        return out
 
     @torch.no_grad()
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
@@ -298,10 +340,12 @@ class GNNAlgorithm(FederatedAlgorithm):
     **Attacks and defences** (`fedrec.security.adversary`): its server averages item rows, so
     the security layer plugs in as for the item family. Malicious clients craft item-row steps
     against matrix factorisation's dot product on the global rows (FedRecAttack's own model; the
-    attacker does not run the graph layer) and send no layer step; a defence's robust rule
-    aggregates the item rows client by client, while the graph layer (its gradient is summed
-    over a chunk's clients, not kept per client) is averaged plainly, as FedNCF's shared weights
-    under ``norm-bound``."""
+    attacker does not run the graph layer) and send no layer step (a zero one where a rule
+    reads it); a defence's robust rule aggregates the item rows and the graph layer's steps
+    client by client (each client's layer gradient from `GNNState.gradients`'s ``each_layer``),
+    as the item family's shared weights: the median and trimmed mean coordinate by coordinate,
+    Krum by distance, ``norm-bound`` bounds rows and sums the layer's steps plainly, and UNION's
+    dropped clients send neither."""
 
     #: its clients draw their own pseudo items (``--pad-items``, `_sent_rows`)
     pads_uploads = True
@@ -334,7 +378,7 @@ class GNNAlgorithm(FederatedAlgorithm):
         st.expand(clients, plan.round)
         sec = self.security
         kept: list[ClientUpload] | None = [] if self.keep_uploads or (sec is not None and sec.keeps_uploads) else None
-        step = self.client_steps(clients, plan.round, kept)
+        step = self.client_steps(clients, plan.round, kept, each_layer=sec is not None and sec.rule is not None)
         item_sum, item_count, up, down = step.item_sum, step.item_count, step.bytes_up, step.bytes_down
         st.published[torch.as_tensor(clients)] = st.users[torch.as_tensor(clients)]
         st.has_published[clients] = True
@@ -342,6 +386,9 @@ class GNNAlgorithm(FederatedAlgorithm):
         if sec is not None and sec.attack is not None:
             attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=width)
             bad, n_bytes = sec.malicious_uploads(attacker_model, st.items, {}, plan.round)
+            if sec.rule is not None:  # it sends no graph-layer step: a zero one, as the rule reads it
+                for u in bad:
+                    u.tensors.update(w=torch.zeros_like(st.w), a=torch.zeros_like(st.a))
             if kept is not None:
                 kept.extend(bad)
             up, down, n = up + n_bytes, down + n_bytes, n + len(bad)
@@ -354,20 +401,25 @@ class GNNAlgorithm(FederatedAlgorithm):
         return Uploads(payload=payload, per_client=kept, loss_sum=step.loss_sum, client_batches=len(clients),
                        bytes_up=up, bytes_down=down)
 
-    def client_steps(self, clients: np.ndarray, r: int, kept: list[ClientUpload] | None = None) -> ClientSteps:
+    def client_steps(self, clients: np.ndarray, r: int, kept: list[ClientUpload] | None = None,
+                     each_layer: bool = False) -> ClientSteps:
         """Round ``r``'s step of ``clients`` (rows of the training matrix, each with a training
         item, its neighbours already received): each moves its user vector and sends its
-        item-row and graph-layer steps; their sums (``kept``: each client's rows appended)."""
+        item-row and graph-layer steps; their sums (``kept``: each client's rows appended, and
+        with ``each_layer`` its graph-layer steps, which a robust rule judges client by client;
+        under one the steps carry no LDP noise: `fedrec.security.adversary.attach` refuses the
+        two together)."""
         st, cfg = self.state, self.cfg
         train, m, d, width = st.split.train, st.split.n_items, st.spec.dim, st.items.shape[1]
         out = ClientSteps(torch.zeros_like(st.items), torch.zeros(m, dtype=st.items.dtype, device=st.items.device),
                           {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)})
         sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
+        each_layer = each_layer and kept is not None
         for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
             ids = st.ids[part]
             negs = client_negatives(cfg.negatives, train, st.split.sampler, part, ids, self.seed, r)
             lay = Layout.build(train, part, negs, ratings=st.rating)
-            g = st.gradients(lay)
+            g = st.gradients(lay, each_layer=each_layer)
             out.loss_sum += float(g["loss"])
             st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
             items, rows, counts = self._sent_rows(-st.lr_item * g["rows"], lay, ids, r)
@@ -377,7 +429,9 @@ class GNNAlgorithm(FederatedAlgorithm):
             out.item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
             if kept is not None:
                 ptr = np.concatenate([[0], np.cumsum(counts)])
-                kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]], {ITEMS: rows[ptr[j]:ptr[j + 1]]})
+                layer = {k: -st.lr * g[f"{k}_each"] for k in ("w", "a")} if each_layer else {}
+                kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]],
+                                      {ITEMS: rows[ptr[j]:ptr[j + 1]], **{k: v[j] for k, v in layer.items()}})
                          for j, c in enumerate(ids)]
             n_rows, layer = int(counts.sum()), d * d + 2 * d
             out.bytes_up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
@@ -429,16 +483,19 @@ class GNNAlgorithm(FederatedAlgorithm):
         sec = self.security
         rows_n = n
         if sec is not None and sec.rule is not None and uploads.per_client is not None:
-            # the rule's row sums over the uploads it kept (UNION's dropped ones do not count);
-            # the engine runs a rule under the papers' item-row rule only (the round's clients)
-            item_sum, _, rows_n = sec.sums(uploads.per_client, *st.items.shape, {}, st.items, plan.round)
+            # the rule's row and graph-layer sums over the uploads it kept (UNION's dropped ones
+            # do not count); the engine runs a rule under the papers' item-row rule only (the
+            # round's clients)
+            item_sum, layer_sum, rows_n = sec.sums(uploads.per_client, *st.items.shape, {"w": st.w, "a": st.a},
+                                                   st.items, plan.round)
             item_sum = item_sum.to(st.items)
             if not rows_n:
                 return
+            n = rows_n
         divisor = item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else rows_n
         st.items = st.items + item_sum / divisor
-        st.w = st.w + layer_sum["w"] / n
-        st.a = st.a + layer_sum["a"] / n
+        st.w = st.w + layer_sum["w"].to(st.w) / n
+        st.a = st.a + layer_sum["a"].to(st.a) / n
 
     def scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         return self.state.scores(users, items)
