@@ -9,8 +9,8 @@ approximated users, the rows each client sends) as its clients' private state. I
 no user, so it reports no evaluation figures. The server samples the declared clients beyond
 the users as the simulator samples its malicious clients (`fedrec.security.adversary.extra_sample`),
 so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
-FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`
-(`malicious_node` picks the run's).
+FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`,
+FedPerGNN's `GNNMaliciousNode` (`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
+from fedrec.federated.pergnn.spec import GNNSpec
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import Payload, wire_ids
@@ -38,6 +39,8 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
         return AEMaliciousNode(run, split, spec)
     if isinstance(spec, GraphSpec):  # GPFedRec, GFed-PP
         return GraphMaliciousNode(run, split, spec)
+    if isinstance(spec, GNNSpec):  # FedPerGNN
+        return GNNMaliciousNode(run, split, spec)
     return MaliciousNode(run, split)
 
 
@@ -243,3 +246,53 @@ class GraphMaliciousNode(AttackerNode):
                 "decay_clients": np.zeros(0, np.int32), "decay": np.zeros(0, np.float32),
                 "n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
                 "bytes_up": n_bytes, "bytes_down": n_bytes}
+
+
+class GNNMaliciousNode(AttackerNode):
+    """The attacker's node of FedPerGNN: clients after the users, which download the item table
+    and the graph layer as any client does and send what the simulator's attackers send
+    (`fedrec.federated.pergnn.state.GNNAlgorithm.local_update`): item-row steps crafted against
+    a dot product on the global rows, no graph-layer step (a zero one where a robust rule reads
+    each client's), and no user vector to publish; summed with each row's senders, or each
+    client's upload under a rule."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: GNNSpec) -> None:
+        from fedrec.federated.family.spec import FamilySpec
+
+        self.run, self.cfg = run, run.federated
+        algorithm = spec.algorithm(split, self.cfg, run.seed)  # the run's rates and the rows' width
+        security = Security.build(self.cfg, split, algorithm.lr_item, run.seed)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security, self.n_users, self.n_items = security, split.n_users, split.n_items
+        self.dim, self.width = spec.dim, algorithm.state.items.shape[1]
+        self.model = FamilySpec(score="dot", private_score=False, dual=False, dim=self.width)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        sec = self.security
+        return {"clients": np.arange(self.n_users, self.n_users + sec.n_malicious), "n_clients": self.n_users,
+                "n_items": self.n_items, "extra_clients": sec.n_malicious, "row_width": self.width}
+
+    def train(self, msg: Payload) -> Payload:
+        table = torch.as_tensor(msg["items"])
+        if table.shape != (self.n_items, self.width):
+            raise FedrecError("a malicious node needs the whole item table")
+        clients = np.asarray(msg["clients"], np.int64) - self.n_users
+        sent, n_bytes = self.security.malicious_uploads(self.model, table, {}, int(msg["round"]), clients)
+        layer = {"w": torch.zeros((self.dim, self.dim)), "a": torch.zeros(2 * self.dim)}
+        counts = {"published": np.zeros((0, self.dim), np.float32), "n": len(sent), "loss_sum": 0.0,
+                  "client_batches": 0, "bytes_up": n_bytes, "bytes_down": n_bytes}
+        if msg.get("per_client"):  # the server's robust rule looks at each client's upload
+            for u in sent:
+                u.tensors.update({k: v.clone() for k, v in layer.items()})
+            return {**per_client_payload(sent, np.arange(self.n_users + self.security.n_malicious), layer),
+                    **counts}
+        total, senders = torch.zeros_like(table), torch.zeros(self.n_items)
+        for up in sent:
+            at = torch.as_tensor(np.asarray(up.items, np.int64))
+            total.index_add_(0, at, up.tensors["items"].to(total))
+            senders.index_add_(0, at, torch.ones(len(at)))
+        touched = torch.nonzero(senders > 0).flatten()
+        return {"items": wire_ids(touched.numpy()), "rows": total[touched].numpy(),
+                "senders": senders[touched].numpy().astype(np.int32),
+                **{k: v.numpy() for k, v in layer.items()}, **counts}

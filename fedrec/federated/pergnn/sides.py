@@ -142,7 +142,10 @@ class GNNServer(ServerSide):
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
-        self.spec, self.cfg, self.seed, self.n_items = spec, cfg, seed, n_items
+        self.spec, self.cfg, self.seed, self.n_items, self.n_users = spec, cfg, seed, n_items, n_clients
+        # a malicious node's clients come after the users (``extra_clients``): they hold no
+        # items, train nothing, publish nothing (`fedrec.flower.malicious.GNNMaliciousNode`)
+        hellos = {k: h for k, h in hellos.items() if not int(h.get("extra_clients", 0))}
         widths = {int(h["row_width"]) for h in hellos.values()}
         width = widths.pop() if len(widths) == 1 else spec.dim
         d = spec.dim
@@ -176,7 +179,14 @@ class GNNServer(ServerSide):
         self.n = 0
 
     def _trainable(self, clients: np.ndarray) -> np.ndarray:
-        return clients[self.counts[clients] > 0]
+        """The users among ``clients`` with a training item (those that train and publish)."""
+        users = clients[clients < self.n_users]
+        return users[self.counts[users] > 0]
+
+    def _uploading(self, clients: np.ndarray) -> int:
+        """How many of ``clients`` upload: the users with a training item, and any malicious
+        client beyond the users."""
+        return len(self._trainable(clients)) + int((clients >= self.n_users).sum())
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
         out: Payload = {"round": r, "clients": wire_ids(clients),
@@ -192,12 +202,13 @@ class GNNServer(ServerSide):
         return out
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
-        n = len(self._trainable(clients))
+        n, publishing = self._uploading(clients), len(self._trainable(clients))
         if self.rule is not None:
             layer = {"w": self.w, "a": self.a}
-            return (check_per_client(reply, self._trainable(clients), self.n_items, self.items.shape[1], layer,
+            uploading = np.concatenate([self._trainable(clients), clients[clients >= self.n_users]])
+            return (check_per_client(reply, uploading, self.n_items, self.items.shape[1], layer,
                                      side_keys=("published",))
-                    or bad_floats("published", np.asarray(reply["published"]), (n, self.spec.dim)))
+                    or bad_floats("published", np.asarray(reply["published"]), (publishing, self.spec.dim)))
         problem = missing(reply, ["items", "rows", "senders", "w", "a", "published", *COUNTS])
         if problem:
             return problem
@@ -206,7 +217,7 @@ class GNNServer(ServerSide):
         if problem:
             return problem
         shapes = {"rows": (len(items), self.items.shape[1]), "w": tuple(self.w.shape), "a": tuple(self.a.shape),
-                  "published": (n, self.spec.dim)}
+                  "published": (publishing, self.spec.dim)}
         for k, want in shapes.items():
             problem = bad_floats(k, np.asarray(reply[k]), want)
             if problem:
