@@ -122,6 +122,9 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     ("gpfedrec", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"dim": 32}}),
     ("gfedpp", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
                 "model": {"dim": 32, "public_ratio": 0.5, "public_attackers": True}}),
+    # PerFedRec's attackers send forged user vectors too, and join their clusters' tables
+    ("perfedrec", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "clients_per_round": 0.5,
+                   "rounds": 4, "model": {"clusters": 3}}),
     # FedPerGNN's attackers send crafted rows and no graph-layer step, and publish no user vector
     ("fedpergnn", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "clients_per_round": 0.5,
                    "model": {"neighbours": 3}}),
@@ -184,6 +187,8 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     ("fedpergnn", {"defence": "krum", "aggregation": "clients", "model": {"neighbours": 3}}),
     ("fedpergnn", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
                    "model": {"neighbours": 3}}),
+    ("perfedrec", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
+                   "rounds": 4, "model": {"clusters": 3}}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates

@@ -232,18 +232,6 @@ def test_attackers_are_clustered_and_their_rows_join_their_clusters(monkeypatch:
             assert (seen["labels"][ids] >= 0).any() and not torch.equal(seen["want"], seen["before"])
 
 
-def test_a_malicious_flower_node_is_refused_in_one_line() -> None:
-    """PerFedRec's attackers send forged user vectors and join clusters, which the malicious
-    Flower node does not do: it says where the attack runs instead of failing mid-run."""
-    from fedrec.experiment import RunConfig, federated_config, prepare_split
-    from fedrec.flower.malicious import MaliciousNode
-
-    run = RunConfig(algorithm="perfedrec", dataset="synthetic:60x200", protocol="loo-full",
-                    federated=federated_config("perfedrec", rounds=1, attack="fedrecattack", malicious=0.1))
-    with pytest.raises(FedrecError, match="run its --attack in the simulator"):
-        MaliciousNode(run, prepare_split(run))
-
-
 def test_a_flower_server_samples_and_checks_clients_a_node_declares_beyond_the_users() -> None:
     """A node may declare clients beyond the data's users (an attacker's); the server keeps a
     cluster label and a vector slot for each, sends them their message, and rejects a reply

@@ -80,9 +80,8 @@ class MaliciousNode(AttackerNode):
                                    seed=run.seed, client_ids=np.zeros(0, np.int64))
         if not getattr(server, "plain_average", False):
             raise FedrecError(f"'{run.algorithm}': --attack runs where the server averages item rows")
-        if hasattr(server, "admit_attackers"):  # PerFedRec: forged user vectors and cluster sums
-            raise FedrecError(f"'{run.algorithm}': its attackers send forged user vectors and join clusters, "
-                              "which the malicious node does not; run its --attack in the simulator (`fedrec run`)")
+        #: PerFedRec: its attackers also send forged user vectors and join the clusters (`_forged`)
+        self.forges = hasattr(server, "join_attackers")
         security = Security.build(self.cfg, split, lr_item, run.seed)
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")
@@ -111,8 +110,9 @@ class MaliciousNode(AttackerNode):
         clients = np.asarray(msg["clients"], np.int64) - self.n_users
         self.server.begin_round(r)  # (CoLR: the round's subspace)
         sent, n_bytes = self.security.malicious_uploads(self.model_spec, table, shared, r, clients, wire=self.server)
+        forged, vector_bytes = self._forged(msg, table, shared, r, clients, sent) if self.forges else ({}, 0)
         counts = {"n": len(sent), "rejected": 0, "loss_sum": 0.0, "client_batches": 0,
-                  "bytes_up": n_bytes, "bytes_down": n_bytes, **self._want()}
+                  "bytes_up": n_bytes + vector_bytes, "bytes_down": n_bytes, **self._want(), **forged}
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
             ids = np.arange(self.n_users + self.security.n_malicious)  # the uploads name their ids
             return {**per_client_payload(sent, ids, shared), **counts}
@@ -125,6 +125,29 @@ class MaliciousNode(AttackerNode):
         touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
         return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
+
+    def _forged(self, msg: Payload, table: torch.Tensor, shared: dict[str, torch.Tensor], r: int,
+                clients: np.ndarray, sent: list[Any]) -> tuple[Payload, int]:
+        """What PerFedRec's attackers send beside their rows, as the simulator's do
+        (`fedrec.federated.perfedrec.PerFedRecState.join_attackers`): the user vectors they
+        forge (`Security.forged_users`), and each clustered attacker's crafted rows as a member's
+        change of its cluster's table (``cluster_of``: the sampled clients' clusters, as the
+        server sent them); the bytes of the vectors."""
+        ids, users = self.security.forged_users(self.model_spec, table, shared, r, clients)
+        labels = np.asarray(msg["cluster_of"], np.int64)
+        m, width = self.n_items, table.shape[1]
+        sums, senders = torch.zeros((self.server.clusters * m, width)), torch.zeros(self.server.clusters * m)
+        for k, up in zip(labels.tolist(), sent, strict=True):
+            if k < 0 or not len(up.items):  # not clustered yet: its rows join the global table only
+                continue
+            key = torch.as_tensor(k * m + np.asarray(up.items, np.int64))
+            sums.index_add_(0, key, up.tensors["items"].to(sums))
+            senders.index_add_(0, key, torch.ones(len(key)))
+        keys = torch.nonzero(senders > 0).flatten()
+        vectors = users["user"].to(torch.float32)
+        return ({"cluster_keys": keys.numpy().astype(np.int64), "cluster_sums": sums[keys].numpy(),
+                 "cluster_senders": senders[keys].numpy().astype(np.int32), "user_ids": wire_ids(ids),
+                 "user_vectors": vectors.cpu().numpy()}, vectors.numel() * 4)
 
 
 class AEMaliciousNode(AttackerNode):
