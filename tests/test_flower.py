@@ -204,6 +204,21 @@ def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[s
             np.testing.assert_equal(x.extra["flag_recall"], y.extra["flag_recall"])  # NaN without attackers
 
 
+def test_a_defended_fedpergnn_node_without_an_uploading_client_is_not_refused() -> None:
+    """Under a rule a FedPerGNN node whose sampled clients have no training item uploads
+    nothing; its reply still states the rows' width, and the server folds it."""
+    run = _run("fedpergnn", rounds=1, defence="median", model={"neighbours": 3})
+    split = prepare_split(run)
+    nodes = {i: Node(run, i, 2, split) for i in range(2)}
+    server = Server(run, {i: n.hello() for i, n in nodes.items()})
+    msg = dict(server.train_messages(1)[0])
+    msg.update({"clients": np.zeros(0, np.int32), "neighbours.vectors": np.zeros((0, 3, 8), np.float32),
+                "neighbours.valid": np.zeros((0, 3), np.uint8)})
+    reply = nodes[0].train(msg)
+    assert reply["rows"].shape == (0, 8) and reply["n"] == 0
+    assert server.side.check(reply, np.zeros(0, np.int64)) is None
+
+
 def test_a_per_client_reply_that_repeats_an_item_or_garbles_a_count_is_refused() -> None:
     """A robust rule counts a row's uploads, so one client naming an item twice would be two
     votes; a count that is not one finite number would crash the fold."""

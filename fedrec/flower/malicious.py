@@ -25,6 +25,7 @@ from fedrec.experiment import RunConfig
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
 from fedrec.federated.pergnn.spec import GNNSpec
+from fedrec.federated.pergnn.state import item_rate, row_width
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import Payload, wire_ids
@@ -145,8 +146,8 @@ class MaliciousNode(AttackerNode):
             senders.index_add_(0, key, torch.ones(len(key)))
         keys = torch.nonzero(senders > 0).flatten()
         vectors = users["user"].to(torch.float32)
-        return ({"cluster_keys": keys.numpy().astype(np.int64), "cluster_sums": sums[keys].numpy(),
-                 "cluster_senders": senders[keys].numpy().astype(np.int32), "user_ids": wire_ids(ids),
+        return ({"cluster_keys": keys.cpu().numpy().astype(np.int64), "cluster_sums": sums[keys].cpu().numpy(),
+                 "cluster_senders": senders[keys].cpu().numpy().astype(np.int32), "user_ids": wire_ids(ids),
                  "user_vectors": vectors.cpu().numpy()}, vectors.numel() * 4)
 
 
@@ -283,12 +284,11 @@ class GNNMaliciousNode(AttackerNode):
         from fedrec.federated.family.spec import FamilySpec
 
         self.run, self.cfg = run, run.federated
-        algorithm = spec.algorithm(split, self.cfg, run.seed)  # the run's rates and the rows' width
-        security = Security.build(self.cfg, split, algorithm.lr_item, run.seed)
+        security = Security.build(self.cfg, split, item_rate(self.cfg), run.seed)
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")
         self.security, self.n_users, self.n_items = security, split.n_users, split.n_items
-        self.dim, self.width = spec.dim, algorithm.state.items.shape[1]
+        self.dim, self.width = spec.dim, row_width(spec, split, self.cfg)
         self.model = FamilySpec(score="dot", private_score=False, dual=False, dim=self.width)
 
     def hello(self, resume_round: int = 0) -> Payload:
@@ -308,14 +308,14 @@ class GNNMaliciousNode(AttackerNode):
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
             for u in sent:
                 u.tensors.update({k: v.clone() for k, v in layer.items()})
-            return {**per_client_payload(sent, np.arange(self.n_users + self.security.n_malicious), layer),
-                    **counts}
+            return {**per_client_payload(sent, np.arange(self.n_users + self.security.n_malicious), layer,
+                                         width=self.width), **counts}
         total, senders = torch.zeros_like(table), torch.zeros(self.n_items)
         for up in sent:
             at = torch.as_tensor(np.asarray(up.items, np.int64))
             total.index_add_(0, at, up.tensors["items"].to(total))
             senders.index_add_(0, at, torch.ones(len(at)))
         touched = torch.nonzero(senders > 0).flatten()
-        return {"items": wire_ids(touched.numpy()), "rows": total[touched].numpy(),
-                "senders": senders[touched].numpy().astype(np.int32),
-                **{k: v.numpy() for k, v in layer.items()}, **counts}
+        return {"items": wire_ids(touched.cpu().numpy()), "rows": total[touched].cpu().numpy(),
+                "senders": senders[touched].cpu().numpy().astype(np.int32),
+                **{k: v.cpu().numpy() for k, v in layer.items()}, **counts}

@@ -293,7 +293,9 @@ class CAAlgorithm(FederatedAlgorithm):
       over rounds (PIECK, PoisonFRS: `fedrec.federated.ca.spec.MINING_ATTACKS`) watch one
       table, the mean of every malicious client's (`adversary_table`: the adversary holds all
       its clients' models, and each moves only by the mixtures of trained tables it takes), and
-      craft one round's rows against it, which each sampled attacker adds to its own table;
+      craft one round's rows against it, which each sampled attacker adds to its own table
+      (their surrogate's tower is the first sampled attacker's, read only for the attack's own
+      budget in a round where no honest client is aggregated);
     * a defence's rule admits each aggregated client's table before the weights
       (`CAState.admit_uploads`): steps against the server's copy of each table, judged row by
       row over the clients that moved the row. Towers and bases are taken as sent.

@@ -86,7 +86,8 @@ class DAEClient(ClientSide):
         if kept is not None:
             dense = {k: st.glob[k] for k in st.dense_keys()}
             ids = np.arange(self.n_clients)  # a kept upload names its client by the run's id already
-            return {**per_client_payload(st.client_uploads(kept, self.cfg.lr), ids, dense), **counts}
+            return {**per_client_payload(st.client_uploads(kept, self.cfg.lr), ids, dense,
+                                         width=st.row_table().shape[1]), **counts}
         touched = np.unique(self.data.train[trained].indices)
         reply: Payload = {"items": wire_ids(touched)}
         for k, g in sums.items():

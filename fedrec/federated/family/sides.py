@@ -326,12 +326,15 @@ def _fold_counts(acc: Any, reply: Payload) -> None:
     acc.client_batches += int(reply["client_batches"])
 
 
-def per_client_payload(uploads: list[ClientUpload], ids: np.ndarray, shared: dict[str, torch.Tensor]) -> Payload:
+def per_client_payload(uploads: list[ClientUpload], ids: np.ndarray, shared: dict[str, torch.Tensor],
+                       width: int | None = None) -> Payload:
     """Clients' own uploads as one message: each client's id (``ids`` maps an upload's client, a
     row of the sender's state, to its id), whether it was accepted, its rows between ``ptr``
-    entries, and its shared weights stacked."""
+    entries, and its shared weights stacked. ``width``: a row's, which a message without an
+    upload still states (default: the first upload's rows')."""
     counts = [len(u.items) for u in uploads]
-    width = uploads[0].tensors[ITEMS].shape[1] if uploads else 0
+    if width is None:
+        width = uploads[0].tensors[ITEMS].shape[1] if uploads else 0
     return {"owner": wire_ids(np.asarray(ids)[[u.client for u in uploads]]),
             "accepted": np.array([u.accepted for u in uploads], np.int8),
             "ptr": np.r_[0, np.cumsum(counts)].astype(np.int64),

@@ -116,7 +116,8 @@ class GNNClient(ClientSide):
                   "loss_sum": step.loss_sum, "client_batches": len(rows), "bytes_up": step.bytes_up,
                   "bytes_down": step.bytes_down}
         if kept is not None:  # the uploads name the clients by their run ids
-            return {**per_client_payload(kept, np.arange(self.n_clients), {"w": st.w, "a": st.a}), **counts}
+            return {**per_client_payload(kept, np.arange(self.n_clients), {"w": st.w, "a": st.a},
+                                         width=st.items.shape[1]), **counts}
         touched = torch.nonzero(step.item_count > 0).reshape(-1)
         return {"items": wire_ids(touched.cpu().numpy()), "rows": step.item_sum[touched].cpu().numpy(),
                 "senders": step.item_count[touched].cpu().numpy().astype(np.int32),
@@ -202,7 +203,7 @@ class GNNServer(ServerSide):
         return out
 
     def check(self, reply: Payload, clients: np.ndarray) -> str | None:
-        n, publishing = self._uploading(clients), len(self._trainable(clients))
+        publishing = len(self._trainable(clients))
         if self.rule is not None:
             layer = {"w": self.w, "a": self.a}
             uploading = np.concatenate([self._trainable(clients), clients[clients >= self.n_users]])
@@ -212,6 +213,7 @@ class GNNServer(ServerSide):
         problem = missing(reply, ["items", "rows", "senders", "w", "a", "published", *COUNTS])
         if problem:
             return problem
+        n = self._uploading(clients)
         items = np.asarray(reply["items"])
         problem = bad_item_ids(items, self.n_items)
         if problem:

@@ -196,6 +196,22 @@ def neighbours(train: sp.csr_matrix, raters: sp.csc_matrix, published: torch.Ten
     return vectors, valid
 
 
+def item_rate(cfg: Any) -> float:
+    """The item rows' rate: ``--lr-item``, or ``--lr`` where it is not given."""
+    return float(cfg.lr_item if cfg.lr_item is not None else cfg.lr)
+
+
+def rating_baseline(split: Split, cfg: Any) -> bool:
+    """Whether the score sits on the rating baseline (module docstring): under a rating
+    protocol, unless ``--rating-baseline none``."""
+    return split.protocol.ranking == "rating" and cfg.rating_baseline != "none"
+
+
+def row_width(spec: Any, split: Split, cfg: Any) -> int:
+    """An item row's width: the vector, and the item bias under the rating baseline."""
+    return spec.dim + int(rating_baseline(split, cfg))
+
+
 class GNNState:
     """The server's item table and graph layer, the clients' user vectors, the third party's
     published vectors and each client's last received neighbours."""
@@ -213,7 +229,7 @@ class GNNState:
         #: under a rating protocol it fits ratings by squared error (module docstring), with the
         #: rating baseline beneath the score where the engine asks for one
         self.rating = split.protocol.ranking == "rating"
-        self.baseline = self.rating and cfg.rating_baseline != "none"
+        self.baseline = rating_baseline(split, cfg)
         gen = torch.Generator().manual_seed(seed)
         self.items = here(torch.randn((m, d), generator=gen, device="cpu") * cfg.item_std)
         if self.baseline:  # the item bias: one more column of each row, starting at 0
@@ -232,7 +248,7 @@ class GNNState:
         self.neighbour_valid = np.zeros((n, spec.neighbours), bool)
         self.raters = sp.csc_matrix(split.train)
         self.lr = cfg.lr
-        self.lr_item = cfg.lr_item if cfg.lr_item is not None else cfg.lr
+        self.lr_item = item_rate(cfg)
 
     # ---- the third party ----------------------------------------------------------------
 
