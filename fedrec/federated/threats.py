@@ -6,6 +6,9 @@ stage (`fedrec.security.adversary.attach`) and checks its names against these sa
 #: poisoning attacks (`fedrec.security.attacks.Attack`)
 ATTACKS = ("fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost", "random", "bandwagon",
            "popular", "fedattack", "clusterattack")
+#: attacks that mine popular items from one table's movement over rounds
+#: (`fedrec.security.attacks.Attack.mine`, `Attack.goal`)
+MINING = ("pieck-ipe", "pieck-uea", "poisonfrs")
 #: attacks with no target item (they degrade the model as a whole)
 UNTARGETED = ("fedattack", "clusterattack")
 #: robust aggregation rules (`fedrec.security.robust.RobustRule`)

@@ -17,12 +17,6 @@ BACKBONES = ("fcf", "ncf")
 AGGREGATIONS = ("composite", "fedavg")
 
 
-#: attacks that read popular items off the movement of one table over rounds
-#: (`fedrec.security.attacks.Attack.mine`, `Attack.goal`): on FedCA the adversary watches the
-#: mean of its clients' tables (`fedrec.federated.ca.state.CAAlgorithm.adversary_table`)
-MINING_ATTACKS = ("pieck-ipe", "pieck-uea", "poisonfrs")
-
-
 @dataclass(frozen=True)
 class CASpec:
     """A FedCA run (Zhang et al., "Beyond Similarity: Personalized Federated Recommendation with

@@ -54,9 +54,9 @@ from fedrec.federated.ca.composite import (
     principal_basis,
     similarity,
 )
-from fedrec.federated.ca.spec import MINING_ATTACKS
 from fedrec.federated.engine import client_negatives
 from fedrec.federated.family.model import ITEMS, batch_loss, client_params, init_params
+from fedrec.federated.threats import MINING
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches, build_cohort, chunk_clients, order_by_activity
@@ -290,7 +290,7 @@ class CAAlgorithm(FederatedAlgorithm):
       weighs a client by the size it reports). It then takes its mixture as any aggregated
       client does. (FedRecAttack's approximated users are refitted once a round, to the first
       sampled attacker's table.) The attacks that mine popular items from one table's movement
-      over rounds (PIECK, PoisonFRS: `fedrec.federated.ca.spec.MINING_ATTACKS`) watch one
+      over rounds (PIECK, PoisonFRS: `fedrec.federated.threats.MINING`) watch one
       table, the mean of every malicious client's (`adversary_table`: the adversary holds all
       its clients' models, and each moves only by the mixtures of trained tables it takes), and
       craft one round's rows against it, which each sampled attacker adds to its own table
@@ -379,7 +379,7 @@ class CAAlgorithm(FederatedAlgorithm):
         ids = self.n_clients + sampled
         bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
         score = list(st.model.score_shapes())
-        if sec.attack.name in MINING_ATTACKS:  # one round's rows against the one table it watches
+        if sec.attack.name in MINING:  # one round's rows against the one table it watches
             tower = {k: st.params[k][int(ids[0])] for k in score}
             crafted, _ = sec.malicious_uploads(st.model, self.adversary_table(), tower, r, clients=sampled, norm=norm)
         else:  # each attacker's rows against its own table
