@@ -305,3 +305,17 @@ def test_an_attacker_sends_a_zero_graph_layer_step_under_a_rule(split: Split) ->
     bad = [u for u in ups.per_client if u.client >= split.n_users]
     assert bad and all(not u.tensors["w"].any() and not u.tensors["a"].any() for u in bad)
     assert all(u.tensors["w"].shape == alg.state.w.shape for u in ups.per_client)
+
+
+def test_owner_outer_sums_each_owners_outer_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each owner's Σ x_jᵀ g_j, whatever the rows' order, zero for an owner without rows, and
+    the same when the outer products are formed one row at a time."""
+    gen = torch.Generator().manual_seed(0)
+    owner = torch.as_tensor(np.random.default_rng(1).choice([0, 2, 3, 5], size=40, p=[0.1, 0.5, 0.3, 0.1]))
+    x, g = torch.randn(40, 3, generator=gen), torch.randn(40, 4, generator=gen)
+    want = torch.zeros(6, 3, 4)
+    for j in range(40):
+        want[owner[j]] += torch.outer(x[j], g[j])
+    torch.testing.assert_close(pergnn.owner_outer(x, g, owner, 6), want)
+    monkeypatch.setattr(pergnn, "OUTER_CELLS", 1)
+    torch.testing.assert_close(pergnn.owner_outer(x, g, owner, 6), want)
