@@ -249,15 +249,7 @@ class PerFedRecState(FamilyState):
         self.server_users[torch.as_tensor(ids, device=device)] = users["user"].to(self.server_users)
         self.heard[ids] = True
         self._sent.append(ids)
-        n_items = self.items.shape[0]
-        for c, u in zip(ids.tolist(), uploads, strict=True):
-            k = int(self.labels[c])
-            if k < 0 or not len(u.items):
-                continue
-            key = torch.as_tensor(k * n_items + np.asarray(u.items, np.int64), device=self._cluster_sum.device)
-            self._cluster_sum.index_add_(0, key, u.tensors[ITEMS].to(self._cluster_sum))
-            self._cluster_count.index_add_(0, key, torch.ones(len(key), dtype=self._cluster_count.dtype,
-                                                                device=self._cluster_count.device))
+        add_to_clusters(self.labels[ids], uploads, self.items.shape[0], self._cluster_sum, self._cluster_count)
         return len(ids) * self.spec.dim * FLOAT_BYTES
 
     def guard_clusters(self, uploads: list[Any], rule: Any, key: tuple[int, ...], benign: int | None = None) -> None:
@@ -343,6 +335,19 @@ class PerFedRecState(FamilyState):
         blob = dict(blob)
         self.trained = _array(blob.pop("trained"))
         super().load_client_state_dict(blob)
+
+
+def add_to_clusters(labels: np.ndarray, uploads: list[Any], n_items: int, sums: torch.Tensor,
+                    counts: torch.Tensor) -> None:
+    """Each upload's rows into its cluster's row sums and sender ``counts`` (row k x ``n_items``
+    + item; ``labels``: each upload's cluster, -1 where it is not clustered yet, whose rows join
+    the global table only): an attacker's crafted rows as a member's change."""
+    for k, u in zip(np.asarray(labels).tolist(), uploads, strict=True):
+        if k < 0 or not len(u.items):
+            continue
+        key = torch.as_tensor(k * n_items + np.asarray(u.items, np.int64), device=sums.device)
+        sums.index_add_(0, key, u.tensors[ITEMS].to(sums))
+        counts.index_add_(0, key, torch.ones(len(key), dtype=counts.dtype, device=counts.device))
 
 
 def _array(x: Any) -> np.ndarray:

@@ -24,6 +24,7 @@ from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
+from fedrec.federated.perfedrec import add_to_clusters
 from fedrec.federated.pergnn.spec import GNNSpec
 from fedrec.federated.pergnn.state import item_rate, row_width
 from fedrec.flower.roles import check_deployable, pack_state, unpack_state
@@ -135,15 +136,9 @@ class MaliciousNode(AttackerNode):
         change of its cluster's table (``cluster_of``: the sampled clients' clusters, as the
         server sent them); the bytes of the vectors."""
         ids, users = self.security.forged_users(self.model_spec, table, shared, r, clients)
-        labels = np.asarray(msg["cluster_of"], np.int64)
         m, width = self.n_items, table.shape[1]
         sums, senders = torch.zeros((self.server.clusters * m, width)), torch.zeros(self.server.clusters * m)
-        for k, up in zip(labels.tolist(), sent, strict=True):
-            if k < 0 or not len(up.items):  # not clustered yet: its rows join the global table only
-                continue
-            key = torch.as_tensor(k * m + np.asarray(up.items, np.int64))
-            sums.index_add_(0, key, up.tensors["items"].to(sums))
-            senders.index_add_(0, key, torch.ones(len(key)))
+        add_to_clusters(np.asarray(msg["cluster_of"], np.int64), sent, m, sums, senders)
         keys = torch.nonzero(senders > 0).flatten()
         vectors = users["user"].to(torch.float32)
         return ({"cluster_keys": keys.cpu().numpy().astype(np.int64), "cluster_sums": sums[keys].cpu().numpy(),

@@ -379,16 +379,16 @@ class CAAlgorithm(FederatedAlgorithm):
         ids = self.n_clients + sampled
         bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
         score = list(st.model.score_shapes())
+        towers = {client: {k: st.params[k][client] for k in score} for client in ids.tolist()}
         if sec.attack.name in MINING:  # one round's rows against the one table it watches
-            tower = {k: st.params[k][int(ids[0])] for k in score}
-            crafted, _ = sec.malicious_uploads(st.model, self.adversary_table(), tower, r, clients=sampled, norm=norm)
+            crafted, _ = sec.malicious_uploads(st.model, self.adversary_table(), towers[int(ids[0])], r,
+                                               clients=sampled, norm=norm)
         else:  # each attacker's rows against its own table
-            crafted = [sec.malicious_uploads(st.model, st.tables[client], {k: st.params[k][client] for k in score}, r,
-                                             clients=np.array([c]), norm=norm)[0][0]
+            crafted = [sec.malicious_uploads(st.model, st.tables[client], towers[client], r, clients=np.array([c]),
+                                             norm=norm)[0][0]
                        for c, client in zip(sampled.tolist(), ids.tolist(), strict=True)]
         for client, u in zip(ids.tolist(), crafted, strict=True):
-            table = st.tables[client]
-            tower = {k: st.params[k][client] for k in score}
+            table, tower = st.tables[client], towers[client]
             rows = torch.as_tensor(u.items, dtype=torch.int64)
             sent = table.clone()
             sent[rows] += u.tensors[ITEMS].to(sent)

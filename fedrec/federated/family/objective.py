@@ -306,8 +306,9 @@ class Regula(ClientObjective):
       epoch, one pass over the clients, so ``window`` 0 (the default) is the rounds of a pass,
       ceil(clients / clients a round): one at full participation, ten at a tenth. The change
       of the table every client downloads alike gives every client the same items, so the
-      server mines them once and sends their ids and the rows a client lacks (the official clients download the whole table each round). They stay
-      fixed, and the terms start in round 1 + ``window``. (A run resumed from a checkpoint
+      server mines them once and sends their ids and the rows a client lacks (the official
+      clients download the whole table each round). They stay fixed, and the terms start in
+      round 1 + ``window``. (A run resumed from a checkpoint
       without the term's memo measures from the first round it sees.)
     * **IPE** (``ipe`` times) -sum_k w_k mean_j cos(e_pk, e_j): at each local step, over the
       client's slots of unpopular items in its batch, with the popular rows e_pk as the round
