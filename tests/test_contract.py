@@ -84,7 +84,7 @@ LOCAL_ONLY = {"fedrap-d", "gfedpp-no-iei"}
 
 #: rounds a method needs before it ranks above chance, where 8 are not enough: FedCA's clients
 #: first fit only their own items, so a held-out item keeps its random start until the other
-#: clients' models reach it through aggregation (on ML-100K from about round 15, docs/fedca.md)
+#: clients' models reach it through aggregation (docs/fedca.md)
 SLOW_START = {"fedca": 40, "fedca-avg": 40, "fedca-ncf": 40}
 
 

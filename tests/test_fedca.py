@@ -269,3 +269,23 @@ def test_kept_uploads_show_the_server_exactly_each_clients_step(split: Split) ->
             moved = np.flatnonzero(u.tensors[ITEMS].abs().sum(1).numpy() > 0)
             np.testing.assert_array_equal(moved, np.sort(trained[u.client]))
         alg.aggregate(uploads, plan)
+
+
+def test_user_vectors_start_common_as_in_the_official_code_or_each_its_own(split: Split) -> None:
+    """``user_start=common``: every client, a deployment's node's block of them and a malicious
+    client start from one vector drawn from the seed; ``own``: each from its own, keyed by id."""
+    spec = _spec()
+    state = CAState(spec, split, _cfg(), seed=0)
+    start = state.params["user"]
+    assert spec.user_start == "common"
+    torch.testing.assert_close(start, start[:1].expand_as(start))
+    node = CAState(spec, split, _cfg(), seed=0, client_ids=np.arange(5, 5 + split.n_users))
+    torch.testing.assert_close(node.params["user"], start)
+    state.admit_attackers(2)
+    torch.testing.assert_close(state.params["user"][-2:], start[:2])
+    assert not torch.equal(CAState(spec, split, _cfg(), seed=1).params["user"][0], start[0])
+
+    own = CAState(_spec(user_start="own"), split, _cfg(), seed=0).params["user"]
+    assert torch.unique(own, dim=0).shape[0] == split.n_users
+    with pytest.raises(FedrecError, match="user_start"):
+        _spec(user_start="shared")

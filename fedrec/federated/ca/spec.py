@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 BACKBONES = ("fcf", "ncf")
 AGGREGATIONS = ("composite", "fedavg")
+USER_STARTS = ("common", "own")
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,17 @@ class CASpec:
     principal: int = 4
     #: L2 weight decay of the ncf tower's Adam steps (the official code's 1e-3)
     weight_decay: float = 1e-3
+    #: where each client's user vector starts: common (one vector drawn from the seed, which
+    #: every client copies, as in the official code) or own (a vector of its own, keyed by its
+    #: id). A common start points every client's first pushes on its items one way, so the
+    #: mixtures of their tables agree from the first round (docs/fedca.md)
+    user_start: str = "common"
 
     def __post_init__(self) -> None:
         check(
             (self.backbone not in BACKBONES, f"backbone must be one of {', '.join(BACKBONES)}"),
             (self.aggregation not in AGGREGATIONS, f"aggregation must be one of {', '.join(AGGREGATIONS)}"),
+            (self.user_start not in USER_STARTS, f"user_start must be one of {', '.join(USER_STARTS)}"),
             (self.dim < 1 or self.principal < 1, "dim and principal must be >= 1"),
             (not self.layers or min(self.layers) < 1, "layers needs one or more sizes >= 1"),
             (not 0 < self.aggregated <= 1, f"aggregated must be in (0, 1] (got {self.aggregated})"),

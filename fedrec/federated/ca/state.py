@@ -85,8 +85,17 @@ class CAState:
         #: the start every client's tower takes
         self.tower = init_params(self.model, score, 1, gen)
         self.params = {k: v.expand(n, *v.shape[1:]).clone() for k, v in self.tower.items()}
-        self.params.update(client_params(self.model, ["user"], self.ids, (seed, draws.INIT)))
+        #: the user vector every client copies (``user_start`` common; drawn after the tower);
+        #: None: each client draws its own by its id
+        self.user_start = init_params(self.model, ["user"], 1, gen)["user"] if spec.user_start == "common" else None
+        self.params["user"] = self._user_vectors(self.ids)
         self.received = np.zeros(n, bool)  # has downloaded the start
+
+    def _user_vectors(self, ids: np.ndarray) -> torch.Tensor:
+        """The starting user vectors of the clients ``ids``."""
+        if self.user_start is not None:
+            return self.user_start.expand(len(ids), *self.user_start.shape[1:]).clone()
+        return client_params(self.model, ["user"], ids, (self.seed, draws.INIT))["user"]
 
     @property
     def floats_per_model(self) -> int:
@@ -183,14 +192,14 @@ class CAState:
 
     def admit_attackers(self, n: int, attack: Any = None) -> None:
         """Give ``n`` malicious clients, ids after the users, a model as any client has one:
-        the common start's table, the towers' start, a user vector drawn by its id."""
+        the common start's table, the towers' start, the user vectors' start."""
         if n <= 0:
             return
         first = self.tables.shape[0]
         ids = np.arange(first, first + n)
         self.tables = torch.cat([self.tables, self.start.expand(n, *self.start.shape).to(self.tables)])
         fresh = {k: v.expand(n, *v.shape[1:]).clone() for k, v in self.tower.items()}
-        fresh.update(client_params(self.model, ["user"], ids, (self.seed, draws.INIT)))
+        fresh["user"] = self._user_vectors(ids)
         self.params = {k: torch.cat([v, fresh[k].to(v)]) for k, v in self.params.items()}
         self.received = np.concatenate([self.received, np.zeros(n, bool)])
 
