@@ -7,8 +7,8 @@ copies, over the clients that moved the row, every one replaced by their median,
 weights and mixtures of the admitted tables); an unbounded norm bound ends where the plain run
 ends; the attackers join at the users' share with their table plus crafted rows at the honest
 norm and the honest median training size, and a mining attack (PIECK) watches the mean of their
-tables; a malicious Flower node is refused in one line (the defended deployment is
-`tests/test_flower.py`'s)."""
+tables; under ``--attacker-norm own`` they know neither honest figure, and a malicious Flower
+node needs it (the deployments are `tests/test_flower.py`'s)."""
 
 from __future__ import annotations
 
@@ -115,15 +115,39 @@ def test_attackers_join_the_aggregation_with_crafted_rows_at_the_honest_norm(spl
     assert set(alg.round_extra()) >= {"er@10", "malicious_clients"}
 
 
-def test_flower_refuses_a_malicious_node(split: Split) -> None:
-    """FedCA's attackers are clients with models of their own, which the malicious Flower node
-    (it crafts the item family's rows) does not hold: its attack runs in the simulator."""
-    from fedrec.flower.malicious import MaliciousNode
+def test_attackers_of_their_own_norm_know_no_honest_figure(split: Split) -> None:
+    """Under ``--attacker-norm own`` a sampled attacker's crafted rows go at the boost x the
+    attack's own estimate (an Adam client's step bound on every coordinate) and it claims the
+    users' median training size, whatever the honest clients of the round did."""
+    from fedrec.federated.ca.state import step_bound, typical_size
 
-    run = RunConfig(algorithm="fedca", dataset="synthetic:60x120", protocol="loo-full",
-                    federated=federated_config("fedca", rounds=1, attack="fedrecattack"))
-    with pytest.raises(FedrecError, match="run its --attack in the simulator"):
-        MaliciousNode(run, split)
+    alg = _algorithm(split, attack="fedrecattack", boost=3.0, malicious=0.2, attacker_norm="own")
+    before = alg.state.tables.clone()
+    members, up, honest = alg.local_update(_plan(1)).payload
+    bad = members[honest:]
+    assert len(bad) > 0
+    crafted = (up["tables"][honest:] - before[torch.as_tensor(bad)]).norm(dim=2)
+    own = step_bound(split.train, alg.cfg) * 6 ** 0.5  # dim 6: every coordinate at the bound
+    assert float(crafted.max()) == pytest.approx(3.0 * own, rel=1e-4)
+    steps = (up["tables"][:honest] - before[:30]).norm(dim=2)
+    assert float(steps[steps > 0].median()) != pytest.approx(own, rel=0.1)
+    assert up["samples"][honest:].tolist() == [typical_size(split.train)] * len(bad)
+    assert typical_size(split.train) == float(int(typical_size(split.train)))  # a size a client can report
+
+
+def test_a_malicious_flower_node_needs_the_attackers_own_norm(split: Split) -> None:
+    """A node cannot see the round's honest steps the simulator's attackers are given: FedCA's
+    malicious node runs ``--attacker-norm own`` (its deployment equals the simulator's run so,
+    `tests/test_flower.py`) and refuses the honest norm in one line."""
+    from fedrec.flower.malicious import CAMaliciousNode, malicious_node
+
+    def run(**opts):  # type: ignore[no-untyped-def]
+        return RunConfig(algorithm="fedca", dataset="synthetic:60x120", protocol="loo-full",
+                         federated=federated_config("fedca", rounds=1, attack="fedrecattack", **opts))
+
+    with pytest.raises(FedrecError, match="deploy with --attacker-norm own"):
+        malicious_node(run(), split)
+    assert isinstance(malicious_node(run(attacker_norm="own"), split), CAMaliciousNode)
 
 
 def test_a_defended_checkpoint_keeps_the_servers_copies(split: Split) -> None:
@@ -169,7 +193,7 @@ def test_a_mining_attack_watches_the_mean_of_the_attackers_tables(split: Split) 
             torch.testing.assert_close(up["tables"][honest:], before[bad])
             alg.aggregate(ups, _plan(r))
     assert not torch.equal(before[30], before[31]) or not torch.equal(before[30], before[32])
-    torch.testing.assert_close(alg.adversary_table(), looks[-1])
+    torch.testing.assert_close(st.tables[30:].mean(0), looks[-1])  # (the attackers did not move yet)
     moved = sum((b - a).norm(dim=1) for a, b in zip(looks, looks[1:], strict=False))
     assert float(moved.min()) > 0  # the watched table moves by the mixtures it takes
     moved[torch.as_tensor(sec.targets)] = -torch.inf

@@ -144,6 +144,7 @@ def test_a_rank_l_attacker_sends_the_rank_l_upload_nearest_its_crafted_matrix(sp
 @pytest.mark.parametrize(("name", "option", "why"), [
     ("fedcia", {"attack": "clusterattack"}, "craft similarity rows at a row budget"),
     ("fedcia", {"pad_items": 3}, "takes no --pad-items"),
+    ("fedcia", {"attack": "pipattack", "attacker_norm": "own"}, "no gradient step an attacker could estimate"),
     ("fedlightgcn", {"defence": "median"}, "not on CIAState's aggregation yet"),
     ("fedcia-gfcf", {"attack": "pipattack"}, "not on CIAState's aggregation yet"),
 ])

@@ -118,6 +118,26 @@ def test_the_attackers_are_users_at_the_honest_bag_rows_norm(split: Split) -> No
     assert set(sec.figures(alg.scores)) >= {"er@10", "malicious_clients"}
 
 
+def test_attackers_of_their_own_norm_go_at_the_attacks_estimate(split: Split) -> None:
+    """Under ``--attacker-norm own`` the crafted rows are held to the boost x the attack's own
+    estimate (`Attack.budget`), not to the honest bag rows the round measured."""
+    alg = _algorithm(split, attack="fedrecattack", boost=3.0, malicious=0.2, attacker_norm="own")
+    plan = RoundPlan(1, np.arange(split.n_users), torch.Generator(), np.random.default_rng(1))
+    _, _, norms = alg.local_update(plan).payload
+    assert norms  # measured, and not used
+    sec = alg.security
+    scoring = alg.state.out_table()
+    from fedrec.federated.family.spec import FamilySpec
+    from fedrec.security.attacks import Surrogate
+
+    own = sec.attack.budget(scoring, 1, Surrogate(FamilySpec(score="dot", private_score=False, dual=False,
+                                                             dim=scoring.shape[1]), {}))
+    honest = alg.cfg.lr * float(torch.cat(norms).median())
+    assert own != pytest.approx(honest, rel=0.1)
+    longest = max(float(u.tensors[ITEMS].norm(dim=1).max()) for u in alg.malicious_uploads(1, norms))
+    assert longest == pytest.approx(3.0 * own, rel=1e-4)
+
+
 def test_fedrecattack_exposes_its_target_and_the_median_stops_it() -> None:
     """Boosted crafted output rows put the target in every user's top 10 within five of the
     server's Adam steps (seed 1: on this tiny set the target either climbs within a few rounds

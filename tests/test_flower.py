@@ -128,6 +128,11 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     # FedPerGNN's attackers send crafted rows and no graph-layer step, and publish no user vector
     ("fedpergnn", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "clients_per_round": 0.5,
                    "model": {"neighbours": 3}}),
+    # FedCA's attackers keep models of their own, join the aggregation and take their mixtures;
+    # a mining attack watches the mean of their tables
+    ("fedca", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "attacker_norm": "own",
+               "clients_per_round": 0.5, "rounds": 4, "model": {"aggregated": 0.6}}),
+    ("fedca-ncf", {"attack": "pieck-ipe", "malicious": 0.1, "attacker_norm": "own"}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -169,6 +174,7 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     ("gfedpp", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
                 "model": {"dim": 32, "public_ratio": 0.5}}),
     ("fedca", {"defence": "median", "rounds": 3}),
+    ("fedca", {"defence": "median", "attack": "poisonfrs", "malicious": 0.1, "attacker_norm": "own"}),
     ("fedca-avg", {"defence": "krum", "protocol": "loo-full"}),
     # the autoencoders: each client's decoder rows (and FedAvg's encoder rows), dense layers whole
     ("personalfr", {"defence": "median", "clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),

@@ -179,6 +179,10 @@ def test_security_options_are_checked_up_front():
         _run(attack="nope")
     with pytest.raises(FedrecError, match="describe an --attack"):
         _run(malicious=0.1)
+    with pytest.raises(FedrecError, match="describe an --attack"):
+        _run(attacker_norm="own")
+    with pytest.raises(FedrecError, match="--attacker-norm must be one of honest, own"):
+        _run(attack="fedrecattack", attacker_norm="median")
     with pytest.raises(FedrecError, match="untargeted"):
         _run(attack="fedattack", targets=2)
     cfg = RunConfig(algorithm="centrap", dataset="synthetic:300x400",

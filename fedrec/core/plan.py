@@ -40,3 +40,14 @@ def round_plan(n_clients: int, per_round: float, seed: int, r: int
     rng = np.random.default_rng([seed, r])
     gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
     return sample_clients(n_clients, per_round, rng), gen
+
+
+def extra_sample(n_extra: int, clients_per_round: float, seed: int, r: int) -> np.ndarray:
+    """Round ``r``'s sample of the clients beyond the data's users (0-based among them): the
+    same share as of the users, drawn from a stream of its own so the users' sample does not
+    change. The simulator samples its malicious clients so, and a Flower server the clients a
+    malicious node declares (it sees clients, not intentions)."""
+    if not n_extra:
+        return np.zeros(0, np.int64)
+    k = cohort_size(n_extra, clients_per_round)
+    return np.sort(np.random.default_rng([seed, r, 0x3A11]).choice(n_extra, k, replace=False))

@@ -49,7 +49,9 @@ COLD_ITEMS = ("model", "user-mean")
 #: the baselines beneath a rating model's score (`FederatedConfig.rating_baseline`)
 RATING_BASELINES = ("none", "user-item")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
-                   "trim", "byzantine", "norm_bound")
+                   "trim", "byzantine", "norm_bound", "attacker_norm")
+#: where a malicious row's norm comes from (`FederatedConfig.attacker_norm`)
+ATTACKER_NORMS = ("honest", "own")
 
 
 @dataclass
@@ -116,6 +118,12 @@ class FederatedConfig:
     prior_knowledge: float = 0.01
     attack_items: int = 60
     boost: float | None = None
+    #: the norm the malicious rows are held to, times ``boost``, where a method measures its
+    #: honest clients' steps (FedCA, FedDAE): "honest", the round's median honest step, given
+    #: to the attacker (a strong attacker, the default); "own", the attack's own estimate from
+    #: what any client holds (`fedrec.security.attacks.Attack.budget`), which every other
+    #: method's attackers use and all a deployment's malicious node can compute
+    attacker_norm: str = "honest"
     defence: str | None = None
     trim: float = 0.1
     byzantine: float = 0.1
@@ -209,9 +217,12 @@ class FederatedConfig:
             (not 0 <= self.byzantine < 0.5, "--byzantine is the share Krum assumes malicious, in [0, 0.5)"),
             (self.norm_bound is not None and not (math.isfinite(self.norm_bound) and self.norm_bound > 0),
              "--norm-bound must be > 0"),
+            (self.attacker_norm not in ATTACKER_NORMS,
+             f"--attacker-norm must be one of {', '.join(ATTACKER_NORMS)} (got '{self.attacker_norm}')"),
             (self.attack is None and (self.boost is not None or self.malicious != 0.05 or self.attack_items != 60
-                                      or self.prior_knowledge != 0.01),
-             "--malicious, --prior-knowledge, --attack-items and --boost describe an --attack; none is given"),
+                                      or self.prior_knowledge != 0.01 or self.attacker_norm != "honest"),
+             "--malicious, --prior-knowledge, --attack-items, --boost and --attacker-norm describe an --attack; "
+             "none is given"),
             (self.defence is None and (self.trim != 0.1 or self.byzantine != 0.1 or self.norm_bound is not None),
              "--trim, --byzantine and --norm-bound describe a --defence; none is given"),
             (self.attack in UNTARGETED and self.targets > 0, f"--attack {self.attack} is untargeted: it has no --targets"),
@@ -226,7 +237,8 @@ class FederatedConfig:
         blob = {k: v for k, v in blob.items()
                 if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
                         or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none")
-                        or (k in ("server_opt", "client_objective") and v is None))}
+                        or (k in ("server_opt", "client_objective") and v is None)
+                        or (k == "attacker_norm" and v == "honest"))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

@@ -7,10 +7,10 @@ table every round, and replies, like any node, with the sums of its clients' upl
 the same `fedrec.security.attacks.Attack` the simulator runs. It keeps the attack's state (the
 approximated users, the rows each client sends) as its clients' private state. Its clients hold
 no user, so it reports no evaluation figures. The server samples the declared clients beyond
-the users as the simulator samples its malicious clients (`fedrec.security.adversary.extra_sample`),
+the users as the simulator samples its malicious clients (`fedrec.core.plan.extra_sample`),
 so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
 FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`,
-FedPerGNN's `GNNMaliciousNode` (`malicious_node` picks the run's).
+FedPerGNN's `GNNMaliciousNode`, FedCA's `CAMaliciousNode` (`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
+from fedrec.federated.ca.spec import CASpec
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
 from fedrec.federated.perfedrec import add_to_clusters
@@ -43,6 +44,8 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
         return GraphMaliciousNode(run, split, spec)
     if isinstance(spec, GNNSpec):  # FedPerGNN
         return GNNMaliciousNode(run, split, spec)
+    if isinstance(spec, CASpec):  # FedCA
+        return CAMaliciousNode(run, split, spec)
     return MaliciousNode(run, split)
 
 
@@ -314,3 +317,80 @@ class GNNMaliciousNode(AttackerNode):
         return {"items": wire_ids(touched.cpu().numpy()), "rows": total[touched].cpu().numpy(),
                 "senders": senders[touched].cpu().numpy().astype(np.int32),
                 **{k: v.cpu().numpy() for k, v in layer.items()}, **counts}
+
+
+class CAMaliciousNode(AttackerNode):
+    """The attacker's node of FedCA, whose clients each keep a model of their own and join the
+    aggregation at the users' share (`fedrec.federated.ca.state.CAAlgorithm`). It holds its
+    clients' models, started as the simulator starts its attackers' (`CAState.admit_attackers`),
+    writes the mixtures the server computed for them before anything else (as an honest node
+    does), and for the clients the server aggregates sends what the simulator's attackers send
+    (`fedrec.federated.ca.state.attacker_uploads`): table plus crafted rows, basis, claimed
+    training size and tower. The simulator can give its attackers the round's honest row norm
+    and training size, which no node sees; a deployment's attacker runs ``--attacker-norm own``
+    (the attack's own estimate and the users' median training size), and so does the simulator
+    run it equals."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: CASpec) -> None:
+        from types import SimpleNamespace
+
+        from fedrec.federated.ca.state import CAState, step_bound, typical_size
+
+        self.run, self.cfg, self.spec = run, run.federated, spec
+        if self.cfg.attacker_norm != "own":
+            raise FedrecError(f"'{run.algorithm}': its simulator's attackers are given the round's honest row norm, "
+                              "which a malicious node cannot see; deploy with --attacker-norm own (the attack's own "
+                              "estimate), and compare with a simulator run that sets it too")
+        security = Security.build(self.cfg, split, float(self.cfg.lr), run.seed,
+                                  step_bound=step_bound(split.train, self.cfg))
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security, self.n_users, self.n_items = security, split.n_users, split.n_items
+        # a state without users, then its attackers' models (ids after the users)
+        empty = SimpleNamespace(train=split.train[:0], sampler=None, n_users=0, n_items=split.n_items,
+                                protocol=split.protocol)
+        self.state = CAState(spec, empty, self.cfg, run.seed, client_ids=np.zeros(0, np.int64))  # type: ignore[arg-type]
+        self.state.admit_attackers(security.n_malicious, first=split.n_users)
+        self.clients = np.arange(split.n_users, split.n_users + security.n_malicious)
+        self.claim = typical_size(split.train)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        return {"clients": self.clients, "n_clients": self.n_users, "n_items": self.n_items,
+                "extra_clients": self.security.n_malicious, "idle": np.zeros(0, np.int32)}
+
+    def private_state(self) -> bytes:
+        attack = self.security.attack
+        assert attack is not None
+        return pack_state({"attack": attack.state(), "tables": self.state.tables, "params": self.state.params})
+
+    def load_private_state(self, raw: bytes) -> None:
+        blob = unpack_state(raw)
+        assert self.security.attack is not None
+        self.security.attack.load_state(blob["attack"])
+        self.state.tables, self.state.params = blob["tables"], blob["params"]
+
+    def train(self, msg: Payload) -> Payload:
+        from fedrec.federated.ca.sides import UPLOAD, expected_shapes, take_mixtures
+        from fedrec.federated.ca.state import attacker_uploads
+
+        st, spec = self.state, self.spec
+        take_mixtures(st, self.clients, msg)
+        members = np.asarray(msg["members"], np.int64)
+        keys = (*UPLOAD, *(f"score.{k}" for k in st.model.score_shapes()))
+        if len(members):
+            up = attacker_uploads(self.security, spec, st.tables, st.params, members - self.n_users,
+                                  int(msg["round"]), None, self.claim)
+            arrays = {k: up[k].cpu().numpy() for k in keys}
+        else:
+            shapes = expected_shapes(spec, self.n_items)
+            arrays = {k: np.zeros((0, *shapes[k]), np.float32) for k in keys}
+        arrays["samples"] = np.asarray(arrays["samples"], np.int64)
+        return {"members": wire_ids(members), "n": len(members), "loss_sum": 0.0, "client_batches": 0,
+                "bytes_up": len(members) * (st.floats_per_model + spec.principal * spec.dim) * 4,
+                "bytes_down": 0, **arrays}  # (the server counts the mixtures they download)
+
+    def evaluate(self, msg: Payload) -> Payload:
+        from fedrec.federated.ca.sides import take_mixtures
+
+        take_mixtures(self.state, self.clients, msg)  # a mixture waits for the node's next message
+        return super().evaluate(msg)

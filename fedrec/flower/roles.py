@@ -166,7 +166,7 @@ class Server:
         """Round ``r``'s sampled clients (the simulator's `round_plan`) by the node holding them."""
         sampled, self.gen = round_plan(self.n_clients, self.cfg.clients_per_round, self.run.seed, r)
         if self.n_extra:
-            from fedrec.security.adversary import extra_sample
+            from fedrec.core.plan import extra_sample
 
             extra = extra_sample(self.n_extra, self.cfg.clients_per_round, self.run.seed, r) + self.n_clients
             sampled = np.concatenate([sampled, extra])

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.core.contract import ClientUpload
-from fedrec.core.plan import cohort_size
+from fedrec.core.plan import extra_sample
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import ITEMS
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
@@ -35,18 +35,7 @@ from fedrec.security.exposure import exposure, known_interactions
 from fedrec.security.robust import FLAGGING, RobustRule
 from fedrec.security.surrogate import Surrogate
 
-DEFAULT_BOOST = {"boost": 10.0}
-
-
-def extra_sample(n_extra: int, clients_per_round: float, seed: int, r: int) -> np.ndarray:
-    """Round ``r``'s sample of the clients beyond the data's users (0-based among them): the
-    same share as of the users, drawn from a stream of its own so the users' sample does not
-    change. The simulator samples its malicious clients so, and a Flower server the clients a
-    malicious node declares (it sees clients, not intentions)."""
-    if not n_extra:
-        return np.zeros(0, np.int64)
-    k = cohort_size(n_extra, clients_per_round)
-    return np.sort(np.random.default_rng([seed, r, 0x3A11]).choice(n_extra, k, replace=False))  # explicit boosting; every other attack sends at the benign norm
+DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
 
 
 def _carried(rows: torch.Tensor, wire: Any) -> torch.Tensor:

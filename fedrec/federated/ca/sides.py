@@ -13,6 +13,11 @@ server weighs them (`fedrec.federated.ca.state.mix_weights`) and computes each o
 (`mixtures`). Those wait on the server until the node's next message (a train message, or the
 evaluation's, which is therefore one per node): the node applies them before anything else, so
 each client's model is the simulator's whenever it trains or is scored.
+
+An attacker's node (`fedrec.flower.malicious.CAMaliciousNode`) declares clients beyond the
+users; the server aggregates them at the users' share, as the simulator aggregates its
+malicious clients (`fedrec.federated.ca.state.aggregated_attackers`), and they take their
+mixtures as any aggregated client does.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ import numpy as np
 import torch
 
 from fedrec.errors import FedrecError
-from fedrec.federated.ca.state import CAState, admit_tables, common_start, mix_weights, mixtures
+from fedrec.federated.ca.state import (
+    CAState,
+    admit_tables,
+    aggregated_attackers,
+    common_start,
+    mix_weights,
+    mixtures,
+)
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,
@@ -68,14 +80,7 @@ class CAClient(ClientSide):
                 "idle": wire_ids(idle)}
 
     def _take_mixtures(self, msg: Payload) -> None:
-        """Write the new models the server computed for this node's aggregated clients."""
-        if "mixed.clients" not in msg:
-            return
-        rows = torch.as_tensor(local_rows(self.data.users, np.asarray(msg["mixed.clients"], np.int64)))
-        st = self.state
-        st.tables[rows] = torch.as_tensor(msg["mixed.tables"])
-        for k in st.model.score_shapes():
-            st.params[k][rows] = torch.as_tensor(msg[f"mixed.score.{k}"])
+        take_mixtures(self.state, self.data.users, msg)
 
     def train(self, msg: Payload) -> Payload:
         """Train the sampled clients; reply with the aggregated ones' uploads."""
@@ -112,6 +117,17 @@ class CAClient(ClientSide):
         return stage_metrics(self.state.scores, self.data.valid, self.data.test, self.data.protocol)
 
 
+def take_mixtures(state: CAState, held: np.ndarray, msg: Payload) -> None:
+    """Write the new models the server computed for a node's aggregated clients into
+    ``state``, whose rows are the clients ``held`` (sorted run ids)."""
+    if "mixed.clients" not in msg:
+        return
+    rows = torch.as_tensor(local_rows(held, np.asarray(msg["mixed.clients"], np.int64)))
+    state.tables[rows] = torch.as_tensor(msg["mixed.tables"])
+    for k in state.model.score_shapes():
+        state.params[k][rows] = torch.as_tensor(msg[f"mixed.score.{k}"])
+
+
 def expected_shapes(spec: Any, n_items: int) -> dict[str, tuple[int, ...]]:
     """The shape of one aggregated client's upload arrays, by key."""
     return {"tables": (n_items, spec.dim), "bases": (spec.principal, spec.dim), "samples": (),
@@ -133,6 +149,8 @@ class CAServer(ServerSide):
         self.spec, self.cfg, self.seed, self.n_clients, self.n_items = spec, cfg, seed, n_clients, n_items
         self.start, _ = common_start(n_items, spec.dim, cfg.item_std, seed)
         self.shapes = expected_shapes(spec, n_items)
+        #: clients beyond the users (a malicious node's), aggregated as the simulator's attackers
+        self.n_extra = sum(int(h.get("extra_clients", 0)) for h in hellos.values())
         self.idle = np.zeros(n_clients, bool)
         self.held = {node: np.asarray(h["clients"], np.int64) for node, h in hellos.items()}
         for h in hellos.values():
@@ -146,7 +164,7 @@ class CAServer(ServerSide):
     def admit_uploads(self, members: np.ndarray, up: dict[str, torch.Tensor], r: int) -> None:
         """The aggregated clients' tables as the defence's rule admits them (`admit_tables`)."""
         if self.known is None:
-            self.known = self.start.expand(self.n_clients, *self.start.shape).clone()
+            self.known = self.start.expand(self.n_clients + self.n_extra, *self.start.shape).clone()
         admit_tables(self.rule, members, up, self.known, r)
 
     def begin(self, r: int) -> None:
@@ -157,6 +175,12 @@ class CAServer(ServerSide):
         n_agg = int(len(cohort) * self.spec.aggregated)
         rng = np.random.default_rng([self.seed, r])  # the simulator's `RoundPlan.rng`
         self.members = np.sort(rng.choice(cohort, n_agg, replace=False)) if n_agg else cohort[:0]
+        if self.n_extra:  # the sampled clients beyond the users, at the users' share
+            from fedrec.core.plan import extra_sample
+
+            extra = extra_sample(self.n_extra, self.cfg.clients_per_round, self.seed, r)
+            bad = aggregated_attackers(extra, self.spec.aggregated, self.seed, r) + self.n_clients
+            self.members = np.concatenate([self.members, bad])
         self.totals = RoundTotals()
         self.ups: list[Payload] = []
         self.n = 0
@@ -203,7 +227,8 @@ class CAServer(ServerSide):
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         self.totals.rejected = rejected
         members = np.concatenate([np.asarray(u["members"], np.int64) for u in self.ups] or [np.zeros(0, np.int64)])
-        self.totals.extra = {"aggregated": float(len(members))}
+        honest = int((members < self.n_clients).sum())
+        self.totals.extra = {"aggregated": float(honest)}
         if len(members):
             order = np.argsort(members, kind="stable")  # the simulator's: members by id
             keys = (*UPLOAD, *(k for k in self.shapes if k.startswith("score.")))
@@ -218,7 +243,9 @@ class CAServer(ServerSide):
             if self.known is not None:
                 self.known[torch.as_tensor(members[order])] = new["tables"]
             self.totals.bytes_down += len(members) * self.per * 4
-            self.totals.extra["self_weight"] = float(torch.diagonal(w).mean())
+            self.totals.extra["self_weight"] = float(torch.diagonal(w[:honest, :honest]).mean()) if honest else 0.0
+            if len(members) > honest and honest:  # the attackers' mean share of an honest client's mixture
+                self.totals.extra["attacker_weight"] = float(w[:honest, honest:].sum(1).mean())
         if self.rule is not None:
             self.totals.extra.update(self.rule.last)
         return self.totals

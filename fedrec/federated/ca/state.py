@@ -190,12 +190,13 @@ class CAState:
 
     # ---- the security layer's view (`fedrec.security.adversary`) -------------------------------
 
-    def admit_attackers(self, n: int, attack: Any = None) -> None:
-        """Give ``n`` malicious clients, ids after the users, a model as any client has one:
-        the common start's table, the towers' start, the user vectors' start."""
+    def admit_attackers(self, n: int, attack: Any = None, first: int | None = None) -> None:
+        """Give ``n`` malicious clients, ids after the users (``first``: the first one's id,
+        by default the row after the last client's), a model as any client has one: the common
+        start's table, the towers' start, the user vectors' start."""
         if n <= 0:
             return
-        first = self.tables.shape[0]
+        first = self.tables.shape[0] if first is None else first
         ids = np.arange(first, first + n)
         self.tables = torch.cat([self.tables, self.start.expand(n, *self.start.shape).to(self.tables)])
         fresh = {k: v.expand(n, *v.shape[1:]).clone() for k, v in self.tower.items()}
@@ -282,6 +283,59 @@ def mixtures(spec: Any, up: dict[str, torch.Tensor], w: torch.Tensor) -> dict[st
     return out
 
 
+def step_bound(train: Any, cfg: Any) -> float:
+    """How far an honest client's round moves a coordinate at most: the Adam rate x the local
+    steps of a client of the mean training size (`fedrec.security.attacks.Knowledge.step_bound`)."""
+    rows = train.nnz / max(train.shape[0], 1) * (1 + cfg.negatives)
+    return float(cfg.lr * cfg.local_epochs * np.ceil(rows / cfg.batch_size))
+
+
+def typical_size(train: Any) -> float:
+    """The users' median training size (the lower middle one, as torch's median, so a whole
+    number): what a malicious client claims where it measures no honest client's."""
+    return float(torch.as_tensor(np.diff(train.indptr)).median())
+
+
+def aggregated_attackers(sampled: np.ndarray, aggregated: float, seed: int, r: int) -> np.ndarray:
+    """Round ``r``'s aggregated malicious clients (0-based among them, sorted) of the ``sampled``
+    ones: the users' share (``aggregated``), drawn from a stream of its own, so the users'
+    draw does not change; a simulator's and a deployment's server draw the same."""
+    n_bad = int(len(sampled) * aggregated)
+    if not n_bad:
+        return np.zeros(0, np.int64)
+    return np.sort(np.random.default_rng([seed, r, 0xCA]).choice(sampled, n_bad, replace=False))
+
+
+def attacker_uploads(security: Any, spec: Any, tables: torch.Tensor, params: dict[str, torch.Tensor],
+                     sampled: np.ndarray, r: int, norm: float | None, claim: float) -> dict[str, torch.Tensor]:
+    """What round ``r``'s aggregated malicious clients ``sampled`` (0-based among them) upload
+    (`CAAlgorithm`'s docstring), keyed as `CAState.uploads`: each its table plus crafted rows,
+    their principal basis, the training size ``claim`` and its tower as it is. ``tables`` and
+    ``params``: every malicious client's model, by that index; ``norm``: the honest row norm
+    the rows are held to (None: the attack's own estimate). A simulator's round and a
+    deployment's malicious node (`fedrec.flower.malicious.CAMaliciousNode`) both run this."""
+    model = spec.model
+    score = list(model.score_shapes())
+    towers = {c: {k: params[k][c] for k in score} for c in sampled.tolist()}
+    if security.attack.name in MINING:  # one round's rows against the one table it watches
+        crafted, _ = security.malicious_uploads(model, tables.mean(0), towers[int(sampled[0])], r, clients=sampled,
+                                                norm=norm)
+    else:  # each attacker's rows against its own table
+        crafted = [security.malicious_uploads(model, tables[c], towers[c], r, clients=np.array([c]), norm=norm)[0][0]
+                   for c in sampled.tolist()]
+    bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
+    for c, u in zip(sampled.tolist(), crafted, strict=True):
+        rows = torch.as_tensor(u.items, dtype=torch.int64)
+        sent = tables[c].clone()
+        sent[rows] += u.tensors[ITEMS].to(sent)
+        bad["tables"].append(sent)
+        bad["bases"].append(principal_basis(sent[rows], spec.principal))
+        bad["samples"].append(torch.tensor(claim, dtype=torch.float64, device=sent.device))
+        for k in score:
+            bad.setdefault(f"score.{k}", []).append(towers[c][k])
+    return {k: torch.stack(v) for k, v in bad.items()}
+
+
 class CAAlgorithm(FederatedAlgorithm):
     """A `CAState` as the round driver's federated algorithm: the sampled clients train, a
     share of them upload, the server weighs them and each takes its mixture.
@@ -292,15 +346,19 @@ class CAAlgorithm(FederatedAlgorithm):
     * a malicious client is one more client with a model of its own (`CAState.admit_attackers`),
       sampled as the users are, and aggregated at the same share (``aggregated``, from a stream
       of its own). It uploads its table plus crafted row steps against its table (on the
-      backbone's score, its tower as it is), held to the median norm of the honest aggregated
-      clients' row steps this round (measured, as for FedCIA's similarity rows: an upper bound
-      of what a cover client would estimate); its principal directions are those of its
-      crafted rows, and it claims the honest aggregated clients' median training size (FedCA
-      weighs a client by the size it reports). It then takes its mixture as any aggregated
+      backbone's score, its tower as it is; `attacker_uploads`), held to the median norm of
+      the honest aggregated clients' row steps this round (measured, as for FedCIA's
+      similarity rows: an upper bound of what a cover client would estimate); its principal
+      directions are those of its crafted rows, and it claims the honest aggregated clients'
+      median training size (FedCA weighs a client by the size it reports). Under
+      ``--attacker-norm own`` it knows neither: its rows go at the attack's own estimate (an
+      Adam client's `step_bound` on every coordinate) and it claims the users' median
+      training size (`typical_size`), as a deployment's malicious node does
+      (`fedrec.flower.malicious.CAMaliciousNode`). It then takes its mixture as any aggregated
       client does. (FedRecAttack's approximated users are refitted once a round, to the first
       sampled attacker's table.) The attacks that mine popular items from one table's movement
       over rounds (PIECK, PoisonFRS: `fedrec.federated.threats.MINING`) watch one
-      table, the mean of every malicious client's (`adversary_table`: the adversary holds all
+      table, the mean of every malicious client's (the adversary holds all
       its clients' models, and each moves only by the mixtures of trained tables it takes), and
       craft one round's rows against it, which each sampled attacker adds to its own table
       (their surrogate's tower is the first sampled attacker's, read only for the attack's own
@@ -339,8 +397,7 @@ class CAAlgorithm(FederatedAlgorithm):
     def step_bound(self) -> float:
         """How far an honest client's round moves a coordinate at most: the rate x the local
         steps of a client of the mean training size."""
-        rows = self.state.split.train.nnz / max(self.n_clients, 1) * (1 + self.cfg.negatives)
-        return float(self.cfg.lr * self.cfg.local_epochs * np.ceil(rows / self.cfg.batch_size))
+        return step_bound(self.state.split.train, self.cfg)
 
     def local_update(self, plan: RoundPlan) -> Uploads:
         state, spec = self.state, self.state.spec
@@ -374,47 +431,21 @@ class CAAlgorithm(FederatedAlgorithm):
         """Round ``r``'s aggregated clients and uploads with the sampled malicious clients'
         (class docstring), and how many of them joined."""
         st, sec, spec = self.state, self.security, self.state.spec
-        sampled = sec.malicious_clients(r)
-        n_bad = int(len(sampled) * spec.aggregated)
-        if not n_bad:
+        sampled = aggregated_attackers(sec.malicious_clients(r), spec.aggregated, self.seed, r)
+        if not len(sampled):
             return members, up, 0
-        sampled = np.sort(np.random.default_rng([self.seed, r, 0xCA]).choice(sampled, n_bad, replace=False))
-        known = self._known_tables()
-        norm, claim = None, float(np.median(np.diff(st.split.train.indptr)))
-        if up is not None:  # the honest aggregated clients' row steps and training sizes
-            steps = (up["tables"] - known[torch.as_tensor(members)]).norm(dim=2)
+        norm, claim = None, typical_size(st.split.train)
+        if up is not None and self.cfg.attacker_norm == "honest":  # the honest aggregated clients' figures
+            steps = (up["tables"] - self._known_tables()[torch.as_tensor(members)]).norm(dim=2)
             norm = float(steps[steps > 0].median()) if bool((steps > 0).any()) else None
             claim = float(up["samples"].median())
-        ids = self.n_clients + sampled
-        bad: dict[str, list[torch.Tensor]] = {"tables": [], "bases": [], "samples": []}
-        score = list(st.model.score_shapes())
-        towers = {client: {k: st.params[k][client] for k in score} for client in ids.tolist()}
-        if sec.attack.name in MINING:  # one round's rows against the one table it watches
-            crafted, _ = sec.malicious_uploads(st.model, self.adversary_table(), towers[int(ids[0])], r,
-                                               clients=sampled, norm=norm)
-        else:  # each attacker's rows against its own table
-            crafted = [sec.malicious_uploads(st.model, st.tables[client], towers[client], r, clients=np.array([c]),
-                                             norm=norm)[0][0]
-                       for c, client in zip(sampled.tolist(), ids.tolist(), strict=True)]
-        for client, u in zip(ids.tolist(), crafted, strict=True):
-            table, tower = st.tables[client], towers[client]
-            rows = torch.as_tensor(u.items, dtype=torch.int64)
-            sent = table.clone()
-            sent[rows] += u.tensors[ITEMS].to(sent)
-            bad["tables"].append(sent)
-            bad["bases"].append(principal_basis(sent[rows], spec.principal))
-            bad["samples"].append(torch.tensor(claim, dtype=torch.float64, device=sent.device))
-            for k in score:
-                bad.setdefault(f"score.{k}", []).append(tower[k])
-        extra = {k: torch.stack(v) for k, v in bad.items()}
+        first, n_mal = self.n_clients, sec.n_malicious
+        extra = attacker_uploads(sec, spec, st.tables[first : first + n_mal],
+                                 {k: v[first : first + n_mal] for k, v in st.params.items()}, sampled, r, norm, claim)
+        ids = first + sampled
         if up is None:
-            return ids, extra, n_bad
-        return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, n_bad
-
-    def adversary_table(self) -> torch.Tensor:
-        """The one table a mining attack watches: the mean of every malicious client's table."""
-        first = self.n_clients
-        return self.state.tables[first : first + self.security.n_malicious].mean(0)
+            return ids, extra, len(ids)
+        return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, len(ids)
 
     def _per_client(self, members: np.ndarray, up: dict[str, torch.Tensor]) -> list[ClientUpload]:
         """Each aggregated client's upload as the server reads it: its basis and tower, and as

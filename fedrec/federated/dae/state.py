@@ -508,11 +508,13 @@ class DAEAlgorithm(FederatedAlgorithm):
     def malicious_uploads(self, r: int, norms: list[torch.Tensor] | None) -> list[ClientUpload]:
         """Round ``r``'s uploads of the sampled malicious clients, as `DAEState.client_uploads`
         lays an upload out: every output row (zero but the crafted ones, held to the median of
-        the honest clients' bag-row ``norms`` as steps) and zero steps of every other part."""
+        the honest clients' bag-row ``norms`` as steps, or under ``--attacker-norm own`` to the
+        attack's own estimate) and zero steps of every other part."""
         st, sec = self.state, self.security
         scoring = st.out_table()  # `row_table`'s first m rows, of its width
         model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
-        honest = self.cfg.lr * float(torch.cat(norms).median()) if norms else None
+        measured = norms and self.cfg.attacker_norm == "honest"  # else the attack's own estimate
+        honest = self.cfg.lr * float(torch.cat(norms).median()) if measured else None
         bad, _ = sec.malicious_uploads(model, scoring, {}, r, norm=honest)
         for u in bad:
             rows = torch.zeros_like(scoring)
