@@ -6,7 +6,7 @@ A median round equals the per-client reference written out (each output row's me
 client, each encoder row's over the clients whose bag holds the item, each dense layer's over
 every client, then the server's Adam step on the mean); an unbounded norm bound and the mean
 rule end where the plain run ends; the attackers are a share of the users, at the honest bag
-rows' norm; FedRecAttack exposes its target and the median stops it; Flower runs the defence
+rows' norm (or the attack's own estimate); FedRecAttack exposes its target and the median stops it; Flower runs the defence
 and refuses a malicious node in one line."""
 
 from __future__ import annotations
@@ -155,15 +155,20 @@ def test_fedrecattack_exposes_its_target_and_the_median_stops_it() -> None:
     assert defended["er@10"] <= clean["er@10"] + 0.02
 
 
-def test_flower_runs_its_defence_and_refuses_an_attacker_node(split: Split) -> None:
-    """On Flower a defended round asks the nodes for each client's steps (the simulator's
-    figures: `tests/test_flower.py`); a malicious node says where FedDAE's attack runs."""
-    from fedrec.flower.malicious import malicious_node
+def test_flower_runs_its_defence_and_an_attacker_node_of_its_own_norm(split: Split) -> None:
+    """On Flower a defended round asks the nodes for each client's steps, and the malicious
+    node sends its crafted rows at the attack's own estimate (both end with the simulator's
+    figures: `tests/test_flower.py`); a node cannot see the honest norm, so it refuses it in
+    one line."""
+    from fedrec.flower.malicious import DAEMaliciousNode, malicious_node
     from fedrec.flower.roles import check_deployable
 
     run = RunConfig(algorithm="feddae", dataset="synthetic:60x80", protocol="loo-full", model=MODEL,
                     federated=federated_config("feddae", rounds=1, defence="median"))
     check_deployable(run, split=split)
     attacked = dataclasses.replace(run, federated=federated_config("feddae", rounds=1, attack="fedrecattack"))
-    with pytest.raises(FedrecError, match="run its --attack in the simulator"):
+    with pytest.raises(FedrecError, match="deploy with --attacker-norm own"):
         malicious_node(attacked, split)
+    own = dataclasses.replace(run, federated=federated_config("feddae", rounds=1, attack="fedrecattack",
+                                                              attacker_norm="own"))
+    assert isinstance(malicious_node(own, split), DAEMaliciousNode)

@@ -133,6 +133,9 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     ("fedca", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "attacker_norm": "own",
                "clients_per_round": 0.5, "rounds": 4, "model": {"aggregated": 0.6}}),
     ("fedca-ncf", {"attack": "pieck-ipe", "malicious": 0.1, "attacker_norm": "own"}),
+    # FedDAE's attackers have empty bags: crafted output rows as gradients, zero for the rest
+    ("feddae", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "attacker_norm": "own",
+                "clients_per_round": 0.5, "lr": 0.05, "model": DAE}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -142,7 +145,7 @@ def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: di
     _same_outcome(run_in_process(run, 2).out, attacked)
     # (an attack runs the papers' item-row rule; so does the clean run it is compared with)
     clean = _simulate(_run(alg, aggregation="clients", **{k: v for k, v in engine.items()
-                                                         if k in ("clients_per_round", "model")}))
+                                                         if k in ("clients_per_round", "lr", "model")}))
     assert attacked.history[-1].bytes_up > clean.history[-1].bytes_up  # the attacker's uploads count
     assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
@@ -180,6 +183,8 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     ("personalfr", {"defence": "median", "clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
     ("fedavg-ae", {"defence": "krum", "model": AE, "protocol": "ratio-rating-implicit"}),
     ("feddae", {"defence": "median", "clients_per_round": 0.5, "model": DAE}),
+    ("feddae", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
+                "attacker_norm": "own", "model": DAE}),
     ("fedavg-ae", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.2, "model": AE,
                    "protocol": "ratio-rating-implicit"}),
     # FedCIA: each client's similarity rows, dense or as a rank-L eigen-upload

@@ -10,7 +10,8 @@ no user, so it reports no evaluation figures. The server samples the declared cl
 the users as the simulator samples its malicious clients (`fedrec.core.plan.extra_sample`),
 so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
 FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`,
-FedPerGNN's `GNNMaliciousNode`, FedCA's `CAMaliciousNode` (`malicious_node` picks the run's).
+FedPerGNN's `GNNMaliciousNode`, FedCA's `CAMaliciousNode`, FedDAE's `DAEMaliciousNode`
+(`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.ca.spec import CASpec
+from fedrec.federated.dae.spec import DAESpec
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
 from fedrec.federated.perfedrec import add_to_clusters
@@ -46,6 +48,8 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
         return GNNMaliciousNode(run, split, spec)
     if isinstance(spec, CASpec):  # FedCA
         return CAMaliciousNode(run, split, spec)
+    if isinstance(spec, DAESpec):  # FedDAE
+        return DAEMaliciousNode(run, split, spec)
     return MaliciousNode(run, split)
 
 
@@ -76,9 +80,9 @@ class MaliciousNode(AttackerNode):
     def __init__(self, run: RunConfig, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         spec = check_deployable(run, split=split)
-        if not hasattr(spec, "create_state"):  # FedDAE, FedCIA: their attacks run in the simulator
-            raise FedrecError(f"'{run.algorithm}': a malicious Flower node crafts the item table of the item-embedding "
-                              "family or the autoencoders' decoder; run its --attack in the simulator (`fedrec run`)")
+        if not hasattr(spec, "create_state"):  # FedCIA: its attacks run in the simulator
+            raise FedrecError(f"'{run.algorithm}': its malicious clients are given the round's honest similarity "
+                              "change, which no node sees; run its --attack in the simulator (`fedrec run`)")
         self.model_spec = getattr(spec, "family", spec)  # FedRAP's head is a family member
         lr_item = self.cfg.item_lr(split.n_items)
         server = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,
@@ -319,6 +323,15 @@ class GNNMaliciousNode(AttackerNode):
                 **{k: v.cpu().numpy() for k, v in layer.items()}, **counts}
 
 
+def own_norm_only(run: RunConfig) -> None:
+    """Refuse, in one line, a deployment whose simulator gives its attackers the round's honest
+    step norm (``--attacker-norm honest``), which a node cannot see."""
+    if run.federated.attacker_norm != "own":
+        raise FedrecError(f"'{run.algorithm}': its simulator's attackers are given the round's honest row norm, "
+                          "which a malicious node cannot see; deploy with --attacker-norm own (the attack's own "
+                          "estimate), and compare with a simulator run that sets it too")
+
+
 class CAMaliciousNode(AttackerNode):
     """The attacker's node of FedCA, whose clients each keep a model of their own and join the
     aggregation at the users' share (`fedrec.federated.ca.state.CAAlgorithm`). It holds its
@@ -337,10 +350,7 @@ class CAMaliciousNode(AttackerNode):
         from fedrec.federated.ca.state import CAState, step_bound, typical_size
 
         self.run, self.cfg, self.spec = run, run.federated, spec
-        if self.cfg.attacker_norm != "own":
-            raise FedrecError(f"'{run.algorithm}': its simulator's attackers are given the round's honest row norm, "
-                              "which a malicious node cannot see; deploy with --attacker-norm own (the attack's own "
-                              "estimate), and compare with a simulator run that sets it too")
+        own_norm_only(run)
         security = Security.build(self.cfg, split, float(self.cfg.lr), run.seed,
                                   step_bound=step_bound(split.train, self.cfg))
         if security is None or security.attack is None:
@@ -394,3 +404,55 @@ class CAMaliciousNode(AttackerNode):
 
         take_mixtures(self.state, self.clients, msg)  # a mixture waits for the node's next message
         return super().evaluate(msg)
+
+
+class DAEMaliciousNode(AttackerNode):
+    """The attacker's node of FedDAE: clients after the users, with empty bags (no first-layer
+    rows to download or send), which download the decoder and the dense encoder layers as any
+    client does and send what the simulator's attackers send
+    (`fedrec.federated.dae.state.attacker_uploads`): crafted output rows as gradients, zero
+    gradients of every other part; summed, or each client's upload (as steps) under a robust
+    rule. Like FedCA's, it runs ``--attacker-norm own``: the simulator's attackers can be given
+    the round's honest bag-row norm, which no node sees."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: DAESpec) -> None:
+        from fedrec.federated.dae.state import TableView, initial_parts
+
+        self.run, self.cfg = run, run.federated
+        own_norm_only(run)
+        security = Security.build(self.cfg, split, float(self.cfg.lr), run.seed)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security, self.n_users, self.n_items = security, split.n_users, split.n_items
+        view = TableView()  # the global parts, as each train message sends them
+        view.glob, view.spec, view.n_items = initial_parts(spec, split.n_items, run.seed)[0], spec, split.n_items
+        self.view = view
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        n = self.security.n_malicious
+        return {"clients": np.arange(self.n_users, self.n_users + n), "n_clients": self.n_users,
+                "n_items": self.n_items, "extra_clients": n, "client_items": np.zeros(0, np.int32),
+                "client_ptr": np.zeros(n + 1, np.int64)}
+
+    def train(self, msg: Payload) -> Payload:
+        from fedrec.federated.dae.state import FIRST, attacker_bytes, attacker_uploads, crafted_sums
+
+        view = self.view
+        if len(np.asarray(msg["items"])):
+            raise FedrecError("the server sent first-layer rows to clients without a bag")
+        for k in view.glob:
+            if k != FIRST:
+                view.glob[k] = torch.as_tensor(msg[f"dense.{k}"])
+        clients = np.asarray(msg["clients"], np.int64) - self.n_users
+        bad = attacker_uploads(self.security, view, int(msg["round"]), None, clients)
+        n_bytes = attacker_bytes(view, len(bad))
+        counts = {"n": len(bad), "loss_sum": 0.0, "client_batches": 0, "bytes_up": n_bytes, "bytes_down": n_bytes}
+        if msg.get("per_client"):  # the server's robust rule looks at each client's upload
+            dense = {k: view.glob[k] for k in view.dense_keys()}
+            ids = np.arange(self.n_users + self.security.n_malicious)  # the uploads name their ids
+            return {**per_client_payload(bad, ids, dense, width=view.row_table().shape[1]), **counts}
+        sums = crafted_sums(view, bad, float(self.cfg.lr))
+        reply: Payload = {"items": np.zeros(0, np.int32)}
+        for k, g in sums.items():
+            reply[f"rows.{k}" if k == FIRST else f"dense.{k}"] = (g[:0] if k == FIRST else g).cpu().numpy()
+        return {**reply, **counts}

@@ -10,7 +10,8 @@ clients' items; the reply sums the node's clients' accumulated gradients (the fi
 the rows they touched). The server takes the simulator's Adam step on the mean over the round's
 clients (`fedrec.federated.dae.state.server_step`). Under a robust rule (``--defence``) the
 server asks for each client's upload instead, as steps (`DAEState.client_uploads`), and takes
-the step on what the rule accepts, as the simulator's `DAEAlgorithm` does.
+the step on what the rule accepts, as the simulator's `DAEAlgorithm` does. An attacker's node
+(`fedrec.flower.malicious.DAEMaliciousNode`) declares clients beyond the users with empty bags.
 """
 
 from __future__ import annotations

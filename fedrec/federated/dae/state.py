@@ -377,6 +377,40 @@ class DAEState(TableView):
         return len(clients) * dense + rows
 
 
+def attacker_uploads(security: Any, view: TableView, r: int, norm: float | None,
+                     clients: np.ndarray | None = None) -> list[ClientUpload]:
+    """Round ``r``'s uploads of the sampled malicious ``clients`` (0-based among them; default
+    the round's sample), as `DAEState.client_uploads` lays an upload out: every output row,
+    zero but the crafted ones (against a dot product on `TableView.out_table`, held to
+    ``norm``, None: the attack's own estimate), and zero steps of every other part. A
+    simulator's round and a deployment's malicious node (`fedrec.flower.malicious`) run this."""
+    scoring = view.out_table()
+    model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
+    bad, _ = security.malicious_uploads(model, scoring, {}, r, clients=clients, norm=norm)
+    for u in bad:
+        rows = torch.zeros_like(scoring)
+        rows[torch.as_tensor(u.items, dtype=torch.int64)] = u.tensors[ITEMS]
+        u.items, u.tensors = np.arange(len(scoring)), {ITEMS: rows, **{k: torch.zeros_like(view.glob[k])
+                                                                        for k in view.dense_keys()}}
+    return bad
+
+
+def crafted_sums(view: TableView, bad: list[ClientUpload], lr: float) -> dict[str, torch.Tensor]:
+    """The global parts' gradient sums the malicious uploads ``bad`` (`attacker_uploads`) add
+    to the round's, where the server sums the clients' gradients (no robust rule)."""
+    table = view.row_table()
+    crafted = torch.zeros_like(table)
+    for u in bad:
+        crafted[: view.n_items] += u.tensors[ITEMS]
+    return view.gradient_sums(crafted, {k: torch.zeros_like(view.glob[k]) for k in view.dense_keys()}, lr)
+
+
+def attacker_bytes(view: TableView, n_bad: int) -> int:
+    """Bytes ``n_bad`` malicious clients send (and as many download): every global part but
+    the first layer, whose rows of an empty bag are none."""
+    return n_bad * 4 * sum(v.numel() for k, v in view.glob.items() if k != FIRST)
+
+
 def initial_parts(spec: Any, n_items: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The global encoder and decoder, and the one start every client's own parts (local
     encoder, gate) take, as the official clients do: drawn from ``seed`` alone, so a server
@@ -489,15 +523,11 @@ class DAEAlgorithm(FederatedAlgorithm):
         defence's rule (class docstring), and the bytes the malicious clients send (and as many
         they download)."""
         st, sec, lr = self.state, self.security, self.cfg.lr
-        m = st.matrix.shape[1]
         table = st.row_table()
         bad = self.malicious_uploads(r, norms) if sec.attack is not None else []
-        n_bytes = len(bad) * 4 * sum(v.numel() for k, v in st.glob.items() if k != FIRST)
+        n_bytes = attacker_bytes(st, len(bad))
         if sec.rule is None:  # the honest sums as they are, the crafted steps added as gradients
-            crafted = torch.zeros_like(table)
-            for u in bad:
-                crafted[:m] += u.tensors[ITEMS]
-            extra = st.gradient_sums(crafted, {k: torch.zeros_like(st.glob[k]) for k in st.dense_keys()}, lr)
+            extra = crafted_sums(st, bad, lr)
             return {k: v + extra[k] for k, v in sums.items()}, n + len(bad), n_bytes
         assert uploads.per_client is not None
         dense = {k: st.glob[k] for k in st.dense_keys()}
@@ -506,22 +536,12 @@ class DAEAlgorithm(FederatedAlgorithm):
         return st.gradient_sums(item_sum, dense_sum, lr), accepted, n_bytes
 
     def malicious_uploads(self, r: int, norms: list[torch.Tensor] | None) -> list[ClientUpload]:
-        """Round ``r``'s uploads of the sampled malicious clients, as `DAEState.client_uploads`
-        lays an upload out: every output row (zero but the crafted ones, held to the median of
-        the honest clients' bag-row ``norms`` as steps, or under ``--attacker-norm own`` to the
-        attack's own estimate) and zero steps of every other part."""
-        st, sec = self.state, self.security
-        scoring = st.out_table()  # `row_table`'s first m rows, of its width
-        model = FamilySpec(score="dot", private_score=False, dual=False, dim=scoring.shape[1])
+        """Round ``r``'s uploads of the sampled malicious clients (`attacker_uploads`), their
+        crafted rows held to the median of the honest clients' bag-row ``norms`` as steps, or
+        under ``--attacker-norm own`` to the attack's own estimate."""
         measured = norms and self.cfg.attacker_norm == "honest"  # else the attack's own estimate
         honest = self.cfg.lr * float(torch.cat(norms).median()) if measured else None
-        bad, _ = sec.malicious_uploads(model, scoring, {}, r, norm=honest)
-        for u in bad:
-            rows = torch.zeros_like(scoring)
-            rows[torch.as_tensor(u.items, dtype=torch.int64)] = u.tensors[ITEMS]
-            u.items, u.tensors = np.arange(len(scoring)), {ITEMS: rows, **{k: torch.zeros_like(st.glob[k])
-                                                                            for k in st.dense_keys()}}
-        return bad
+        return attacker_uploads(self.security, self.state, r, honest)
 
     def round_extra(self) -> dict[str, float]:
         return self.security.figures(self.scores) if self.security is not None else {}
