@@ -32,6 +32,9 @@ from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import federated_config
 from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
 
+#: engine options that describe an attacker, left out of a clean ("none") cell
+ATTACKER_ONLY = ("attacker_norm",)
+
 
 def _value(text: str) -> int | float | str:
     """An engine option's value: a whole number, a number, or the text itself."""
@@ -65,12 +68,13 @@ def main() -> None:
         ap.error("--set and --engine take KEY=VALUE")
     model = dict(kv.split("=", 1) for kv in args.set)
     engine = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.engine)}
-    named = "".join(f"-{k}={v}" for k, v in sorted({**model, **engine}.items()))
+    attacks = [a for a in args.attacks.split(",") if a != "none"]
     try:  # an unknown data set, method or engine option (or its value) ends in one line before any cell runs
         if args.dataset not in REGISTRY and user_sets.get(args.dataset) is None:
             raise UnknownNameError("data set", args.dataset, [*REGISTRY, *user_sets.entries()])
         for method in args.methods.split(","):
-            federated_config(method, args.dataset, paper=True, **engine).validate()
+            federated_config(method, args.dataset, paper=True, **engine,
+                             **({"attack": attacks[0]} if attacks else {})).validate()
     except FedrecError as e:
         ap.error(str(e))
     out = Path(args.out)
@@ -78,6 +82,9 @@ def main() -> None:
     boosts = [float(b) for b in args.boosts.split(",")]
     for method in args.methods.split(","):
         for attack in args.attacks.split(","):
+            # the options that describe an attacker (--attacker-norm) leave the clean run as it is
+            opts = {k: v for k, v in engine.items() if attack != "none" or k not in ATTACKER_ONLY}
+            named = "".join(f"-{k}={v}" for k, v in sorted({**model, **opts}.items()))
             for defence in args.defences.split(","):
                 for boost in (boosts if defence == "none" else [max(boosts)]):
                     b = None if boost == 1.0 or attack == "none" else boost
@@ -87,7 +94,7 @@ def main() -> None:
                     if path.exists():
                         continue
                     blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
-                                      args.protocol, model, engine, args.dataset)
+                                      args.protocol, model, opts, args.dataset)
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(blob, indent=1))
                     tmp.replace(path)
