@@ -37,10 +37,11 @@ def split() -> Split:
                       seed=0)
 
 
-def _algorithm(split: Split, name: str = "fedca", **engine) -> CAAlgorithm:  # type: ignore[no-untyped-def]
+def _algorithm(split: Split, name: str = "fedca", model: dict | None = None,  # type: ignore[no-untyped-def]
+               **engine) -> CAAlgorithm:
     cfg = federated_config(name, **{"lr": 0.05, "local_epochs": 2, "batch_size": 8, "negatives": 2,
                                     "clients_per_round": 1.0, **engine})
-    alg = get_algorithm(name).build(split, {"dim": 6}).algorithm(split, cfg, seed=3)
+    alg = get_algorithm(name).build(split, {"dim": 6, **(model or {})}).algorithm(split, cfg, seed=3)
     attach(alg, split, cfg, seed=3)
     return alg
 
@@ -129,10 +130,25 @@ def test_attackers_of_their_own_norm_know_no_honest_figure(split: Split) -> None
     crafted = (up["tables"][honest:] - before[torch.as_tensor(bad)]).norm(dim=2)
     own = step_bound(split.train, alg.cfg) * 6 ** 0.5  # dim 6: every coordinate at the bound
     assert float(crafted.max()) == pytest.approx(3.0 * own, rel=1e-4)
-    steps = (up["tables"][:honest] - before[:30]).norm(dim=2)
+    steps = (up["tables"][:honest] - before[torch.as_tensor(members[:honest])]).norm(dim=2)
     assert float(steps[steps > 0].median()) != pytest.approx(own, rel=0.1)
     assert up["samples"][honest:].tolist() == [typical_size(split.train)] * len(bad)
-    assert typical_size(split.train) == float(int(typical_size(split.train)))  # a size a client can report
+
+
+def test_attackers_aggregated_without_an_honest_client_use_their_own_figures(split: Split) -> None:
+    """In a round that aggregates no honest client (two train, 40% of them is none) there is no
+    honest figure to give the attackers: 40% of the six sampled attackers, two, join with rows
+    at the attack's own estimate and claim the users' median training size."""
+    from fedrec.federated.ca.state import step_bound, typical_size
+
+    alg = _algorithm(split, attack="fedrecattack", boost=3.0, malicious=0.2, model={"aggregated": 0.4})
+    before = alg.state.tables.clone()
+    plan = RoundPlan(1, np.arange(2), torch.Generator(), np.random.default_rng(1))
+    members, up, honest = alg.local_update(plan).payload
+    assert honest == 0 and len(members) == 2 and (members >= 30).all()
+    crafted = (up["tables"] - before[torch.as_tensor(members)]).norm(dim=2)
+    assert float(crafted.max()) == pytest.approx(3.0 * step_bound(split.train, alg.cfg) * 6 ** 0.5, rel=1e-4)
+    assert up["samples"].tolist() == [typical_size(split.train)] * 2
 
 
 def test_a_malicious_flower_node_needs_the_attackers_own_norm(split: Split) -> None:

@@ -6,8 +6,8 @@ A median round equals the per-client reference written out (each output row's me
 client, each encoder row's over the clients whose bag holds the item, each dense layer's over
 every client, then the server's Adam step on the mean); an unbounded norm bound and the mean
 rule end where the plain run ends; the attackers are a share of the users, at the honest bag
-rows' norm (or the attack's own estimate); FedRecAttack exposes its target and the median stops it; Flower runs the defence
-and refuses a malicious node in one line."""
+rows' norm (or the attack's own estimate); FedRecAttack exposes its target and the median stops
+it; Flower runs the defence, and a malicious node at the attack's own estimate only."""
 
 from __future__ import annotations
 

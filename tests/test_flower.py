@@ -338,11 +338,13 @@ def _flower_out(path: Path) -> Any:
 
 
 @pytest.mark.parametrize(("alg", "opts"), [
-    ("pfedrec", {}), ("personalfr", {"model": AE, "protocol": "ratio-rating"})])
+    ("pfedrec", {}), ("personalfr", {"model": AE, "protocol": "ratio-rating"}),
+    ("fedca", {"clients_per_round": 0.5})])
 def test_simulation_engine_resumes_a_checkpointed_run(tmp_path: Path, alg: str, opts: dict[str, Any]) -> None:
     """Flower's simulation engine: 2 rounds with a checkpoint, then a new run resumes to 4;
     the clients' private state (PFedRec's score functions and post-tuned rows, PersonalFR's
-    encoders) comes back from their disk; the figures are an uninterrupted run's."""
+    encoders, FedCA's models with the mixtures an evaluation message delivered) comes back from
+    their disk; the figures are an uninterrupted run's."""
     from fedrec.flower.launch import simulate
 
     full = _run(alg, rounds=4, **opts)

@@ -157,7 +157,11 @@ def make_client(fixed: dict[str, Any] | None = None) -> ClientApp:
     @on_run_device
     def evaluate(msg: Message, context: Context) -> Message:
         node = _node(context, fixed)
-        return _reply(msg, node.evaluate(from_record(msg.content)))
+        reply = node.evaluate(from_record(msg.content))
+        # an evaluation message can change a client's state (FedCA's clients take the models the
+        # server mixed for them), so it is kept as a train message's is, under the round it follows
+        _keep(node, context, fixed, int(msg.metadata.group_id or 0))
+        return _reply(msg, reply)
 
     return app
 

@@ -292,8 +292,9 @@ def step_bound(train: Any, cfg: Any) -> float:
 
 def typical_size(train: Any) -> float:
     """The users' median training size (the lower middle one, as torch's median, so a whole
-    number): what a malicious client claims where it measures no honest client's."""
-    return float(torch.as_tensor(np.diff(train.indptr)).median())
+    number; at least 1, as every aggregated client has trained): what a malicious client claims
+    where it measures no honest client's."""
+    return max(1.0, float(torch.as_tensor(np.diff(train.indptr)).median()))
 
 
 def aggregated_attackers(sampled: np.ndarray, aggregated: float, seed: int, r: int) -> np.ndarray:
@@ -362,7 +363,7 @@ class CAAlgorithm(FederatedAlgorithm):
       its clients' models, and each moves only by the mixtures of trained tables it takes), and
       craft one round's rows against it, which each sampled attacker adds to its own table
       (their surrogate's tower is the first sampled attacker's, read only for the attack's own
-      budget in a round where no honest client is aggregated);
+      budget: under ``--attacker-norm own``, or in a round where no honest client is aggregated);
     * a defence's rule admits each aggregated client's table before the weights
       (`CAState.admit_uploads`): steps against the server's copy of each table, judged row by
       row over the clients that moved the row. Towers and bases are taken as sent.
@@ -470,7 +471,7 @@ class CAAlgorithm(FederatedAlgorithm):
         sec = self.security
         if sec is not None and sec.rule is not None:
             self.state.admit_uploads(sec, members, up, self._known_tables(), plan.round)
-        elif sec is not None:
+        elif sec is not None and sec.attack is not None and self.cfg.attacker_norm == "honest":
             self._known_tables()  # the attackers' norm reads the honest steps against it
         w = self.state.weights(up)
         self.state.apply(members, up, w)

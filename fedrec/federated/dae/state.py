@@ -464,8 +464,9 @@ class DAEAlgorithm(FederatedAlgorithm):
       (the users' last layers, which pass through encoders and a gate, are what it
       approximates), at the norm of an honest client's bag rows (measured on the round's
       honest clients, as for FedCIA's similarity rows: an upper bound of what a cover client
-      would estimate), and sends zero steps for every other part (a client whose gradients
-      vanish);
+      would estimate; under ``--attacker-norm own`` at the attack's own estimate, as a
+      deployment's malicious node sends them, `fedrec.flower.malicious.DAEMaliciousNode`), and
+      sends zero steps for every other part (a client whose gradients vanish);
     * a defence's rule judges each output row over every client, each encoder row over the
       clients whose bag holds the item, and each dense layer as one row every client sends;
       the server's mean divides by the accepted uploads.
