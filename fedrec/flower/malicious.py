@@ -380,24 +380,17 @@ class CAMaliciousNode(AttackerNode):
         self.state.tables, self.state.params = blob["tables"], blob["params"]
 
     def train(self, msg: Payload) -> Payload:
-        from fedrec.federated.ca.sides import UPLOAD, expected_shapes, take_mixtures
+        from fedrec.federated.ca.sides import take_mixtures, upload_arrays
         from fedrec.federated.ca.state import attacker_uploads
 
         st, spec = self.state, self.spec
         take_mixtures(st, self.clients, msg)
         members = np.asarray(msg["members"], np.int64)
-        keys = (*UPLOAD, *(f"score.{k}" for k in st.model.score_shapes()))
-        if len(members):
-            up = attacker_uploads(self.security, spec, st.tables, st.params, members - self.n_users,
-                                  int(msg["round"]), None, self.claim)
-            arrays = {k: up[k].cpu().numpy() for k in keys}
-        else:
-            shapes = expected_shapes(spec, self.n_items)
-            arrays = {k: np.zeros((0, *shapes[k]), np.float32) for k in keys}
-        arrays["samples"] = np.asarray(arrays["samples"], np.int64)
+        up = (attacker_uploads(self.security, spec, st.tables, st.params, members - self.n_users,
+                               int(msg["round"]), None, self.claim) if len(members) else None)
         return {"members": wire_ids(members), "n": len(members), "loss_sum": 0.0, "client_batches": 0,
                 "bytes_up": len(members) * (st.floats_per_model + spec.principal * spec.dim) * 4,
-                "bytes_down": 0, **arrays}  # (the server counts the mixtures they download)
+                "bytes_down": 0, **upload_arrays(spec, self.n_items, up)}  # (the server counts their downloads)
 
     def evaluate(self, msg: Payload) -> Payload:
         from fedrec.federated.ca.sides import take_mixtures

@@ -100,17 +100,7 @@ class CAClient(ClientSide):
                           "bytes_up": len(members) * (per + self.spec.principal * self.spec.dim) * 4,
                           "bytes_down": len(new) * per * 4}  # the members' downloads: the server's count
         up = st.uploads(members, trained) if len(members) else None
-        for k in (*UPLOAD, *(f"score.{k}" for k in st.model.score_shapes())):
-            if up is not None:
-                reply[k] = up[k].cpu().numpy()
-            else:
-                reply[k] = self._empty(k)
-        reply["samples"] = np.asarray(reply["samples"], np.int64)
-        return reply
-
-    def _empty(self, key: str) -> np.ndarray:
-        shapes = expected_shapes(self.spec, self.data.n_items)
-        return np.zeros((0, *shapes[key]), np.float32)
+        return {**reply, **upload_arrays(self.spec, self.data.n_items, up)}
 
     def evaluate(self, msg: Payload) -> Payload:
         self._take_mixtures(msg)
@@ -126,6 +116,15 @@ def take_mixtures(state: CAState, held: np.ndarray, msg: Payload) -> None:
     state.tables[rows] = torch.as_tensor(msg["mixed.tables"])
     for k in state.model.score_shapes():
         state.params[k][rows] = torch.as_tensor(msg[f"mixed.score.{k}"])
+
+
+def upload_arrays(spec: Any, n_items: int, up: dict[str, torch.Tensor] | None) -> Payload:
+    """The aggregated clients' uploads (`CAState.uploads`; None: no client aggregated) as a
+    reply's arrays, training sizes as whole numbers."""
+    shapes = expected_shapes(spec, n_items)
+    out = {k: up[k].cpu().numpy() if up is not None else np.zeros((0, *shapes[k]), np.float32) for k in shapes}
+    out["samples"] = np.asarray(out["samples"], np.int64)
+    return out
 
 
 def expected_shapes(spec: Any, n_items: int) -> dict[str, tuple[int, ...]]:
