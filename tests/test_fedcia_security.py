@@ -108,6 +108,57 @@ def test_crafted_rows_are_a_share_of_the_clients_at_the_honest_row_budget(split:
     torch.testing.assert_close(alg.global_similarity, prev + total / 10, rtol=1e-5, atol=1e-5)
 
 
+def test_under_own_the_budget_is_the_cover_clients_row_change(split: Split, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--attacker-norm own``: the attacker runs a FedCIA client of its own (the first id after
+    the honest clients, one user whose positives are the attack's cover items). It trains as an
+    honest client does, and the median row norm of its upload less the last average is the
+    budget; it then takes the server's step as every client does."""
+    alg = _algorithm(split, attack="pipattack", boost=3.0, malicious=0.34, attacker_norm="own")
+    seen: dict[str, object] = {}
+    real = Security.malicious_uploads
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["norm"], seen["table"] = kwargs["norm"], alg.cover.state.stacks[0].params["item"][0].clone()
+        out = real(self, *args, **kwargs)
+        seen["bad"] = out[0]
+        return out
+
+    monkeypatch.setattr(Security, "malicious_uploads", spy)
+    ups, plan = _round(alg)
+    prev = alg.global_similarity.clone()
+    start = alg._cover().state.stacks[0].params["item"][0].clone()  # (made at its first use)
+    alg.aggregate(ups, plan)
+    cover = alg.cover.state
+    assert cover.stacks[0].clients.tolist() == [8]
+    assert cover.train_matrix.indices.tolist() == sorted(alg.security.attack.cover_items()[:15].tolist())  # half of 30
+    e = seen["table"].double()
+    assert not torch.equal(seen["table"], start)  # it trained
+    want = float(((e @ e.T).float() - prev).norm(dim=1).median())
+    assert seen["norm"] == pytest.approx(want, rel=1e-5)
+    honest = float(torch.cat([(dense_upload(u) - prev).norm(dim=1) for u in ups.per_client]).median())
+    assert seen["norm"] != pytest.approx(honest, rel=1e-3)  # not the honest clients' figure
+    for u in seen["bad"]:
+        assert float(u.tensors[ITEMS].norm(dim=1).max()) <= 3.0 * seen["norm"] * (1 + 1e-5)
+    assert alg.cover.applied == 1 and not torch.equal(cover.stacks[0].params["item"][0], seen["table"])
+
+
+def test_an_own_norm_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The cover client's model is in the checkpoint with the clients' state."""
+    def cfg(rounds: int) -> RunConfig:
+        return RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", seed=3,
+                         model={"clients": 6, "finetune_steps": 20},
+                         federated=federated_config("fedcia", rounds=rounds, attack="fedrecattack", boost=10.0,
+                                                    malicious=0.34, attacker_norm="own", checkpoint_every=1))
+
+    whole = train(cfg(4)).result
+    ckpt = tmp_path / "run.ckpt"
+    train(cfg(2), checkpoint=ckpt)
+    resumed = train(cfg(4), checkpoint=ckpt, resume=True).result
+    assert [h.extra["er@10"] for h in resumed.history] == [h.extra["er@10"] for h in whole.history]
+    assert [h.loss for h in resumed.history] == [h.loss for h in whole.history]
+    assert [h.valid for h in resumed.history] == [h.valid for h in whole.history]
+
+
 def test_a_rank_l_attacker_sends_the_rank_l_upload_nearest_its_crafted_matrix(split: Split) -> None:
     """Under ``upload_rank`` L a malicious client sends an eigen-upload as an honest one does:
     the matrix its crafted rows mean (the last average plus them), made symmetric, truncated to
@@ -144,7 +195,6 @@ def test_a_rank_l_attacker_sends_the_rank_l_upload_nearest_its_crafted_matrix(sp
 @pytest.mark.parametrize(("name", "option", "why"), [
     ("fedcia", {"attack": "clusterattack"}, "craft similarity rows at a row budget"),
     ("fedcia", {"pad_items": 3}, "takes no --pad-items"),
-    ("fedcia", {"attack": "pipattack", "attacker_norm": "own"}, "no gradient step an attacker could estimate"),
     ("fedlightgcn", {"defence": "median"}, "not on CIAState's aggregation yet"),
     ("fedcia-gfcf", {"attack": "pipattack"}, "not on CIAState's aggregation yet"),
 ])
@@ -194,3 +244,37 @@ def test_flower_takes_its_defence_not_on_a_variant_without_similarity_rows(split
                       model={"clients": 6, "scope": "local"}, federated=federated_config("fedcia", rounds=1, defence="median"))
     with pytest.raises(FedrecError, match="not on 'fedcia'"):
         run_in_process(local, 2)
+
+
+def test_a_malicious_node_runs_own_and_its_rows_are_checked() -> None:
+    """FedCIA's malicious node refuses ``--attacker-norm honest`` in one line (no node sees the
+    honest uploads); the server refuses crafted rows that are not M wide, and a plain run's
+    checkpoint, without the last average, in one line."""
+    from fedrec.experiment import prepare_split
+    from fedrec.federated.cia.sides import CIAServer
+    from fedrec.flower.malicious import CIAMaliciousNode, malicious_node
+    from fedrec.flower.roles import Node, Server, wire
+
+    def run(**opts) -> RunConfig:  # type: ignore[no-untyped-def]
+        return RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", seed=3,
+                         model={"clients": 4, "finetune_steps": 5},
+                         federated=federated_config("fedcia", rounds=1, attack="pipattack", malicious=0.5, **opts))
+
+    split = prepare_split(run())
+    with pytest.raises(FedrecError, match="deploy with --attacker-norm own"):
+        malicious_node(run(), split)
+    own = run(attacker_norm="own")
+    bad_node = malicious_node(own, split)
+    assert isinstance(bad_node, CIAMaliciousNode)
+    nodes = {0: Node(own, 0, 1, split), 1: bad_node}
+    server = Server(own, {i: wire(n.hello()) for i, n in nodes.items()})
+    assert isinstance(server.side, CIAServer) and server.side.extra_nodes == {1}
+    msgs = server.train_messages(1)
+    assert "average" in msgs[1] and "average" not in msgs[0] and msgs[0]["per_client"] == 1
+    reply = bad_node.train(wire(msgs[1]))
+    assert server.side.check(reply, server.sent[1]) is None
+    narrow = {**reply, "rows": reply["rows"][:, :5]}
+    assert "rows have shape" in server.side.check(narrow, server.sent[1])
+    server.side.global_similarity = None
+    with pytest.raises(FedrecError, match="lacks"):
+        server.side.message(2, 1, server.sent[1])

@@ -136,6 +136,10 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     # FedDAE's attackers have empty bags: crafted output rows as gradients, zero for the rest
     ("feddae", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "attacker_norm": "own",
                 "clients_per_round": 0.5, "lr": 0.05, "model": DAE}),
+    # FedCIA's attackers craft rows against the last average, which the server sends them, at
+    # their cover client's budget; the server reads them client by client
+    ("fedcia", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.34, "attacker_norm": "own",
+                "model": CIA, "protocol": "ratio-full"}),
 ])
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
@@ -190,6 +194,8 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     # FedCIA: each client's similarity rows, dense or as a rank-L eigen-upload
     ("fedcia", {"defence": "median", "model": CIA, "protocol": "ratio-full"}),
     ("fedcia", {"defence": "krum", "model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),
+    ("fedcia", {"defence": "median", "attack": "pipattack", "boost": 10.0, "malicious": 0.34,
+                "attacker_norm": "own", "model": {**CIA, "upload_rank": 3}, "protocol": "ratio-full"}),
     # PerFedRec: the global table from each client's upload, each cluster's from its members'
     ("perfedrec", {"defence": "median", "clients_per_round": 0.5, "rounds": 3, "model": {"clusters": 3}}),
     ("perfedrec", {"defence": "union", "aggregation": "clients", "rounds": 3, "model": {"clusters": 3}}),

@@ -115,12 +115,26 @@ class Trainable(ABC):
     def load_client_state_dict(self, blob: dict[str, Any]) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Server and client state, kept apart."""
-        return {"server": self.server_state_dict(), "clients": self.client_state_dict()}
+        """Server and client state, kept apart; and, in an attacked run, what the attacker
+        carries from round to round (``security.attack``, `fedrec.security.attacks.Attack.state`),
+        so a run resumed from a checkpoint goes on as if never stopped, whichever method."""
+        out = {"server": self.server_state_dict(), "clients": self.client_state_dict()}
+        attack = self._attack()
+        if attack is not None:
+            out["attack"] = attack.state()
+        return out
 
     def load_state_dict(self, blob: dict[str, Any]) -> None:
         self.load_server_state_dict(blob["server"])
         self.load_client_state_dict(blob["clients"])
+        attack = self._attack()
+        if attack is not None and "attack" in blob:
+            attack.load_state(blob["attack"])
+
+    def _attack(self) -> Any:
+        """The run's attack, where a security layer is plugged into this algorithm; else None."""
+        security = getattr(self, "security", None)
+        return getattr(security, "attack", None)
 
     def scale_rates(self, factor: float) -> bool:
         """Multiply the learning rates by ``factor`` (the driver's back-off after a divergence);

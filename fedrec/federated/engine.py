@@ -119,10 +119,11 @@ class FederatedConfig:
     attack_items: int = 60
     boost: float | None = None
     #: the norm the malicious rows are held to, times ``boost``, where a method measures its
-    #: honest clients' steps (FedCA, FedDAE): "honest", the round's median honest step, given
-    #: to the attacker (a strong attacker, the default); "own", the attack's own estimate from
-    #: what any client holds (`fedrec.security.attacks.Attack.budget`), which every other
-    #: method's attackers use and all a deployment's malicious node can compute
+    #: honest clients' steps (FedCA, FedDAE, FedCIA's similarity rows): "honest", the round's
+    #: median honest step, given to the attacker (a strong attacker, the default); "own", the
+    #: attack's own estimate from what any client holds (`fedrec.security.attacks.Attack.budget`;
+    #: FedCIA's: `fedrec.federated.cia.cover`), which every other method's attackers use and all
+    #: a deployment's malicious node can compute
     attacker_norm: str = "honest"
     defence: str | None = None
     trim: float = 0.1

@@ -10,8 +10,8 @@ no user, so it reports no evaluation figures. The server samples the declared cl
 the users as the simulator samples its malicious clients (`fedrec.core.plan.extra_sample`),
 so an attacked deployment ends with the simulator's figures (tested). PersonalFR's and
 FedAvg-AE's attacker is `AEMaliciousNode`, GPFedRec's and GFed-PP's `GraphMaliciousNode`,
-FedPerGNN's `GNNMaliciousNode`, FedCA's `CAMaliciousNode`, FedDAE's `DAEMaliciousNode`
-(`malicious_node` picks the run's).
+FedPerGNN's `GNNMaliciousNode`, FedCA's `CAMaliciousNode`, FedDAE's `DAEMaliciousNode`, FedCIA's
+`CIAMaliciousNode` (`malicious_node` picks the run's).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.ca.spec import CASpec
+from fedrec.federated.cia.spec import CIASpec
 from fedrec.federated.dae.spec import DAESpec
 from fedrec.federated.family.sides import per_client_payload
 from fedrec.federated.graph.spec import GraphSpec
@@ -50,6 +51,8 @@ def malicious_node(run: RunConfig, split: Split) -> Any:
         return CAMaliciousNode(run, split, spec)
     if isinstance(spec, DAESpec):  # FedDAE
         return DAEMaliciousNode(run, split, spec)
+    if isinstance(spec, CIASpec):  # FedCIA
+        return CIAMaliciousNode(run, split, spec)
     return MaliciousNode(run, split)
 
 
@@ -80,9 +83,6 @@ class MaliciousNode(AttackerNode):
     def __init__(self, run: RunConfig, split: Split) -> None:
         self.run, self.cfg = run, run.federated
         spec = check_deployable(run, split=split)
-        if not hasattr(spec, "create_state"):  # FedCIA: its attacks run in the simulator
-            raise FedrecError(f"'{run.algorithm}': its malicious clients are given the round's honest similarity "
-                              "change, which no node sees; run its --attack in the simulator (`fedrec run`)")
         self.model_spec = getattr(spec, "family", spec)  # FedRAP's head is a family member
         lr_item = self.cfg.item_lr(split.n_items)
         server = spec.create_state(0, split.n_items, lr=self.cfg.lr, lr_item=lr_item, item_std=self.cfg.item_std,
@@ -449,3 +449,72 @@ class DAEMaliciousNode(AttackerNode):
         for k, g in sums.items():
             reply[f"rows.{k}" if k == FIRST else f"dense.{k}"] = (g[:0] if k == FIRST else g).cpu().numpy()
         return {**reply, **counts}
+
+
+class CIAMaliciousNode(AttackerNode):
+    """The attacker's node of FedCIA: clients after the partition's, which send what the
+    simulator's attackers send (`fedrec.federated.cia.state.attacker_uploads`): rows crafted
+    against the last average, which the server sends this node with every train message, as
+    each row's change (under ``upload_rank`` L, the rank-L upload nearest them, read the same
+    way); the server reads them client by client, by the defence's rule or the plain mean. Its
+    row budget is its cover client's (`fedrec.federated.cia.cover.CoverClient`, which takes
+    every server step as an honest client does): it runs ``--attacker-norm own``, since the
+    simulator's attackers can be given the round's honest similarity change, which no node
+    sees."""
+
+    def __init__(self, run: RunConfig, split: Split, spec: CIASpec) -> None:
+        from fedrec.federated.cia.cover import CoverClient
+        from fedrec.federated.cia.sides import averages_similarities
+
+        self.run, self.cfg, self.spec = run, run.federated, spec
+        own_norm_only(run)
+        n_clients = spec.partition(split.n_users, run.seed).n_clients
+        if not averages_similarities(spec, n_clients):
+            raise FedrecError(f"'{run.algorithm}': --attack runs where the server averages whole similarity matrices")
+        security = Security.build(self.cfg, split, float(self.cfg.lr), run.seed, n_clients=n_clients)
+        if security is None or security.attack is None:
+            raise FedrecError("a malicious node needs an --attack")
+        self.security, self.n_clients, self.n_items = security, n_clients, split.n_items
+        self.cover = CoverClient(spec, split.n_items, security.attack.cover_items(), n_clients, run.seed)
+
+    def hello(self, resume_round: int = 0) -> Payload:
+        n = self.security.n_malicious
+        return {"clients": np.arange(self.n_clients, self.n_clients + n), "n_clients": self.n_clients,
+                "n_items": self.n_items, "extra_clients": n}
+
+    def private_state(self) -> bytes:
+        attack = self.security.attack
+        assert attack is not None
+        return pack_state({"attack": attack.state(), "cover": self.cover.state_dict()})
+
+    def load_private_state(self, raw: bytes) -> None:
+        blob = unpack_state(raw)
+        assert self.security.attack is not None
+        self.security.attack.load_state(blob["attack"])
+        self.cover.load_state_dict(blob["cover"])
+
+    def _sync(self, msg: Payload) -> None:
+        """The cover client takes the server's last step, as an honest node's clients do."""
+        step = {k[len("sync."):]: v for k, v in msg.items() if k.startswith("sync.")}
+        self.cover.take(step, int(msg.get("sync_round", 0)))
+
+    def train(self, msg: Payload) -> Payload:
+        from fedrec.federated.cia.state import attacker_floats, attacker_uploads
+
+        self._sync(msg)
+        r = int(msg["round"])
+        prev = torch.as_tensor(np.asarray(msg["average"], np.float32))
+        if prev.shape != (self.n_items, self.n_items):
+            raise FedrecError(f"the server sent an average of shape {tuple(prev.shape)}, expected "
+                              f"({self.n_items}, {self.n_items})")
+        clients = np.asarray(msg["clients"], np.int64) - self.n_clients
+        norm = self.cover.budget(self.cfg, prev, r)
+        bad = attacker_uploads(self.security, self.spec, prev, r, clients, norm)
+        n_bytes = len(bad) * attacker_floats(self.spec, self.n_items) * 4
+        ids = np.arange(self.n_clients + self.security.n_malicious)  # the uploads name their ids
+        return {**per_client_payload(bad, ids, {}, width=self.n_items), "n": len(bad), "loss_sum": 0.0,
+                "client_batches": 0, "bytes_up": n_bytes, "bytes_down": n_bytes}
+
+    def evaluate(self, msg: Payload) -> Payload:
+        self._sync(msg)
+        return super().evaluate(msg)

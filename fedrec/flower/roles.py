@@ -148,13 +148,15 @@ class Server:
         _, server_side = self.spec.sides()
         self.side = server_side(self.spec, self.cfg, run.seed, hellos, self.n_clients, self.n_items, secure)
         self.max_rounds = self.side.max_rounds
-        if self.cfg.defence is not None:
+        if self.cfg.defence is not None or (self.n_extra and getattr(server_side, "judges_extra_clients", False)):
             self._plug_defence()
 
     def _plug_defence(self) -> None:
         """The run's robust rule in the server side's ``rule`` slot, where its server plainly
         averages item rows or admits each client's rows (as the simulator's
-        `fedrec.security.adversary.attach` requires)."""
+        `fedrec.security.adversary.attach` requires); without ``--defence``, the plain mean, for
+        a server that reads an attacker's clients' uploads client by client
+        (``judges_extra_clients``: FedCIA's, as its simulator's attacked round does)."""
         from fedrec.security.adversary import PLAIN_AVERAGE, Security
 
         state = getattr(self.side, "state", self.side)  # FedCA's server side admits the tables itself

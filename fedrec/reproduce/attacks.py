@@ -349,6 +349,8 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
             "er@10_by_round": [h.extra.get("er@10") for h in res.history],
             **({"attacker_weight_by_round": [h.extra.get("attacker_weight") for h in res.history]}
                if "attacker_weight" in last else {}),
+            **({"attacker_row_norm_by_round": [h.extra.get("attacker_row_norm") for h in res.history]}
+               if "attacker_row_norm" in last else {}),
             "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
             **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),

@@ -92,11 +92,13 @@ class Security:
     def defence(cfg: Any, n_benign: int, n_malicious: int, n_items: int, seed: int) -> Security:
         """The run's defence alone (a deployment's server: it has no data to draw targets from;
         ``n_malicious`` clients beyond the ``n_benign`` users are an attacker's, which the
-        defence's detection figures count against)."""
-        assert cfg.defence is not None
+        defence's detection figures count against). Without ``--defence``, the plain mean of the
+        clients' uploads (a server that reads each client's upload as the simulator's attacked
+        round does: FedCIA's)."""
+        rule = (RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound)
+                if cfg.defence is not None else None)
         return Security(n_benign, n_malicious, np.zeros(0, np.int64), sp.csr_matrix((n_benign, n_items)),
-                        cfg.clients_per_round, seed,
-                        rule=RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound))
+                        cfg.clients_per_round, seed, rule=rule)
 
     @property
     def keeps_uploads(self) -> bool:

@@ -282,7 +282,7 @@ class Attack:
         ``--clip`` as an honest client's is). Everything it needs is what any
         client holds, so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
-        pos = self.rng(11).choice(n, min(max(1, self.attack_items // 2), n), replace=False)
+        pos = self.cover_items()
         free = np.setdiff1d(np.arange(n), pos)
         neg = self.rng(12, r).choice(free, min(len(pos), len(free)), replace=False)
         items = np.concatenate([pos, neg]).astype(np.int64)
@@ -294,6 +294,12 @@ class Attack:
             (g,) = torch.autograd.grad(loss, [v])
         norms = self.know.honest_step(g).norm(dim=1)
         return norms if self.know.row_clip is None else norms.clamp(max=self.know.row_clip)
+
+    def cover_items(self) -> np.ndarray:
+        """The positives of the attacker's *cover* client: κ/2 items drawn once from the
+        attack's seed (unsorted, as drawn)."""
+        n = self.know.n_items
+        return self.rng(11).choice(n, min(max(1, self.attack_items // 2), n), replace=False)
 
     def _send(self, grad: torch.Tensor, c: int, norm: float) -> tuple[np.ndarray, torch.Tensor]:
         """The targets and κ - T rows drawn once per client in proportion to their gradient

@@ -36,7 +36,7 @@ from fedrec.core.contract import ClientUpload
 from fedrec.errors import FedrecError
 from fedrec.federated.cia.state import CIAState, combine, dense_upload
 from fedrec.federated.family.model import ITEMS
-from fedrec.federated.family.sides import bad_numbers
+from fedrec.federated.family.sides import bad_numbers, check_per_client, client_uploads
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.sides import (
     COUNTS,
@@ -95,8 +95,10 @@ class CIAClient(ClientSide):
 
     def hello(self, resume_round: int = 0) -> Payload:
         out: Payload = {"clients": self.clients, "n_clients": self.n_clients, "n_items": self.state.n_items}
-        if self.cfg.defence is not None and averages_similarities(self.state.spec, self.n_clients) and resume_round == 0:
-            # what a defended server judges round 1's uploads against: the start's E_k E_kᵀ, summed
+        judged = self.cfg.defence is not None or self.cfg.attack is not None
+        if judged and averages_similarities(self.state.spec, self.n_clients) and resume_round == 0:
+            # what a server that judges each upload (a defence, or an attacker's clients among
+            # the uploads) reads round 1's against: the start's E_k E_kᵀ, summed
             out["start_similarity"] = self.state.similarity_total().cpu().numpy()
         return out
 
@@ -138,6 +140,10 @@ class CIAServer(ServerSide):
     #: the round's robust aggregation (`fedrec.security.adversary.Security`), plugged in by the
     #: deployment; None: the nodes' plain sums
     rule: Any = None
+    #: a malicious node's clients are read client by client, as the simulator's attacked round
+    #: reads them (`fedrec.federated.cia.state.CIAAlgorithm._defended`): the deployment plugs
+    #: the plain mean into ``rule`` when no defence is asked
+    judges_extra_clients: ClassVar[bool] = True
 
     def __init__(self, spec: Any, cfg: Any, seed: int, hellos: dict[int, Payload], n_clients: int,
                  n_items: int, secure: bool) -> None:
@@ -147,11 +153,15 @@ class CIAServer(ServerSide):
         self.sync_round = 0
         self.keys: set[str] | None = None  # the upload's keys, fixed by the first good reply
         # under a rule: the last average the clients' rows are judged against (round 1: the
-        # start's, which every node sums over its clients in its first answer)
+        # start's, which every honest node sums over its clients in its first answer)
         self.global_similarity: torch.Tensor | None = None
-        if hellos and all("start_similarity" in h for h in hellos.values()):
+        #: the malicious nodes (those declaring clients beyond the users): their messages carry
+        #: the last average, which their clients craft rows against
+        self.extra_nodes = {node for node, h in hellos.items() if int(h.get("extra_clients", 0))}
+        honest = {node: h for node, h in hellos.items() if node not in self.extra_nodes}
+        if honest and all("start_similarity" in h for h in honest.values()):
             total = np.zeros((n_items, n_items))
-            for node, h in hellos.items():
+            for node, h in honest.items():
                 start = np.asarray(h["start_similarity"])
                 if start.shape != (n_items, n_items) or start.dtype.kind != "f" or not np.isfinite(start).all():
                     raise FedrecError(f"node {node} sent a start similarity of shape {start.shape} {start.dtype} "
@@ -171,13 +181,30 @@ class CIAServer(ServerSide):
         self.sums: dict[str, Any] = {}
         self.totals = RoundTotals()
         self.n = 0
-        self.kept: list[ClientUpload] = []
+        self.kept: list[ClientUpload] = []  # honest clients' uploads, as sent
+        self.crafted: list[ClientUpload] = []  # a malicious node's: each row's change
 
     def message(self, r: int, node: int, clients: np.ndarray) -> Payload:
-        return {"round": r, "clients": clients, **self._sync_payload(),
-                **({"per_client": 1} if self.rule is not None else {})}
+        out = {"round": r, "clients": clients, **self._sync_payload(),
+               **({"per_client": 1} if self.rule is not None else {})}
+        if node in self.extra_nodes:
+            out["average"] = self._average().cpu().numpy()
+        return out
+
+    def _average(self) -> torch.Tensor:
+        """The last average the uploads are judged against, or one clear line."""
+        if self.global_similarity is None:
+            raise FedrecError("a defended or attacked FedCIA deployment judges uploads against the last average, "
+                              "which this server lacks (a checkpoint of a plain run, or nodes that sent no start "
+                              "similarity): start the run afresh")
+        return self.global_similarity
 
     def fold(self, node: int, reply: Payload) -> None:
+        if self.rule is not None and "ptr" in reply:  # a malicious node's crafted rows
+            self.crafted.extend(client_uploads(reply, []))
+            self.totals.add(reply)
+            self.n += int(reply["n"])
+            return
         if self.rule is not None:
             parts = {k[len("up."):]: np.asarray(v) for k, v in reply.items() if k.startswith("up.")}
             everything = np.arange(self.n_items)
@@ -196,14 +223,10 @@ class CIAServer(ServerSide):
 
     def finish(self, r: int, rejected: int, gen: Any) -> RoundTotals:
         extra: dict[str, float] = {}
-        if self.rule is not None and self.kept:  # as the simulator's `CIAAlgorithm._defended`
-            prev = self.global_similarity
-            if prev is None:
-                raise FedrecError("a defended FedCIA deployment judges uploads against the last average, which this "
-                                  "server lacks (a checkpoint of an undefended run, or nodes that sent no start "
-                                  "similarity): start the run afresh with --defence")
+        if self.rule is not None and (self.kept or self.crafted):  # as the simulator's `CIAAlgorithm._defended`
+            prev = self._average()
             benign = [ClientUpload(u.client, u.items, {ITEMS: dense_upload(u) - prev}) for u in self.kept]
-            item_sum, _, n = self.rule.sums(benign, self.n_items, self.n_items, {}, prev, r)
+            item_sum, _, n = self.rule.sums(benign + self.crafted, self.n_items, self.n_items, {}, prev, r)
             if n:
                 self.global_similarity = prev + item_sum / n
             self.sync, extra = combine(self.spec, {"n": 1, "similarity": self.global_similarity.double(),
@@ -221,6 +244,8 @@ class CIAServer(ServerSide):
         problem = missing(reply, COUNTS)
         if problem:
             return problem
+        if self.rule is not None and "ptr" in reply:  # a malicious node's: M-wide rows, no shared weight
+            return check_per_client(reply, clients, self.n_items, self.n_items, {}, side_keys=())
         if self.rule is not None:
             return self._check_per_client(reply, clients)
         keys = {k for k in reply if k.startswith("sum.")}

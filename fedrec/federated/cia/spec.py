@@ -101,9 +101,6 @@ class CIASpec:
         if cfg.attack is not None and cfg.attack not in SIMILARITY_ATTACKS:
             raise FedrecError(f"FedCIA's malicious clients craft similarity rows at a row budget: --attack "
                               f"{', '.join(SIMILARITY_ATTACKS)}")
-        if cfg.attacker_norm == "own":
-            raise FedrecError("FedCIA's malicious rows are held to the round's honest similarity change: a similarity "
-                              "row has no gradient step an attacker could estimate (--attacker-norm honest)")
         from fedrec.federated.cia.state import CIAAlgorithm, CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)

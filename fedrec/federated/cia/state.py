@@ -369,6 +369,8 @@ class CIAAlgorithm(FederatedAlgorithm):
         #: the last averaged similarity, kept when a round is attacked or defended (the
         #: uploads' rows are read against it)
         self.global_similarity: torch.Tensor | None = None
+        #: the attacker's cover client under ``--attacker-norm own`` (`fedrec.federated.cia.cover`)
+        self.cover: Any = None
 
     @property
     def security_clients(self) -> int:
@@ -414,39 +416,56 @@ class CIAAlgorithm(FederatedAlgorithm):
         payload = uploads.payload
         if self._guarded:
             assert uploads.per_client is not None
-            payload, n_bytes = self._defended(uploads.per_client, plan.round)
+            payload, n_bytes, norm = self._defended(uploads.per_client, plan.round)
             uploads.bytes_up, uploads.bytes_down = uploads.bytes_up + n_bytes, uploads.bytes_down + n_bytes
+            if norm is not None:  # the attackers' row budget before the boost
+                uploads.extra["attacker_row_norm"] = norm
         sync, extra = combine(self.state.spec, payload)
         self.state.apply(sync)
+        if self.cover is not None:
+            self.cover.take(sync, plan.round)
         uploads.extra = {**extra, **uploads.extra}
 
-    def _defended(self, kept: list[ClientUpload], r: int) -> tuple[dict[str, Any], int]:
+    def _defended(self, kept: list[ClientUpload], r: int) -> tuple[dict[str, Any], int, float | None]:
         """Round ``r``'s average with the attack's uploads and by the defence's rule; the bytes
-        the malicious clients send (and as many they download).
+        the malicious clients send (and as many they download); their row budget (None: no
+        attack).
 
         The security layer reads a similarity matrix as an item table whose row j is item j's
         similarities: each client's upload is its rows less the last average's, the attacker
         crafts rows against that average (matrix factorisation's dot product on them: a user's
         score for item t read as Σ_j x_u[j] S̄[j, t]), and the rule aggregates row by row.
         An honest row's change has no gradient step to size it, so the attacker's row budget is
-        the round's median honest row change (the attacker is given it: a strong attacker).
+        the round's median honest row change (``--attacker-norm honest``: the attacker is given
+        it, a strong attacker) or its cover client's (``own``: `_cover`).
         Under ``upload_rank`` L a malicious client sends what an honest one sends, an
         eigen-upload of rank L (`_factored`), and the server reads the matrix it rebuilds."""
         sec, prev = self.security, self.global_similarity
         assert prev is not None
-        m, rank = self.state.n_items, self.state.spec.upload_rank
+        m = self.state.n_items
         benign = [ClientUpload(u.client, u.items, {ITEMS: dense_upload(u) - prev}) for u in kept]
-        honest = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
-        attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
-        bad, _ = sec.malicious_uploads(attacker_model, prev, {}, r, norm=honest)
-        if rank:
-            bad = [_factored(u, prev, rank) for u in bad]
+        norm = None
+        if sec.attack is not None and self.cfg.attacker_norm == "own":
+            norm = self._cover().budget(self.cfg, prev, r)
+        elif sec.attack is not None:
+            norm = float(torch.cat([u.tensors[ITEMS].norm(dim=1) for u in benign]).median())
+        bad = attacker_uploads(sec, self.state.spec, prev, r, None, norm) if norm is not None else []
         item_sum, _, n = sec.sums(benign + bad, m, m, {}, prev, r)
         if n:
             self.global_similarity = prev + item_sum / n
         sent = {"n": 1, "similarity": self.global_similarity.double(), "bytes_up": 0, "bytes_down": 0}
-        floats = m * min(rank, m) + min(rank, m) if rank else m * m  # whatever rows it crafted
-        return sent, len(bad) * floats * 4
+        return sent, len(bad) * attacker_floats(self.state.spec, m) * 4, norm
+
+    def _cover(self) -> Any:
+        """The attacker's cover client (`fedrec.federated.cia.cover.CoverClient`), made at its
+        first use: the first id after the honest clients, the attack's cover items."""
+        if self.cover is None:
+            from fedrec.federated.cia.cover import CoverClient
+
+            sec = self.security
+            self.cover = CoverClient(self.state.spec, self.state.n_items, sec.attack.cover_items(), sec.n_benign,
+                                     self.seed)
+        return self.cover
 
     def round_extra(self) -> dict[str, float]:
         return self.security.figures(self.scores) if self.security is not None else {}
@@ -464,14 +483,39 @@ class CIAAlgorithm(FederatedAlgorithm):
         return out
 
     def client_state_dict(self) -> dict[str, Any]:
-        return self.state.client_state()
+        out = self.state.client_state()
+        return out if self.cover is None else {**out, "cover": self.cover.state_dict()}
 
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         self.state._global_filter = blob["global_filter"]
         self.global_similarity = blob.get("global_similarity")
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
+        blob = dict(blob)
+        cover = blob.pop("cover", None)
+        if cover is not None:
+            self._cover().load_state_dict(cover)
         self.state.load_client_state(blob)
+
+
+def attacker_uploads(sec: Any, spec: Any, prev: torch.Tensor, r: int, clients: np.ndarray | None,
+                     norm: float) -> list[ClientUpload]:
+    """Round ``r``'s uploads of the sampled malicious ``clients`` (0-based among them; None: the
+    security layer's draw) against the last average ``prev``, at the row budget ``norm``: rows
+    crafted as an item table's (the dot product on the similarity rows), as each row's change;
+    under ``upload_rank`` L, the rank-L upload nearest them (`_factored`). The simulator's
+    attackers and a malicious Flower node's (`fedrec.flower.malicious.CIAMaliciousNode`)."""
+    m, rank = len(prev), spec.upload_rank
+    attacker_model = FamilySpec(score="dot", private_score=False, dual=False, dim=m)
+    bad, _ = sec.malicious_uploads(attacker_model, prev, {}, r, clients, norm=norm)
+    return [_factored(u, prev, rank) for u in bad] if rank else bad
+
+
+def attacker_floats(spec: Any, m: int) -> int:
+    """The floats a malicious client sends (and as many it downloads): whatever rows it crafted,
+    a dense M x M matrix, or L factors of M and L eigenvalues under ``upload_rank`` L."""
+    rank = spec.upload_rank
+    return m * min(rank, m) + min(rank, m) if rank else m * m
 
 
 def _factored(upload: ClientUpload, prev: torch.Tensor, rank: int) -> ClientUpload:

@@ -124,10 +124,7 @@ class CohortAlgorithm(FederatedAlgorithm):
         return out
 
     def server_state_dict(self) -> dict[str, Any]:
-        out = {**self.state.server_state_dict(), "rounds_done": self.rounds_done}
-        if self.security is not None and self.security.attack is not None:
-            out["attack"] = self.security.attack.state()  # what the attacker carries between rounds
-        return out
+        return {**self.state.server_state_dict(), "rounds_done": self.rounds_done}
 
     def client_state_dict(self) -> dict[str, Any]:
         return self.state.client_state_dict()
@@ -135,9 +132,6 @@ class CohortAlgorithm(FederatedAlgorithm):
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
         self.rounds_done = blob.pop("rounds_done")
-        attack = blob.pop("attack", None)
-        if attack is not None and self.security is not None and self.security.attack is not None:
-            self.security.attack.load_state(attack)
         self.state.load_server_state_dict(blob)
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
