@@ -9,6 +9,8 @@ deployed defence is taken, and what is not built is refused in one line."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -142,6 +144,24 @@ def test_under_own_the_budget_is_the_cover_clients_row_change(split: Split, monk
     assert alg.cover.applied == 1 and not torch.equal(cover.stacks[0].params["item"][0], seen["table"])
 
 
+def test_a_back_off_to_a_state_before_the_cover_existed_starts_it_afresh(split: Split) -> None:
+    """The driver's back-off loads a state from before round 1, when the cover client did not
+    exist yet: the retried round's budget is the first try's, not a budget from the cover's
+    later model; a rate back-off slows the cover's fine-tune with the clients'."""
+    alg = _algorithm(split, attack="pipattack", boost=3.0, malicious=0.34, attacker_norm="own")
+    before = copy.deepcopy(alg.state_dict())  # as the driver keeps it
+    ups, plan = _round(alg)
+    alg.aggregate(ups, plan)
+    first = ups.extra["attacker_row_norm"]
+    alg.load_state_dict(before)
+    assert alg.cover is None
+    ups, plan = _round(alg)
+    alg.aggregate(ups, plan)
+    assert ups.extra["attacker_row_norm"] == first
+    alg.scale_rates(0.5)
+    assert alg.cover.state.spec.finetune_lr == alg.state.spec.finetune_lr == 0.05
+
+
 def test_an_own_norm_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The cover client's model is in the checkpoint with the clients' state."""
     def cfg(rounds: int) -> RunConfig:
@@ -258,7 +278,8 @@ def test_a_malicious_node_runs_own_and_its_rows_are_checked() -> None:
     def run(**opts) -> RunConfig:  # type: ignore[no-untyped-def]
         return RunConfig(algorithm="fedcia", dataset="synthetic:60x80", protocol="ratio-full", seed=3,
                          model={"clients": 4, "finetune_steps": 5},
-                         federated=federated_config("fedcia", rounds=1, attack="pipattack", malicious=0.5, **opts))
+                         federated=federated_config("fedcia", rounds=1, **{"attack": "pipattack", "malicious": 0.5,
+                                                                           **opts}))
 
     split = prepare_split(run())
     with pytest.raises(FedrecError, match="deploy with --attacker-norm own"):
@@ -275,6 +296,9 @@ def test_a_malicious_node_runs_own_and_its_rows_are_checked() -> None:
     assert server.side.check(reply, server.sent[1]) is None
     narrow = {**reply, "rows": reply["rows"][:, :5]}
     assert "rows have shape" in server.side.check(narrow, server.sent[1])
+    assert "among the users" in server.side.check(reply, np.arange(len(server.sent[1])))
+    with pytest.raises(FedrecError, match="craft similarity rows at a row budget"):
+        malicious_node(run(attacker_norm="own", attack="a-ra"), split)
     server.side.global_similarity = None
     with pytest.raises(FedrecError, match="lacks"):
         server.side.message(2, 1, server.sent[1])

@@ -452,6 +452,21 @@ def test_an_attacked_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(a
         assert max(h.extra["er@10"] for h in whole.history[3:]) > 0  # the attack acts after the stop
 
 
+def test_a_checkpoint_that_kept_the_attack_with_the_server_state_still_restores_it():
+    """The item family's checkpoints once held the attack's state inside the server's: loading
+    one restores the attacker as the engine's own layout does."""
+    run = train(RunConfig(algorithm="fedmf", dataset="synthetic:200x300", protocol="loo-full",
+                          federated=federated_config("fedmf", rounds=3, attack="pieck-ipe", boost=10.0)))
+    alg = run.model
+    blob = alg.state_dict()
+    looks = alg.security.attack.state()["looks"]
+    assert looks > 0
+    blob["server"]["attack"] = blob.pop("attack")
+    alg.security.attack._looks = 0
+    alg.load_state_dict(blob)
+    assert alg.security.attack.state()["looks"] == looks
+
+
 def test_clusterattack_pulls_sampled_rows_towards_their_centroids_at_honest_lengths():
     """ClusterAttack's rows: each towards its k-means centroid, drawn in proportion to its squared
     distance there, of a length in [μ, μ + 3σ] of the honest norms x boost; each fake client

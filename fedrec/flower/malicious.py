@@ -468,6 +468,7 @@ class CIAMaliciousNode(AttackerNode):
 
         self.run, self.cfg, self.spec = run, run.federated, spec
         own_norm_only(run)
+        spec.check_run(self.cfg)  # the attacks and options the simulator takes
         n_clients = spec.partition(split.n_users, run.seed).n_clients
         if not averages_similarities(spec, n_clients):
             raise FedrecError(f"'{run.algorithm}': --attack runs where the server averages whole similarity matrices")

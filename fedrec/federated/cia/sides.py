@@ -18,9 +18,12 @@ does). Every client trains every round (the paper's Algorithm 1).
 
 A node's message to the server is the sum of its clients' uploads (as decoded by the server);
 the byte counts are what each client sends, as in the simulator. Under a robust rule
-(``--defence``) the server asks for each client's upload instead and aggregates its similarity
-rows by the rule against the last average (round 1: the start's, which every node sums over its
-clients in its first answer), as the simulator's `CIAAlgorithm` does.
+(``--defence``), or with a malicious node's clients among the uploads (the plain mean then), the
+server asks for each client's upload instead and aggregates its similarity rows by the rule
+against the last average (round 1: the start's, which every honest node sums over its clients in
+its first answer), as the simulator's `CIAAlgorithm` does. It sends the malicious node
+(`fedrec.flower.malicious.CIAMaliciousNode`) that average, and reads its crafted rows as they
+come, each row's change.
 """
 
 from __future__ import annotations
@@ -245,6 +248,8 @@ class CIAServer(ServerSide):
         if problem:
             return problem
         if self.rule is not None and "ptr" in reply:  # a malicious node's: M-wide rows, no shared weight
+            if np.asarray(clients).min(initial=self.n_clients) < self.n_clients:
+                return "crafted rows from clients among the users (only declared extra clients send them)"
             return check_per_client(reply, clients, self.n_items, self.n_items, {}, side_keys=())
         if self.rule is not None:
             return self._check_per_client(reply, clients)

@@ -90,8 +90,9 @@ class CIASpec:
             return "secure aggregation sums item tables only; FedCIA sums similarities or whole models"
         return None
 
-    def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
-        """The federated algorithm the round driver trains."""
+    def check_run(self, cfg: Any) -> None:
+        """Refuse, in one line, the engine options FedCIA's round does not take (the simulator's
+        and a malicious Flower node's)."""
         if cfg.clients_per_round != 1.0:
             raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
         if cfg.dp_noise > 0 or cfg.clip is not None:
@@ -101,6 +102,10 @@ class CIASpec:
         if cfg.attack is not None and cfg.attack not in SIMILARITY_ATTACKS:
             raise FedrecError(f"FedCIA's malicious clients craft similarity rows at a row budget: --attack "
                               f"{', '.join(SIMILARITY_ATTACKS)}")
+
+    def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
+        """The federated algorithm the round driver trains."""
+        self.check_run(cfg)
         from fedrec.federated.cia.state import CIAAlgorithm, CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)

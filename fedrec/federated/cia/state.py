@@ -394,6 +394,8 @@ class CIAAlgorithm(FederatedAlgorithm):
         self.cfg = dataclasses.replace(self.cfg, lr=self.cfg.lr * factor)
         spec = self.state.spec
         self.state.spec = dataclasses.replace(spec, finetune_lr=spec.finetune_lr * factor)
+        if self.cover is not None:  # the attacker's cover client fine-tunes as the clients do
+            self.cover.state.spec = self.state.spec
         self.divergence_hint = (f"lower --lr (the clients use {self.cfg.lr:g}) or --set finetune_lr= "
                                 f"(the fine-tune uses {self.state.spec.finetune_lr:g})")
         return True
@@ -493,7 +495,9 @@ class CIAAlgorithm(FederatedAlgorithm):
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
         cover = blob.pop("cover", None)
-        if cover is not None:
+        if cover is None:  # a state from before the cover's first use: it starts afresh then
+            self.cover = None
+        else:
             self._cover().load_state_dict(cover)
         self.state.load_client_state(blob)
 

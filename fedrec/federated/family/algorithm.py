@@ -132,6 +132,9 @@ class CohortAlgorithm(FederatedAlgorithm):
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
         self.rounds_done = blob.pop("rounds_done")
+        legacy = blob.pop("attack", None)  # a checkpoint that kept the attack's state with the server's
+        if legacy is not None and self.security is not None and self.security.attack is not None:
+            self.security.attack.load_state(legacy)
         self.state.load_server_state_dict(blob)
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
