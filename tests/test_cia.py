@@ -273,7 +273,7 @@ def test_finetune_at_the_target_stays_finite_where_the_norm_identity_cancels() -
 
 
 def test_a_back_off_halves_the_clients_rate_and_the_fine_tunes(split: Split) -> None:
-    from fedrec.federated.cia.state import CIAAlgorithm
+    from fedrec.federated.cia.algorithm import CIAAlgorithm
 
     state = _state(split)
     cfg = FederatedConfig(lr=0.03)

@@ -1,4 +1,4 @@
-"""Attacks and defences on FedCIA (`fedrec.federated.cia.state.CIAAlgorithm`): the security layer
+"""Attacks and defences on FedCIA (`fedrec.federated.cia.algorithm.CIAAlgorithm`): the security layer
 reads an uploaded similarity matrix as an item table whose row j is item j's similarities.
 
 A defended round's average is the per-coordinate rule over the clients' uploads written out; an
@@ -21,7 +21,8 @@ from fedrec.core.contract import ClientUpload, RoundPlan
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
-from fedrec.federated.cia.state import CIAAlgorithm, _factored, dense_upload
+from fedrec.federated.cia.algorithm import CIAAlgorithm, _factored
+from fedrec.federated.cia.state import dense_upload
 from fedrec.federated.family.model import ITEMS
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split

@@ -453,7 +453,7 @@ class DAEMaliciousNode(AttackerNode):
 
 class CIAMaliciousNode(AttackerNode):
     """The attacker's node of FedCIA: clients after the partition's, which send what the
-    simulator's attackers send (`fedrec.federated.cia.state.attacker_uploads`): rows crafted
+    simulator's attackers send (`fedrec.federated.cia.algorithm.attacker_uploads`): rows crafted
     against the last average, which the server sends this node with every train message, as
     each row's change (under ``upload_rank`` L, the rank-L upload nearest them, read the same
     way); the server reads them client by client, by the defence's rule or the plain mean. Its
@@ -500,7 +500,7 @@ class CIAMaliciousNode(AttackerNode):
         self.cover.take(step, int(msg.get("sync_round", 0)))
 
     def train(self, msg: Payload) -> Payload:
-        from fedrec.federated.cia.state import attacker_floats, attacker_uploads
+        from fedrec.federated.cia.algorithm import attacker_floats, attacker_uploads
 
         self._sync(msg)
         r = int(msg["round"])

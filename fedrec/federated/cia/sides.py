@@ -144,7 +144,7 @@ class CIAServer(ServerSide):
     #: deployment; None: the nodes' plain sums
     rule: Any = None
     #: a malicious node's clients are read client by client, as the simulator's attacked round
-    #: reads them (`fedrec.federated.cia.state.CIAAlgorithm._defended`): the deployment plugs
+    #: reads them (`fedrec.federated.cia.algorithm.CIAAlgorithm._defended`): the deployment plugs
     #: the plain mean into ``rule`` when no defence is asked
     judges_extra_clients: ClassVar[bool] = True
 

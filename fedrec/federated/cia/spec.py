@@ -12,11 +12,11 @@ from fedrec.partition import GROUPINGS, Partition, clients_of
 from fedrec.protocols.protocol import Split
 
 if TYPE_CHECKING:
-    from fedrec.federated.cia.state import CIAAlgorithm
+    from fedrec.federated.cia.algorithm import CIAAlgorithm
 
 AGGREGATIONS = ("cia", "waa", "none")
 #: the attacks whose crafted rows go at a row budget, which FedCIA's similarity rows can carry
-#: (`fedrec.federated.cia.state.CIAAlgorithm`; the others train fake users by SGD steps)
+#: (`fedrec.federated.cia.algorithm.CIAAlgorithm`; the others train fake users by SGD steps)
 SIMILARITY_ATTACKS = ("fedrecattack", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs")
 FINETUNE_LOSSES = ("norm", "mse")
 SCOPES = ("all", "local")
@@ -106,7 +106,8 @@ class CIASpec:
     def algorithm(self, split: Split, cfg: Any, seed: int) -> CIAAlgorithm:
         """The federated algorithm the round driver trains."""
         self.check_run(cfg)
-        from fedrec.federated.cia.state import CIAAlgorithm, CIAState
+        from fedrec.federated.cia.algorithm import CIAAlgorithm
+        from fedrec.federated.cia.state import CIAState
 
         state = CIAState(self, split.train, split.sampler, self.partition(split.n_users, seed), seed)
         return CIAAlgorithm(state, cfg, seed)
