@@ -108,6 +108,7 @@ def test_attackers_join_the_aggregation_with_crafted_rows_at_the_honest_norm(spl
     norm = float(steps[steps > 0].median())
     crafted = (up["tables"][honest:] - before[torch.as_tensor(bad)]).norm(dim=2)
     assert float(crafted.max()) <= 3.0 * norm * (1 + 1e-5) and int((crafted > 0).sum(1).min()) >= 1
+    assert ups.extra["attacker_row_norm"] == pytest.approx(norm)  # the round records the budget
     assert torch.equal(up["samples"][honest:], up["samples"][:honest].median().expand(len(bad)))
     assert ups.bytes_up > clean.local_update(_plan(1)).bytes_up
     alg.aggregate(ups, _plan(1))
@@ -133,6 +134,7 @@ def test_attackers_of_their_own_norm_know_no_honest_figure(split: Split) -> None
     steps = (up["tables"][:honest] - before[torch.as_tensor(members[:honest])]).norm(dim=2)
     assert float(steps[steps > 0].median()) != pytest.approx(own, rel=0.1)
     assert up["samples"][honest:].tolist() == [typical_size(split.train)] * len(bad)
+    assert "attacker_row_norm" not in alg.local_update(_plan(2)).extra  # no honest figure was given
 
 
 def test_attackers_aggregated_without_an_honest_client_use_their_own_figures(split: Split) -> None:
@@ -144,8 +146,9 @@ def test_attackers_aggregated_without_an_honest_client_use_their_own_figures(spl
     alg = _algorithm(split, attack="fedrecattack", boost=3.0, malicious=0.2, model={"aggregated": 0.4})
     before = alg.state.tables.clone()
     plan = RoundPlan(1, np.arange(2), torch.Generator(), np.random.default_rng(1))
-    members, up, honest = alg.local_update(plan).payload
-    assert honest == 0 and len(members) == 2 and (members >= 30).all()
+    ups = alg.local_update(plan)
+    members, up, honest = ups.payload
+    assert honest == 0 and len(members) == 2 and (members >= 30).all() and "attacker_row_norm" not in ups.extra
     crafted = (up["tables"] - before[torch.as_tensor(members)]).norm(dim=2)
     assert float(crafted.max()) == pytest.approx(3.0 * step_bound(split.train, alg.cfg) * 6 ** 0.5, rel=1e-4)
     assert up["samples"].tolist() == [typical_size(split.train)] * 2

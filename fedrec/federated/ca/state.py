@@ -414,12 +414,15 @@ class CAAlgorithm(FederatedAlgorithm):
         bytes_down = (len(members) + len(new)) * per * 4
         kept = self._per_client(members, up) if self.keep_uploads and up is not None else None
         honest = len(members)
+        extra = {"aggregated": float(honest)}
         if self.security is not None and self.security.attack is not None:
-            members, up, n_bad = self._with_attackers(members, up, plan.round)
+            members, up, n_bad, norm = self._with_attackers(members, up, plan.round)
             bytes_up += n_bad * (per + spec.principal * spec.dim) * 4
             bytes_down += n_bad * per * 4
+            if norm is not None:  # the attackers' row budget before the boost
+                extra["attacker_row_norm"] = norm
         return Uploads(payload=(members, up, honest), per_client=kept, loss_sum=loss, client_batches=batches,
-                       bytes_up=bytes_up, bytes_down=bytes_down, extra={"aggregated": float(honest)})
+                       bytes_up=bytes_up, bytes_down=bytes_down, extra=extra)
 
     def _known_tables(self) -> torch.Tensor:
         """The server's copy of each client's table (the common start until it aggregates one)."""
@@ -428,13 +431,14 @@ class CAAlgorithm(FederatedAlgorithm):
         return self._known
 
     def _with_attackers(self, members: np.ndarray, up: dict[str, torch.Tensor] | None, r: int
-                        ) -> tuple[np.ndarray, dict[str, torch.Tensor] | None, int]:
+                        ) -> tuple[np.ndarray, dict[str, torch.Tensor] | None, int, float | None]:
         """Round ``r``'s aggregated clients and uploads with the sampled malicious clients'
-        (class docstring), and how many of them joined."""
+        (class docstring), how many of them joined, and the honest row norm their rows were
+        held to (None: none joined, or the attack's own estimate)."""
         st, sec, spec = self.state, self.security, self.state.spec
         sampled = aggregated_attackers(sec.malicious_clients(r), spec.aggregated, self.seed, r)
         if not len(sampled):
-            return members, up, 0
+            return members, up, 0, None
         norm, claim = None, typical_size(st.split.train)
         if up is not None and self.cfg.attacker_norm == "honest":  # the honest aggregated clients' figures
             steps = (up["tables"] - self._known_tables()[torch.as_tensor(members)]).norm(dim=2)
@@ -445,8 +449,8 @@ class CAAlgorithm(FederatedAlgorithm):
                                  {k: v[first : first + n_mal] for k, v in st.params.items()}, sampled, r, norm, claim)
         ids = first + sampled
         if up is None:
-            return ids, extra, len(ids)
-        return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, len(ids)
+            return ids, extra, len(ids), norm
+        return np.concatenate([members, ids]), {k: torch.cat([up[k], extra[k]]) for k in up}, len(ids), norm
 
     def _per_client(self, members: np.ndarray, up: dict[str, torch.Tensor]) -> list[ClientUpload]:
         """Each aggregated client's upload as the server reads it: its basis and tower, and as
