@@ -20,8 +20,10 @@ demo: setup
 	$(BIN)/fedrec data stats ml-100k
 	$(BIN)/fedrec run mf --dataset ml-100k --protocol loo-sampled --seed 0
 
+# one worker a core, each test file on one worker (its module fixtures built once, its tests
+# in order); each worker runs PyTorch on one thread (tests/conftest.py)
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 # the documentation site, into site/ (a broken link or reference fails it)
 docs: setup
