@@ -17,13 +17,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from fedrec.data.interactions import Interactions
 from fedrec.errors import DataFormatError, FedrecError
+
+# pandas is imported where a table is read: importing it costs every process that imports fedrec
+# (a Flower node answers each message in a fresh one) about half a second
+if TYPE_CHECKING:
+    import pandas as pd
 
 Kind = Literal["int", "float", "token", "str", "date"]
 """Column types: ``token`` is an id kept as int64 when every value is a plain integer."""
@@ -187,6 +191,8 @@ def _check_header(path: Path, layout: Layout) -> None:
 
 def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
     """Read a delimited file in one vectorised pass, or raise for its first bad line."""
+    import pandas as pd
+
     p = existing(path)
     if layout.header is not None:
         _check_header(p, layout)
@@ -238,6 +244,8 @@ def tokens(values: pd.Series) -> np.ndarray:
 
 def dates_to_seconds(path: Path, layout: Layout, column: str, values: pd.Series) -> np.ndarray:
     """Dates like ``11/1/2000`` (or ISO) to Unix seconds at UTC midnight."""
+    import pandas as pd
+
     parsed = pd.to_datetime(values, format=_DATE_FORMATS[0], errors="coerce")
     missing = parsed.isna().to_numpy()
     if missing.any():

@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from fedrec.data.delimited import (
     Kind,
@@ -31,6 +31,9 @@ from fedrec.data.delimited import (
 )
 from fedrec.data.interactions import Interactions
 from fedrec.errors import DataFormatError
+
+if TYPE_CHECKING:  # imported where a table is read (`fedrec.data.delimited`)
+    import pandas as pd
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from fedrec.data.delimited import (
     Kind,
@@ -21,6 +20,9 @@ from fedrec.data.delimited import (
 )
 from fedrec.data.interactions import Interactions
 from fedrec.errors import DataFormatError, FedrecError
+
+if TYPE_CHECKING:  # imported where a table is read (`fedrec.data.delimited`)
+    import pandas as pd
 
 # ---------------------------------------------------------------------------------------------
 # Generic reader
@@ -215,6 +217,8 @@ def _read_parquet_table(
     time_col: Column | None,
     header: bool,
 ) -> Interactions:
+    import pandas as pd
+
     _need_pyarrow(path)
     try:
         df = pd.read_parquet(path)
