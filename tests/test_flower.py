@@ -1,63 +1,28 @@
-"""fedrec on Flower: the deployment's message flow equals the simulator; bad uploads and silent
-nodes are dropped with a logged reason; resume; and the real thing, a loopback deployment of
-three SuperNodes as processes, ends with the simulator's validation figures and survives a
-SuperNode killed mid-run."""
+"""fedrec on Flower, in one process: the deployment's message flow equals the simulator; bad
+uploads and silent nodes are dropped with a logged reason; attackers and defences on nodes; what
+the app refuses; the deployment's ports, credentials and guard."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from flower_support import (
+    AE,
+    CIA,
+    DAE,
+    assert_same_outcome,
+    engine_outcome,
+    make_run,
+)
 
-from fedrec.algorithms import get_algorithm
-from fedrec.core import checkpoint
-from fedrec.experiment import RunConfig, federated_config, prepare_split, train
-from fedrec.federated.engine import run_federated
+from fedrec.experiment import RunConfig, prepare_split, train
 from fedrec.flower.dispatch import run_in_process
 from fedrec.flower.roles import Node, Server
-
-DATA = "synthetic:60x300"
-
-
-AE = {"clients": 10, "hidden": "16/8"}  # PersonalFR's clients: 10 groups of 6 users
-CIA = {"clients": 6, "finetune_steps": 20}  # FedCIA's clients: 6 groups of 10 users
-DAE = {"hidden": "16/8", "latent": 4, "gate_hidden": 8}  # FedDAE at small widths
-
-
-def _run(alg: str, rounds: int = 3, seed: int = 3, model: dict[str, Any] | None = None,
-         protocol: str = "loo-sampled", **engine: Any) -> RunConfig:
-    dim = {"dim": 8} if "dim" in get_algorithm(alg).defaults else {}
-    # small chunks (several per node) where the algorithm trains the item family's cohorts
-    chunks = {} if "memory_budget_mb" in get_algorithm(alg).ignores else {"memory_budget_mb": 0.05}
-    return RunConfig(alg, dataset=DATA, protocol=protocol, seed=seed, model={**dim, **(model or {})},
-                     federated=federated_config(alg, rounds=rounds, **chunks, **engine))
-
-
-def _simulate(run: RunConfig) -> Any:
-    if run.federated.attack is not None:  # the security layer plugs in where a run is built
-        return train(run).result
-    split = prepare_split(run)
-    alg = get_algorithm(run.algorithm)
-    spec = alg.build(split, {**alg.defaults, **run.model})
-    return run_federated(spec, split, run.federated, seed=run.seed)
-
-
-def _same_outcome(a: Any, b: Any) -> None:
-    assert [h.round for h in a.history] == [h.round for h in b.history]
-    for x, y in zip(a.history, b.history, strict=True):
-        assert x.valid.keys() == y.valid.keys()
-        for k in x.valid:
-            assert x.valid[k] == pytest.approx(y.valid[k], rel=1e-7, abs=1e-12), (x.round, k)
-        assert x.loss == pytest.approx(y.loss, rel=1e-5)
-        assert (x.bytes_up, x.bytes_down, x.rejected_uploads) == (y.bytes_up, y.bytes_down, y.rejected_uploads)
-    assert a.best_round == b.best_round
-    assert a.test == pytest.approx(b.test, rel=1e-7)
 
 
 @pytest.mark.parametrize(("alg", "engine"), [
@@ -106,8 +71,8 @@ def _same_outcome(a: Any, b: Any) -> None:
 ])
 def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Each node trains its own block of users with keyed draws; the server sums node uploads."""
-    run = _run(alg, **engine)
-    _same_outcome(run_in_process(run, 3).out, _simulate(run))
+    run = make_run(alg, **engine)
+    assert_same_outcome(run_in_process(run, 3).out, engine_outcome(run))
 
 
 @pytest.mark.parametrize(("alg", "engine"), [
@@ -144,12 +109,12 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
 def test_a_malicious_node_makes_the_simulators_attacked_run(alg: str, engine: dict[str, Any]) -> None:
     """The attacker is one more node holding the clients after the users; fresh nodes each
     message, so its state travels as its clients' private state."""
-    run = _run(alg, **engine)
-    attacked = _simulate(run)
-    _same_outcome(run_in_process(run, 2).out, attacked)
+    run = make_run(alg, **engine)
+    attacked = engine_outcome(run)
+    assert_same_outcome(run_in_process(run, 2).out, attacked)
     # (an attack runs the papers' item-row rule; so does the clean run it is compared with)
-    clean = _simulate(_run(alg, aggregation="clients", **{k: v for k, v in engine.items()
-                                                         if k in ("clients_per_round", "lr", "model")}))
+    clean = engine_outcome(make_run(alg, aggregation="clients", **{
+        k: v for k, v in engine.items() if k in ("clients_per_round", "lr", "model")}))
     assert attacked.history[-1].bytes_up > clean.history[-1].bytes_up  # the attacker's uploads count
     assert [h.valid for h in attacked.history] != [h.valid for h in clean.history]  # and move the model
 
@@ -211,10 +176,10 @@ def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[s
     """Under --defence the server side asks the nodes for each client's upload and aggregates
     them by the rule (the simulator's security slot, on the server's side); with an attack, the
     malicious node's clients are among them."""
-    run = _run(alg, **engine)
+    run = make_run(alg, **engine)
     deployed = run_in_process(run, 2 + (alg == "pfedrec"))
     simulated = train(run)
-    _same_outcome(deployed.out, simulated.result)
+    assert_same_outcome(deployed.out, simulated.result)
     if engine["defence"] in ("multi-krum", "krum"):  # the rule's detection figures are the simulator's
         for x, y in zip(deployed.out.history, simulated.result.history, strict=True):
             assert x.extra["flagged"] == y.extra["flagged"]
@@ -224,7 +189,7 @@ def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[s
 def test_a_defended_fedpergnn_node_without_an_uploading_client_is_not_refused() -> None:
     """Under a rule a FedPerGNN node whose sampled clients have no training item uploads
     nothing; its reply still states the rows' width, and the server folds it."""
-    run = _run("fedpergnn", rounds=1, defence="median", model={"neighbours": 3})
+    run = make_run("fedpergnn", rounds=1, defence="median", model={"neighbours": 3})
     split = prepare_split(run)
     nodes = {i: Node(run, i, 2, split) for i in range(2)}
     server = Server(run, {i: n.hello() for i, n in nodes.items()})
@@ -260,11 +225,11 @@ def test_what_a_deployed_defence_refuses_is_one_line() -> None:
     from fedrec.errors import FedrecError
 
     with pytest.raises(FedrecError, match="with --ldp/--dp-noise"):
-        run_in_process(_run("fedmf", rounds=1, defence="median", ldp=0.1), 2)
+        run_in_process(make_run("fedmf", rounds=1, defence="median", ldp=0.1), 2)
 
 
 def test_a_node_downloads_only_the_rows_its_clients_touch() -> None:
-    run = _run("fedmf", clients_per_round=0.5)
+    run = make_run("fedmf", clients_per_round=0.5)
     split = prepare_split(run)
     nodes = {i: Node(run, i, 3, split) for i in range(3)}
     server = Server(run, {i: n.hello() for i, n in nodes.items()})
@@ -296,7 +261,7 @@ def _round_with(run: RunConfig, tamper: dict[int, Any]) -> tuple[Server, Any, di
 
 
 def test_server_rejects_bad_uploads_and_drops_silent_nodes(caplog: pytest.LogCaptureFixture) -> None:
-    run = _run("fedmf")
+    run = make_run("fedmf")
 
     def nan_rows(p: dict[str, Any]) -> None:
         p["rows"][0, 0] = np.nan
@@ -327,71 +292,16 @@ def test_server_rejects_bad_uploads_and_drops_silent_nodes(caplog: pytest.LogCap
 ])
 def test_malformed_uploads_are_named(change: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="fedrec.flower"):
-        _, record, _ = _round_with(_run("pfedrec", rounds=1), {0: change})
+        _, record, _ = _round_with(make_run("pfedrec", rounds=1), {0: change})
     assert reason in caplog.text
     assert record.extra["rejected_nodes"] == 1
-
-
-def _flower_out(path: Path) -> Any:
-    from fedrec.core.selection import TrainOutcome
-    from fedrec.results import RoundRecord
-
-    blob = json.loads(path.read_text())
-    out = TrainOutcome()
-    out.history = [RoundRecord(**h) for h in blob["history"]]
-    out.best_round, out.valid_at_best, out.test = blob["best_round"], blob["valid_at_best"], blob["test"]
-    return out
-
-
-@pytest.mark.parametrize(("alg", "opts"), [
-    ("pfedrec", {}), ("personalfr", {"model": AE, "protocol": "ratio-rating"}),
-    ("fedca", {"clients_per_round": 0.5})])
-def test_simulation_engine_resumes_a_checkpointed_run(tmp_path: Path, alg: str, opts: dict[str, Any]) -> None:
-    """Flower's simulation engine: 2 rounds with a checkpoint, then a new run resumes to 4;
-    the clients' private state (PFedRec's score functions and post-tuned rows, PersonalFR's
-    encoders, FedCA's models with the mixtures an evaluation message delivered) comes back from
-    their disk; the figures are an uninterrupted run's."""
-    from fedrec.flower.launch import simulate
-
-    full = _run(alg, rounds=4, **opts)
-    kw = {"checkpoint": tmp_path / "server.ckpt", "client_state_dir": tmp_path / "clients"}
-    simulate(_run(alg, rounds=2, **opts), 3, out=tmp_path / "first.json", **kw)
-    simulate(full, 3, out=tmp_path / "resumed.json", resume=True, **kw)
-    resumed = _flower_out(tmp_path / "resumed.json")
-    _same_outcome(resumed, run_in_process(full, 3).out)
-
-
-@pytest.mark.parametrize(("alg", "engine"), [
-    ("fedmf", {"aggregation": "clients"}),  # the papers' rule: each row's sum over the round's clients
-    # fedrec's rule (each row over its senders, who are summed securely too), and CoLR's
-    # coordinates: the masked table is n_items x rank
-    ("colr", {"model": {"rank": 3}}),
-])
-def test_secure_aggregation_sums_what_the_plain_server_sums(tmp_path: Path, alg: str, engine: dict[str, Any]) -> None:
-    """Through Flower's SecAgg+ (simulation engine): the server's table after 2 rounds is the
-    plain aggregate up to SecAgg+'s quantisation (steps of 2 x range / 2^24)."""
-    from fedrec.flower.launch import simulate
-
-    run = _run(alg, rounds=2, **engine)
-    ckpt = tmp_path / "server.ckpt"
-    simulate(run, 3, out=tmp_path / "secure.json", checkpoint=ckpt, secagg=True)
-    secure = checkpoint.read(ckpt)
-    plain = run_in_process(run, 3)
-    from fedrec.flower.secagg import QUANTIZATION, RANGE
-
-    step = 2 * RANGE / QUANTIZATION
-    diff = (secure["state"]["server"]["role"]["items"] - plain.side.state.items).abs()  # the one checkpoint format
-    assert 0 < float(diff.max()) < 2 * 3 * step  # quantised (not bypassed), within a round's steps
-    history = json.loads((tmp_path / "secure.json").read_text())["history"]
-    assert [h["extra"]["secure_aggregation"] for h in history] == [1.0, 1.0]
-    assert [h["bytes_up"] for h in history] == [h.bytes_up for h in plain.out.history]
 
 
 def test_a_secure_sum_of_senders_outside_the_rounds_clients_is_refused() -> None:
     """Under fedrec's item-row rule the nodes mask each row's count of senders beside the rows:
     the server takes the sum's counts only as whole numbers within the round's clients, so a
     node cannot shrink everyone's rows by inflating a count."""
-    run = _run("colr", model={"rank": 3})
+    run = make_run("colr", model={"rank": 3})
     split = prepare_split(run)
     nodes = {i: Node(run, i, 3, split) for i in range(3)}
     server = Server(run, {i: n.hello() for i, n in nodes.items()}, secure=True)
@@ -409,82 +319,6 @@ def test_a_secure_sum_of_senders_outside_the_rounds_clients_is_refused() -> None
     side.begin(1)
     assert side.fold_secure(summed, counts, total) is None
     torch.testing.assert_close(side.acc.item_count, torch.as_tensor(summed[1], dtype=side.acc.item_count.dtype))
-
-
-@pytest.fixture(scope="module")
-def loopback(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from fedrec.flower.launch import Loopback
-
-    with Loopback(3, workdir=tmp_path_factory.mktemp("loopback")) as deployment:
-        yield deployment
-
-
-def test_secure_loopback_matches_the_simulator_and_refuses_an_unregistered_node(loopback: Any) -> None:
-    """The default deployment (TLS, registered SuperNodes only) ends with the simulator's
-    figures, while a SuperNode with a key the SuperLink never registered is turned away."""
-    from fedrec.flower.tls import write_node_key
-
-    assert loopback.credentials is not None and "--enable-supernode-auth" in loopback.credentials.superlink_args()
-    key = loopback.workdir / "intruder.key"
-    write_node_key(key, key.with_suffix(".pub"))
-    intruder = loopback.start_node(0, key=key, name="intruder")
-    run = _run("pfedrec", rounds=2)
-    out = loopback.workdir / "equivalence.json"
-    proc = loopback.submit(run, out=out, timeout=120)
-    assert proc.returncode == 0 and out.exists(), (loopback.workdir / "logs" / "flwr-run.log").read_text()[-3000:]
-    _same_outcome(_flower_out(out), _simulate(run))
-    assert intruder.wait(timeout=60) != 0
-    assert "Failed to activate SuperNode" in (loopback.workdir / "logs" / "intruder.log").read_text()
-
-
-def test_the_secure_superlink_speaks_only_tls_with_its_own_ca(loopback: Any) -> None:
-    """A plaintext request gets no answer, a TLS client that does not trust the deployment's
-    CA fails the handshake, one that does completes it, and a plaintext SuperNode never joins."""
-    import http.client
-    import ssl
-
-    host, port = "127.0.0.1", loopback.port
-    plain = http.client.HTTPConnection(host, port, timeout=10)
-    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
-        plain.request("GET", "/")
-        plain.getresponse()
-    with pytest.raises(ssl.SSLCertVerificationError):
-        http.client.HTTPSConnection(host, port, timeout=10, context=ssl.create_default_context()).connect()
-    trusted = http.client.HTTPSConnection(
-        host, port, timeout=10, context=ssl.create_default_context(cafile=str(loopback.credentials.ca)))
-    trusted.connect()  # the certificate names 127.0.0.1 and chains to the deployment's CA
-    trusted.close()
-    from fedrec.flower.launch import free_port
-
-    node = loopback.spawn("plaintext-node", [
-        "flower-supernode", "--insecure", "--superlink", loopback.address, "--max-retries", "1",
-        "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=3"])
-    assert node.wait(timeout=60) != 0
-    assert "Giving up reconnection" in (loopback.workdir / "logs" / "plaintext-node.log").read_text()
-
-
-def test_loopback_run_survives_a_killed_supernode(loopback: Any) -> None:
-    """SuperNode 2 is SIGKILLed after round 1: round 2 finishes with the others after the
-    timeout, the log names the silent node, the results count it. (The timeout leaves a
-    node's fresh ClientApp process time to start and train on a busy 2-core machine.)"""
-    run = _run("pfedrec", rounds=2)
-    out, ckpt = loopback.workdir / "fault.json", loopback.workdir / "fault.ckpt"
-    proc = loopback.submit(run, out=out, timeout=40, checkpoint=ckpt, wait=False)
-    deadline = time.monotonic() + 240
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert ckpt.exists(), (loopback.workdir / "logs" / "flwr-run.log").read_text()[-3000:]
-    loopback.kill_node(2)
-    proc.wait(timeout=300)
-    log = (loopback.workdir / "logs" / "flwr-run.log").read_text()
-    blob = json.loads(out.read_text())
-    assert [h["round"] for h in blob["history"]] == [1, 2]
-    assert blob["history"][0]["extra"]["dropped_nodes"] == 0
-    assert blob["history"][-1]["extra"]["dropped_nodes"] == 1
-    # the SuperLink either lets the message time out or answers for the dead node (no heartbeat)
-    assert "gave no train reply" in log or "failed (train)" in log
-    assert "did not answer" in log
-    assert blob["history"][-1]["valid"]["users"] == 40  # the two live nodes' users were evaluated
 
 
 @pytest.mark.parametrize(("run", "secure", "says"), [
@@ -518,7 +352,7 @@ def test_fedcia_nodes_noise_their_own_similarities() -> None:
     b = 0.05
     sums = {}
     for ldp in (0.0, b):
-        run = _run("fedcia", rounds=1, protocol="ratio-full", model=CIA, ldp=ldp)
+        run = make_run("fedcia", rounds=1, protocol="ratio-full", model=CIA, ldp=ldp)
         split = prepare_split(run)
         nodes = {i: Node(run, i, 3, split) for i in range(3)}
         server = Server(run, {i: wire(n.hello()) for i, n in nodes.items()})
@@ -538,7 +372,7 @@ def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
     b = 0.05
     sent = {}
     for ldp in (0.0, b):
-        run = _run(alg, rounds=1, ldp=ldp, model={"dim": 32})
+        run = make_run(alg, rounds=1, ldp=ldp, model={"dim": 32})
         split = prepare_split(run)
         nodes = {i: Node(run, i, 3, split) for i in range(3)}
         server = Server(run, {i: wire(n.hello()) for i, n in nodes.items()})
@@ -555,7 +389,7 @@ def test_graph_nodes_noise_each_clients_whole_table(alg: str) -> None:
         noise = rows.reshape(n, m, d) - clean[i]
         assert abs(noise.mean()) < 0.01
         assert noise.var() == pytest.approx(2 * b * b, rel=0.1)
-    out = run_in_process(_run(alg, rounds=2, ldp=b, model={"dim": 32}), 3).out  # the server's graph step takes them
+    out = run_in_process(make_run(alg, rounds=2, ldp=b, model={"dim": 32}), 3).out  # the server's graph step takes them
     assert len(out.history) == 2 and all(np.isfinite(list(h.valid.values())).all() for h in out.history)
 
 
@@ -572,7 +406,7 @@ def test_nodes_pad_and_noise_from_their_own_entropy(alg: str, engine: dict[str, 
     the pseudo rows and the noise as the simulator does."""
     from fedrec.flower.roles import Server, wire
 
-    run = _run(alg, **engine)
+    run = make_run(alg, **engine)
     split = prepare_split(run)
     own = Node(run, 0, 3, split)
     key = own.side.pad_seed if alg == "fedmf" else own.side.algorithm.noise_seed
@@ -583,7 +417,7 @@ def test_nodes_pad_and_noise_from_their_own_entropy(alg: str, engine: dict[str, 
     msg = server.train_messages(1)[0]
     a, b = own.train(wire(msg)), by_seed.train(wire(msg))
     assert a["rows"].shape != b["rows"].shape or not np.allclose(a["rows"], b["rows"])  # what it sends differs
-    _same_outcome(run_in_process(run, 3, split).out, _simulate(run))
+    assert_same_outcome(run_in_process(run, 3, split).out, engine_outcome(run))
 
 
 @pytest.mark.parametrize(("alg", "engine"), [
@@ -592,8 +426,8 @@ def test_nodes_pad_and_noise_from_their_own_entropy(alg: str, engine: dict[str, 
 ])
 def test_a_node_without_clients_is_harmless(alg: str, engine: dict[str, Any]) -> None:
     """Three nodes for two grouped clients: the third holds none, answers with no figures."""
-    run = _run(alg, rounds=2, **engine)
-    _same_outcome(run_in_process(run, 3).out, _simulate(run))
+    run = make_run(alg, rounds=2, **engine)
+    assert_same_outcome(run_in_process(run, 3).out, engine_outcome(run))
 
 
 def test_what_stays_off_flower_is_a_one_client_baseline() -> None:
@@ -650,49 +484,6 @@ def test_free_ports_lie_below_the_kernels_own_range(monkeypatch: pytest.MonkeyPa
     ports = [launch.free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert all(p in launch._quiet_ports() for p in ports)
-
-
-def test_two_loopback_deployments_share_a_host(tmp_path: Path) -> None:
-    """Free ports, not fixed ones: two deployments on one host both start and stay up."""
-    import socket
-
-    from fedrec.flower.launch import Loopback
-
-    # one secure and one --insecure: both kinds start and serve
-    with Loopback(2, workdir=tmp_path / "a") as a, Loopback(2, workdir=tmp_path / "b", insecure=True) as b:
-        assert a.credentials is not None and b.credentials is None
-        ports = {a.port, b.port, *a.node_ports, *b.node_ports}
-        assert len(ports) == 6
-        time.sleep(2)  # let every process bind (a clash would end one)
-        assert all(p.poll() is None for d in (a, b) for p in d.procs.values())
-        for port in (a.port, b.port):
-            with socket.socket() as s:
-                assert s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def test_the_superlink_serves_its_control_api_to_its_own_host_only(loopback: Any) -> None:
-    """Flower's Control API (submit an app, register a node key) has no authentication; the
-    SuperLink fedrec starts answers it only to its own host. From 127.0.0.2 (another address
-    of this machine, standing for another host) Control and Runtime are 403 and Fleet is not."""
-    import http.client
-    import ssl
-
-    context = ssl.create_default_context(cafile=str(loopback.credentials.ca))
-
-    def status(path: str, source: str) -> int:
-        conn = http.client.HTTPSConnection("127.0.0.1", loopback.port, timeout=10, context=context,
-                                           source_address=(source, 0))
-        try:
-            conn.request("POST", path, body=b"{}", headers={"content-type": "application/json"})
-            return conn.getresponse().status
-        finally:
-            conn.close()
-
-    for path in ("/v1/control/list-nodes", "/v1/control/start-run", "/v1/runtime/acquire-task", "/docs"):
-        assert status(path, "127.0.0.2") == 403, path
-    # reaches Flower, which wants protobuf (415); `flwr supernode register` went through here
-    assert status("/v1/control/list-nodes", "127.0.0.1") == 415
-    assert status("/v1/fleet/activate-node", "127.0.0.2") == 415
 
 
 def test_the_guard_parses_its_addresses_and_refuses_other_paths() -> None:

@@ -113,7 +113,7 @@ simulate(run_from_json(sys.argv[1]), 2, out=sys.argv[2], ray_address=sys.argv[3]
 
 
 def test_a_two_node_ray_cluster_runs_the_simulators_federation(tmp_path: Path) -> None:
-    from test_flower import _flower_out, _same_outcome, _simulate
+    from flower_support import assert_same_outcome, engine_outcome, read_flower_outcome
 
     from fedrec.flower.records import run_to_json
 
@@ -126,7 +126,7 @@ def test_a_two_node_ray_cluster_runs_the_simulators_federation(tmp_path: Path) -
                               env={**os.environ, **QUIET})
     assert done.returncode == 0 and out.exists(), done.stderr[-3000:]
     assert len(set(json.loads(placed.read_text()))) == 2  # one Flower actor on each Ray node
-    _same_outcome(_flower_out(out), _simulate(run))
+    assert_same_outcome(read_flower_outcome(out), engine_outcome(run))
 
 
 @pytest.mark.parametrize(("args", "says"), [
