@@ -21,9 +21,10 @@ demo: setup
 	$(BIN)/fedrec run mf --dataset ml-100k --protocol loo-sampled --seed 0
 
 # one worker a core, each test file on one worker (its module fixtures built once, its tests
-# in order); each worker runs PyTorch on one thread (tests/conftest.py)
+# in order), the files in the order tests/conftest.py gives (the longest first); each worker
+# runs PyTorch on one thread
 test: setup
-	$(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # the documentation site, into site/ (a broken link or reference fails it)
 docs: setup

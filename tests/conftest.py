@@ -1,6 +1,9 @@
-"""Shared small data for tests: synthetic interactions and their protocol splits."""
+"""Shared small data for tests: synthetic interactions and their protocol splits; the order the
+test files run in."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +16,27 @@ from fedrec.data.synthetic import synthetic
 # Test tensors are tiny: a second intra-op thread only adds synchronisation (and thrashes when
 # anything else runs on the machine), so the suite runs single-threaded.
 torch.set_num_threads(1)
+
+# Ray starts its workers (the simulation engine's nodes) at niceness 15, so that its own daemons
+# stay responsive; beside the suite's other workers on a small machine they then wait for a
+# core while their test waits for them. The suite's Ray workers run at the others' priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
+#: the test files that take longest (deployments, Ray, whole runs; measured on two cores), in
+#: that order. `make test` hands each worker whole files (pytest-xdist's ``--dist loadfile``) in
+#: the order they are collected, so these go first and a long one never starts last, leaving
+#: the other workers idle at the end. The rest follow in their usual order.
+LONGEST_FIRST = (
+    "test_flower_loopback.py", "test_flower_simulation.py", "test_flower_user_data.py", "test_contract.py",
+    "test_docs.py", "test_flower.py", "test_bench.py", "test_security.py", "test_ray_cluster.py",
+    "test_tune.py", "test_trust.py", "test_user_data.py", "test_wheel.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of `LONGEST_FIRST` first, each file's tests in their own order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")
