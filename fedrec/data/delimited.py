@@ -24,8 +24,8 @@ import numpy as np
 from fedrec.data.interactions import Interactions
 from fedrec.errors import DataFormatError, FedrecError
 
-# pandas is imported where a table is read: importing it costs every process that imports fedrec
-# (a Flower node answers each message in a fresh one) about half a second
+# pandas is imported where a table is read: with pyarrow it took 1.6 s of the 6.1 s a Flower
+# node's process (one a message) spent importing fedrec's app
 if TYPE_CHECKING:
     import pandas as pd
 
