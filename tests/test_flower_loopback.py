@@ -33,8 +33,8 @@ def test_secure_loopback_matches_the_simulator_refuses_an_unregistered_node_and_
     then SIGKILLed after round 2: round 3 finishes with the others after the timeout, the log
     names the silent node, the results count it. (One run for both: each deployment run costs
     a minute or two of the suite. The timeout leaves a node's fresh ClientApp process time to
-    start and train on a busy 2-core machine. A deployment's test figures are the simulator's
-    in `tests/test_flower_user_data.py`.)"""
+    start and train on a busy 2-core machine. A deployment's test figures are compared with
+    the in-process deployment's in `tests/test_flower_user_data.py`.)"""
     from fedrec.flower.tls import write_node_key
 
     assert loopback.credentials is not None and "--enable-supernode-auth" in loopback.credentials.superlink_args()
@@ -73,7 +73,7 @@ def _round_of(ckpt: Path) -> int:
     """The round a run's checkpoint was written after (0: none yet)."""
     from fedrec.core import checkpoint
 
-    return int(checkpoint.read(ckpt)["round"]) if ckpt.exists() else 0
+    return checkpoint.peek_round(ckpt) if ckpt.exists() else 0
 
 
 def test_the_secure_superlink_speaks_only_tls_with_its_own_ca(loopback: Any) -> None:
