@@ -46,6 +46,10 @@ def round_basis(seed: int, r: int, dim: int, rank: int) -> torch.Tensor:
 class CoLRState(FamilyState):
     """FedMF's state whose item steps and uploads lie in the round's subspace (module docstring)."""
 
+    #: its item step reads the round's basis, a new tensor each round, which a captured step
+    #: would not see (`FamilyState.graphed_steps`)
+    graphed_steps = False
+
     #: the round's ``(rank, width)`` orthonormal basis (None before the first round)
     basis: torch.Tensor | None = None
     #: ``sqrt(d / r) Qᵀ Q``: what an item-row gradient step is multiplied by

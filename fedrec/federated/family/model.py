@@ -92,7 +92,8 @@ def mean_loss(spec: Any, logits: torch.Tensor, labels: torch.Tensor, mask: torch
         per_slot = (logits - labels) ** 2 * mask
     else:
         per_slot = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * mask
-    return (per_slot.sum(1) / mask.sum(1)).sum()
+    # a client with no real slot (a padded one: `fedrec.rounds.step_graphs`) adds 0, not 0/0
+    return (per_slot.sum(1) / mask.sum(1).clamp(min=1)).sum()
 
 
 def linear_grads(spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor,
@@ -110,7 +111,7 @@ def linear_grads(spec: Any, p: dict[str, torch.Tensor], v: torch.Tensor,
     scorer = spec.scorer
     pn = {k: t[:n] for k, t in p.items()}
     logits = scorer.logits(spec, pn, v)
-    count = mask.sum(1, keepdim=True)
+    count = mask.sum(1, keepdim=True).clamp(min=1)  # a padded client's gradient: 0, not 0/0
     if spec.loss == "mse":
         err = logits - labels
         g = 2 * err * mask / count

@@ -33,9 +33,10 @@ from fedrec.federated.family.model import (
 )
 from fedrec.federated.family.personal import PersonalRows
 from fedrec.federated.family.server_opt import ServerOptimizer
-from fedrec.rounds import draws
+from fedrec.rounds import draws, step_graphs
 from fedrec.rounds.cohort import CohortBatches
 from fedrec.rounds.optim import clip_scale
+from fedrec.rounds.step_graphs import StepGraphs
 from fedrec.rounds.uncopied import MAX_STEPS, SharedHistory, SharedTape, squared_norms
 from fedrec.rounds.upload import FLOAT_BYTES, UploadPath
 
@@ -198,6 +199,10 @@ class FamilyState:
     #: this state sees the server's table (False on a Flower node, which holds only the rows its
     #: clients need; not a dataclass field)
     observer = True
+    #: a GPU run replays its steps from CUDA graphs (`_step_graphs`); False for a state whose
+    #: step reads a tensor that is not staged for them (CoLR's basis, drawn anew each round)
+    graphed_steps: ClassVar[bool] = True
+    _graphs = None  # the state's StepGraphs, made on first use (not a dataclass field)
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
@@ -266,7 +271,10 @@ class FamilyState:
             view = term.cohort_rows(cohort.row_ptr, steps, cohort.row_items, self.memo, self.items,
                                      summed=self.per_sample)
         loss_sum = torch.zeros((), dtype=torch.float64)  # on the device: read once, not once a step
-        for t, step in enumerate(steps):
+        graphs = self._step_graphs(sent, view)
+        if graphs is not None:
+            params, rows, loss_sum = self._graphed_steps(graphs, cohort, params, rows, steps)
+        for t, step in enumerate(steps if graphs is None else ()):
             # a term on the client's own rows (UNION's, Regula's): its step is taken where the
             # data term's starts, and applied with it
             # (keyed by the epoch and the batch within it: lockstep step b of an epoch is every
@@ -289,6 +297,35 @@ class FamilyState:
         if view is not None:  # what the term reads beyond the clients' rows (Regula's popular rows)
             up.bytes_down += term.download_bytes(view, cohort.row_ptr, self.items.shape[1])
         return up
+
+    def _step_graphs(self, sent: Any, view: Any) -> StepGraphs | None:
+        """The state's CUDA graphs of its steps (`fedrec.rounds.step_graphs`), where its steps
+        can be replayed from them: on a GPU (or on the CPU, padded but not captured, where
+        `step_graphs.PAD_ON_CPU` asks it of a test), for a state whose step reads only what is
+        staged (`graphed_steps`), with no client objective (its step reads the rows as sent) and
+        no clipping (its norms group a step's rows with `torch.unique`, whose size the device
+        decides)."""
+        if not (self.graphed_steps and sent is None and view is None and self.spec.clip <= 0):
+            return None
+        if self._graphs is None:
+            on_gpu = self.items.is_cuda
+            if not (on_gpu or step_graphs.PAD_ON_CPU):
+                return None
+            self._graphs = StepGraphs(capture=on_gpu)
+        return self._graphs
+
+    def _graphed_steps(self, graphs: StepGraphs, cohort: CohortBatches, params: dict[str, torch.Tensor],
+                       rows: torch.Tensor, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       live: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """`local_update`'s steps replayed from ``graphs``: the parameters, rows and summed loss
+        after them. ``live``: a staged weight a row, set to 1 on the rows of the clients a step
+        trains (`StepGraphs.run`)."""
+        phases = self.spec.phases()
+        staged, w_rows = graphs.begin(len(cohort.clients), params, rows)
+        ends = None if live is None else (live, [int(cohort.row_ptr[idx.shape[0]]) for idx, _, _ in steps])
+        key = (tuple(map(tuple, phases)), self.lr, self.lr_item, self.per_sample)
+        graphs.run(steps, lambda step: self._step(staged, w_rows, step, phases), key, ends)
+        return graphs.end(staged, w_rows)
 
     def _ids(self, cohort: CohortBatches) -> np.ndarray:
         """The run's ids of the cohort's clients (rows of this state)."""

@@ -71,6 +71,7 @@ from fedrec.federated.graph.user_graph import (
 )
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import CohortBatches, argsort_ints
+from fedrec.rounds.step_graphs import StepGraphs
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, UploadPath
 
 BLOCK_BYTES = 32 * 2**20  # one column block of every user's table: sized to the L3 cache
@@ -108,7 +109,8 @@ class GraphState(FamilyState):
     #: GFed-PP's training interactions, of which the public users' build the graph (the server's)
     interactions: sp.csr_matrix | None = None
     _target: torch.Tensor | None = None
-    _ptr: torch.Tensor | None = None
+    _ptr: np.ndarray | None = None
+    _live: torch.Tensor | None = None  # each staged row's weight in a captured step's pull
 
     @staticmethod
     def create_graph(graph: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
@@ -189,7 +191,7 @@ class GraphState(FamilyState):
             self._target = dense[1]  # p_i's rows: the MSE target
         elif dense[0] is not None:
             start[dense[0]] = dense[1]
-        self._ptr = torch.as_tensor(cohort.row_ptr)
+        self._ptr = np.asarray(cohort.row_ptr)  # on the host: a step reads it (no wait for the device)
         return start, start.clone(), params
 
     def _dense_rows(self, clients: np.ndarray, items: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -203,11 +205,38 @@ class GraphState(FamilyState):
 
     def _apply_item_step(self, rows: torch.Tensor, idx: torch.Tensor, step_rows: torch.Tensor) -> None:
         """GPFedRec: the MSE pull moves every row of the active clients, then the BCE step."""
-        if self.graph.gpfedrec and self.graph.reg > 0 and self._target is not None and self._ptr is not None:
-            end = int(self._ptr[idx.shape[0]])
-            live = rows[:end]
-            live.sub_((live - self._target[:end]).mul_(self.kappa))
+        if self._pulls and self._target is not None:
+            if self._live is not None:  # a captured step (`_graphed_steps`): the active rows weigh 1
+                n = rows.shape[0]
+                rows.sub_((rows - self._target[:n]).mul_(self.kappa).mul_(self._live[:n]))
+            else:
+                assert self._ptr is not None
+                end = int(self._ptr[idx.shape[0]])
+                live = rows[:end]
+                live.sub_((live - self._target[:end]).mul_(self.kappa))
         rows.index_add_(0, idx.reshape(-1), step_rows)
+
+    @property
+    def _pulls(self) -> bool:
+        """GPFedRec's MSE pull towards p_i moves the active clients' rows each step."""
+        return self.graph.gpfedrec and self.graph.reg > 0
+
+    def _graphed_steps(self, graphs: StepGraphs, cohort: CohortBatches, params: dict[str, torch.Tensor],
+                       rows: torch.Tensor, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       live: torch.Tensor | None = None
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The steps from graphs, with the pull's targets staged beside the rows and each step's
+        active rows given weight 1 (the captured step pulls every staged row by its weight)."""
+        if not (self._pulls and self._target is not None):
+            return super()._graphed_steps(graphs, cohort, params, rows, steps)
+        target = self._target
+        self._target = graphs.stage("target", target, 1)
+        self._live = graphs.stage("live", torch.zeros((rows.shape[0], 1), dtype=rows.dtype), 1)
+        try:
+            out = super()._graphed_steps(graphs, cohort, params, rows, steps, live=self._live)
+        finally:
+            self._target, self._live = target, None
+        return out
 
     def _finish(self, cohort: CohortBatches, params: dict[str, torch.Tensor], start: torch.Tensor,
                 rows: torch.Tensor, path: UploadPath, loss_sum: float,
