@@ -84,10 +84,11 @@ def test_states_whose_steps_read_more_take_no_graphs(name: str, monkeypatch: pyt
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.filterwarnings("error:the steps run uncaptured")  # a failed capture fails the test
 @pytest.mark.parametrize("name", GRAPHED)
 def test_captured_steps_end_with_the_uncaptured_ones_on_cuda(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA the runs replay captured graphs (at least one a run), and end within float
-    round-off of the same run with graphs off (its plain steps on the GPU)."""
+    """On CUDA the runs replay captured graphs (at least one a run, none failed), and end
+    within float round-off of the same run with graphs off (its plain steps on the GPU)."""
     from test_contract import config
 
     from fedrec.experiment import train
@@ -98,8 +99,9 @@ def test_captured_steps_end_with_the_uncaptured_ones_on_cuda(name: str, monkeypa
     capture = StepGraphs._capture
 
     def counting(self: StepGraphs, *args: Any) -> Any:
+        graph = capture(self, *args)  # (a capture that fails raises, and counts nothing)
         captures.append(1)
-        return capture(self, *args)
+        return graph
 
     monkeypatch.setattr(StepGraphs, "_capture", counting)
     graphed = train(run)
@@ -112,7 +114,7 @@ def test_captured_steps_end_with_the_uncaptured_ones_on_cuda(name: str, monkeypa
     with on("cuda"):
         a, b = graphed.model.scores(users, None), plain.model.scores(users, None)
     assert np.isfinite(a).all()
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+    assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()  # `tests/test_device.py`'s round-off
     for x, y in zip(graphed.result.history, plain.result.history, strict=True):
         for key, value in y.valid.items():
             assert x.valid[key] == pytest.approx(value, rel=1e-3, abs=1.0 / max(y.valid.get("users", 1), 1))
