@@ -80,6 +80,7 @@ class StepGraphs:
             w = torch.zeros((max(need + need // 4, grown), *t.shape[1:]), dtype=t.dtype, device=t.device)
             self.space[name] = w
             self.graphs.clear()  # captured against the old addresses
+            self.pool = None  # a pool whose graphs are all gone cannot take another (PyTorch 2.11)
         w[: t.shape[0]].copy_(t)
         w[t.shape[0]:].zero_()
         return w
@@ -170,6 +171,7 @@ class StepGraphs:
             self.live.zero_()
         if self.stream is None:
             self.stream = torch.cuda.Stream()
+        if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         self.stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
