@@ -19,10 +19,14 @@ from fedrec.rounds import step_graphs
 from fedrec.rounds.step_graphs import StepGraphs, bucket
 
 #: the item family's members whose steps take graphs (FedProx's objective and CoLR's basis do not)
-GRAPHED = ["pfedrec", "fedmf", "fedncf", "fedrecon", "gpfedrec", "gfedpp", "perfedrec", "fedavgm"]
-#: a memory budget that gives a round several chunks of several clients (FedNCF's copies of its
-#: MLP, and the graph methods' tables, take one chunk a client at the others')
-BUDGET_MB = {"fedncf": None, "gpfedrec": 4.0, "gfedpp": 4.0}
+GRAPHED = ["pfedrec", "fedmf", "fedncf", "fedrecon", "gpfedrec", "gfedpp", "perfedrec", "fedavgm", "metamf",
+           "fedmf-bias"]
+#: engine settings under which a round has chunks of several clients whose steps pad (the
+#: default: a small memory budget, so a round has several chunks). FedNCF's copies of its MLP,
+#: and the graph methods' tables, take one chunk a client at that budget; MetaMF trains its
+#: clients without copies unless each client's upload is kept (a defence's)
+SETTINGS: dict[str, dict[str, Any]] = {"fedncf": {}, "gpfedrec": {"memory_budget_mb": 4.0},
+                                       "gfedpp": {"memory_budget_mb": 4.0}, "metamf": {"defence": "median"}}
 
 
 def test_a_bucket_holds_its_clients_with_at_most_half_again() -> None:
@@ -56,7 +60,7 @@ def test_padded_steps_end_with_the_plain_steps_figures(name: str, monkeypatch: p
 
     from fedrec.experiment import train
 
-    run = config(name, rounds=2, memory_budget_mb=BUDGET_MB.get(name, 0.05))
+    run = config(name, rounds=2, **SETTINGS.get(name, {"memory_budget_mb": 0.05}))
     plain = train(run)
     seen = _counted(monkeypatch)
     monkeypatch.setattr(step_graphs, "PAD_ON_CPU", True)
@@ -88,12 +92,13 @@ def test_states_whose_steps_read_more_take_no_graphs(name: str, monkeypatch: pyt
 @pytest.mark.parametrize("name", GRAPHED)
 def test_captured_steps_end_with_the_uncaptured_ones_on_cuda(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the runs replay captured graphs (at least one a run, none failed), and end
-    within float round-off of the same run with graphs off (its plain steps on the GPU)."""
+    within float round-off of the same padded steps launched one by one, and of the plain
+    steps on the GPU."""
     from test_contract import config
 
     from fedrec.experiment import train
 
-    cpu = config(name, rounds=3, memory_budget_mb=BUDGET_MB.get(name, 0.05))
+    cpu = config(name, rounds=3, **SETTINGS.get(name, {"memory_budget_mb": 0.05}))
     run = replace(cpu, federated=replace(cpu.federated, device="cuda"), train=replace(cpu.train, device="cuda"))
     captures: list[int] = []
     capture = StepGraphs._capture
@@ -106,14 +111,18 @@ def test_captured_steps_end_with_the_uncaptured_ones_on_cuda(name: str, monkeypa
     monkeypatch.setattr(StepGraphs, "_capture", counting)
     graphed = train(run)
     assert captures
-    monkeypatch.setattr(FamilyState, "graphed_steps", False)
+    init = StepGraphs.__init__
+    monkeypatch.setattr(StepGraphs, "__init__", lambda self, capture: init(self, False))
     captures.clear()
+    padded = train(run)  # the same kernels at the same shapes, launched one by one
+    monkeypatch.setattr(FamilyState, "graphed_steps", False)
     plain = train(run)
     assert not captures
     users = np.arange(plain.split.n_users)
     with on("cuda"):
-        a, b = graphed.model.scores(users, None), plain.model.scores(users, None)
+        a, p, b = (r.model.scores(users, None) for r in (graphed, padded, plain))
     assert np.isfinite(a).all()
+    assert np.abs(a - p).max() <= 1e-5 * np.abs(p).max()  # (scatter-adds' atomics may reorder sums)
     assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()  # `tests/test_device.py`'s round-off
     for x, y in zip(graphed.result.history, plain.result.history, strict=True):
         for key, value in y.valid.items():

@@ -118,8 +118,8 @@ class StepGraphs:
         for t, (idx, y, m) in enumerate(steps):
             n, width = idx.shape
             nb = bucket(n)
-            g, captured = self._graph((nb, width, key), nb, width, idx, y, step)
-            if captured:  # the capture's eager runs set no row live
+            g, made = self._graph((nb, width, key), nb, width, idx, y, step)
+            if made:  # a capture (even a failed one) left no row live
                 live_end = -1
             s_idx, s_y, s_m = g.inputs
             s_idx[:n].copy_(idx)
@@ -140,7 +140,7 @@ class StepGraphs:
 
     def _graph(self, key: Hashable, nb: int, width: int, idx: torch.Tensor, y: torch.Tensor,
                step: Callable[[StepInputs], torch.Tensor]) -> tuple[_Graph, bool]:
-        """The step's graph for ``key`` (made now: True)."""
+        """The step's graph for ``key``, and whether it was made now."""
         g = self.graphs.get(key)
         if g is not None:
             return g, False
@@ -156,7 +156,7 @@ class StepGraphs:
                               RuntimeWarning, stacklevel=2)
                 self.capture = False
         g = self.graphs[key] = _Graph(inputs, graph)
-        return g, graph is not None
+        return g, True
 
     def _capture(self, inputs: StepInputs, step: Callable[[StepInputs], torch.Tensor]) -> Any:
         """Capture ``step`` on ``inputs`` on a side stream, after two eager runs there

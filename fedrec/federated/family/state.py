@@ -324,7 +324,7 @@ class FamilyState:
         staged, w_rows = graphs.begin(len(cohort.clients), params, rows)
         ends = None if live is None else (live, [int(cohort.row_ptr[idx.shape[0]]) for idx, _, _ in steps])
         key = (tuple(map(tuple, phases)), self.lr, self.lr_item, self.per_sample)
-        graphs.run(steps, lambda step: self._step(staged, w_rows, step, phases), key, ends)
+        graphs.run(steps, lambda step: self._step(staged, w_rows, step, phases, padded=True), key, ends)
         return graphs.end(staged, w_rows)
 
     def _ids(self, cohort: CohortBatches) -> np.ndarray:
@@ -432,7 +432,8 @@ class FamilyState:
 
     def _step(self, params: dict[str, torch.Tensor], rows: torch.Tensor,
               step: tuple[torch.Tensor, torch.Tensor, torch.Tensor], phases: list[list[str]],
-              v: torch.Tensor | None = None, sent: tuple[torch.Tensor, np.ndarray] | None = None) -> torch.Tensor:
+              v: torch.Tensor | None = None, sent: tuple[torch.Tensor, np.ndarray] | None = None,
+              padded: bool = False) -> torch.Tensor:
         """One minibatch: a plain-SGD step per phase, in order (each client's gradient clipped
         to ``spec.clip`` first, when set), then the client objective's step on what the phase
         trained of what the round sent (``sent``: the rows as downloaded and the clients' row
@@ -441,6 +442,8 @@ class FamilyState:
         The item vectors of the batch are gathered once (or passed in as ``v``); the item phase differentiates the
         loss w.r.t. those vectors and scatter-adds the step into ``rows`` (the same update as
         differentiating w.r.t. ``rows``, without a dense gradient of every local row).
+        ``padded``: a step of `fedrec.rounds.step_graphs`, whose padded slots all index one zero
+        row; their item steps are set to exactly zero (a diverged client's are NaN x 0).
         """
         idx, y, m = step
         loss_value = torch.zeros(())
@@ -461,6 +464,8 @@ class FamilyState:
             if train_items:
                 # scaling first: index_add_ with alpha takes a slow path (4x, torch 2.13 CPU)
                 step_rows = self._item_grads(grads[ITEMS], m).reshape(-1, rows.shape[1]).mul_(-self.lr_item)
+                if padded:  # a diverged client's padded slots (NaN x 0) must not reach the zero row
+                    step_rows = torch.where(m.reshape(-1, 1) > 0, step_rows, 0.0)
                 self._apply_item_step(rows, idx, step_rows)
                 v = None
             if sent is not None:
