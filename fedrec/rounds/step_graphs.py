@@ -11,7 +11,8 @@ shapes and addresses, so:
 * a step of ``n`` active clients runs at a bucket of clients (`bucket`: the next of 2^k and
   3 * 2^(k-1), at most 1.5 n), the ones beyond ``n`` padded: their slots index a zero row past
   the chunk's rows and have zero weight (mask 0), so their gradients are exactly zero and the
-  steps leave them as they were (x - 0 = x);
+  steps leave them as they were (x - 0 = x); their item steps are set to zero as well, so a
+  diverged client's NaN x 0 never reaches the zero row the others' padded slots read;
 * a captured graph is kept for its (bucket, batch width, the state's rates) and replayed in
   every later chunk and round; the workspace grows to twice its size (or a quarter more than
   asked), and a growth drops the graphs (their addresses are gone);
