@@ -78,7 +78,7 @@ def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pyte
 def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     # cells of a few seconds each, so the kill lands between the first and the last
-    grid.write_text(GRID.format(seeds=[0, 2, 3], rounds=30, workers=1).replace("60x500", "300x800"))
+    grid.write_text(GRID.format(seeds=[0, 2, 3], rounds=10, workers=1).replace("60x500", "300x800"))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "fedrec", "bench", str(grid), "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
