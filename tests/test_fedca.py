@@ -25,7 +25,7 @@ from fedrec.federated.ca.composite import (
     project_simplex,
     similarity,
 )
-from fedrec.federated.ca.state import CAState
+from fedrec.federated.ca.state import CAState, mixtures
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -77,6 +77,26 @@ def test_fedavg_switch_gives_every_row_the_sample_shares() -> None:
     torch.testing.assert_close(w, torch.tensor([[0.1, 0.3, 0.6]] * 3, dtype=torch.float64))
     w = composite_weights(samples, c, c.T, 0.3, 0.3)  # composite: rows differ, still on the simplex
     assert not torch.allclose(w[0], w[1]) and torch.allclose(w.sum(1), torch.ones(3, dtype=torch.float64))
+
+
+def test_mixtures_mix_each_distinct_row_once_with_the_whole_products_sums() -> None:
+    """Rows of weights that repeat (every row, under the FedAvg switch) are mixed once; each
+    client's mixture is bit for bit the one a product over every row gives, in the clients'
+    order, with or without repeats."""
+    spec = _spec()
+    gen = torch.Generator().manual_seed(0)
+    own = {"tables": torch.randn(5, 7, 6, generator=gen),
+           **{f"score.{k}": torch.randn(5, *v, generator=gen) for k, v in spec.model.score_shapes().items()}}
+    distinct = project_simplex(torch.rand(3, 5, generator=gen, dtype=torch.float64))
+    keep = spec.interpolation
+    for w in (distinct[[0, 1, 0, 2, 1]], distinct[[2, 0, 1, 1, 1]][[0, 1, 2, 2, 0]],
+              project_simplex(torch.rand(5, 5, generator=gen, dtype=torch.float64))):
+        got = mixtures(spec, own, w)
+        for k, v in own.items():
+            flat = v.reshape(5, -1)
+            whole = torch.sparse.mm(w.to(v.dtype).to_sparse(), flat).reshape(v.shape)
+            assert torch.equal(got[k], whole.mul_(1 - keep).add_(v, alpha=keep)), k
+            torch.testing.assert_close(got[k], ((1 - keep) * (w.to(v.dtype) @ flat)).reshape(v.shape) + keep * v)
 
 
 def test_complementarity_is_the_cosine_of_the_mean_principal_angle() -> None:
