@@ -79,22 +79,35 @@ def test_fedavg_switch_gives_every_row_the_sample_shares() -> None:
     assert not torch.allclose(w[0], w[1]) and torch.allclose(w.sum(1), torch.ones(3, dtype=torch.float64))
 
 
-def test_mixtures_mix_each_distinct_row_once_with_the_whole_products_sums() -> None:
-    """Rows of weights that repeat (every row, under the FedAvg switch) are mixed once; each
-    client's mixture is bit for bit the one a product over every row gives, in the clients'
-    order, with or without repeats."""
-    spec = _spec()
+@pytest.mark.parametrize("name", ["fedca", "fedca-ncf"])
+def test_mixtures_mix_each_distinct_row_once_with_the_whole_products_sums(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of weights that repeat (every row, under the FedAvg switch) are mixed once; on the
+    CPU each client's mixture is bit for bit the one a product over every row gives, in the
+    clients' order (tables, and the NCF backbone's tower)."""
+    spec = _spec(name)
     gen = torch.Generator().manual_seed(0)
     own = {"tables": torch.randn(5, 7, 6, generator=gen),
            **{f"score.{k}": torch.randn(5, *v, generator=gen) for k, v in spec.model.score_shapes().items()}}
     distinct = project_simplex(torch.rand(3, 5, generator=gen, dtype=torch.float64))
     keep = spec.interpolation
-    for w in (distinct[[0, 1, 0, 2, 1]], distinct[[2, 0, 1, 1, 1]][[0, 1, 2, 2, 0]],
-              project_simplex(torch.rand(5, 5, generator=gen, dtype=torch.float64))):
-        got = mixtures(spec, own, w)
+    mixed: list[int] = []  # the rows of weights each product takes
+    product = torch.sparse.mm
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        mixed.append(a.shape[0])
+        return product(a, b)
+
+    for w, rows in ((distinct[[0, 1, 0, 2, 1]], 3), (distinct[[2, 0, 1, 1, 2]], 3), (distinct[[1] * 5], 1),
+                    (project_simplex(torch.rand(5, 5, generator=gen, dtype=torch.float64)), 5)):
+        mixed.clear()
+        with monkeypatch.context() as m:
+            m.setattr(torch.sparse, "mm", counting)
+            got = mixtures(spec, own, w)
+        assert mixed == [rows] * len(own)
         for k, v in own.items():
             flat = v.reshape(5, -1)
-            whole = torch.sparse.mm(w.to(v.dtype).to_sparse(), flat).reshape(v.shape)
+            whole = product(w.to(v.dtype).to_sparse(), flat).reshape(v.shape)
             assert torch.equal(got[k], whole.mul_(1 - keep).add_(v, alpha=keep)), k
             torch.testing.assert_close(got[k], ((1 - keep) * (w.to(v.dtype) @ flat)).reshape(v.shape) + keep * v)
 

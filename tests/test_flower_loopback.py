@@ -95,7 +95,7 @@ def test_the_secure_superlink_speaks_only_tls_with_its_own_ca(loopback: Any) -> 
 
     node = loopback.spawn("plaintext-node", [
         "flower-supernode", "--insecure", "--superlink", loopback.address, "--max-retries", "1",
-        "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=3"])
+        "--port", str(free_port()), "--node-config", f"partition-id=0 num-partitions={loopback.nodes}"])
     assert node.wait(timeout=60) != 0
     assert "Giving up reconnection" in (loopback.workdir / "logs" / "plaintext-node.log").read_text()
 

@@ -201,28 +201,35 @@ class Loopback:
         for i in range(self.nodes):
             self.start_node(i)
 
-    def register(self, keys: dict[str, Path]) -> dict[str, int]:
+    def register(self, keys: dict[str, Path], timeout: float = 120.0) -> dict[str, int]:
         """Register SuperNodes' public keys, by name, with the SuperLink (`flwr supernode
         register`, one process a key, all at once: each spends seconds importing Flower);
-        returns the node id the SuperLink gives each name."""
-        procs = {name: subprocess.Popen([str(self.bin / "flwr"), "supernode", "register", str(key), "loopback",
-                                         "--name", name, "--format", "json"], env=self.env, cwd=self.workdir,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for name, key in keys.items()}
+        returns the node id the SuperLink gives each name. Raises `FedrecError` naming the
+        first key the SuperLink did not register within ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        procs: dict[str, subprocess.Popen[str]] = {}
         ids = {}
         try:
+            for name, key in keys.items():
+                procs[name] = subprocess.Popen(
+                    [str(self.bin / "flwr"), "supernode", "register", str(key), "loopback", "--name", name,
+                     "--format", "json"], env=self.env, cwd=self.workdir, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
             for name, proc in procs.items():
-                text = proc.communicate(timeout=120)[0]
                 try:
-                    ids[name] = int(json.loads(text[text.index("{"):text.rindex("}") + 1])["node-id"])
+                    out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise FedrecError(f"the SuperLink did not register {keys[name].name} in {timeout:g} s") from None
+                try:
+                    ids[name] = int(json.loads(out)["node-id"])
                 except (ValueError, KeyError, TypeError):
                     raise FedrecError(f"the SuperLink did not register {keys[name].name}: "
-                                      f"{' '.join(text.split())[-300:]}") from None
+                                      f"{' '.join((out + err).split())[-300:]}") from None
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.kill()
-                    proc.wait()
+                proc.communicate()  # reaps it and closes its pipes
         return ids
 
     def start_node(self, i: int, key: Path | None = None, name: str | None = None) -> subprocess.Popen[bytes]:
