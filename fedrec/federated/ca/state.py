@@ -274,8 +274,8 @@ def mixtures(spec: Any, up: dict[str, torch.Tensor], w: torch.Tensor) -> dict[st
     keep = spec.interpolation
     # each distinct row of weights is mixed once: under FedAvg's weights (``aggregation
     # fedavg``) every row is the same, and one mixture serves every client (on Lastfm-2K's
-    # 1,600 clients, a 1,600th of the work: its rows are dense, which a sparse product over
-    # all of them made slower than a dense one). The composite weights' projection onto the
+    # 1,600 clients, a 1,600th of the work: its rows are dense, and a sparse product over all
+    # of them grows with the square of the clients). The composite weights' projection onto the
     # simplex leaves few weights a row (about 60 of 1,600 clients on Lastfm-2K), so the
     # mixtures are a sparse product: a tenth of the dense one's work there. On the CPU a row's
     # mixture is the same sums with or without the rows that repeat it (tested).
