@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from fedrec.data.interactions import Interactions
+from fedrec.data.preprocess import to_implicit
+from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.protocols import PROTOCOLS, make_split
 from fedrec.protocols.negatives import ComplementSampler
@@ -48,11 +51,13 @@ def test_timestamp_ties_are_broken_by_row_order(tied_data):
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_targets_never_in_training(small_data, name):
     if PROTOCOLS[name].split == "given":  # a file's fixed split, here a random one
-        import dataclasses
-
         fixed = np.random.default_rng(3).integers(0, 3, len(small_data)).astype(np.int8)
         small_data = dataclasses.replace(small_data, given_split=fixed)
+    if PROTOCOLS[name].split == "time":  # users active over the same span (synthetic ones follow each other)
+        shuffled = np.random.default_rng(3).permutation(len(small_data)).astype(np.int64)
+        small_data = dataclasses.replace(small_data, timestamps=shuffled)
     s = make_split(small_data, name, seed=3)
+    assert len(s.valid.users) > 0 and len(s.test.users) > 0
     assert s.train.multiply(s.valid.targets).nnz == 0
     assert s.train.multiply(s.test.targets).nnz == 0
     assert s.valid.targets.multiply(s.test.targets).nnz == 0
@@ -280,3 +285,20 @@ def test_global_time_split_puts_a_cut_timestamps_rows_on_the_later_side():
     flat = Interactions.from_raw(np.arange(4), np.arange(4), None, np.zeros(4, np.int64), implicit=True)
     with pytest.raises(FedrecError, match="nothing is left to train on"):
         global_time_split(flat)
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("loo-full", "no user has a validation item under protocol loo-full: leave-one-out holds out a user's "
+                 "last two interactions, so it evaluates only users with at least 3, and the data has none"),
+    ("time-full", "no user has a test item under protocol time-full: the split's cut leaves no held-out row "
+                  "with a user trained before it"),
+])
+def test_a_split_that_evaluates_no_one_is_refused_with_its_reason(name, says):
+    """Two interactions a user (leave-one-out), or users who follow each other in time (the
+    global cut puts the last ones' every row after it): no one to select a round on or report."""
+    two_each = Interactions.from_raw(np.repeat(np.arange(20), 2), np.arange(40) % 7, None,
+                                     np.arange(40), implicit=True)
+    with pytest.raises(FedrecError) as refused:
+        make_split(two_each if name == "loo-full" else
+                   to_implicit(synthetic(50, 150, mean_interactions=8, min_interactions=3, seed=0)), name)
+    assert str(refused.value).startswith(says)

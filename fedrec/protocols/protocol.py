@@ -314,6 +314,16 @@ def _id_dtype(n_items: int) -> type[np.integer]:
     return np.int32 if n_items < 2**31 else np.int64
 
 
+def _too_little(p: Protocol) -> str:
+    """Why a split of too little data holds nothing out, for the error that says so."""
+    if p.split == "loo":
+        return ("leave-one-out holds out a user's last two interactions, so it evaluates only "
+                "users with at least 3, and the data has none")
+    if p.split == "given":
+        return "the data set's own split marks no row for it"
+    return "the split's cut leaves no held-out row with a user trained before it (use more data)"
+
+
 def make_split(
     x: Interactions,
     protocol: Protocol | str,
@@ -363,6 +373,9 @@ def make_split(
     if p.split == "time":  # a user whose rows all fall after a cut has no history to rank from
         trained = np.diff(train.indptr) > 0
         valid_users, test_users = valid_users[trained[valid_users]], test_users[trained[test_users]]
+    for stage, users in (("validation", valid_users), ("test", test_users)):
+        if len(users) == 0:  # nothing to select a round on or to report: said before training
+            raise FedrecError(f"no user has a {stage} item under protocol {p.name}: {_too_little(p)}")
     train_b = _binary(train)
     rng = np.random.default_rng([seed, 1])
 
