@@ -16,8 +16,14 @@ class DataFormatError(FedrecError):
     def __init__(self, path: str | Path, message: str, line: int | None = None) -> None:
         self.path = str(path)
         self.line = line
+        self.reason = message
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # raised in a worker process (`fedrec.pool`, a grid's cells), it reaches the parent
+        # pickled: the default would call __init__ with the message alone, which fails there
+        return (type(self), (self.path, self.reason, self.line))
 
 
 class UnstableSetting(FedrecError):
@@ -32,10 +38,14 @@ class UnknownNameError(FedrecError):
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         from difflib import get_close_matches
 
+        self.kind, self.name, self.known = kind, name, list(known)
         close = get_close_matches(str(name).lower(), [k.lower() for k in known], n=3, cutoff=0.6)
         named = {k.lower(): k for k in known}
         hint = f"did you mean {' or '.join(repr(named[c]) for c in close)}? " if close else ""
         super().__init__(f"unknown {kind} '{name}'; {hint}known: {', '.join(sorted(known))}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.name, self.known))  # as DataFormatError's
 
 
 class Interrupted(FedrecError):
