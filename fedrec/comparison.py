@@ -42,6 +42,8 @@ class Comparison:
     leaderboard: Path | None
     curves: Path | None
     failed: list[str] = field(default_factory=list)
+    #: the runs without a result, each "ALGORITHM · PROTOCOL · seed S: why"
+    unfinished: list[str] = field(default_factory=list)
 
 
 def _dataset_name(dataset: str, columns: str | None) -> tuple[str, dict[str, Any] | None]:
@@ -78,7 +80,8 @@ def _data_sha256(name: str, inline: dict[str, Any] | None) -> str | None:
     return None if entry is None else user_sets.check_unchanged(entry)
 
 
-def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int) -> None:
+def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int,
+           rounds: int | None = None) -> None:
     from fedrec.algorithms import get_algorithm
     from fedrec.protocols.protocol import get_protocol
 
@@ -89,6 +92,11 @@ def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, tria
         raise FedrecError(f"{', '.join(twice)} named twice")
     if not protocols:
         raise FedrecError("--protocols: name at least one protocol")
+    twice = sorted({p for p in protocols if list(protocols).count(p) > 1})
+    if twice:
+        raise FedrecError(f"--protocols: {', '.join(twice)} named twice")
+    if rounds is not None and rounds < 1:
+        raise FedrecError(f"--rounds must be >= 1 (got {rounds})")
     if seeds < 1:
         raise FedrecError(f"--seeds must be >= 1 (got {seeds}); paired tests need 2 or more")
     if trials < 0:
@@ -134,7 +142,7 @@ def compare(
     from fedrec.files import atomic_write, check_folder
 
     algorithms, protocols = list(algorithms), list(protocols)
-    _check(algorithms, protocols, seeds, trials)
+    _check(algorithms, protocols, seeds, trials, rounds)
     name, inline = _dataset_name(dataset, columns)
     folder = check_folder(Path(out) if out is not None else Path(f"compare-{name}"), "--out")
     if inline is not None and not Path(inline["path"]).is_file():
@@ -180,7 +188,8 @@ def compare(
     curves = _curves(grid, folder)
     report = _report(folder, command or _command(settings), settings, name, results, tuned, failed, made,
                      missing, curves)
-    return Comparison(folder, made, tuned, report, leaderboard, curves, failed)
+    unfinished = [f"{c.algorithm} · {c.protocol} · seed {c.seed}: {why}" for c, why in missing]
+    return Comparison(folder, made, tuned, report, leaderboard, curves, failed, unfinished)
 
 
 def _tune_all(algorithms: list[str], dataset: str, columns: str | None, protocol: str, trials: int,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fedrec.algorithms import AlgorithmSpec, get_algorithm
+from fedrec.algorithms import ALGORITHMS, AlgorithmSpec, get_algorithm
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.core.selection import TrainOutcome
@@ -34,6 +34,15 @@ from fedrec.results import COMPLETED, DIVERGED, RoundRecord, RunResult, git_revi
 from fedrec.train.centralised import CentralisedModel, TrainConfig
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+))?$")
+
+#: seeds are numpy's and PyTorch's: whole numbers in [0, 2^32)
+SEED_LIMIT = 2**32
+
+
+def check_seed(seed: object, where: str = "--seed") -> None:
+    """Refuse a seed numpy's generators cannot take (negative, past 2^32, not a whole number)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
+        raise FedrecError(f"{where} must be a whole number in [0, 2^32), not {seed!r}")
 
 
 @dataclass
@@ -130,6 +139,7 @@ class RunConfig:
     def validate(self) -> None:
         """Reject impossible options before any data is read: the data options, and the
         options of the trainer the algorithm runs with (the engine's or the centralised one's)."""
+        check_seed(self.seed)
         check(
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
@@ -256,6 +266,7 @@ def prepare_split(cfg: RunConfig) -> Split:
     """Load, preprocess (as the protocol needs) and split the run's data set."""
     from fedrec.data.preprocess import PreprocessConfig, preprocess
 
+    check_seed(cfg.seed)
     protocol = get_protocol(cfg.protocol)
     threshold = cfg.threshold
     # a user's data set may say which ratings count as positive (`fedrec data add`)
@@ -283,7 +294,8 @@ def prepare_split(cfg: RunConfig) -> Split:
         raise FedrecError(f"no interactions left in '{cfg.dataset}' after preprocessing ({pre.describe()})")
     split = make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
                        repeats=cfg.repeats)
-    if (protocol.ranking == "rating" and get_algorithm(cfg.algorithm).kind == "federated"
+    trained_by = ALGORITHMS.get(cfg.algorithm)  # none for a split made without a method (the audits)
+    if (protocol.ranking == "rating" and trained_by is not None and trained_by.kind == "federated"
             and cfg.federated.cold_items == "user-mean"):
         fallback = ColdFallback.user_means(split.train)
         split = replace(split, valid=replace(split.valid, fallback=fallback),

@@ -269,12 +269,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         return trial_value(entry, maximise)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        direction="maximize" if maximise else "minimize",
-        sampler=optuna.samplers.TPESampler(seed=seed), pruner=_pruner(rounds),
-        storage=None if journal is None else _journal_storage(journal),
-        study_name=STUDY, load_if_exists=True,
-    )
+    try:
+        study = optuna.create_study(
+            direction="maximize" if maximise else "minimize",
+            sampler=optuna.samplers.TPESampler(seed=seed), pruner=_pruner(rounds),
+            storage=None if journal is None else _journal_storage(journal),
+            study_name=STUDY, load_if_exists=True,
+        )
+    except (ValueError, KeyError, TypeError) as e:  # a file that is not an Optuna journal
+        raise FedrecError(f"--journal {journal}: not a journal of a search ({type(e).__name__}: {e}); "
+                          "give another path, or remove it to start the search again") from None
     if study.trials:
         history.extend(_resume(study, search, journal, seed))
     else:
@@ -497,18 +501,43 @@ def write_config(result: TuneResult, path: str | Path) -> None:
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
+#: the type of each engine option a config sets (`fedrec run --config` and a grid's ``[tuned]``)
+ENGINE_TYPES: dict[str, type] = {"rounds": int, "lr": float, "local_epochs": int, "item_lr_scale": float,
+                                 "lr_item": float, "batch_size": int, "aggregation": str, "patience": int,
+                                 "backoffs": int}
+
+
+def _of_type(value: Any, kind: type) -> bool:
+    """``value`` is a ``kind`` as JSON writes one: a whole number for int (not true/false), any
+    number for float."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, int | float) if kind is float else isinstance(value, kind)
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """A run config written by `fedrec tune` (one clear error for anything else)."""
     p = Path(path)
     try:
-        blob = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        blob = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, or not UTF-8 (a --save file given)
         raise FedrecError(f"--config {p}: not a readable fedrec config ({e})") from None
     if not isinstance(blob, dict) or blob.get("fedrec_config") not in READABLE_CONFIGS:
         raise FedrecError(f"--config {p}: not a fedrec run config (written by `fedrec tune`)")
     for key in ("algorithm", "engine", "model"):
         if key not in blob:
             raise FedrecError(f"--config {p}: no '{key}'")
+    for key in ("engine", "model"):
+        if not isinstance(blob[key], dict):
+            raise FedrecError(f"--config {p}: '{key}' must be an object of options, not {blob[key]!r}")
+    for key, value in blob["engine"].items():
+        kind = ENGINE_TYPES.get(key)
+        if kind is not None and not _of_type(value, kind):
+            raise FedrecError(f"--config {p}: engine.{key} must be {kind.__name__ if kind is not float else 'a number'}, "
+                              f"not {value!r}")
+    for key, value in blob["model"].items():
+        if not isinstance(value, str | int | float | bool):
+            raise FedrecError(f"--config {p}: model.{key} must be a number, text or true/false, not {value!r}")
     if blob["fedrec_config"] == 1 and isinstance(blob["engine"], dict):
         from fedrec.algorithms import ALGORITHMS
 

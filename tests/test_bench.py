@@ -287,9 +287,11 @@ def test_a_protocol_without_any_result_is_named_not_dropped(tmp_path: Path, caps
     grid = tmp_path / "grid.toml"
     text = GRID.format(seeds=[0], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["pfedrec"]')
     grid.write_text(text.replace('"loo-sampled"', '"ratio-rating"'))
-    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
-    printed = " ".join(capsys.readouterr().out.split())
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 2  # nothing ran: a failure, said as one
+    captured = capsys.readouterr()
+    printed = " ".join(captured.out.split())
     assert "no leaderboard for" in printed and "none of its 1 cells has a result" in printed
+    assert "error: no cell has a result (1 of 1 failed; first: failed: 'pfedrec' cannot be evaluated" in captured.err
 
 
 
@@ -349,3 +351,30 @@ def test_the_shipped_grids_load(path: Path) -> None:
     assert {c.algorithm for c in grid.cells} == set(blob["grid"]["algorithms"])
     for key in blob.get("tuned", {}):  # each tuned config reaches its cells
         assert all(c.engine or c.model for c in grid.cells if c.algorithm == key.split("@")[0])
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (('["fedmf", "pfedrec"]', '[["fedmf"]]'), "grid.algorithms must list names (text), not [['fedmf']]"),
+    (('["fedmf", "pfedrec"]', '["fedmf", "fedmf"]'), "grid.algorithms names fedmf more than once"),
+    (("seeds = [0]", "seeds = [0, 0]"), "grid.seeds names 0 more than once"),
+    (("seeds = [0]", "seeds = [-1]"), "grid.seeds must hold whole numbers >= 0, not -1"),
+    (("seeds = [0]", f"seeds = [{2**32}]"), "grid.seeds must be a whole number in [0, 2^32)"),
+    (("[grid]", "tuned = 5\n[grid]"), "tuned must be a table ([tuned]), not 5"),
+])
+def test_a_grids_wrongly_typed_or_repeated_entry_is_one_line_before_any_cell(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], change: tuple[str, str], says: str) -> None:
+    grid = tmp_path / "grid.toml"
+    text = GRID.format(seeds=[0], rounds=1, workers=1)
+    assert change[0] in text
+    grid.write_text(text.replace(change[0], change[1]))
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {grid}: {says}" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_file_that_is_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_bytes(GRID.format(seeds=[0], rounds=1, workers=1).encode() + "# caf\xe9\n".encode("latin-1"))
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 2
+    assert "not a readable bench file" in capsys.readouterr().err

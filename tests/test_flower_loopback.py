@@ -56,11 +56,13 @@ def test_secure_loopback_matches_the_simulator_refuses_an_unregistered_node_and_
     assert proc.returncode == 0 and out.exists(), log[-3000:]
     deployed = read_flower_outcome(out)
     assert [h.round for h in deployed.history] == [1, 2]
+    blob = json.loads(out.read_text())
+    # a node dropped in round 1 is a message slower than the timeout (a machine too busy for
+    # it), not a wrong figure: said first, as such
+    assert [h["extra"]["dropped_nodes"] for h in blob["history"]] == [0, 1], log[-3000:]
     assert_same_outcome(deployed, engine_outcome(run), rounds=1)  # the round before the kill
     assert intruder.wait(timeout=60) != 0
     assert "Failed to activate SuperNode" in (loopback.workdir / "logs" / "intruder.log").read_text()
-    blob = json.loads(out.read_text())
-    assert [h["extra"]["dropped_nodes"] for h in blob["history"]] == [0, 1]
     # the SuperLink either lets the message time out or answers for the dead node (no heartbeat)
     assert "gave no train reply" in log or "failed (train)" in log
     assert "did not answer" in log

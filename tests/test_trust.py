@@ -47,6 +47,8 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("mf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedmf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedcia", ["--item-lr-scale", "3", "--encoding", "dense"], "does not use --item-lr-scale, --encoding"),
+    ("fedmf", ["--seed", "-1"], "--seed must be a whole number in [0, 2^32), not -1"),
+    ("fedmf", ["--seed", str(2**32)], "--seed must be a whole number in [0, 2^32), not 4294967296"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,
                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,6 +67,12 @@ def test_bad_output_paths_are_refused_before_training(tmp_path: Path, capsys: py
         assert code == 2 and says in text and "Traceback" not in text
     code, text = _cli(["run", "mf", "-d", SYN, "--out", str(tmp_path / "r.json"), "--save", str(tmp_path), "-q"], capsys)
     assert code == 2 and "--save" in text and not (tmp_path / "r.json").exists()
+    code, text = _cli(["run", "mf", "-d", SYN, "--out", "", "-q"], capsys)
+    assert code == 2 and "--out '.' is a folder" in text and "Traceback" not in text
+    # the results and the trained run in one file: the second write would replace the first
+    same = tmp_path / "same.json"
+    code, text = _cli(["run", "mf", "-d", SYN, "--out", str(same), "--save", str(same), "-q"], capsys)
+    assert code == 2 and "is the run's --out file too" in text and not same.exists()
 
 
 def test_an_earlier_run_is_replaced_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,6 +94,10 @@ def test_resume_without_a_checkpoint_says_it_starts_afresh(tmp_path: Path, capsy
     code, text = _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q", "--resume"], capsys)
     assert code == 0 and "no checkpoint" in text and "starting from the first round" in text
     assert json.loads(out.read_text())["best_round"] == 1
+    # a finished run without a checkpoint is not one --resume continues: its results stay
+    first = out.read_text()
+    code, text = _cli(["run", "pfedrec", "-d", SYN, "--rounds", "2", "--out", str(out), "-q", "--resume"], capsys)
+    assert code == 2 and "exists" in text and "--overwrite" in text and out.read_text() == first
 
 
 def test_concurrent_writers_of_one_file_never_collide(tmp_path: Path) -> None:

@@ -383,3 +383,32 @@ def test_a_killed_parallel_search_trains_every_cut_off_trial_again(tmp_path: Pat
     for settings, cfg in zip(cut, trained[:2], strict=True):
         assert {k: getattr(cfg, k) for k in settings} == settings
     assert [h["trial"] for h in result.history] == [0, 3, 4, 5]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"engine": [1, 2]}, "'engine' must be an object of options, not [1, 2]"),
+    ({"model": "dim=4"}, "'model' must be an object of options, not 'dim=4'"),
+    ({"engine": {"rounds": "abc"}}, "engine.rounds must be int, not 'abc'"),
+    ({"engine": {"rounds": 1.5}}, "engine.rounds must be int, not 1.5"),
+    ({"engine": {"rounds": True}}, "engine.rounds must be int, not True"),
+    ({"engine": {"lr": "fast"}}, "engine.lr must be a number, not 'fast'"),
+    ({"engine": {"aggregation": 3}}, "engine.aggregation must be str, not 3"),
+    ({"model": {"dim": [4]}}, "model.dim must be a number, text or true/false, not [4]"),
+], ids=lambda v: json.dumps(v)[:40] if isinstance(v, dict) else None)
+def test_a_configs_wrongly_typed_option_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    change: dict, says: str) -> None:
+    config = tmp_path / "c.json"
+    blob = {"fedrec_config": 2, "algorithm": "fedmf", "engine": {"rounds": 1, "lr": 0.1}, "model": {}}
+    config.write_text(json.dumps({**blob, **change}))
+    assert _cli(["run", "fedmf", "-d", DATA, "--config", str(config), "-q", "-o", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {config}: {says}" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_file_that_is_not_text_given_as_a_config_is_one_line(tmp_path: Path) -> None:
+    """A run saved with --save (binary) is an easy mistake for a config."""
+    config = tmp_path / "r.run"
+    config.write_bytes(b"PK\x03\x04\xff\xfe binary")
+    with pytest.raises(FedrecError, match="not a readable fedrec config"):
+        read_config(config)

@@ -235,6 +235,25 @@ def test_compare_declares_a_file_inline_and_refuses_mixed_protocol_kinds(tmp_pat
     assert done.boards and done.boards[0].dataset == "events" and not (tmp_path / "c" / "configs").exists()
 
 
+def test_compare_refuses_what_would_run_nothing_and_fails_when_nothing_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated protocols and no rounds are refused before any folder is made; runs that all
+    fail (users with two interactions each: leave-one-out evaluates no one) end in one error
+    line and exit 2, not in a report that says so under exit 0."""
+    monkeypatch.chdir(tmp_path)
+    for flags, says in ((["-p", "loo-full,loo-full"], "--protocols: loo-full named twice"),
+                        (["--rounds", "0"], "--rounds must be >= 1 (got 0)")):
+        code, out = cli("compare", "fedmf", "mf", "-d", "synthetic:100x400", "--seeds", "1", "--trials", "0",
+                        *flags, "-o", "cmp")
+        assert code == 2 and says in out and not (tmp_path / "cmp").exists()
+    rows = ["user,item"] + [f"u{u},i{(3 * u + k) % 40}" for u in range(20) for k in range(2)]
+    (tmp_path / "two.csv").write_text("\n".join(rows) + "\n")
+    code, out = cli("compare", "fedmf", "mf", "-d", "two.csv", "--columns", "user,item", "-p", "loo-full",
+                    "--seeds", "1", "--trials", "0", "--rounds", "1", "-o", "two")
+    assert code == 2, out
+    assert "no run finished (2 without a result; first: " in out and "no user has a validation item" in out
+
+
 def test_a_bench_file_declares_its_own_data(tmp_path: Path) -> None:
     from fedrec.bench import load_grid
 

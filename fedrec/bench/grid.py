@@ -145,17 +145,21 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     machine lacks, to report cells a GPU machine ran (``auto`` is always this machine's).
     ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
+    from fedrec.experiment import check_seed
     from fedrec.protocols.protocol import get_protocol, negative_policy
     from fedrec.tune import read_config
 
     p = Path(path)
     try:
-        blob = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        blob = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: TOML's errors, and a file that is not UTF-8
         raise FedrecError(f"{p}: not a readable bench file ({e})") from None
     grid = blob.get("grid")
     if not isinstance(grid, dict):
         raise FedrecError(f"{p}: no [grid] table")
+    for table in ("tuned", "join", "datasets"):
+        if not isinstance(blob.get(table, {}), dict):
+            raise FedrecError(f"{p}: {table} must be a table ([{table}]), not {blob[table]!r}")
     unknown = sorted(set(grid) - GRID_KEYS) + sorted(set(blob) - set(TABLES))
     if unknown:
         raise FedrecError(f"{p}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(GRID_KEYS))}, "
@@ -171,6 +175,11 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         value = grid.get(key, ["leak-free"] if key == "negatives" else None)
         if not isinstance(value, list) or not value:
             raise FedrecError(f"{p}: grid.{key} must be a non-empty list")
+        if key != "seeds" and not all(isinstance(v, str) for v in value):  # seeds: whole numbers, below
+            raise FedrecError(f"{p}: grid.{key} must list names (text), not {value!r}")
+        repeated = sorted({str(v) for v in value if value.count(v) > 1})
+        if repeated:  # each would be a second cell of the same run
+            raise FedrecError(f"{p}: grid.{key} names {', '.join(repeated)} more than once")
         lists[key] = value
     for name in lists["algorithms"]:
         get_algorithm(name)
@@ -193,6 +202,8 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         least = 0 if key in ("seeds", "checkpoint_every") else 1
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise FedrecError(f"{p}: grid.{key} must hold whole numbers >= {least}, not {value!r}")
+        if key == "seeds":
+            check_seed(value, f"{p}: grid.seeds")
     # a relative path is relative to the bench file (an absolute one stays as it is)
     configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")

@@ -83,3 +83,6 @@ def bench_command(
     if summary:
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)
+    if not report_only and counts["failed"] and not results:  # nothing ran: a failure, not a board
+        raise FedrecError(f"no cell has a result ({counts['failed']} of {len(grid.cells)} failed; "
+                          f"first: {missing[0][1]})")

@@ -74,3 +74,6 @@ def compare_command(
                       highlight=False)
     console.print(f"wrote {done.report}" + (f", {done.leaderboard}" if done.leaderboard else "")
                   + (f", {done.curves}" if done.curves else ""), highlight=False)
+    if not done.boards:  # nothing to compare: a failure, whatever the report says of it
+        first = done.unfinished[0] if done.unfinished else "no run was planned"
+        raise FedrecError(f"no run finished ({len(done.unfinished)} without a result; first: {first})")

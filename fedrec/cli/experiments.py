@@ -89,9 +89,13 @@ def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool,
     replaced only when asked (``--overwrite``) or continued (``--resume``)."""
     from fedrec.files import check_writable
 
-    check_writable(out, "--out", overwrite=overwrite or resume)
+    # resuming replaces the results of the run it continues, not those of a finished one
+    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint.exists()))
     if save is not None:
         check_writable(save, "--save", overwrite=overwrite)
+        if save.resolve() in (out.resolve(), checkpoint.resolve()):
+            raise FedrecError(f"--save {save} is the run's {'--out' if save.resolve() == out.resolve() else 'checkpoint'} "
+                              "file too: give it a name of its own")
     if resume and not checkpoint.exists():
         typer.echo(f"no checkpoint at {checkpoint}: starting from the first round", err=True)
     if checkpoint.exists() and not (resume or overwrite):
@@ -264,6 +268,8 @@ def run_command(
         if dataset in list_datasets():
             data_directory(data_dir)
     out = out or default_out(algorithm, dataset, protocol, seed, given, settings)
+    if out.is_dir() or not out.name:  # '', '.', '/': no file name to put a checkpoint beside
+        raise FedrecError(f"--out {str(out)!r} is a folder; give a file name")
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
@@ -472,18 +478,22 @@ def audit_command(
     from fedrec.errors import FedrecError
     from fedrec.eval.audit import negative_frequency_oracle
     from fedrec.experiment import RunConfig, prepare_split
-    from fedrec.protocols.protocol import make_split
+    from fedrec.protocols.protocol import get_protocol, make_split
     from fedrec.protocols.split import timeline_leak
 
     if rounds < 1 or num_negatives < 1:
         raise FedrecError("--rounds and --num-negatives must be >= 1")
+    if not get_protocol(protocol).implicit:  # an explicit-rating protocol draws no negatives
+        raise FedrecError(f"protocol {protocol} evaluates explicit ratings and draws no training negatives: "
+                          "the oracle audits a ranking protocol's (loo-sampled, loo-full, time-full, ratio-full, ...)")
     base = prepare_split(RunConfig(algorithm="-", dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir))
     marks = tuple(r for r in (1, 20, 50) if r < rounds)
     table = Table(title=f"negative-frequency oracle · {dataset} · {protocol} · test set")
     table.add_column("negative policy")
     table.add_column("rounds", justify="right")
     ks = base.protocol.ks[0]
-    cols = [f"hr@{ks}", f"ndcg@{ks}"]
+    # the protocol's own figures: HR under leave-one-out, F1 (its selection metric) under a ratio split
+    cols = [f"hr@{ks}" if base.protocol.split in ("loo", "time") else base.protocol.select, f"ndcg@{ks}"]
     for c in cols:
         table.add_column(c, justify="right")
     policies = ["leak-free", "train-only", "legacy-exclude-heldout"]

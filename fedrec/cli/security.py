@@ -28,9 +28,10 @@ def audit_privacy_command(
     pad_items: int = typer.Option(0, help="Defence: pseudo items a client also uploads noisy rows for (FedGNN/FedMF padding)."),
     secagg: int = typer.Option(0, help="Defence: secure aggregation over groups of this many clients (the server sees only their sum; 0: off)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Audit JSON (default runs/audit-ALGO-DATASET.json)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Audit JSON (default runs/audit-ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS].json, OPTIONS the options given that change its figures, e.g. -ldp0.3)."),
     threads: int | None = typer.Option(None, "--threads", help="PyTorch threads (default: OMP_NUM_THREADS, else 1)."),
     set_options: list[str] = typer.Option([], "--set", help="Model option KEY=VALUE, repeatable (see `fedrec algorithms`), e.g. --set neighbours=0."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
 ) -> None:
     """Train ALGORITHM for a few rounds and measure how well an honest-but-curious server infers
     each client's training items from its uploads (docs/security.md), beside the utility."""
@@ -38,11 +39,21 @@ def audit_privacy_command(
     from fedrec.algorithms import get_algorithm
     from fedrec.cli.experiments import parse_settings
     from fedrec.experiment import RunConfig, federated_config
+    from fedrec.files import atomic_write, check_writable
     from fedrec.security.inference import INFERENCE_ATTACKS, audit_privacy
 
     torch_threads.apply(threads)
     if get_algorithm(algorithm).kind != "federated":
         raise FedrecError(f"'{algorithm}' is centralised: there are no uploads to audit")
+    if out is None:  # one file per audit: the options that change its figures are in its name
+        from fedrec.cli.experiments import default_out
+
+        given = [(flag, value) for flag, value, default in (
+            ("rounds", rounds, 20), ("clients-per-round", clients_per_round, None), ("ldp", ldp, 0.0),
+            ("dp-clip", dp_clip, None), ("dp-noise", dp_noise, 0.0), ("encoding", encoding, None),
+            ("pad-items", pad_items, 0), ("secagg", secagg, 0)) if value != default]
+        out = default_out(f"audit-{algorithm}", dataset, protocol, seed, given, parse_settings(set_options))
+    check_writable(out, "--out", overwrite=overwrite)  # before the training, not after it
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
                     model=parse_settings(set_options), federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                                ldp=ldp, dp_clip=dp_clip, dp_noise=dp_noise, encoding=encoding,
@@ -63,10 +74,10 @@ def audit_privacy_command(
     hr = f", HR@10 {result.test['hr@10']:.4f}" if "hr@10" in result.test and select != "hr@10" else ""
     console.print(f"utility: test {select} {result.test.get(select, float('nan')):.4f}{hr} "
                   f"at round {result.best_round} of {rounds}", highlight=False)
-    out = out or Path("runs") / f"audit-{algorithm}-{Path(dataset).stem.replace(':', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {"algorithm": algorithm, "dataset": dataset, "view": audit.view.describe(), "pad_items": pad_items,
             "secagg": secagg, "summary": summary, "rounds": audit.rounds, "test": result.test,
             "best_round": result.best_round, "config": result.config}
-    out.write_text(json.dumps(blob, indent=1))
+    text = json.dumps(blob, indent=1)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     console.print(f"wrote {out}")

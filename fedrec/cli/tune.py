@@ -36,6 +36,7 @@ def tune_command(
                                 "the draws are the one-at-a-time search's while fewer than ten trials have ended; "
                                 "fewer trials are pruned)."),
     journal: Path | None = typer.Option(None, "--journal", help="Where finished trials are kept while the search runs (default: OUT with suffix .journal, removed once OUT is written); the same command run again after a kill goes on from it."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out config (by default one is never overwritten)."),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Each trial saves itself every N rounds beside the journal (JOURNAL with suffix .trials), so the same command run again after a kill goes on from the cut-off trial's last save rather than its first round (0: trials are not saved)."),
 ) -> None:
     """Tune ALGORITHM on the validation split with Optuna (TPE, median pruning); the test split is
@@ -51,11 +52,15 @@ def tune_command(
     except ImportError as e:
         raise FedrecError(f"fedrec tune needs Optuna ({e}); pip install 'fedrec[tune]'") from e
     from fedrec.cli.experiments import parse_settings
+    from fedrec.files import check_writable
     from fedrec.tune import trial_checkpoints, tune, write_config
 
     out = out or Path("configs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # before any trial: what the search writes can be written (its folders are made once the
+    # options have been checked, by the journal's opening and at the end)
+    check_writable(out, "--out", overwrite=overwrite)
     journal = journal or out.with_suffix(".journal")
+    check_writable(journal, "--journal")
     if journal.exists():
         console.print(f"going on from the trials kept in {journal}", highlight=False)
     bar = batch_progress(console)
@@ -80,6 +85,7 @@ def tune_command(
                       negatives=negatives, data_dir=data_dir, on_trial=on_trial, from_defaults=from_defaults,
                       journal=journal, on_round=on_round, fixed=parse_settings(set_options),
                       device=device, workers=workers, checkpoint_every=checkpoint_every, columns=columns)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_config(result, out)
     journal.unlink(missing_ok=True)
     saves = trial_checkpoints(journal)
