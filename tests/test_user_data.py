@@ -382,3 +382,20 @@ def test_removing_from_an_empty_catalogue_and_an_unknown_suffix_are_one_line(tmp
     code, out = cli("data", "add", "odd", str(odd), "--columns", "user,item")
     assert code == 2 and "--sep" in out and not user_sets.catalogue_file().exists()
     assert cli("data", "add", "odd", str(odd), "--columns", "user,item", "--sep", ",")[0] == 0
+
+
+def test_a_catalogue_that_cannot_be_written_or_holds_an_empty_separator_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = write_events(tmp_path / "events.csv")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    monkeypatch.setenv("FEDREC_HOME", str(blocked / "home"))
+    code, out = cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts")
+    assert code == 2 and f"the catalogue {blocked}/home/datasets.json: {blocked} is a file, not a folder" in out
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FEDREC_HOME", str(home))
+    entry = {"name": "a", "path": str(data), "columns": "user,item", "sep": ""}
+    (home / "datasets.json").write_text(json.dumps({"format": 1, "datasets": {"a": entry}}))
+    code, out = cli("data", "list")
+    assert code == 2 and "a: sep must be one or more characters (or absent), not ''" in out

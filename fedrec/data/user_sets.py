@@ -62,6 +62,8 @@ class UserDataset:
         texts = [entry.name, entry.path, entry.columns, entry.sha256, entry.added]
         if not all(isinstance(v, str) for v in texts) or not (entry.sep is None or isinstance(entry.sep, str)):
             raise FedrecError(f"{where}: name, path, columns, sep, sha256 and added are text")
+        if entry.sep == "":  # as `--sep` refuses one (`separator`)
+            raise FedrecError(f"{where}: sep must be one or more characters (or absent), not ''")
         check_threshold(entry.implicit_threshold, where)
         counts = (entry.rows, entry.users, entry.items)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
@@ -155,7 +157,7 @@ def get(name: str) -> UserDataset | None:
 
 
 def _write(found: dict[str, UserDataset]) -> None:
-    from fedrec.files import atomic_write
+    from fedrec.files import atomic_write, check_writable
 
     text = json.dumps({"format": FORMAT, "datasets": {k: v.to_dict() for k, v in sorted(found.items())}},
                       indent=2)
@@ -163,7 +165,8 @@ def _write(found: dict[str, UserDataset]) -> None:
     def write(tmp: str) -> None:
         Path(tmp).write_text(text + "\n", encoding="utf-8")
 
-    atomic_write(catalogue_file(), write)
+    catalogue = check_writable(catalogue_file(), "the catalogue")  # one line where it cannot be (FEDREC_HOME)
+    atomic_write(catalogue, write)
 
 
 def read(path: str | Path, columns: str, sep: str | None = None) -> Interactions:
