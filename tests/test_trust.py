@@ -235,6 +235,21 @@ def test_an_interrupt_says_what_was_saved_and_how_to_go_on(sig: str, tmp_path: P
     assert json.loads(out.read_text())["resumed_at"]
 
 
+def test_ctrl_c_outside_a_run_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C in a command without a run's own handler (here while `audit-protocol` reads its
+    data): exit 130 with one line, not the silent exit Typer makes of it."""
+    from fedrec import experiment
+
+    def interrupted(run: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "prepare_split", interrupted)
+    code, text = _cli(["audit-protocol", "-d", SYN, "-p", "loo-full"], capsys)
+    assert code == 130 and [line for line in text.splitlines() if line.strip()] == [
+        "interrupted: stopped by Ctrl-C before the command ended"]
+
+
 def test_threads_default_to_one_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedrec import threads
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -61,3 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
+    except SystemExit as e:
+        # Ctrl-C outside a run's own handler (reading the data, between a grid's cells): Typer
+        # turns it into a silent exit 130; said here in the one line every stop gets
+        if e.code == 130 and isinstance(e.__context__, click.exceptions.Exit) \
+                and isinstance(e.__context__.__cause__, KeyboardInterrupt):
+            err_console.print(Text.assemble(("interrupted:", "bold red"), " stopped by Ctrl-C before "
+                                            "the command ended"), highlight=False, soft_wrap=True)
+        raise
