@@ -461,7 +461,8 @@ def plot_command(
 
 
 def audit_command(
-    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name (built in or added with `fedrec data add`), synthetic[:USERSxITEMS], or your own file with --columns."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns (as `fedrec run --columns`)."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol."),
     rounds: int = typer.Option(100, help="Rounds of training-negative sampling."),
     num_negatives: int = typer.Option(4, help="Training negatives per positive per round."),
@@ -486,7 +487,8 @@ def audit_command(
     if not get_protocol(protocol).implicit:  # an explicit-rating protocol draws no negatives
         raise FedrecError(f"protocol {protocol} evaluates explicit ratings and draws no training negatives: "
                           "the oracle audits a ranking protocol's (loo-sampled, loo-full, time-full, ratio-full, ...)")
-    base = prepare_split(RunConfig(algorithm="-", dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir))
+    base = prepare_split(RunConfig(algorithm="-", dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
+                                   columns=columns))
     marks = tuple(r for r in (1, 20, 50) if r < rounds)
     table = Table(title=f"negative-frequency oracle · {dataset} · {protocol} · test set")
     table.add_column("negative policy")

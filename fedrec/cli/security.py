@@ -16,7 +16,8 @@ console = Console()
 
 def audit_privacy_command(
     algorithm: str = typer.Argument(..., help="A federated algorithm (`fedrec algorithms`)."),
-    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, or synthetic[:USERSxITEMS]."),
+    dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name (built in or added with `fedrec data add`), synthetic[:USERSxITEMS], or your own file with --columns."),
+    columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns (as `fedrec run --columns`)."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (the utility figures)."),
     rounds: int = typer.Option(20, "--rounds", help="Rounds to train and audit."),
     seed: int = typer.Option(0, help="Seed of every random choice."),
@@ -54,7 +55,7 @@ def audit_privacy_command(
             ("pad-items", pad_items, 0), ("secagg", secagg, 0)) if value != default]
         out = default_out(f"audit-{algorithm}", dataset, protocol, seed, given, parse_settings(set_options))
     check_writable(out, "--out", overwrite=overwrite)  # before the training, not after it
-    cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
+    cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir, columns=columns,
                     model=parse_settings(set_options), federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                                ldp=ldp, dp_clip=dp_clip, dp_noise=dp_noise, encoding=encoding,
                                                pad_items=pad_items))
