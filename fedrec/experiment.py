@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class RunConfig:
         check(
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
+            (self.threshold is not None and not math.isfinite(self.threshold), "--threshold must be a finite number"),
         )
         if self.negatives not in NEGATIVE_POLICIES:
             raise FedrecError(

@@ -48,6 +48,11 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("fedmf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedcia", ["--item-lr-scale", "3", "--encoding", "dense"], "does not use --item-lr-scale, --encoding"),
     ("fedmf", ["--seed", "-1"], "--seed must be a whole number in [0, 2^32), not -1"),
+    ("fedmf", ["--patience", "-1"], "--patience must be >= 0 (got -1)"),
+    ("fedmf", ["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0 (got -1)"),
+    ("mf", ["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0 (got -1)"),
+    ("fedmf", ["--item-std", "-1"], "--item-std must be >= 0 (got -1.0)"),
+    ("fedmf", ["--threshold", "nan"], "--threshold must be a finite number"),
     ("fedmf", ["--seed", str(2**32)], "--seed must be a whole number in [0, 2^32), not 4294967296"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,

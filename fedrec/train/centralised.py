@@ -55,6 +55,7 @@ class TrainConfig:
             (self.negatives < 1, f"--num-negatives must be >= 1 (got {self.negatives})"),
             (self.patience < 0, f"--patience must be >= 0 (got {self.patience})"),
             (self.eval_every < 1, f"--eval-every must be >= 1 (got {self.eval_every})"),
+            (self.checkpoint_every < 0, f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})"),
         )
         check_device(self.device)
 
