@@ -248,6 +248,16 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     return FederatedConfig(**merged)
 
 
+def refuse_columns_for_a_registered_name(dataset: str) -> None:
+    """``--columns`` with the name of a data set added with `fedrec data add` (no file of that
+    name here): the name already carries its columns, so say that, not 'no such file'."""
+    from fedrec.data import user_sets
+
+    if not Path(dataset).exists() and user_sets.get(dataset) is not None:
+        raise FedrecError(f"--dataset {dataset} is a data set you added (`fedrec data add`), which keeps "
+                          "its columns: leave out --columns")
+
+
 def read_own_file(path: str, columns: str | None) -> Interactions:
     """``path`` read with ``columns`` (`fedrec.data.user_sets.parse_columns`: the user, item and
     optionally rating and time columns, by header name or 0-based position)."""
@@ -258,6 +268,7 @@ def read_own_file(path: str, columns: str | None) -> Interactions:
         raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
                           "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions), or register "
                           "it once: fedrec data add NAME FILE --columns ...")
+    refuse_columns_for_a_registered_name(path)
     data = user_sets.read(path, columns)
     digest = sha256_of(Path(path))
     return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()),

@@ -399,3 +399,13 @@ def test_a_catalogue_that_cannot_be_written_or_holds_an_empty_separator_is_one_l
     (home / "datasets.json").write_text(json.dumps({"format": 1, "datasets": {"a": entry}}))
     code, out = cli("data", "list")
     assert code == 2 and "a: sep must be one or more characters (or absent), not ''" in out
+
+
+def test_a_file_without_columns_and_a_name_with_them_each_say_what_to_do(tmp_path: Path) -> None:
+    data = write_events(tmp_path / "events.csv")
+    code, out = cli("data", "stats", str(data))
+    assert code == 2 and f"{data} is a file: say which columns hold what with --columns" in out
+    assert cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts")[0] == 0
+    code, out = cli("run", "fedmf", "-d", "mine", "--columns", "user,item", "-q", "-o", str(tmp_path / "r.json"))
+    assert code == 2 and "--dataset mine is a data set you added (`fedrec data add`)" in out
+    assert not (tmp_path / "r.json").exists()

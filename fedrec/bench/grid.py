@@ -181,10 +181,13 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         if repeated:  # each would be a second cell of the same run
             raise FedrecError(f"{p}: grid.{key} names {', '.join(repeated)} more than once")
         lists[key] = value
-    for name in lists["algorithms"]:
-        get_algorithm(name)
-    for name in lists["protocols"]:
-        get_protocol(name)
+    try:
+        for name in lists["algorithms"]:
+            get_algorithm(name)
+        for name in lists["protocols"]:
+            get_protocol(name)
+    except FedrecError as e:  # which file says it
+        raise FedrecError(f"{p}: {e}") from None
     try:
         lists["negatives"] = [negative_policy(name) for name in lists["negatives"]]
     except FedrecError as e:

@@ -18,7 +18,7 @@ console = Console()
 
 
 def compare_command(
-    algorithms: list[str] = typer.Argument(..., help="Two or more algorithms (`fedrec algorithms`)."),
+    algorithms: list[str] = typer.Argument(..., help="The algorithms to compare (`fedrec algorithms`): two or more, or one for its board alone."),
     dataset: str = typer.Option(..., "--dataset", "-d", help="Data set: built in, added with `fedrec data add`, synthetic[:USERSxITEMS], or your own file with --columns."),
     columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING][,TIME] columns (as `fedrec run --columns`)."),
     protocols: str = typer.Option("loo-sampled,loo-full", "--protocols", "-p", help="Comma-separated protocols, each a board; the first one's validation split is tuned on."),

@@ -190,6 +190,9 @@ def stats_command(
         if not builtin:
             from fedrec.errors import UnknownNameError
 
+            if user_sets.looks_like_a_file(name):  # as `fedrec run` says it
+                raise FedrecError(f"{name} is a file: say which columns hold what with --columns "
+                                  "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions)")
             raise UnknownNameError("data set", name, [*registry.list_datasets(), *user_sets.entries()])
         found = registry.resolve(name, data_dir, file=file)
         spec = registry.get_spec(name)

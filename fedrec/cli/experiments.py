@@ -260,7 +260,9 @@ def run_command(
     # data errors the first line of a file (or a folder) tells are said before an earlier run's file is
     if columns is not None:
         from fedrec.data.tables import check_columns
+        from fedrec.experiment import refuse_columns_for_a_registered_name
 
+        refuse_columns_for_a_registered_name(dataset)
         check_columns(dataset, columns)
     elif data_dir is not None:
         from fedrec.data.registry import data_directory, list_datasets
