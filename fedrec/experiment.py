@@ -36,14 +36,16 @@ from fedrec.train.centralised import CentralisedModel, TrainConfig
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+))?$")
 
-#: seeds are numpy's and PyTorch's: whole numbers in [0, 2^32)
-SEED_LIMIT = 2**32
+#: PyTorch's seeds are unsigned 64-bit numbers (numpy's take any whole number >= 0)
+SEED_LIMIT = 2**64
 
 
-def check_seed(seed: object, where: str = "--seed") -> None:
-    """Refuse a seed numpy's generators cannot take (negative, past 2^32, not a whole number)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
-        raise FedrecError(f"{where} must be a whole number in [0, 2^32), not {seed!r}")
+def check_seed(seed: object, where: str = "--seed", limit: int = SEED_LIMIT, why: str = "") -> None:
+    """Refuse a seed the generators cannot take: not a whole number, negative (numpy), or from
+    ``limit`` on (PyTorch's 2^64, or a narrower one a caller names with ``why``)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < limit:
+        bound = f"2^{limit.bit_length() - 1}"
+        raise FedrecError(f"{where} must be a whole number in [0, {bound}){why}, not {seed!r}")
 
 
 @dataclass

@@ -216,6 +216,9 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr, device=device)
         rounds = base.train.epochs
     base.validate()
+    from fedrec.experiment import check_seed
+
+    check_seed(seed, limit=2**32, why=" (Optuna's sampler takes no more)")
     fixed = _fixed_options(spec, fixed or {})
     split = validation_only(prepare_split(base))
     space = search_space(spec, split, dataset)
@@ -269,14 +272,16 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         return trial_value(entry, maximise)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler, pruner = optuna.samplers.TPESampler(seed=seed), _pruner(rounds)
     try:
         study = optuna.create_study(
-            direction="maximize" if maximise else "minimize",
-            sampler=optuna.samplers.TPESampler(seed=seed), pruner=_pruner(rounds),
+            direction="maximize" if maximise else "minimize", sampler=sampler, pruner=pruner,
             storage=None if journal is None else _journal_storage(journal),
             study_name=STUDY, load_if_exists=True,
         )
     except (ValueError, KeyError, TypeError) as e:  # a file that is not an Optuna journal
+        if journal is None:
+            raise
         raise FedrecError(f"--journal {journal}: not a journal of a search ({type(e).__name__}: {e}); "
                           "give another path, or remove it to start the search again") from None
     if study.trials:
@@ -505,6 +510,8 @@ def write_config(result: TuneResult, path: str | Path) -> None:
 ENGINE_TYPES: dict[str, type] = {"rounds": int, "lr": float, "local_epochs": int, "item_lr_scale": float,
                                  "lr_item": float, "batch_size": int, "aggregation": str, "patience": int,
                                  "backoffs": int}
+#: engine options whose null means "as the algorithm sets it" (`FederatedConfig`)
+NULLABLE = {"lr_item", "item_lr_scale"}
 
 
 def _of_type(value: Any, kind: type) -> bool:
@@ -532,12 +539,14 @@ def read_config(path: str | Path) -> dict[str, Any]:
             raise FedrecError(f"--config {p}: '{key}' must be an object of options, not {blob[key]!r}")
     for key, value in blob["engine"].items():
         kind = ENGINE_TYPES.get(key)
-        if kind is not None and not _of_type(value, kind):
+        if kind is not None and not (_of_type(value, kind) or (value is None and key in NULLABLE)):
             raise FedrecError(f"--config {p}: engine.{key} must be {kind.__name__ if kind is not float else 'a number'}, "
                               f"not {value!r}")
-    for key, value in blob["model"].items():
-        if not isinstance(value, str | int | float | bool):
-            raise FedrecError(f"--config {p}: model.{key} must be a number, text or true/false, not {value!r}")
+    scalar = str | int | float | bool
+    for key, value in blob["model"].items():  # a typed --set option is a list (layers=64,32)
+        if not (isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))):
+            raise FedrecError(f"--config {p}: model.{key} must be a number, text, true/false or a list of them, "
+                              f"not {value!r}")
     if blob["fedrec_config"] == 1 and isinstance(blob["engine"], dict):
         from fedrec.algorithms import ALGORITHMS
 

@@ -45,7 +45,7 @@ def test_oracle_at_chance_under_full_ranking(base):
 
 def test_the_audits_read_a_users_own_file_and_each_protocols_figures(tmp_path, capsys):
     """`audit-protocol` and `audit-privacy` take --columns as `run` does; the oracle's table shows
-    the protocol's own figures (F1 under a ratio split) and refuses an explicit-rating protocol."""
+    the protocol's own figures (F1 under a ratio split) and refuses a rating protocol."""
     import numpy as np
 
     from fedrec.cli import main
@@ -65,11 +65,11 @@ def test_the_audits_read_a_users_own_file_and_each_protocols_figures(tmp_path, c
     code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,ts", "-p", "ratio-full", "--rounds", "2")
     assert code == 0 and "f1@10" in out and "ndcg@10" in out, out
     code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,ts", "-p", "ratio-rating")
-    assert code == 2 and "evaluates explicit ratings and draws no training negatives" in out
+    assert code == 2 and "predicts ratings and draws no training negatives" in out
     report = tmp_path / "audit.json"
     code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,ts", "-p", "loo-full",
                     "--rounds", "1", "-o", str(report))
     assert code == 0 and report.exists(), out
     code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,ts", "--rounds", "1",
                     "-o", str(report))
-    assert code == 2 and "exists" in out and "--overwrite" in out
+    assert code == 2 and "exists" in out and "--overwrite" in out and "utility:" not in out  # before training

@@ -46,8 +46,8 @@ def test_a_pool_left_early_ends_its_runs(tmp_path: Path) -> None:
 
 def test_a_jobs_own_error_reaches_the_parent_and_the_others_go_on(tmp_path: Path) -> None:
     """An error with arguments of its own (an unknown data set's, a bad file's) crosses back
-    from the worker whole, as its message; the pool and the other job are unharmed. (Before
-    they could be pickled, such an error broke the pool and failed every job with it.)"""
+    from the worker whole, as its message; the pool and the other job are unharmed (an error
+    that cannot be pickled breaks the pool and fails every job with it)."""
     bad = RunConfig("fedmf", dataset="synthetic:abc", federated=federated_config("fedmf", rounds=1))
     good = RunConfig("fedmf", dataset="synthetic:100x400", federated=federated_config("fedmf", rounds=1))
     ended = dict(run_files([(bad, tmp_path / "bad.json"), (good, tmp_path / "good.json")], 2))

@@ -290,8 +290,8 @@ def test_global_time_split_puts_a_cut_timestamps_rows_on_the_later_side():
 @pytest.mark.parametrize(("name", "says"), [
     ("loo-full", "no user has a validation item under protocol loo-full: leave-one-out holds out a user's "
                  "last two interactions, so it evaluates only users with at least 3, and the data has none"),
-    ("time-full", "no user has a test item under protocol time-full: the split's cut leaves no held-out row "
-                  "with a user trained before it"),
+    ("time-full", "no user has a test item under protocol time-full: no user is active on both sides of "
+                  "the cut"),
 ])
 def test_a_split_that_evaluates_no_one_is_refused_with_its_reason(name, says):
     """Two interactions a user (leave-one-out), or users who follow each other in time (the

@@ -393,7 +393,7 @@ def test_a_killed_parallel_search_trains_every_cut_off_trial_again(tmp_path: Pat
     ({"engine": {"rounds": True}}, "engine.rounds must be int, not True"),
     ({"engine": {"lr": "fast"}}, "engine.lr must be a number, not 'fast'"),
     ({"engine": {"aggregation": 3}}, "engine.aggregation must be str, not 3"),
-    ({"model": {"dim": [4]}}, "model.dim must be a number, text or true/false, not [4]"),
+    ({"model": {"dim": {"a": 4}}}, "model.dim must be a number, text, true/false or a list of them, not {'a': 4}"),
 ], ids=lambda v: json.dumps(v)[:40] if isinstance(v, dict) else None)
 def test_a_configs_wrongly_typed_option_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     change: dict, says: str) -> None:
@@ -412,3 +412,26 @@ def test_a_file_that_is_not_text_given_as_a_config_is_one_line(tmp_path: Path) -
     config.write_bytes(b"PK\x03\x04\xff\xfe binary")
     with pytest.raises(FedrecError, match="not a readable fedrec config"):
         read_config(config)
+
+
+def test_a_tuned_config_with_a_list_option_or_a_null_rate_is_read(tmp_path: Path) -> None:
+    """What `fedrec tune` writes passes its own reader: a typed --set option (layers=64,32) is a
+    list, an item rate left to the algorithm is null."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"fedrec_config": 2, "algorithm": "fedca-ncf", "engine": {"lr_item": None},
+                                  "model": {"layers": [64, 32]}}))
+    assert read_config(config)["model"] == {"layers": [64, 32]}
+
+
+def test_tune_keeps_an_existing_out_and_refuses_a_journal_that_is_not_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kept = tmp_path / "kept.json"
+    kept.write_text("mine\n")
+    args = ["tune", "fedmf", "-d", DATA, "--trials", "1", "--rounds", "1"]
+    assert _cli([*args, "-o", str(kept)]) == 2
+    assert "exists" in capsys.readouterr().err and kept.read_text() == "mine\n"
+    garbage = tmp_path / "g.journal"
+    garbage.write_text("not json\n")
+    assert _cli([*args, "-o", str(tmp_path / "new.json"), "--journal", str(garbage)]) == 2
+    assert f"--journal {garbage}: not a journal of a search" in capsys.readouterr().err
+    assert not (tmp_path / "new.json").exists()

@@ -177,9 +177,6 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
             raise FedrecError(f"{p}: grid.{key} must be a non-empty list")
         if key != "seeds" and not all(isinstance(v, str) for v in value):  # seeds: whole numbers, below
             raise FedrecError(f"{p}: grid.{key} must list names (text), not {value!r}")
-        repeated = sorted({str(v) for v in value if value.count(v) > 1})
-        if repeated:  # each would be a second cell of the same run
-            raise FedrecError(f"{p}: grid.{key} names {', '.join(repeated)} more than once")
         lists[key] = value
     try:
         for name in lists["algorithms"]:
@@ -189,9 +186,15 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     except FedrecError as e:  # which file says it
         raise FedrecError(f"{p}: {e}") from None
     try:
-        lists["negatives"] = [negative_policy(name) for name in lists["negatives"]]
+        lists["negatives"] = [negative_policy(name) for name in lists["negatives"]]  # aliases by their names
+        for seed in lists["seeds"]:
+            check_seed(seed, "grid.seeds")
     except FedrecError as e:
         raise FedrecError(f"{p}: {e}") from None
+    for key, value in lists.items():
+        repeated = sorted({str(v) for v in value if value.count(v) > 1})
+        if repeated:  # each would be a second cell of the same run
+            raise FedrecError(f"{p}: grid.{key} names {', '.join(repeated)} more than once")
     if grid.get("data_dir") is not None and check_device:  # about to run: one line now, not one a cell
         from fedrec.data.registry import data_directory
 
@@ -199,14 +202,11 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
             data_directory(str(grid["data_dir"]))  # as the cells read it: from where bench runs
         except FedrecError as e:
             raise FedrecError(f"{p}: grid.data_dir: {e}") from None
-    whole = [("seeds", s) for s in lists["seeds"]]
-    whole += [(k, grid[k]) for k in ("rounds", "workers", "checkpoint_every") if k in grid]
+    whole = [(k, grid[k]) for k in ("rounds", "workers", "checkpoint_every") if k in grid]
     for key, value in whole:
-        least = 0 if key in ("seeds", "checkpoint_every") else 1
+        least = 0 if key == "checkpoint_every" else 1
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise FedrecError(f"{p}: grid.{key} must hold whole numbers >= {least}, not {value!r}")
-        if key == "seeds":
-            check_seed(value, f"{p}: grid.seeds")
     # a relative path is relative to the bench file (an absolute one stays as it is)
     configs = {str(k): read_config(p.parent / str(v)) for k, v in blob.get("tuned", {}).items()}
     rounds = grid.get("rounds")

@@ -60,13 +60,17 @@ def main(argv: list[str] | None = None) -> None:
                           soft_wrap=True)
         sys.exit(Interrupted.exit_code if isinstance(e, Interrupted) else 2)
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+        _say_interrupted()
         sys.exit(130)
     except SystemExit as e:
         # Ctrl-C outside a run's own handler (reading the data, between a grid's cells): Typer
         # turns it into a silent exit 130; said here in the one line every stop gets
         if e.code == 130 and isinstance(e.__context__, click.exceptions.Exit) \
                 and isinstance(e.__context__.__cause__, KeyboardInterrupt):
-            err_console.print(Text.assemble(("interrupted:", "bold red"), " stopped by Ctrl-C before "
-                                            "the command ended"), highlight=False, soft_wrap=True)
+            _say_interrupted()
         raise
+
+
+def _say_interrupted() -> None:
+    err_console.print(Text.assemble(("interrupted:", "bold red"), " stopped by Ctrl-C before the command ended"),
+                      highlight=False, soft_wrap=True)

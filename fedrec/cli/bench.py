@@ -23,6 +23,7 @@ def bench_command(
     from fedrec.bench import (
         board_cells,
         boards,
+        cell_results,
         load_grid,
         run_grid,
         stale_cells,
@@ -83,6 +84,7 @@ def bench_command(
     if summary:
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)
-    if not report_only and counts["failed"] and not results:  # nothing ran: a failure, not a board
-        raise FedrecError(f"no cell has a result ({counts['failed']} of {len(grid.cells)} failed; "
-                          f"first: {missing[0][1]})")
+    if not report_only and counts["failed"] and not cell_results(grid, out):  # nothing of its own ran
+        first = next(why for cell, why in missing if cell in grid.cells).removeprefix("failed: ")
+        raise FedrecError(f"no cell of this grid has a result ({counts['failed']} of {len(grid.cells)} failed; "
+                          f"first: {first})")

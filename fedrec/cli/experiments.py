@@ -271,9 +271,10 @@ def run_command(
             data_directory(data_dir)
     out = out or default_out(algorithm, dataset, protocol, seed, given, settings)
     if out.is_dir() or not out.name:  # '', '.', '/': no file name to put a checkpoint beside
-        raise FedrecError(f"--out {str(out)!r} is a folder; give a file name")
+        raise FedrecError(f"--out {out} is a folder; give a file name")
     checkpoint = out.with_suffix(".ckpt")
     _check_outputs(out, save, checkpoint, resume, overwrite)
+    continuing = resume and checkpoint.exists()  # replaces the results of the run it goes on with
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
     if paper and dataset in spec.per_dataset:
         note = None  # the paper gives its settings for this data set
@@ -301,7 +302,7 @@ def run_command(
     try:
         with _sigterm_as_interrupt():
             done = train(cfg, out=out, on_round=on_round, resume=resume, checkpoint=checkpoint,
-                         keep_best=save is not None, exclusive=not (overwrite or resume))
+                         keep_best=save is not None, exclusive=not (overwrite or continuing))
     except KeyboardInterrupt:
         _stop(bar)
         raise Interrupted(_interrupt_message(last[0], total, checkpoint, resume)) from None
@@ -486,9 +487,9 @@ def audit_command(
 
     if rounds < 1 or num_negatives < 1:
         raise FedrecError("--rounds and --num-negatives must be >= 1")
-    if not get_protocol(protocol).implicit:  # an explicit-rating protocol draws no negatives
-        raise FedrecError(f"protocol {protocol} evaluates explicit ratings and draws no training negatives: "
-                          "the oracle audits a ranking protocol's (loo-sampled, loo-full, time-full, ratio-full, ...)")
+    if get_protocol(protocol).ranking == "rating":  # scores ratings: no training negatives to audit
+        raise FedrecError(f"protocol {protocol} predicts ratings and draws no training negatives: the oracle "
+                          "audits a ranking protocol's (loo-sampled, loo-full, time-full, ratio-full, ...)")
     base = prepare_split(RunConfig(algorithm="-", dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir,
                                    columns=columns))
     marks = tuple(r for r in (1, 20, 50) if r < rounds)
@@ -496,15 +497,19 @@ def audit_command(
     table.add_column("negative policy")
     table.add_column("rounds", justify="right")
     ks = base.protocol.ks[0]
-    # the protocol's own figures: HR under leave-one-out, F1 (its selection metric) under a ratio split
-    cols = [f"hr@{ks}" if base.protocol.split in ("loo", "time") else base.protocol.select, f"ndcg@{ks}"]
-    for c in cols:
-        table.add_column(c, justify="right")
-    policies = ["leak-free", "train-only", "legacy-exclude-heldout"]
-    for policy in policies:
+    audits = []
+    for policy in ["leak-free", "train-only", "legacy-exclude-heldout"]:
         split = make_split(base.data, base.protocol, seed=seed, negatives=policy)
         res = negative_frequency_oracle(split, rounds, num_negatives, seed, checkpoints=marks)
-        name = policy if policy != "leak-free" else f"leak-free ({split.negatives}, default)"
+        audits.append((policy if policy != "leak-free" else f"leak-free ({split.negatives}, default)", res))
+    # the protocol's own figures: HR where it reports one, else its selection metric (F1 under a
+    # ratio split), with NDCG where it has one
+    figures = audits[0][1].metrics[0]
+    cols = [c for c in dict.fromkeys([f"hr@{ks}" if f"hr@{ks}" in figures else base.protocol.select, f"ndcg@{ks}"])
+            if c in figures]
+    for c in cols:
+        table.add_column(c, justify="right")
+    for name, res in audits:
         for r, m in zip(res.rounds, res.metrics, strict=True):
             table.add_row(name, str(r), *(f"{m[c]:.4f}" for c in cols))
             name = ""

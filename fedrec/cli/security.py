@@ -50,7 +50,8 @@ def audit_privacy_command(
         from fedrec.cli.experiments import default_out
 
         given = [(flag, value) for flag, value, default in (
-            ("rounds", rounds, 20), ("clients-per-round", clients_per_round, None), ("ldp", ldp, 0.0),
+            ("columns", columns, None), ("rounds", rounds, 20), ("clients-per-round", clients_per_round, None),
+            ("ldp", ldp, 0.0),
             ("dp-clip", dp_clip, None), ("dp-noise", dp_noise, 0.0), ("encoding", encoding, None),
             ("pad-items", pad_items, 0), ("secagg", secagg, 0)) if value != default]
         out = default_out(f"audit-{algorithm}", dataset, protocol, seed, given, parse_settings(set_options))

@@ -321,7 +321,11 @@ def _too_little(p: Protocol) -> str:
                 "users with at least 3, and the data has none")
     if p.split == "given":
         return "the data set's own split marks no row for it"
-    return "the split's cut leaves no held-out row with a user trained before it (use more data)"
+    if p.split == "time":
+        return ("no user is active on both sides of the cut: each user the split evaluates needs an "
+                "interaction before it (users who follow one another in time, as synthetic data's do, have none)")
+    return ("a ratio split holds out a share of each user's interactions and always trains on one, so "
+            "the data's users have too few to give this stage any (use users with more interactions)")
 
 
 def make_split(
