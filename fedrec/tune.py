@@ -49,7 +49,14 @@ import scipy.sparse as sp
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
 from fedrec.core.checkpoint import peek
 from fedrec.errors import FedrecError, UnstableSetting
-from fedrec.experiment import RunConfig, federated_config, prepare_split, saving_every, train
+from fedrec.experiment import (
+    RunConfig,
+    check_seed,
+    federated_config,
+    prepare_split,
+    saving_every,
+    train,
+)
 from fedrec.files import atomic_write
 from fedrec.progress import RoundNote, noting
 from fedrec.protocols.protocol import PROTOCOLS, EvalSet, Split, get_protocol
@@ -216,8 +223,6 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
         base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr, device=device)
         rounds = base.train.epochs
     base.validate()
-    from fedrec.experiment import check_seed
-
     check_seed(seed, limit=2**32, why=" (Optuna's sampler takes no more)")
     fixed = _fixed_options(spec, fixed or {})
     split = validation_only(prepare_split(base))

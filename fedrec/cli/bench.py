@@ -85,6 +85,7 @@ def bench_command(
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)
     if not report_only and counts["failed"] and not cell_results(grid, out):  # nothing of its own ran
-        first = next(why for cell, why in missing if cell in grid.cells).removeprefix("failed: ")
+        first = next((why for cell, why in missing if cell in grid.cells), "see its cells' .failed files")
+        first = first.removeprefix("failed: ")
         raise FedrecError(f"no cell of this grid has a result ({counts['failed']} of {len(grid.cells)} failed; "
                           f"first: {first})")
