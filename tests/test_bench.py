@@ -76,6 +76,27 @@ def test_a_grid_runs_once_then_comes_from_its_cache(tmp_path: Path, capsys: pyte
     assert "4 result files in" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_grid_stopped_before_any_cell_leaves_no_empty_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C before the first cell ends leaves neither ``OUT/cells/`` nor an ``OUT`` it made;
+    a folder that was there before, and what it holds, stay."""
+    from fedrec import pool
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pool, "run_files", interrupted)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    assert _bench([str(grid), "-o", str(tmp_path / "new" / "out")]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml"]
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    assert _bench([str(grid), "-o", str(tmp_path / "kept")]) == 130
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
+
+
 def test_a_killed_grid_resumes_with_the_missing_cells(tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     # cells of a few seconds each, so the kill lands between the first and the last

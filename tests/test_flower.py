@@ -599,6 +599,37 @@ def test_a_deployment_checks_its_data_before_any_process_starts(tmp_path: Path, 
     assert done.value.code == 2 and "evaluation negatives" in said and started == []
 
 
+def test_an_earlier_deployments_results_are_kept_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """An existing --out is refused in one line before any process starts (as `fedrec run`
+    refuses it); --overwrite, or --resume from a checkpoint, lets the deployment replace it."""
+    from fedrec.cli import main
+    from fedrec.flower import launch
+
+    class Launched(Exception):
+        """Stands for the deployment: the test needs only to know it was reached."""
+
+    def simulate(run, nodes, **kw):  # type: ignore[no-untyped-def]
+        raise Launched
+
+    monkeypatch.setattr(launch, "simulate", simulate)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text("{}")
+    (tmp_path / "ck").write_bytes(b"")
+    base = ["flower", "fedmf", "-d", "synthetic:100x300", "--rounds", "1", "--mode", "simulation", "-o", "r.json"]
+    with pytest.raises(SystemExit) as done:
+        main(base)
+    said = capsys.readouterr().err
+    assert done.value.code == 2 and "--out r.json exists" in said and "--overwrite" in said
+    assert (tmp_path / "r.json").read_text() == "{}"
+    for extra in (["--overwrite"], ["--resume", "--checkpoint", "ck"]):
+        with pytest.raises(Launched):
+            main([*base, *extra])
+    with pytest.raises(SystemExit) as done:  # --resume with no checkpoint to go on from replaces nothing
+        main([*base, "--resume", "--checkpoint", "none"])
+    assert done.value.code == 2
+
+
 def test_each_clients_upload_crosses_flowers_records_intact() -> None:
     """A defended round's reply (each client's upload: ids, flags, pointers, rows, stacked
     shared weights) survives Flower's records as it survives the in-process transport."""

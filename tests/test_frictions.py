@@ -16,7 +16,7 @@ from cli_outcome import outcome
 from rich.console import Console
 
 from fedrec.cli import experiments, main
-from fedrec.errors import FedrecError
+from fedrec.errors import DataFormatError, FedrecError
 
 SYN = "synthetic:60x300"
 
@@ -82,6 +82,25 @@ def test_a_missing_column_is_said_before_an_existing_output(
     assert "exists" not in text and out.read_text() == "{}"
     code, text = _cli(["run", "mf", "-d", str(tmp_path / "nope.csv"), "--columns", "u,i", "-o", str(out)], capsys)
     assert code == 2 and "nope.csv: no such file" in text
+
+
+def test_a_file_read_with_the_wrong_separator_says_which_it_looks_like(tmp_path: Path) -> None:
+    """A first line that is one field holding another separator is named as such, not listed
+    back as "columns are: user,item" (which reads as if the columns were there)."""
+    from fedrec.data.tables import check_columns, read_table
+
+    for name, text, says in (("c.tsv", "user,item\n1,2\n", "read as tab-separated, the first line is one field "
+                                                            "('user,item'); it looks comma-separated"),
+                             ("t.csv", "user\titem\n1\t2\n", "it looks tab-separated"),
+                             ("s.csv", "user;item\n1;2\n", "it looks semicolon-separated")):
+        (tmp_path / name).write_text(text)
+        for read in (lambda f: check_columns(f, "user,item"), lambda f: read_table(f, "user", "item")):
+            with pytest.raises(DataFormatError, match="no column 'user'") as err:
+                read(tmp_path / name)
+            assert says in str(err.value) and "give its separator" in str(err.value)
+    (tmp_path / "one.csv").write_text("name\nx\n")  # one column and no other separator: the plain list
+    with pytest.raises(DataFormatError, match="no column 'user'; columns are: name"):
+        check_columns(tmp_path / "one.csv", "user,name")
 
 
 def test_check_columns_reads_the_header_alone(tmp_path: Path) -> None:

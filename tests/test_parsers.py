@@ -187,6 +187,15 @@ def test_generic_positions_without_header() -> None:
     assert _events(data) == [(7, 10, 4.0, 0), (8, 10, 2.0, 1)]
 
 
+@pytest.mark.parametrize("sep", ["§", "::", "→"])
+def test_a_separator_of_more_than_one_byte_is_read(tmp_path: Path, sep: str) -> None:
+    """pandas' C reader splits on one byte: a non-ASCII character, like a two-character
+    separator, is read as such rather than refused with the reader's own text."""
+    path = tmp_path / "events.txt"
+    path.write_text(f"u{sep}i{sep}r\n7{sep}10{sep}4\n8{sep}10{sep}2\n", encoding="utf-8")
+    assert _events(read_table(path, "u", "i", "r", sep=sep)) == [(7, 10, 4.0, 0), (8, 10, 2.0, 1)]
+
+
 def test_generic_parquet(tmp_path: Path) -> None:
     path = tmp_path / "events.parquet"
     pd.DataFrame(
@@ -198,6 +207,30 @@ def test_generic_parquet(tmp_path: Path) -> None:
     pd.DataFrame({"u": ["a", "b"], "i": [1, 2], "r": ["4", "five"]}).to_parquet(bad)
     with pytest.raises(DataFormatError, match=r"row 2: r 'five' is not a finite number"):
         read_table(bad, "u", "i", "r")
+
+
+@pytest.mark.parametrize(("frame", "columns", "says"), [
+    ({"u": [1.0, 2.0, None], "i": [1, 2, 3]}, ("u", "i"), "row 3: u is empty"),
+    ({"u": [1, 2], "i": [1, 2], "r": [float("inf"), 2.0]}, ("u", "i", "r"), "row 1: r inf is not a finite number"),
+    ({"u": [[1], [2]], "i": [1, 2]}, ("u", "i"), "row 1: u [1] is a list or map, not an id"),
+    ({"u": [1, 2], "i": [1, 2], "t": pd.to_datetime(["2020-01-01", None])}, ("u", "i", None, "t"), "row 2: t is empty"),
+    ({"u": [1.0, None], "i": [1, 2]}, ("u", "x"), "no column 'x'; columns are: u, i"),  # before any value
+])
+def test_a_parquet_files_bad_value_is_named_in_plain_words(tmp_path: Path, frame: dict, columns: tuple,
+                                                           says: str) -> None:  # type: ignore[type-arg]
+    """No numpy repr (``np.float64(inf)``) in a message; a missing time is empty, not the
+    smallest integer; a missing column is said before any value."""
+    path = tmp_path / "bad.parquet"
+    pd.DataFrame(frame).to_parquet(path)
+    with pytest.raises(DataFormatError) as err:
+        read_table(path, *columns)
+    assert says in str(err.value) and "np." not in str(err.value) and "array(" not in str(err.value)
+
+
+def test_parquet_times_are_seconds_as_a_text_date_is(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"u": [1, 2], "i": [1, 2], "t": [pd.Timestamp("2020-01-01"), pd.Timestamp("2020-01-02 00:00:05")]}).to_parquet(path)
+    assert read_table(path, "u", "i", time_col="t").timestamps.tolist() == [1577836800, 1577923205]
 
 
 def test_generic_parquet_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

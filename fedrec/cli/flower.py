@@ -23,7 +23,7 @@ MODES = ("simulation", "loopback", "app")
 _NOT_IN_NAME = frozenset({
     "algorithm", "dataset", "protocol", "seed", "set_options", "columns", "data_dir", "device", "mode", "nodes",
     "round_timeout", "checkpoint", "resume", "client_state_dir", "secagg_range", "out", "app_dir", "insecure",
-    "tls_host", "workdir", "ray_address", "node_cpus", "node_gpus",
+    "tls_host", "workdir", "ray_address", "node_cpus", "node_gpus", "overwrite",
 })
 
 
@@ -63,6 +63,7 @@ def flower_command(
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS]-flower.json, named as `fedrec run` names its own), written by the ServerApp."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's --out file (kept by default; --resume replaces it too)."),
     app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials and Flower config go beside it, in APP_DIR-deployment)."),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback and app: plaintext and no node authentication (anyone who reaches the port can join as a node). Default: TLS with a CA made for the deployment, and only registered SuperNodes."),
     tls_host: list[str] = typer.Option([], "--tls-host", help="App mode: a host name or IP address the SuperLink is reached at, for its certificate; repeatable (default: 127.0.0.1 and localhost)."),
@@ -83,6 +84,7 @@ def flower_command(
     except ImportError as e:
         raise FedrecError(f"Flower is not installed ({e}); pip install 'fedrec[flower]'") from e
     from fedrec.experiment import RunConfig, federated_config
+    from fedrec.files import check_writable
     from fedrec.flower.roles import check_deployable
 
     if mode not in MODES:
@@ -114,6 +116,14 @@ def flower_command(
     run.validate()
     run.federated.validate()
     check_deployable(run, secure=secagg)
+    if out is None:  # as `fedrec run` names its results (the options that change the figures), "-flower" added
+        from fedrec.cli.experiments import default_out, given_options
+
+        given = given_options(locals(), True, flower_command, _NOT_IN_NAME)
+        plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
+        out = plain.with_name(f"{plain.stem}-flower.json")
+    # an earlier run's results are kept unless asked, and a bad path is one line now, not after the run
+    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint is not None and checkpoint.exists()))
     if mode != "app":
         # the nodes will read the data on this machine: its errors (a missing file, too few items
         # for the protocol) come now, in one line, not from node logs after the processes start
@@ -122,12 +132,6 @@ def flower_command(
         check_deployable(run, secure=secagg, split=prepare_split(run))
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
-    if out is None:  # as `fedrec run` names its results (the options that change the figures), "-flower" added
-        from fedrec.cli.experiments import default_out, given_options
-
-        given = given_options(locals(), True, flower_command, _NOT_IN_NAME)
-        plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
-        out = plain.with_name(f"{plain.stem}-flower.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     before = _stamp(out)  # an earlier run's results there are not this run's
     if insecure:

@@ -198,8 +198,8 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
         _check_header(p, layout)
     source: Path | io.BytesIO = p
     sep = layout.sep
-    if len(sep) > 1:
-        source = io.BytesIO(p.read_bytes().replace(sep.encode(), _MULTI_SEP_STANDIN.encode()))
+    if len(sep.encode(layout.encoding)) > 1:  # pandas' C reader splits on one byte: '::', or a non-ASCII '§'
+        source = io.BytesIO(p.read_bytes().replace(sep.encode(layout.encoding), _MULTI_SEP_STANDIN.encode()))
         sep = _MULTI_SEP_STANDIN
     try:
         df = pd.read_csv(

@@ -182,8 +182,27 @@ def _positions(
     positions: dict[str, int] = {}
     for role, column in wanted.items():
         if column is not None:
+            if header and len(first) == 1 and column not in first + names:
+                _wrong_separator(path, column, first[0], probe)
             positions[role] = _column_position(path, column, names, first, header)
     return first, names, positions
+
+
+#: separators a one-field first line is tested for, the likeliest first
+_OTHER_SEPARATORS = ("\t", ",", ";", "|")
+
+
+def _wrong_separator(path: Path, column: Column, line: str, probe: Layout) -> None:
+    """Where the first line is one field that holds another separator, say so: the columns
+    listed back joined by that separator read as if they were there."""
+    other = next((sep for sep in _OTHER_SEPARATORS if sep != probe.sep and sep in line), None)
+    if other is None:
+        return
+    label = Layout((), (), other).sep_label
+    raise DataFormatError(
+        path, f"no column {column!r}: read as {probe.sep_label}, the first line is one field ({line!r}); "
+        f"it looks {label}: give its separator (`fedrec data add ... --sep`, read_table's sep=) or "
+        "a suffix that says it (.csv: comma, .tsv: tab)", line=1)
 
 
 def _column_position(
@@ -225,27 +244,35 @@ def _read_parquet_table(
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
         raise DataFormatError(path, f"not a readable parquet file: {exc}") from None
     names = [str(c) for c in df.columns]
+    # every column is found before any value is judged: a missing column is said first
+    wanted = {role: column for role, column in (("user", user_col), ("item", item_col), ("rating", rating_col),
+                                               ("time", time_col)) if column is not None}
+    at = {role: _parquet_position(path, column, names, header) for role, column in wanted.items()}
 
-    def series(column: Column) -> pd.Series:
-        return df.iloc[:, _parquet_position(path, column, names, header)]
-
-    def ids(column: Column) -> np.ndarray:
-        values = series(column)
-        _parquet_row_error(path, values.isna().to_numpy(), column, values, "is empty")
+    def ids(role: str) -> np.ndarray:
+        values = df.iloc[:, at[role]]
+        _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")
         if pd.api.types.is_integer_dtype(values):
             return values.to_numpy(dtype=np.int64)
+        if values.dtype == object:  # nested values (lists, maps) are no ids, whatever their text
+            nested = values.map(lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).to_numpy(dtype=bool)
+            _parquet_row_error(path, nested, wanted[role], values, "is a list or map, not an id")
         return tokens(values.astype(str))
 
-    def numbers(column: Column) -> np.ndarray:
-        values = series(column)
+    def numbers(role: str) -> np.ndarray:
+        values = df.iloc[:, at[role]]
+        _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")
+        if role == "time" and pd.api.types.is_datetime64_any_dtype(values):  # seconds, as a text date is read
+            since = pd.to_datetime(values, utc=True) - pd.Timestamp(0, tz="UTC")
+            return (since // pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
         numeric = pd.to_numeric(values, errors="coerce").astype("float64")
         bad = ~np.isfinite(numeric.to_numpy())
-        _parquet_row_error(path, bad, column, values, "is not a finite number")
+        _parquet_row_error(path, bad, wanted[role], values, "is not a finite number")
         return numeric.to_numpy()
 
-    ratings = numbers(rating_col) if rating_col is not None else None
-    timestamps = np.floor(numbers(time_col)).astype(np.int64) if time_col is not None else None
-    return build_interactions(ids(user_col), ids(item_col), ratings, timestamps, path, implicit=ratings is None)
+    ratings = numbers("rating") if rating_col is not None else None
+    timestamps = np.floor(numbers("time")).astype(np.int64) if time_col is not None else None
+    return build_interactions(ids("user"), ids("item"), ratings, timestamps, path, implicit=ratings is None)
 
 
 def _need_pyarrow(path: Path) -> None:
@@ -287,4 +314,8 @@ def _parquet_row_error(
     """Parquet has no lines: name the 1-based row instead."""
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise DataFormatError(path, f"row {row + 1}: {column} {values.iloc[row]!r} {problem}")
+        value = values.iloc[row]
+        if isinstance(value, np.generic | np.ndarray):  # numpy's own reprs say np.float64(inf), array([1])
+            value = value.tolist()
+        shown = "" if problem == "is empty" else f" {value!r}"
+        raise DataFormatError(path, f"row {row + 1}: {column}{shown} {problem}")
