@@ -463,7 +463,9 @@ def train(
     split = split if split is not None else prepare_split(cfg)
     k = cfg.trainer.negatives
     if k >= split.n_items:  # drawn with replacement, but k per positive: memory grows with k
-        raise FedrecError(f"--num-negatives {k} is not below the number of items ({split.n_items})")
+        raise FedrecError(f"training draws {k} negatives a positive (--num-negatives, the algorithm's default "
+                          f"where not given) and the data has only {split.n_items} items: give --num-negatives "
+                          f"below {split.n_items}, or use data with more items")
     device = cfg.trainer.device
     with on(device):  # every tensor the algorithm creates lives on the run's device
         model, trainable = build_trainable(cfg, split, options)

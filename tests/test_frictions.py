@@ -316,3 +316,28 @@ def test_listings_at_80_columns_keep_every_name_on_one_line(monkeypatch: pytest.
         options = [c for c in _first_cells(ours) if c and not c.startswith("--")]
         assert options == list(ALGORITHMS[name].defaults)
         assert "engine defaults (command-line options)" in text
+
+
+def test_too_few_items_for_the_default_negatives_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user who never gave --num-negatives is told the count is the algorithm's default, and
+    what to give instead."""
+    table = tmp_path / "four.csv"
+    table.write_text("user,item\n" + "".join(f"{u},{i}\n" for u in range(5) for i in range(4)))
+    code, text = _cli(["run", "mf", "-d", str(table), "--columns", "user,item", "-p", "loo-full", "-q",
+                       "-o", str(tmp_path / "r.json")], capsys)
+    assert code == 2 and "the algorithm's default where not given" in text and "below 4" in text
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "mf", "--dim", "4", "--set", "dim=3"], "--dim 4 and --set dim=... both give the model's dim"),
+    (["run", "pfedrec", "--dual", "--set", "dual=false"], "--dual and --set dual=... both give the model's dual"),
+    (["run", "mf", "--set", "dim=4", "--set", "dim=3"], "--set dim is given twice"),
+    (["flower", "fedmf", "--dim", "4", "--set", "dim=3"], "--dim 4 and --set dim=... both give the model's dim"),
+])
+def test_a_model_option_given_twice_is_refused(argv: list[str], says: str, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Which of two values for one option wins is nothing a user should have to know: neither does."""
+    out = tmp_path / "r.json"
+    code, text = _cli([*argv, "-d", "synthetic:60x300", "--rounds", "1", "-o", str(out)], capsys)
+    assert code == 2 and says in text and not out.exists()

@@ -35,7 +35,7 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("pfedrec", ["--rounds", "0"], "--rounds must be >= 1"),  # not "--epochs"
     ("mf", ["--epochs", "0"], "--epochs must be >= 1"),
     ("pfedrec", ["--clients-per-round", "1.5"], "a fraction (<= 1) or a whole number"),
-    ("pfedrec", ["--num-negatives", "100000"], "not below the number of items"),
+    ("pfedrec", ["--num-negatives", "100000"], "give --num-negatives below"),
     ("pfedrec", ["--dim", "0"], "dim must be >= 1"),
     ("pfedrec", ["--dim", "-5"], "dim must be >= 1"),
     ("mf", ["--ldp", "0.1"], "'mf' is centralised: --ldp does not apply"),
@@ -253,6 +253,27 @@ def test_ctrl_c_outside_a_run_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
     code, text = _cli(["audit-protocol", "-d", SYN, "-p", "loo-full"], capsys)
     assert code == 130 and [line for line in text.splitlines() if line.strip()] == [
         "interrupted: stopped by Ctrl-C before the command ended"]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run"], "error: Missing argument 'ALGORITHM'. (see `fedrec run --help`)"),
+    (["run", "mf", "--rounds", "abc"], "'abc' is not a valid integer. (see `fedrec run --help`)"),
+    (["run", "mf", "--bogus"], "error: No such option '--bogus'."),
+    (["data", "stats", "x", "--sep", ","], "(see `fedrec data stats --help`)"),
+    (["bogus"], "error: No such command 'bogus'. (see `fedrec --help`)"),
+])
+def test_a_usage_error_is_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Click's usage errors are said as fedrec's own are: one line and exit 2, not a box."""
+    code, text = _cli(argv, capsys)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and says in lines[0], text
+
+
+def test_help_and_a_bare_group_still_show_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = _cli(["run", "--help"], capsys)
+    assert code == 0 and "Usage: fedrec run" in " ".join(text.split())
+    code, text = _cli(["data"], capsys)  # a group without its command: its help, exit 2 (click's)
+    assert code == 2 and "Usage: fedrec data" in " ".join(text.split()) and "error:" not in text
 
 
 def test_threads_default_to_one_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:

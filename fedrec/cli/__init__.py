@@ -52,23 +52,40 @@ _mount()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     try:
-        app(args=argv, standalone_mode=True)
+        # not standalone: click's usage errors come here, to be said in one line as fedrec's own
+        # are (standalone, Typer draws them in a box below the usage); a command returns None,
+        # so what comes back is the code of a click exit (--help: 0, Ctrl-C: 130)
+        code = app(args=argv, prog_name="fedrec", standalone_mode=False)
     except FedrecError as e:
         # the message as text: brackets in it ([1, 5], fedrec[flower]) are not markup
         label = "interrupted:" if isinstance(e, Interrupted) else "error:"
         err_console.print(Text.assemble((label, "bold red"), " ", str(e)), highlight=False,
                           soft_wrap=True)
         sys.exit(Interrupted.exit_code if isinstance(e, Interrupted) else 2)
+    except click.ClickException as e:
+        _say_usage_error(e)
+        sys.exit(e.exit_code)
+    except click.Abort:  # the input of a prompt ended (Typer's EOFError)
+        err_console.print(Text.assemble(("error:", "bold red"), " aborted: the input ended"), highlight=False)
+        sys.exit(1)
     except KeyboardInterrupt:
         _say_interrupted()
         sys.exit(130)
-    except SystemExit as e:
-        # Ctrl-C outside a run's own handler (reading the data, between a grid's cells): Typer
-        # turns it into a silent exit 130; said here in the one line every stop gets
-        if e.code == 130 and isinstance(e.__context__, click.exceptions.Exit) \
-                and isinstance(e.__context__.__cause__, KeyboardInterrupt):
-            _say_interrupted()
-        raise
+    if code == 130:  # Ctrl-C outside a run's own handler (reading the data, between a grid's cells)
+        _say_interrupted()
+    sys.exit(code or 0)
+
+
+def _say_usage_error(e: click.ClickException) -> None:
+    """A usage error (an unknown option, a value of the wrong type, a missing argument) in one
+    line, with the command whose help says more. A group called without a command has printed
+    its help already (`click.exceptions.NoArgsIsHelpError`)."""
+    if isinstance(e, click.exceptions.NoArgsIsHelpError):
+        return
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message, see), highlight=False, soft_wrap=True)
 
 
 def _say_interrupted() -> None:

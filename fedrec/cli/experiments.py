@@ -233,9 +233,8 @@ def run_command(
         tie_break=tie_break, repeats=legacy_repeats, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
         data_dir=data_dir, columns=columns,
-        model={**({"dim": dim} if dim is not None else {}), **({"dual": True} if dual else {}),
-               **({"reconstruct_epochs": reconstruct_epochs} if reconstruct_epochs is not None else {}),
-               **settings},
+        model=model_options({"dim": dim, "dual": True if dual else None, "reconstruct_epochs": reconstruct_epochs},
+                            settings),
         train=TrainConfig(
             epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,
@@ -615,6 +614,18 @@ def titled(title: str, **options: Any) -> Table:
     return Table(title=title, min_width=len(title), **options)
 
 
+def model_options(flags: dict[str, object], settings: dict[str, object]) -> dict[str, object]:
+    """The model options of a command: those given as their own flags (``--dim``; None where not
+    given) and the ``--set`` ones. One given both ways is refused, not settled silently."""
+    from fedrec.errors import FedrecError
+
+    given = {key: value for key, value in flags.items() if value is not None}
+    for key in given.keys() & settings.keys():
+        flag = "--" + key.replace("_", "-") + ("" if given[key] is True else f" {given[key]}")
+        raise FedrecError(f"{flag} and --set {key}=... both give the model's {key}; give it once")
+    return {**given, **settings}
+
+
 def parse_settings(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings as model options (booleans, numbers, else text)."""
     out: dict[str, object] = {}
@@ -634,5 +645,9 @@ def parse_settings(items: list[str]) -> dict[str, object]:
                     break
                 except ValueError:
                     pass
+        if key.replace("-", "_") in out:
+            from fedrec.errors import FedrecError
+
+            raise FedrecError(f"--set {key} is given twice; give it once")
         out[key.replace("-", "_")] = value
     return out

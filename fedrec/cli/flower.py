@@ -75,7 +75,7 @@ def flower_command(
 ) -> None:
     """Run ALGORITHM on Flower: the simulator's algorithm objects as a ServerApp and ClientApp."""
     from fedrec import threads
-    from fedrec.cli.experiments import parse_settings
+    from fedrec.cli.experiments import model_options, parse_settings
 
     threads.apply()  # the server process; nodes are their own processes
 
@@ -104,7 +104,7 @@ def flower_command(
     run = RunConfig(
         algorithm=algorithm, dataset=_for_nodes(dataset, columns), protocol=protocol, seed=seed,
         data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns,
-        model={**({"dim": dim} if dim is not None else {}), **parse_settings(set_options)},
+        model=model_options({"dim": dim}, parse_settings(set_options)),
         federated=federated_config(algorithm, dataset, protocol, paper=paper, rounds=rounds,
                                    clients_per_round=clients_per_round, local_epochs=local_epochs, lr=lr,
                                    lr_item=lr_item, aggregation=aggregation,
