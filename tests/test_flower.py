@@ -582,6 +582,22 @@ def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monk
     assert "insecure = true" in (tmp_path / "plain-deployment" / "flwr-home" / "config.toml").read_text()
     code, said = cli("--app-dir", "x", "--mode", "loopback", "--tls-host", "h")
     assert code == 2 and "--tls-host applies to a secure --mode app" in said
+    ca = (deployment / "credentials" / "ca.pem").read_bytes()
+    code, said = cli("--app-dir", "app")  # registered SuperNodes hold its keys: not replaced unasked
+    assert code == 2 and "--app-dir app is not empty" in said and "--overwrite" in said
+    assert (deployment / "credentials" / "ca.pem").read_bytes() == ca
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    code, said = cli("--app-dir", "mine")
+    assert code == 2 and "mine/pyproject.toml" not in said and "is not empty" in said
+    assert "'mine'" in (tmp_path / "mine" / "pyproject.toml").read_text()
+    code, said = cli("--app-dir", "app", "--overwrite")
+    assert code == 0 and (deployment / "credentials" / "ca.pem").read_bytes() != ca
+    for nodes in ("0", "-1"):
+        code, said = cli("--app-dir", "none", "--nodes", nodes)
+        assert code == 2 and f"--nodes must be >= 1 (got {nodes})" in said and not (tmp_path / "none").exists()
+    code, said = cli("--app-dir", "/proc/fedrec-app")
+    assert code == 2 and "cannot write the app" in said and not (tmp_path / "runs").exists()
 
 
 def test_a_deployment_checks_its_data_before_any_process_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -627,7 +643,10 @@ def test_an_earlier_deployments_results_are_kept_unless_asked(tmp_path: Path, mo
             main([*base, *extra])
     with pytest.raises(SystemExit) as done:  # --resume with no checkpoint to go on from replaces nothing
         main([*base, "--resume", "--checkpoint", "none"])
-    assert done.value.code == 2
+    assert done.value.code == 2 and "--out r.json exists" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:  # a node of no user: one line before any process starts
+        main([*base, "--overwrite", "--nodes", "101"])
+    assert done.value.code == 2 and "--nodes 101 is more than the data's 100 users" in capsys.readouterr().err
 
 
 def test_each_clients_upload_crosses_flowers_records_intact() -> None:

@@ -92,7 +92,8 @@ def test_a_file_read_with_the_wrong_separator_says_which_it_looks_like(tmp_path:
     for name, text, says in (("c.tsv", "user,item\n1,2\n", "read as tab-separated, the first line is one field "
                                                             "('user,item'); it looks comma-separated"),
                              ("t.csv", "user\titem\n1\t2\n", "it looks tab-separated"),
-                             ("s.csv", "user;item\n1;2\n", "it looks semicolon-separated")):
+                             ("s.csv", "user;item\n1;2\n", "it looks semicolon-separated"),
+                             ("n.tsv", 'user;item;"note, free"\n1;2;x\n', "it looks semicolon-separated")):
         (tmp_path / name).write_text(text)
         for read in (lambda f: check_columns(f, "user,item"), lambda f: read_table(f, "user", "item")):
             with pytest.raises(DataFormatError, match="no column 'user'") as err:

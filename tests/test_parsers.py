@@ -194,6 +194,11 @@ def test_a_separator_of_more_than_one_byte_is_read(tmp_path: Path, sep: str) -> 
     path = tmp_path / "events.txt"
     path.write_text(f"u{sep}i{sep}r\n7{sep}10{sep}4\n8{sep}10{sep}2\n", encoding="utf-8")
     assert _events(read_table(path, "u", "i", "r", sep=sep)) == [(7, 10, 4.0, 0), (8, 10, 2.0, 1)]
+    quoted = tmp_path / "quoted.csv"  # a .csv is read with quotes: one holding the separator is refused, not split
+    quoted.write_text(f'u{sep}i{sep}r\n"7{sep}1"{sep}10{sep}4\n', encoding="utf-8")
+    if len(sep) == 1:
+        with pytest.raises(DataFormatError, match="quoted fields with a separator of more than one byte"):
+            read_table(quoted, "u", "i", "r", sep=sep)
 
 
 def test_generic_parquet(tmp_path: Path) -> None:
@@ -215,6 +220,8 @@ def test_generic_parquet(tmp_path: Path) -> None:
     ({"u": [[1], [2]], "i": [1, 2]}, ("u", "i"), "row 1: u [1] is a list or map, not an id"),
     ({"u": [1, 2], "i": [1, 2], "t": pd.to_datetime(["2020-01-01", None])}, ("u", "i", None, "t"), "row 2: t is empty"),
     ({"u": [1.0, None], "i": [1, 2]}, ("u", "x"), "no column 'x'; columns are: u, i"),  # before any value
+    ({"u": ["a", " "], "i": [1, 2]}, ("u", "i"), "row 2: u is empty"),  # as a CSV's empty field is
+    ({"u": [1, 2], "i": [1, 2], "t": [1e30, 1.0]}, ("u", "i", None, "t"), "row 1: t 1e+30 is out of range"),
 ])
 def test_a_parquet_files_bad_value_is_named_in_plain_words(tmp_path: Path, frame: dict, columns: tuple,
                                                            says: str) -> None:  # type: ignore[type-arg]
@@ -228,9 +235,22 @@ def test_a_parquet_files_bad_value_is_named_in_plain_words(tmp_path: Path, frame
 
 
 def test_parquet_times_are_seconds_as_a_text_date_is(tmp_path: Path) -> None:
+    """Timestamps and dates (Arrow's date32 reads as Python dates) are seconds since 1970 UTC;
+    integer times are kept whole (nanoseconds apart stay apart, which a float would not keep)."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = tmp_path / "t.parquet"
     pd.DataFrame({"u": [1, 2], "i": [1, 2], "t": [pd.Timestamp("2020-01-01"), pd.Timestamp("2020-01-02 00:00:05")]}).to_parquet(path)
     assert read_table(path, "u", "i", time_col="t").timestamps.tolist() == [1577836800, 1577923205]
+    dates = pa.array([datetime.date(2020, 1, 1), datetime.date(2020, 1, 2)], pa.date32())
+    pq.write_table(pa.table({"u": [1, 2], "i": [1, 2], "t": dates}), path)
+    assert read_table(path, "u", "i", time_col="t").timestamps.tolist() == [1577836800, 1577923200]
+    nanos = [1577836800000000001, 1577836800000000002]
+    pd.DataFrame({"u": [1, 2], "i": [1, 2], "t": nanos}).to_parquet(path)
+    assert read_table(path, "u", "i", time_col="t").timestamps.tolist() == nanos
 
 
 def test_generic_parquet_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -435,3 +435,21 @@ def test_tune_keeps_an_existing_out_and_refuses_a_journal_that_is_not_one(
     assert _cli([*args, "-o", str(tmp_path / "new.json"), "--journal", str(garbage)]) == 2
     assert f"--journal {garbage}: not a journal of a search" in capsys.readouterr().err
     assert not (tmp_path / "new.json").exists()
+
+
+def test_the_command_line_overrides_a_configs_model_options(tmp_path: Path) -> None:
+    """A --config's model options sit under the command line's: its own flag (--dim) or --set
+    replaces the config's value, neither is refused as given twice; a list option is passed
+    as the list it is."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"fedrec_config": 2, "algorithm": "fedmf", "engine": {"rounds": 1},
+                                  "model": {"dim": 8}}))
+    for extra, dim in (([], 8), (["--dim", "16"], 16), (["--set", "dim=4"], 4)):
+        out = tmp_path / f"r{dim}.json"
+        assert _cli(["run", "fedmf", "-d", DATA, "--config", str(config), "-o", str(out), "-q", *extra]) == 0
+        assert json.loads(out.read_text())["config"]["model"]["dim"] == dim
+    config.write_text(json.dumps({"fedrec_config": 2, "algorithm": "fedca-ncf", "engine": {"rounds": 1},
+                                  "model": {"layers": [16, 8]}}))
+    out = tmp_path / "ncf.json"
+    assert _cli(["run", "fedca-ncf", "-d", DATA, "--config", str(config), "-o", str(out), "-q"]) == 0
+    assert json.loads(out.read_text())["config"]["model"]["layers"] == [16, 8]

@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         _say_usage_error(e)
         sys.exit(e.exit_code)
-    except click.Abort:  # the input of a prompt ended (Typer's EOFError)
-        err_console.print(Text.assemble(("error:", "bold red"), " aborted: the input ended"), highlight=False)
+    except click.Abort:  # click.s own stop (Typer raises it for an EOFError)
+        err_console.print(Text.assemble(("error:", "bold red"), " aborted"), highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         _say_interrupted()

@@ -173,6 +173,7 @@ def run_command(
     from fedrec import threads as torch_threads
 
     torch_threads.apply(threads)
+    tuned_model: dict[str, object] = {}  # a --config's model options, under the command line's
     if config is not None:
         from fedrec.tune import read_config
 
@@ -193,7 +194,7 @@ def run_command(
                                        "aggregation", "patience", "backoffs"})
         if unread:
             raise FedrecError(f"--config {config}: engine option(s) {', '.join(unread)} are not read from configs")
-        set_options = [f"{k}={v}" for k, v in tuned["model"].items()] + list(set_options)
+        tuned_model = dict(tuned["model"])
         if tuned.get("dataset") not in (None, dataset) and not quiet:
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
@@ -204,7 +205,9 @@ def run_command(
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
     negatives = negative_policy(negatives)  # an alias (legacy) is recorded by the policy's own name
-    settings = parse_settings(set_options)
+    flags = {"dim": dim, "dual": True if dual else None, "reconstruct_epochs": reconstruct_epochs}
+    model = {**tuned_model, **model_options(flags, parse_settings(set_options))}
+    settings = {k: v for k, v in model.items() if flags.get(k) is None}  # the options not given by their own flag
     given = given_options(locals(), federated)
     _refuse_ignored(algorithm, federated, {
         "--dual": dual, "--reconstruct-epochs": reconstruct_epochs is not None,
@@ -233,8 +236,7 @@ def run_command(
         tie_break=tie_break, repeats=legacy_repeats, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
         data_dir=data_dir, columns=columns,
-        model=model_options({"dim": dim, "dual": True if dual else None, "reconstruct_epochs": reconstruct_epochs},
-                            settings),
+        model=model,
         train=TrainConfig(
             epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,
             weight_decay=weight_decay, negatives=4 if num_negatives is None else num_negatives,

@@ -63,7 +63,7 @@ def flower_command(
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Results JSON (default runs/ALGO-DATASET-PROTOCOL-sSEED[-OPTIONS]-flower.json, named as `fedrec run` names its own), written by the ServerApp."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's --out file (kept by default; --resume replaces it too)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run's --out file (kept by default, unless --resume goes on from an existing --checkpoint); app mode: write into a non-empty --app-dir and its deployment folder (new keys)."),
     app_dir: Path = typer.Option(Path("fedrec-flower-app"), help="App mode: the Flower app directory to write (its credentials and Flower config go beside it, in APP_DIR-deployment)."),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback and app: plaintext and no node authentication (anyone who reaches the port can join as a node). Default: TLS with a CA made for the deployment, and only registered SuperNodes."),
     tls_host: list[str] = typer.Option([], "--tls-host", help="App mode: a host name or IP address the SuperLink is reached at, for its certificate; repeatable (default: 127.0.0.1 and localhost)."),
@@ -97,6 +97,8 @@ def flower_command(
         raise FedrecError("--insecure applies to --mode loopback and app (the simulation engine has no network)")
     if tls_host and (mode != "app" or insecure):
         raise FedrecError("--tls-host applies to a secure --mode app (loopback's SuperLink is 127.0.0.1)")
+    if nodes < 1:
+        raise FedrecError(f"--nodes must be >= 1 (got {nodes})")
     if node_cpus < 1 or node_gpus < 0:
         raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
     if ray_address is not None:
@@ -122,23 +124,27 @@ def flower_command(
         given = given_options(locals(), True, flower_command, _NOT_IN_NAME)
         plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
         out = plain.with_name(f"{plain.stem}-flower.json")
-    # an earlier run's results are kept unless asked, and a bad path is one line now, not after the run
-    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint is not None and checkpoint.exists()))
-    if mode != "app":
-        # the nodes will read the data on this machine: its errors (a missing file, too few items
-        # for the protocol) come now, in one line, not from node logs after the processes start
-        from fedrec.experiment import prepare_split
-
-        check_deployable(run, secure=secagg, split=prepare_split(run))
     kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
+    if mode == "app":  # its ServerApp writes --out, when `flwr run` runs it (here or on another machine)
+        if insecure:
+            _warn_insecure()
+        _write_app(app_dir, nodes, launch.options(run, nodes, out=out, **kw), insecure, tls_host, out, overwrite)
+        return
+    # an earlier run's results are kept unless asked, and a bad path is one line now, not after the run
+    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint is not None and checkpoint.exists()))
+    # the nodes will read the data on this machine: its errors (a missing file, too few items
+    # for the protocol) come now, in one line, not from node logs after the processes start
+    from fedrec.experiment import prepare_split
+
+    split = prepare_split(run)
+    check_deployable(run, secure=secagg, split=split)
+    if nodes > split.n_users:
+        raise FedrecError(f"--nodes {nodes} is more than the data's {split.n_users} users: a node would hold none")
     out.parent.mkdir(parents=True, exist_ok=True)
     before = _stamp(out)  # an earlier run's results there are not this run's
     if insecure:
         _warn_insecure()
-    if mode == "app":
-        _write_app(app_dir, nodes, launch.options(run, nodes, out=out, **kw), insecure, tls_host, out)
-        return
     start = time.perf_counter()
     if mode == "simulation":
         # the ServerApp's exception is raised here; a node's failure is in it (`fedrec.flower.app`)
@@ -183,7 +189,7 @@ def _warn_insecure() -> None:
 
 
 def _write_app(app_dir: Path, nodes: int, opts: dict, insecure: bool,  # type: ignore[type-arg]
-               tls_host: list[str], out: Path) -> None:
+               tls_host: list[str], out: Path, overwrite: bool) -> None:
     """App mode: the app directory; beside it (never inside: `flwr run` ships the app
     directory to the SuperLink) APP_DIR-deployment/ with the deployment's credentials (unless
     insecure) and its FLWR_HOME; then the commands that deploy it by hand."""
@@ -192,15 +198,22 @@ def _write_app(app_dir: Path, nodes: int, opts: dict, insecure: bool,  # type: i
     from fedrec.flower.tls import LOOPBACK_HOSTS, make_credentials
 
     deployment = app_dir.parent / f"{app_dir.name}-deployment"
-    check_folder(app_dir, "--app-dir")
-    check_folder(deployment, "deployment folder")
-    creds = None if insecure else make_credentials(deployment / "credentials", nodes,
-                                                   tuple(tls_host) or LOOPBACK_HOSTS)
-    home = (deployment / "flwr-home").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(launch.federation_config("fedrec", launch.superlink_address(creds), creds))
-    app_dir.mkdir(parents=True, exist_ok=True)
-    launch.write_app(app_dir, opts)
+    for folder, what in ((app_dir, "--app-dir"), (deployment, "deployment folder")):
+        check_folder(folder, what)
+        if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+            # a folder of the user's own, or an earlier app's, whose SuperNodes are registered with its keys
+            raise FedrecError(f"{what} {folder} is not empty (an earlier app's, or other files); pass --overwrite "
+                              "to replace its files (new keys: register the SuperNodes again) or choose another")
+    try:
+        creds = None if insecure else make_credentials(deployment / "credentials", nodes,
+                                                       tuple(tls_host) or LOOPBACK_HOSTS)
+        home = (deployment / "flwr-home").resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(launch.federation_config("fedrec", launch.superlink_address(creds), creds))
+        app_dir.mkdir(parents=True, exist_ok=True)
+        launch.write_app(app_dir, opts)
+    except OSError as e:  # check_folder passes a folder the OS still refuses (/proc, a read-only mount)
+        raise FedrecError(f"cannot write the app to {app_dir} and {deployment}: {e.strerror or e}") from None
     console.print(f"wrote {app_dir / 'pyproject.toml'}, and in {deployment}: " + (
         f"the deployment's CA, SuperLink certificate and {nodes} SuperNode keys (credentials/), "
         if creds else "") + "Flower's config naming the federation 'fedrec' (flwr-home/)")

@@ -199,7 +199,11 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
     source: Path | io.BytesIO = p
     sep = layout.sep
     if len(sep.encode(layout.encoding)) > 1:  # pandas' C reader splits on one byte: '::', or a non-ASCII '§'
-        source = io.BytesIO(p.read_bytes().replace(sep.encode(layout.encoding), _MULTI_SEP_STANDIN.encode()))
+        raw = p.read_bytes()
+        if layout.quoted and b'"' in raw:  # the separator is swapped for one byte everywhere, quotes or not
+            raise DataFormatError(p, f"quoted fields with a separator of more than one byte ({sep!r}) are not read: "
+                                     "a separator inside quotes would split its field; use a one-byte separator")
+        source = io.BytesIO(raw.replace(sep.encode(layout.encoding), _MULTI_SEP_STANDIN.encode()))
         sep = _MULTI_SEP_STANDIN
     try:
         df = pd.read_csv(

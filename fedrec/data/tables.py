@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -193,16 +194,20 @@ _OTHER_SEPARATORS = ("\t", ",", ";", "|")
 
 
 def _wrong_separator(path: Path, column: Column, line: str, probe: Layout) -> None:
-    """Where the first line is one field that holds another separator, say so: the columns
-    listed back joined by that separator read as if they were there."""
-    other = next((sep for sep in _OTHER_SEPARATORS if sep != probe.sep and sep in line), None)
+    """Where the first line is one field that another separator splits into fields naming
+    ``column``, say so: the columns listed back joined by that separator read as if they were
+    there."""
+    def names(sep: str) -> list[str]:
+        return [field.strip().strip('"').split(":", 1)[0] for field in line.split(sep)]
+
+    other = next((sep for sep in _OTHER_SEPARATORS if sep != probe.sep and str(column) in names(sep)), None)
     if other is None:
         return
     label = Layout((), (), other).sep_label
+    suffix = {",": " or the suffix .csv", "\t": " or the suffix .tsv"}.get(other, "")
     raise DataFormatError(
         path, f"no column {column!r}: read as {probe.sep_label}, the first line is one field ({line!r}); "
-        f"it looks {label}: give its separator (`fedrec data add ... --sep`, read_table's sep=) or "
-        "a suffix that says it (.csv: comma, .tsv: tab)", line=1)
+        f"it looks {label}: give its separator (`fedrec data add ... --sep`, read_table's sep=){suffix}", line=1)
 
 
 def _column_position(
@@ -251,9 +256,10 @@ def _read_parquet_table(
 
     def ids(role: str) -> np.ndarray:
         values = df.iloc[:, at[role]]
-        _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")
         if pd.api.types.is_integer_dtype(values):
             return values.to_numpy(dtype=np.int64)
+        empty = values.isna().to_numpy() | (values.astype(str).str.strip() == "").to_numpy()
+        _parquet_row_error(path, empty, wanted[role], values, "is empty")
         if values.dtype == object:  # nested values (lists, maps) are no ids, whatever their text
             nested = values.map(lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).to_numpy(dtype=bool)
             _parquet_row_error(path, nested, wanted[role], values, "is a list or map, not an id")
@@ -262,16 +268,32 @@ def _read_parquet_table(
     def numbers(role: str) -> np.ndarray:
         values = df.iloc[:, at[role]]
         _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")
-        if role == "time" and pd.api.types.is_datetime64_any_dtype(values):  # seconds, as a text date is read
-            since = pd.to_datetime(values, utc=True) - pd.Timestamp(0, tz="UTC")
-            return (since // pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
         numeric = pd.to_numeric(values, errors="coerce").astype("float64")
         bad = ~np.isfinite(numeric.to_numpy())
         _parquet_row_error(path, bad, wanted[role], values, "is not a finite number")
         return numeric.to_numpy()
 
+    def times() -> np.ndarray:
+        """Integers as they are (nanoseconds do not fit a float's 53 bits); dates and times as
+        seconds since 1970 (UTC), as a text date is read; other numbers floored."""
+        values = df.iloc[:, at["time"]]
+        _parquet_row_error(path, values.isna().to_numpy(), wanted["time"], values, "is empty")
+        if pd.api.types.is_integer_dtype(values):
+            return values.to_numpy(dtype=np.int64)
+        dated = pd.api.types.is_datetime64_any_dtype(values) or (
+            values.dtype == object and isinstance(values.iloc[0], datetime.date))
+        if dated:
+            try:
+                since = pd.to_datetime(values, utc=True) - pd.Timestamp(0, tz="UTC")
+            except (ValueError, TypeError) as e:
+                raise DataFormatError(path, f"{wanted['time']}: not a column of dates ({e})") from None
+            return (since // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
+        seconds = np.floor(numbers("time"))
+        _parquet_row_error(path, np.abs(seconds) >= 2.0**63, wanted["time"], values, "is out of range")
+        return seconds.astype(np.int64)
+
     ratings = numbers("rating") if rating_col is not None else None
-    timestamps = np.floor(numbers("time")).astype(np.int64) if time_col is not None else None
+    timestamps = times() if time_col is not None else None
     return build_interactions(ids("user"), ids("item"), ratings, timestamps, path, implicit=ratings is None)
 
 
