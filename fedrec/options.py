@@ -22,6 +22,8 @@ from typing import Any, Literal, TypeVar
 from fedrec.errors import FedrecError
 
 T = TypeVar("T", bound="Options")
+#: the largest float32, the type of every parameter: a rate above it cannot be applied to one
+FLOAT32_MAX = 3.4028234663852886e38
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 

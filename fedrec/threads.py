@@ -24,7 +24,11 @@ from fedrec.errors import FedrecError
 
 
 def choose(requested: int | None = None) -> int:
-    """``requested`` if given (0: PyTorch's default), else ``OMP_NUM_THREADS``, else 1."""
+    """``requested`` if given (0: PyTorch's default), else ``OMP_NUM_THREADS`` (at most the
+    machine's CPUs: a value set for the whole environment), else 1. A request for more threads
+    than the machine has CPUs is refused: it cannot be faster, and thousands crash PyTorch's
+    thread pool (a segmentation fault, not an error)."""
+    cpus = os.cpu_count() or 1
     if requested is None:
         env = os.environ.get("OMP_NUM_THREADS", "").strip()
         if not env:
@@ -33,8 +37,13 @@ def choose(requested: int | None = None) -> int:
             requested = int(env)
         except ValueError:
             raise FedrecError(f"OMP_NUM_THREADS={env!r} is not a whole number") from None
+        if requested < 0:
+            raise FedrecError(f"OMP_NUM_THREADS must be >= 0 (got {requested})")
+        return min(requested, cpus)
     if requested < 0:
         raise FedrecError(f"--threads must be >= 0 (got {requested}; 0: PyTorch's default)")
+    if requested > cpus:
+        raise FedrecError(f"--threads {requested} is more than this machine's {cpus} CPUs")
     return requested
 
 

@@ -54,6 +54,10 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("fedmf", ["--item-std", "-1"], "--item-std must be >= 0 (got -1.0)"),
     ("fedmf", ["--threshold", "nan"], "--threshold must be a finite number"),
     ("fedmf", ["--seed", str(2**64)], "--seed must be a whole number in [0, 2^64), not 18446744073709551616"),
+    ("fedmf", ["--lr", "1e39"], "learning rates must be at most 3.4e+38, the largest float32"),
+    ("fedmf", ["--lr-item", "1e39"], "learning rates must be at most 3.4e+38"),
+    ("mf", ["--lr", "1e39"], "--lr must be at most 3.4e+38"),
+    ("fedmf", ["--threads", str(10**6)], "--threads 1000000 is more than this machine's"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,
                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,19 +280,40 @@ def test_help_and_a_bare_group_still_show_the_help(capsys: pytest.CaptureFixture
     assert code == 2 and "Usage: fedrec data" in " ".join(text.split()) and "error:" not in text
 
 
+def test_running_out_of_memory_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """numpy's MemoryError (a --batch-size of 10^8 asks for a 45 GiB block) is said in one line
+    with the options that ask for less, not as a traceback."""
+    from fedrec import experiment
+
+    def too_big(run: Any) -> Any:
+        raise MemoryError("Unable to allocate 44.7 GiB for an array with shape (60, 100000000)")
+
+    monkeypatch.setattr(experiment, "prepare_split", too_big)
+    code, text = _cli(["audit-protocol", "-d", SYN, "-p", "loo-full"], capsys)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: out of memory (Unable to allocate 44.7 GiB")
+    assert "--batch-size" in lines[0]
+
+
 def test_threads_default_to_one_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedrec import threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 4)
     assert threads.choose() == 1
     assert threads.choose(3) == 3 and threads.choose(0) == 0
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert threads.choose() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "100000")  # the environment's, for every program: the CPUs at most
+    assert threads.choose() == 4
     monkeypatch.setenv("OMP_NUM_THREADS", "many")
     with pytest.raises(FedrecError, match="OMP_NUM_THREADS"):
         threads.choose()
     with pytest.raises(FedrecError, match="--threads must be >= 0"):
         threads.choose(-1)
+    # asked for: refused (thousands of threads crash PyTorch's pool with a segmentation fault)
+    with pytest.raises(FedrecError, match="--threads 100000 is more than this machine's 4 CPUs"):
+        threads.choose(100000)
 
 
 def test_threads_hold_numpys_blas_to_pytorchs_number() -> None:

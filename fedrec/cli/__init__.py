@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         _say_usage_error(e)
         sys.exit(e.exit_code)
-    except click.Abort:  # click.s own stop (Typer raises it for an EOFError)
+    except MemoryError as e:  # numpy's allocation of a block that does not fit: no traceback, what to shrink
+        err_console.print(Text.assemble(("error:", "bold red"), " out of memory", f" ({e})" if str(e) else "",
+                                        "; a smaller --batch-size, --clients-per-round or --memory-budget-mb "
+                                        "asks for less at once"), highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click.Abort:  # click's own stop (Typer raises it for an EOFError)
         err_console.print(Text.assemble(("error:", "bold red"), " aborted"), highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ from fedrec.errors import FedrecError
 from fedrec.federated.family.model import client_params
 from fedrec.federated.family.state import Accumulator, CohortState
 from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
-from fedrec.options import check
+from fedrec.options import FLOAT32_MAX, check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
@@ -174,6 +174,8 @@ class FederatedConfig:
             (self.local_epochs < 1, "--local-epochs must be >= 1"),
             (self.batch_size < 1, "--batch-size must be >= 1"),
             (self.lr <= 0 or (self.lr_item is not None and self.lr_item <= 0), "learning rates must be > 0"),
+            (max(self.lr, self.lr_item or 0.0) > FLOAT32_MAX,
+             f"learning rates must be at most {FLOAT32_MAX:.3g}, the largest float32 (the tensors' type)"),
             (self.negatives < 0, "--num-negatives must be >= 0"),
             (self.ldp < 0, "--ldp must be >= 0"),
             (self.clip is not None and self.clip <= 0, "--clip must be > 0"),

@@ -20,7 +20,7 @@ from fedrec.core.contract import Trainable
 from fedrec.core.device import check as check_device
 from fedrec.core.driver import run_rounds
 from fedrec.core.selection import TrainOutcome
-from fedrec.options import check
+from fedrec.options import FLOAT32_MAX, check
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord
 
@@ -51,6 +51,7 @@ class TrainConfig:
             (self.epochs < 1, f"--epochs must be >= 1 (got {self.epochs})"),
             (self.batch_size < 1, f"--batch-size must be >= 1 (got {self.batch_size})"),
             (self.lr <= 0, f"--lr must be > 0 (got {self.lr})"),
+            (self.lr > FLOAT32_MAX, f"--lr must be at most {FLOAT32_MAX:.3g}, the largest float32 (the tensors' type)"),
             (self.weight_decay < 0, f"--weight-decay must be >= 0 (got {self.weight_decay})"),
             (self.negatives < 1, f"--num-negatives must be >= 1 (got {self.negatives})"),
             (self.patience < 0, f"--patience must be >= 0 (got {self.patience})"),
