@@ -198,6 +198,19 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
     raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
 
 
+def check_dataset_name(dataset: str) -> None:
+    """What `load_interactions` would say of an unknown ``dataset``, without reading any data:
+    a file path, ``synthetic[:USERSxITEMS]``, a built-in or a registered name pass."""
+    from fedrec.data import user_sets
+    from fedrec.data.catalogue import REGISTRY
+
+    if looks_like_a_file(dataset) or _SYNTHETIC.match(dataset) or dataset in REGISTRY or user_sets.get(dataset):
+        return
+    from fedrec.errors import UnknownNameError
+
+    raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
+
+
 def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) -> float | None:
     """The threshold a user's data set was registered or declared with (``--implicit-threshold``;
     `RunConfig.user_data`), or None."""

@@ -9,9 +9,10 @@ the start instead of a traceback after the work is done.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fedrec.errors import FedrecError
@@ -49,6 +50,29 @@ def _check_creatable(folder: Path, path: Path, what: str) -> None:
         raise FedrecError(f"{what} {path}: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise FedrecError(f"{what} {path}: cannot write in {folder} (permission denied)")
+
+
+@contextlib.contextmanager
+def no_empty_folders(*folders: str | Path | None) -> Iterator[None]:
+    """Run the block; then remove each of ``folders``, and the folders above it, that did not
+    exist before and are empty: a command stopped or failed before it wrote anything (Ctrl-C
+    before the first cell, every run failed, a download refused) leaves no empty folder."""
+    made = [f for folder in folders if folder is not None for f in _missing_folders(Path(folder))]
+    try:
+        yield
+    finally:
+        for folder in made:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those above it that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool = False) -> Path:

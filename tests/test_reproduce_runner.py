@@ -189,3 +189,43 @@ def test_cli_reproduce_refuses_a_device_it_cannot_use(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
         main(["reproduce", "attacks", "--device", "cuda:0", "--out-dir", str(tmp_path)])
     assert done.value.code != 0 and "CPU only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["pfedrec", "--rounds", "0"], "--rounds must be >= 1 (got 0)"),
+    (["pfedrec", "--tables", ","], "--tables ',' selects nothing"),
+    (["pfedrec", "--methods", ""], "--methods '' selects nothing"),
+    (["pfedrec", "--seeds", ","], "--seeds ',' names no seed"),
+    (["pfedrec", "--seeds", "-1"], "--seed must be a whole number in [0, 2^64)"),
+    (["pfedrec", "-d", "nope"], "unknown data set 'nope'"),
+    (["attacks", "-d", "ml-1m"], "fedrec reproduce attacks does not take --dataset"),
+    (["attacks", "--tables", "1", "--workers", "2"], "does not take --tables, --workers"),
+    (["pfedrec", "--tables", "7", "-d", "synthetic:120x400", "--reuse-only"], "no result of these runs is in"),
+])
+def test_a_reproduction_that_would_do_nothing_or_the_wrong_thing_is_one_line(tmp_path, capsys, args, says):
+    """Refused before any run, with no folder left behind; a selection of nothing, or --rounds 0
+    (once read as "the default"), is not an empty table or 100 rounds with exit 0."""
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", *args, "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and says in err, err
+    assert not out.exists()
+
+
+def test_a_reproduction_whose_every_run_failed_exits_non_zero(tmp_path, capsys, monkeypatch):
+    """Every run failing (here: its data cannot be read) ends in one error line and exit 2,
+    naming the first failure; the out-dir it made is not left behind empty."""
+    from fedrec import experiment
+
+    def unreadable(run):  # type: ignore[no-untyped-def]
+        raise FedrecError("data unreadable")
+
+    monkeypatch.setattr(experiment, "prepare_split", unreadable)
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "pfedrec", "--tables", "7", "-d", "synthetic:120x400", "--rounds", "1",
+              "--negatives", "leak-free", "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "no run finished (6 of 6 failed; first: data unreadable)" in err, err
+    assert not out.exists()

@@ -53,7 +53,6 @@ chain: a joined grid's own ``[join]`` is not read.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -316,24 +315,12 @@ def run_grid(grid: Grid, out: str | Path, *, on_cell: Callable[[Cell, str], None
     note)`` each round (epoch) a running cell ends. Returns the counts of each state. A cell
     that diverged keeps its results file (status ``diverged``) and the grid goes on; the boards
     show it as diverged and leave it out of their figures."""
+    from fedrec.files import no_empty_folders
+
     out = Path(out)
-    made = _missing_folders(out / "cells")
-    (out / "cells").mkdir(parents=True, exist_ok=True)
-    try:
+    with no_empty_folders(out / "cells"):  # a grid stopped before its first cell ended (Ctrl-C, a bad worker)
+        (out / "cells").mkdir(parents=True, exist_ok=True)
         return _run_cells(grid, out, on_cell, on_progress)
-    finally:  # a grid stopped before its first cell ended (Ctrl-C, a bad worker) leaves no empty folders
-        for folder in made:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and those above it that do not exist yet, innermost first."""
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    return missing
 
 
 def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | None,

@@ -66,7 +66,29 @@ def reproduce_command(
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as e:
         raise FedrecError(f"--seeds must be comma-separated integers (got '{seeds}')") from e
-    from fedrec.files import check_folder, check_writable
+    from fedrec.experiment import check_dataset_name, check_seed
+
+    if not seed_list:
+        raise FedrecError(f"--seeds {seeds!r} names no seed")
+    for seed in seed_list:
+        check_seed(seed)
+    for flag, given in (("--tables", tables), ("--methods", methods), ("--settings", settings)):
+        if given is not None and not [part for part in given.replace(";", ",").split(",") if part.strip()]:
+            raise FedrecError(f"{flag} {given!r} selects nothing")
+    if rounds is not None and rounds < 1:
+        raise FedrecError(f"--rounds must be >= 1 (got {rounds})")
+    if paper == "attacks":  # its tables are FedRecAttack's setting on ML-100K: these do not apply
+        ignored = [flag for flag, given in (
+            ("--tables", tables is not None), ("--dataset", dataset != "ml-100k"), ("--methods", methods is not None),
+            ("--settings", settings is not None), ("--negatives", negatives != "both"),
+            ("--patience", patience is not None), ("--leaderboard", leaderboard is not None),
+            ("--checkpoint-every", checkpoint_every != 0), ("--workers", workers != 1)) if given]
+        if ignored:
+            raise FedrecError(f"fedrec reproduce attacks does not take {', '.join(ignored)} "
+                              "(its tables are FedRecAttack's setting on ML-100K)")
+    else:
+        check_dataset_name(dataset)
+    from fedrec.files import check_folder, check_writable, no_empty_folders
 
     for folder, what in ((out_dir, "--out-dir"), (plots, "--plots"), (leaderboard, "--leaderboard")):
         if folder is not None:
@@ -76,7 +98,8 @@ def reproduce_command(
     if paper == "attacks":
         if device not in ("cpu", "auto"):
             raise FedrecError("fedrec reproduce attacks runs on the CPU only (--device cpu)")
-        _attacks(seed_list, rounds, out_dir, markdown, plots, data_dir, reuse_only)
+        with no_empty_folders(out_dir, plots or out_dir / "plots"):
+            _attacks(seed_list, rounds, out_dir, markdown, plots, data_dir, reuse_only)
         return
     device = resolve(device)
     chosen = plan(paper, None if tables is None else [t.strip() for t in tables.split(",") if t.strip()],
@@ -87,7 +110,8 @@ def reproduce_command(
         chosen = only_settings(chosen, [s.strip() for s in settings.split(";") if s.strip()])
     every = [r for runs in chosen.values() for r in runs]
     n_total = len(dict.fromkeys(every)) * len(POLICY_CHOICES[negatives]) * len(seed_list)
-    with batch_progress(console, disable=not console.is_terminal) as bar:
+    failed: list[str] = []
+    with no_empty_folders(out_dir), batch_progress(console, disable=not console.is_terminal) as bar:
         task = bar.add_task("runs", total=n_total, status="")
         bars = RunBars(bar, log=None if console.is_terminal else typer.echo)
         ended = [0]
@@ -107,6 +131,7 @@ def reproduce_command(
             bars.note((planned, policy, seed), label_of(planned, policy, seed), note)
 
         def on_fail(planned, policy, seed, reason) -> None:  # type: ignore[no-untyped-def]
+            failed.append(reason)
             bars.end((planned, policy, seed))
             console.print(f"[red]failed[/] {label_of(planned, policy, seed)}: {reason}")
 
@@ -122,6 +147,9 @@ def reproduce_command(
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
                           device=device, on_stale=on_stale, patience=patience)
+        if not results:  # nothing to print: a failure, not an empty table
+            raise FedrecError(f"no run finished ({len(failed)} of {n_total} failed; first: {failed[0]})" if failed
+                              else f"no result of these runs is in {out_dir} (--reuse-only runs nothing)")
     figures = load_figures(paper)
     parts = []
     drawn = []
@@ -234,6 +262,8 @@ def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path
     with console.status("attacks") as status:
         tables = reproduce_attacks(out_dir, data_dir, seeds=seeds, rounds=rounds or 20, run_missing=not reuse_only,
                                    on_run=lambda label: status.update(f"attacks: {label}"))
+    if not (tables.anchor or tables.poisoning or tables.inference):
+        raise FedrecError(f"no result of the attack tables' runs is in {out_dir} (--reuse-only runs nothing)")
     text = to_markdown(tables)
     console.print(text, markup=False, highlight=False)
     if markdown is not None:
