@@ -210,7 +210,10 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     config.federated.device = config.train.device = device
     if data_dir is not None:
         config.data_dir = data_dir
-    split = _split_from(config, blob["portable"], str(path)) if "portable" in blob else prepare_split(config)
+    try:
+        split = _split_from(config, blob["portable"], str(path)) if "portable" in blob else prepare_split(config)
+    except FedrecError as e:
+        raise FedrecError(e if str(path) in str(e) else f"{path}: {e}") from None
     if blob.get("data") != data_signature(split):
         if "portable" in blob:
             raise FedrecError(f"{path}: the training data it holds are not the ones the run was trained on "
@@ -225,7 +228,10 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
                           f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
                           "trained on (users, items or training interactions differ)")
     with on(device):
-        _, model = build_trainable(config, split)
+        try:
+            _, model = build_trainable(config, split)
+        except FedrecError as e:  # options that cannot build on its own data: an edited file
+            raise FedrecError(f"{path}: its config does not build {config.algorithm} on the data it holds ({e})") from None
         load_state(model, blob["state"], f"{path}: its state does not fit {config.algorithm} under its config")
     res = dict(blob["result"])
     known = {f.name for f in fields(RunResult)}

@@ -183,8 +183,8 @@ def _array(t: torch.Tensor, tag: dict[str, Any]) -> np.ndarray:
 def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
     """Where ``tree`` (read from a file) first differs in kind from ``reference`` (what the
     code built itself), or None: a tensor or array of another dtype, rank or shape, a table
-    where a number was, and so on. Only places both hold are compared (an optimiser's state
-    fills in as it trains), and a tensor empty along its first dimension in ``reference``
+    where a number was, a key of a table missing, and so on. Places only ``tree`` holds are not
+    compared (an optimiser's state fills in as it trains), and a tensor empty along its first dimension in ``reference``
     (a store that grows with the clients trained) may hold any number of rows."""
     if isinstance(reference, (torch.Tensor, np.ndarray)):
         if type(tree) is not type(reference) and not (isinstance(reference, torch.Tensor)
@@ -199,6 +199,8 @@ def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
     if isinstance(reference, dict):
         if not isinstance(tree, dict):
             return f"{where}: a {type(tree).__name__} where a table was"
+        if missing := sorted(map(str, reference.keys() - tree.keys())):  # what scoring would look up and not find
+            return f"{where + ': ' if where else ''}no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
         for k in reference.keys() & tree.keys():
             if found := mismatch(reference[k], tree[k], f"{where}.{k}" if where else str(k)):
                 return found

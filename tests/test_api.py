@@ -89,6 +89,11 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     assert user == "4"
     assert items.split() == [str(i) for i in fedrec.load(saved).recommend(4, 5)]
     assert _cli(["recommend", str(saved), "--user", "no-such-user"]) == 2
+    capsys.readouterr()
+    # every id is checked first: a script reads all the lines or none
+    assert _cli(["recommend", str(saved), "--user", "4", "--user", "5", "--user", "no-such-user"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "user 'no-such-user' is not in this run's data" in printed.err
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [

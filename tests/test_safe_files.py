@@ -239,7 +239,10 @@ RUN_FILE_CRAFTS = [("config.algorithm", ["x"]), ("config.dataset", 5), ("config.
                    ("config.federated.lr", "x"), ("config.model", [1]), ("config.federated", 3),
                    ("result.history", ...), ("result.history", 5), ("result.history", [{"bogus": 1}]),
                    ("state.server.items", "text"), ("state.server.items", None), ("result", []),
-                   ("state.server.items", torch.zeros(3, 2)), ("state.clients.private.user", torch.zeros(7, 32))]
+                   ("state.server.items", torch.zeros(3, 2)), ("state.clients.private.user", torch.zeros(7, 32)),
+                   # private state the algorithm scores with, missing: another algorithm named, a key deleted
+                   ("config.algorithm", "pfedrec"), ("state.clients.private.user", ...),
+                   ("config.federated.aggregation", "nope"), ("config.protocol", "bogus")]
 
 
 def test_a_well_formed_run_file_with_crafted_contents_is_one_line(
@@ -254,6 +257,7 @@ def test_a_well_formed_run_file_with_crafted_contents_is_one_line(
         tensorfile.save(bad, _mutate(blob, where, value), KIND, FORMAT)
         code, said = _cli(["recommend", str(bad), "--user", "3"], capsys)
         assert code == 2 and said.startswith("error:") and said.count("\n") == 1, (where, value, said)
+        assert str(bad) in said, (where, value, said)
 
 
 CHECKPOINT_CRAFTS = [("round", "x"), ("round", [1]), ("round", -1), ("history", 5), ("history", [{"bogus": 1}]),

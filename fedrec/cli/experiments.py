@@ -430,7 +430,11 @@ def recommend_command(
     A federated user is scored with that user's own private state."""
     from fedrec.api import load
 
+    if k < 1:
+        raise FedrecError(f"-k must be >= 1 (got {k})")
     trained = load(run_file, data_dir=data_dir)
+    for u in user:  # every id checked before any line is printed: a script reads all or nothing
+        trained.user_index(u)
     for u in user:
         items = trained.recommend(u, k)
         typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts

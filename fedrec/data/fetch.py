@@ -36,9 +36,17 @@ STALE_STAGING_S = 3600.0  # a staging folder this old belongs to a fetch that wa
 
 def fetch(spec: DatasetSpec, source: Source, cache: Path) -> None:
     """Put ``source.provides`` into ``cache``, complete and verified, or raise `SourceFailed`;
-    record each file's sha256 in the cache's manifest."""
-    cache.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(cache)
+    record each file's sha256 in the cache's manifest. A source that fails leaves no empty
+    cache folder behind."""
+    from fedrec.files import no_empty_folders
+
+    with no_empty_folders(cache):
+        cache.mkdir(parents=True, exist_ok=True)
+        _remove_stale_staging(cache)
+        _fetch_into(source, spec, cache)
+
+
+def _fetch_into(source: Source, spec: DatasetSpec, cache: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache) as staging:
         stage = Path(staging)
         if source.kind == "pip-wheel":
