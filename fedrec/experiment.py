@@ -312,6 +312,9 @@ def prepare_split(cfg: RunConfig) -> Split:
             "evaluates explicit ratings"
         )
     raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed, cfg.columns, cfg.user_data)
+    if cfg.threshold is not None and raw.implicit:
+        where = f"--columns {cfg.columns!r} names" if cfg.columns is not None else f"'{cfg.dataset}' has"
+        raise FedrecError(f"--threshold {cfg.threshold:g} keeps ratings at or above it, and {where} no rating column")
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,

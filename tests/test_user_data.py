@@ -409,3 +409,23 @@ def test_a_file_without_columns_and_a_name_with_them_each_say_what_to_do(tmp_pat
     code, out = cli("run", "fedmf", "-d", "mine", "--columns", "user,item", "-q", "-o", str(tmp_path / "r.json"))
     assert code == 2 and "--dataset mine is a data set you added (`fedrec data add`)" in out
     assert not (tmp_path / "r.json").exists()
+
+
+def test_names_thresholds_and_fetches_that_would_fail_later_are_refused_when_added(tmp_path: Path) -> None:
+    """A name one case away from another (one results file on a case-blind file system), a
+    threshold that keeps no interaction (every later run: "no interactions left"), a fetch of
+    one's own data set, and --threshold on a file without ratings: each said at once."""
+    data = write_events(tmp_path / "events.csv")
+    assert cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts")[0] == 0
+    for name, twin in (("Mine", "mine"), ("ML-100K", "ml-100k")):
+        code, out = cli("data", "add", name, str(data), "--columns", "user,item,rating,ts")
+        assert code == 2 and f"differs only in case from the data set '{twin}'" in out, out
+    assert cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts", "--overwrite")[0] == 0
+    code, out = cli("data", "add", "strict", str(data), "--columns", "user,item,rating,ts", "--implicit-threshold", "9")
+    assert code == 2 and "--implicit-threshold 9 keeps no interaction: the file's ratings are at most 5" in out
+    assert set(user_sets.entries()) == {"mine"}
+    code, out = cli("data", "fetch", "mine")
+    assert code == 2 and "is a data set of your own" in out and "nothing to fetch" in out
+    with pytest.raises(FedrecError, match="--threshold 3 keeps ratings at or above it, and --columns 'user,item' "
+                                          "names no rating column"):
+        prepare_split(RunConfig("mf", dataset=str(data), columns="user,item", threshold=3))

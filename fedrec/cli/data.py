@@ -141,6 +141,12 @@ def fetch_command(
     file: RawFileName = None,
 ) -> None:
     """Make sure a data set's raw file is available (downloading it if needed); print its path."""
+    from fedrec.data import user_sets
+    from fedrec.data.catalogue import REGISTRY
+
+    if name not in REGISTRY and (mine := user_sets.get(name)) is not None:
+        raise FedrecError(f"'{name}' is a data set of your own (`fedrec data add`), read from {mine.path}: "
+                          "there is nothing to fetch")
     found = registry.resolve(name, data_dir, file=file)
     out = _console()
     for failure in found.failures:

@@ -209,6 +209,9 @@ def describe(path: str | Path, columns: str, sep: str | None = None,
     if implicit_threshold is not None and "rating" not in parse_columns(columns):
         raise FedrecError(f"--implicit-threshold {implicit_threshold:g} keeps ratings at or above it, and "
                           f"--columns {columns!r} names no rating column")
+    if implicit_threshold is not None and not (data.ratings >= implicit_threshold).any():
+        raise FedrecError(f"--implicit-threshold {implicit_threshold:g} keeps no interaction: the file's ratings "
+                          f"are at most {float(data.ratings.max()):g}")
     return UserDataset(name=name, path=str(file.resolve()), columns=columns, sep=sep,
                        implicit_threshold=None if implicit_threshold is None else float(implicit_threshold),
                        sha256=sha256_of(file), rows=len(data), users=data.n_users, items=data.n_items,
@@ -221,6 +224,11 @@ def add(name: str, path: str | Path, columns: str, sep: str | None = None,
     anything is written); an existing name is replaced only with ``overwrite``."""
     check_name(name)
     found = entries()
+    from fedrec.data.catalogue import REGISTRY
+
+    if twin := next((known for known in [*REGISTRY, *found] if known.lower() == name.lower() and known != name), None):
+        # one results file name for both on a file system that ignores case (macOS, Windows)
+        raise FedrecError(f"'{name}' differs only in case from the data set '{twin}'; choose another name")
     if name in found and not overwrite:
         raise FedrecError(f"data set '{name}' is already registered ({found[name].path}); pass --overwrite "
                           "to replace it, or `fedrec data remove` it first")
