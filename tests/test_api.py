@@ -148,3 +148,20 @@ def test_algorithms_lists_names_and_shows_one_algorithms_options(capsys):
     assert _cli(["algorithms", "fedavgm"]) == 0
     out = capsys.readouterr().out
     assert "server_lr" in out and "momentum" in out and "--lr" in out
+
+
+def test_recommend_notes_a_user_that_no_interaction_trained(tmp_path, capsys):
+    """Under the global temporal split a user whose every interaction is after the cut-off has
+    no training item: its list is printed with a note on stderr saying so."""
+    rows = ["user,item,ts"] + [f"u{u},i{(7 * u + j) % 40},{1000 * j + u}" for u in range(30) for j in range(8)]
+    rows += [f"late,i{j},{10_000 + j}" for j in range(8)]
+    data = tmp_path / "t.csv"
+    data.write_text("\n".join(rows) + "\n")
+    saved = tmp_path / "m.fedrec"
+    assert _cli(["run", "fedmf", "-d", str(data), "--columns", "user,item,,ts", "-p", "time-full", "--rounds", "1",
+                 "-q", "--save", str(saved), "-o", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    assert _cli(["recommend", str(saved), "--user", "late", "--user", "u3", "-k", "3"]) == 0
+    printed = capsys.readouterr()
+    assert [line.split("\t")[0] for line in printed.out.splitlines()] == ["late", "u3"]
+    assert "note: user 'late' has no training interaction" in printed.err and "'u3'" not in printed.err

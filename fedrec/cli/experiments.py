@@ -435,7 +435,12 @@ def recommend_command(
     trained = load(run_file, data_dir=data_dir)
     for u in user:  # every id checked before any line is printed: a script reads all or nothing
         trained.user_index(u)
+    indptr = trained.split.train.indptr
     for u in user:
+        i = trained.user_index(u)
+        if indptr[i + 1] == indptr[i]:  # its interactions all held out: nothing trained its own state
+            Console(stderr=True).print(f"note: user {u!r} has no training interaction in this run: its items "
+                                       "come from a user state no interaction of its own trained", highlight=False)
         items = trained.recommend(u, k)
         typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
 
