@@ -57,7 +57,8 @@ def no_empty_folders(*folders: str | Path | None) -> Iterator[None]:
     """Run the block; then remove each of ``folders``, and the folders above it, that did not
     exist before and are empty: a command stopped or failed before it wrote anything (Ctrl-C
     before the first cell, every run failed, a download refused) leaves no empty folder."""
-    made = [f for folder in folders if folder is not None for f in _missing_folders(Path(folder))]
+    # resolved: "a/../b" is the existing b, never a folder this block made
+    made = [f for folder in folders if folder is not None for f in _missing_folders(Path(folder).resolve())]
     try:
         yield
     finally:

@@ -183,7 +183,7 @@ def _array(t: torch.Tensor, tag: dict[str, Any]) -> np.ndarray:
 def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
     """Where ``tree`` (read from a file) first differs in kind from ``reference`` (what the
     code built itself), or None: a tensor or array of another dtype, rank or shape, a table
-    where a number was, a key of a table missing, and so on. Places only ``tree`` holds are not
+    where a number was, a key missing whose value holds tensors, and so on. Places only ``tree`` holds are not
     compared (an optimiser's state fills in as it trains), and a tensor empty along its first dimension in ``reference``
     (a store that grows with the clients trained) may hold any number of rows."""
     if isinstance(reference, (torch.Tensor, np.ndarray)):
@@ -199,7 +199,9 @@ def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
     if isinstance(reference, dict):
         if not isinstance(tree, dict):
             return f"{where}: a {type(tree).__name__} where a table was"
-        if missing := sorted(map(str, reference.keys() - tree.keys())):  # what scoring would look up and not find
+        # a key whose tensors the model scores with, missing: a number, flag or empty table the
+        # code added since (a config field, an optimiser's setting) is a default the loader fills in
+        if missing := sorted(str(k) for k in reference.keys() - tree.keys() if _holds_tensor(reference[k])):
             return f"{where + ': ' if where else ''}no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
         for k in reference.keys() & tree.keys():
             if found := mismatch(reference[k], tree[k], f"{where}.{k}" if where else str(k)):
@@ -219,6 +221,19 @@ def mismatch(reference: Any, tree: Any, where: str = "") -> str | None:
         ok = isinstance(tree, (int, float, np.integer, np.floating)) and not isinstance(tree, bool)
         return None if ok else f"{where}: {tree!r} where a number was"
     return None
+
+
+def _holds_tensor(value: Any) -> bool:
+    """Whether ``value`` is, or holds, a non-empty tensor or array."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0
+    if isinstance(value, np.ndarray):
+        return value.size > 0
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return False
 
 
 def entries_mismatch(shape: dict[str, Any], tree: Any) -> str | None:

@@ -28,7 +28,7 @@ def choose(requested: int | None = None) -> int:
     machine's CPUs: a value set for the whole environment), else 1. A request for more threads
     than the machine has CPUs is refused: it cannot be faster, and thousands crash PyTorch's
     thread pool (a segmentation fault, not an error)."""
-    cpus = os.cpu_count() or 1
+    cpus = os.cpu_count() or 2**16  # unknown: no limit of ours
     if requested is None:
         env = os.environ.get("OMP_NUM_THREADS", "").strip()
         if not env:

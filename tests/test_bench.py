@@ -402,3 +402,13 @@ def test_a_grid_file_that_is_not_utf8_is_one_line(tmp_path: Path, capsys: pytest
     grid.write_bytes(GRID.format(seeds=[0], rounds=1, workers=1).encode() + "# caf\xe9\n".encode("latin-1"))
     assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 2
     assert "not a readable bench file" in capsys.readouterr().err
+
+
+def test_a_folder_named_through_one_that_did_not_exist_is_never_removed(tmp_path: Path) -> None:
+    """``a/../b`` is the existing folder b even while a does not exist: not one the block made."""
+    from fedrec.files import no_empty_folders
+
+    (tmp_path / "b").mkdir()
+    with no_empty_folders(tmp_path / "a" / ".." / "b", tmp_path / "new" / "deeper"):
+        (tmp_path / "new" / "deeper").mkdir(parents=True)
+    assert (tmp_path / "b").is_dir() and not (tmp_path / "new").exists()

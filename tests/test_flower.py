@@ -583,6 +583,9 @@ def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monk
     code, said = cli("--app-dir", "x", "--mode", "loopback", "--tls-host", "h")
     assert code == 2 and "--tls-host applies to a secure --mode app" in said
     ca = (deployment / "credentials" / "ca.pem").read_bytes()
+    (tmp_path / "r.json").write_text("{}")
+    code, said = cli("--app-dir", "fresh", "-o", "r.json")  # the results an app would replace: said now too
+    assert code == 2 and "--out r.json exists" in said and not (tmp_path / "fresh").exists()
     code, said = cli("--app-dir", "app")  # registered SuperNodes hold its keys: not replaced unasked
     assert code == 2 and "--app-dir app is not empty" in said and "--overwrite" in said
     assert (deployment / "credentials" / "ca.pem").read_bytes() == ca
@@ -613,6 +616,25 @@ def test_a_deployment_checks_its_data_before_any_process_starts(tmp_path: Path, 
         main(["flower", "fedmf", "-d", "synthetic:100x120", "--rounds", "1", "--mode", "loopback"])
     said = capsys.readouterr().err
     assert done.value.code == 2 and "evaluation negatives" in said and started == []
+
+
+def test_the_server_app_keeps_an_existing_results_file_before_any_round(tmp_path: Path) -> None:
+    """An app written long before `flwr run` (perhaps on another machine) checks its --out when
+    the ServerApp starts, not after the run: kept unless the app was written with --overwrite."""
+    from fedrec.errors import FedrecError
+    from fedrec.experiment import federated_config
+    from fedrec.flower import launch
+    from fedrec.flower.app import drive
+
+    run = RunConfig("fedmf", dataset="synthetic:60x300", federated=federated_config("fedmf", "synthetic:60x300",
+                                                                                     rounds=1))
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    with pytest.raises(FedrecError, match="r.json exists .* --overwrite"):
+        drive(None, launch.options(run, 2, out=out), None)  # type: ignore[arg-type]  # no grid is reached
+    with pytest.raises(AttributeError):  # asked to replace it: on to the grid (here None)
+        drive(None, launch.options(run, 2, out=out, overwrite=True), None)  # type: ignore[arg-type]
+    assert out.read_text() == "{}"
 
 
 def test_an_earlier_deployments_results_are_kept_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -260,6 +260,21 @@ def test_a_well_formed_run_file_with_crafted_contents_is_one_line(
         assert str(bad) in said, (where, value, said)
 
 
+def test_a_file_an_older_fedrec_wrote_without_fields_added_since_still_loads(
+        saved: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config field or an empty server table added after a file was written (an older fedrec's
+    file lacks them) is filled in by the loader: the file recommends as before. Only a missing
+    key that holds tensors the model scores with is refused (the crafts above)."""
+    path, top = saved
+    blob = tensorfile.load(path, KIND, FORMAT)
+    assert "attacker_norm" in blob["config"]["federated"] and "objective_memo" in blob["state"]["server"]
+    old = _mutate(_mutate(blob, "config.federated.attacker_norm", ...), "state.server.objective_memo", ...)
+    older = tmp_path / "older.fedrec"
+    tensorfile.save(older, old, KIND, FORMAT)
+    code, said = _cli(["recommend", str(older), "--user", "3"], capsys)
+    assert code == 0 and said.split("\t")[1].split() == [str(i) for i in top], said
+
+
 CHECKPOINT_CRAFTS = [("round", "x"), ("round", [1]), ("round", -1), ("history", 5), ("history", [{"bogus": 1}]),
                      ("best_round", ...), ("valid_at_best", ...), ("valid_at_best", [1]), ("resumed_at", 5), ("resumed_at", ["x"]), ("seconds", "x"),
                      ("state.server", [1]), ("state.server.items", "text"), ("state.server.items", torch.zeros(2, 2)),

@@ -124,15 +124,17 @@ def flower_command(
         given = given_options(locals(), True, flower_command, _NOT_IN_NAME)
         plain = default_out(algorithm, dataset, protocol, seed, given, parse_settings(set_options))
         out = plain.with_name(f"{plain.stem}-flower.json")
-    kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume,
+    replace = overwrite or (resume and checkpoint is not None and checkpoint.exists())
+    kw = {"timeout": round_timeout, "checkpoint": checkpoint, "resume": resume, "overwrite": replace,
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
-    if mode == "app":  # its ServerApp writes --out, when `flwr run` runs it (here or on another machine)
+    # an earlier run's results are kept unless asked, and a bad path is one line now, not after the
+    # run; the ServerApp checks again when it starts (app mode: `flwr run`, perhaps elsewhere)
+    check_writable(out, "--out", overwrite=replace)
+    if mode == "app":
         if insecure:
             _warn_insecure()
         _write_app(app_dir, nodes, launch.options(run, nodes, out=out, **kw), insecure, tls_host, out, overwrite)
         return
-    # an earlier run's results are kept unless asked, and a bad path is one line now, not after the run
-    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint is not None and checkpoint.exists()))
     # the nodes will read the data on this machine: its errors (a missing file, too few items
     # for the protocol) come now, in one line, not from node logs after the processes start
     from fedrec.experiment import prepare_split

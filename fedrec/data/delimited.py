@@ -39,6 +39,7 @@ CANONICAL_INT = r"-?(?:0|[1-9]\d*)"
 _DATE_FORMATS = ("%m/%d/%Y", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S")
 _INT64_MAX = 2**63 - 1
 _MULTI_SEP_STANDIN = "\x1f"
+_QUOTED = re.compile(rb'("(?:[^"]|"")*")')  # a quoted field ("" a quote inside it), kept whole by split
 PathLike = str | Path
 
 
@@ -199,11 +200,12 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
     source: Path | io.BytesIO = p
     sep = layout.sep
     if len(sep.encode(layout.encoding)) > 1:  # pandas' C reader splits on one byte: '::', or a non-ASCII '§'
-        raw = p.read_bytes()
-        if layout.quoted and b'"' in raw:  # the separator is swapped for one byte everywhere, quotes or not
-            raise DataFormatError(p, f"quoted fields with a separator of more than one byte ({sep!r}) are not read: "
-                                     "a separator inside quotes would split its field; use a one-byte separator")
-        source = io.BytesIO(raw.replace(sep.encode(layout.encoding), _MULTI_SEP_STANDIN.encode()))
+        raw, wide, standin = p.read_bytes(), sep.encode(layout.encoding), _MULTI_SEP_STANDIN.encode()
+        if layout.quoted:  # swapped outside quoted fields only: one inside quotes is text
+            parts = _QUOTED.split(raw)
+            source = io.BytesIO(b"".join(part if i % 2 else part.replace(wide, standin) for i, part in enumerate(parts)))
+        else:
+            source = io.BytesIO(raw.replace(wide, standin))
         sep = _MULTI_SEP_STANDIN
     try:
         df = pd.read_csv(

@@ -256,10 +256,11 @@ def _read_parquet_table(
 
     def ids(role: str) -> np.ndarray:
         values = df.iloc[:, at[role]]
+        _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")  # Int64's <NA> too
         if pd.api.types.is_integer_dtype(values):
             return values.to_numpy(dtype=np.int64)
-        empty = values.isna().to_numpy() | (values.astype(str).str.strip() == "").to_numpy()
-        _parquet_row_error(path, empty, wanted[role], values, "is empty")
+        blank = (values.astype(str).str.strip() == "").to_numpy()
+        _parquet_row_error(path, blank, wanted[role], values, "is empty")
         if values.dtype == object:  # nested values (lists, maps) are no ids, whatever their text
             nested = values.map(lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).to_numpy(dtype=bool)
             _parquet_row_error(path, nested, wanted[role], values, "is a list or map, not an id")

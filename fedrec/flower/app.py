@@ -216,6 +216,10 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
     timeout = float(opts.get("round-timeout", 600))
     ckpt = Path(opts["checkpoint"]) if opts.get("checkpoint") else None
     resume = bool(opts.get("resume")) and ckpt is not None and ckpt.exists()
+    replace = bool(opts.get("overwrite")) or resume
+    if opts.get("out") and not replace and Path(opts["out"]).exists():  # now, not after every round has run
+        raise FedrecError(f"{opts['out']} exists (an earlier run's); write the app again with "
+                          "`fedrec flower ... --overwrite` to replace it, or give another --out")
     after = checkpoint.peek_round(ckpt) if resume else 0  # type: ignore[arg-type]
     nodes = _wait_for_nodes(grid, int(opts.get("nodes", 1)), timeout)
     # a node's first message starts its processes and loads its data: give it time
@@ -248,7 +252,7 @@ def drive(grid: Grid, opts: dict[str, Any], context: Context) -> RunResult:
                      fingerprint=fingerprint(run, options))
     result = _result(run, options, role, out, time.perf_counter() - start)
     if opts.get("out"):
-        result.write(opts["out"])
+        result.write(opts["out"], exclusive=not replace)
     return result
 
 

@@ -39,11 +39,14 @@ QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ACCEL_ENV_VA
 def options(run: RunConfig, nodes: int, *, timeout: float = 600.0, out: str | Path | None = None,
             checkpoint: str | Path | None = None, resume: bool = False,
             client_state_dir: str | Path | None = None, secagg: bool = False,
-            secagg_range: float = RANGE) -> dict[str, Any]:
-    """The apps' options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes."""
+            secagg_range: float = RANGE, overwrite: bool = False) -> dict[str, Any]:
+    """The apps' options (`fedrec.flower.app`) for ``run`` on ``nodes`` SuperNodes; the ServerApp
+    replaces an existing ``out`` only with ``overwrite`` (or going on from ``checkpoint``)."""
     opts: dict[str, Any] = {RUN_KEY: run_to_json(run), "nodes": nodes, "round-timeout": float(timeout)}
     if out:
         opts["out"] = str(Path(out).resolve())
+    if overwrite:
+        opts["overwrite"] = True
     if checkpoint:
         opts["checkpoint"] = str(Path(checkpoint).resolve())
         opts["resume"] = bool(resume)
