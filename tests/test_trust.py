@@ -57,6 +57,7 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("fedmf", ["--lr", "1e39"], "learning rates must be at most 3.4e+38, the largest float32"),
     ("fedmf", ["--lr-item", "1e39"], "learning rates must be at most 3.4e+38"),
     ("mf", ["--lr", "1e39"], "--lr must be at most 3.4e+38"),
+    ("fedmf", ["--lr", "1", "--item-lr-scale", "1e39"], "the item rows' rate --lr x --item-lr-scale must be at most"),
     ("fedmf", ["--threads", str(10**6)], "--threads 1000000 is more than this machine's"),
 ])
 def test_a_bad_option_is_one_line_before_any_work(algorithm: str, flags: list[str], says: str,

@@ -176,6 +176,8 @@ class FederatedConfig:
             (self.lr <= 0 or (self.lr_item is not None and self.lr_item <= 0), "learning rates must be > 0"),
             (max(self.lr, self.lr_item or 0.0) > FLOAT32_MAX,
              f"learning rates must be at most {FLOAT32_MAX:.3g}, the largest float32 (the tensors' type)"),
+            (self.lr_item is None and self.item_lr_scale is not None and self.lr * self.item_lr_scale > FLOAT32_MAX,
+             f"the item rows' rate --lr x --item-lr-scale must be at most {FLOAT32_MAX:.3g}, the largest float32"),
             (self.negatives < 0, "--num-negatives must be >= 0"),
             (self.ldp < 0, "--ldp must be >= 0"),
             (self.clip is not None and self.clip <= 0, "--clip must be > 0"),
