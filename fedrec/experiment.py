@@ -193,9 +193,7 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
     registered = user_sets.get(dataset)
     if registered is not None:
         return user_sets.load(registered)
-    from fedrec.errors import UnknownNameError
-
-    raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
+    raise _unknown_dataset(dataset)
 
 
 def check_dataset_name(dataset: str) -> None:
@@ -204,11 +202,17 @@ def check_dataset_name(dataset: str) -> None:
     from fedrec.data import user_sets
     from fedrec.data.catalogue import REGISTRY
 
-    if looks_like_a_file(dataset) or _SYNTHETIC.match(dataset) or dataset in REGISTRY or user_sets.get(dataset):
-        return
+    if not (looks_like_a_file(dataset) or _SYNTHETIC.match(dataset) or dataset in REGISTRY or user_sets.get(dataset)):
+        raise _unknown_dataset(dataset)
+
+
+def _unknown_dataset(dataset: str) -> FedrecError:
+    """The one error for a name that is no file, generator, built-in or registered data set."""
+    from fedrec.data import user_sets
+    from fedrec.data.catalogue import REGISTRY
     from fedrec.errors import UnknownNameError
 
-    raise UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
+    return UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
 
 
 def implicit_threshold(dataset: str, user_data: dict[str, Any] | None = None) -> float | None:

@@ -217,7 +217,7 @@ def test_generic_parquet(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("frame", "columns", "says"), [
     ({"u": [1.0, 2.0, None], "i": [1, 2, 3]}, ("u", "i"), "row 3: u is empty"),
     ({"u": [1, 2], "i": [1, 2], "r": [float("inf"), 2.0]}, ("u", "i", "r"), "row 1: r inf is not a finite number"),
-    ({"u": [[1], [2]], "i": [1, 2]}, ("u", "i"), "row 1: u [1] is a list or map, not an id"),
+    ({"u": [[1], [2]], "i": [1, 2]}, ("u", "i"), "u: a column of lists or maps, not of ids"),
     ({"u": [1, 2], "i": [1, 2], "t": pd.to_datetime(["2020-01-01", None])}, ("u", "i", None, "t"), "row 2: t is empty"),
     ({"u": [1.0, None], "i": [1, 2]}, ("u", "x"), "no column 'x'; columns are: u, i"),  # before any value
     ({"u": ["a", " "], "i": [1, 2]}, ("u", "i"), "row 2: u is empty"),  # as a CSV's empty field is

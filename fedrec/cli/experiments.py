@@ -433,11 +433,9 @@ def recommend_command(
     if k < 1:
         raise FedrecError(f"-k must be >= 1 (got {k})")
     trained = load(run_file, data_dir=data_dir)
-    for u in user:  # every id checked before any line is printed: a script reads all or nothing
-        trained.user_index(u)
+    rows = [trained.user_index(u) for u in user]  # every id checked before any line is printed
     indptr = trained.split.train.indptr
-    for u in user:
-        i = trained.user_index(u)
+    for u, i in zip(user, rows, strict=True):
         if indptr[i + 1] == indptr[i]:  # its interactions all held out: nothing trained its own state
             Console(stderr=True).print(f"note: user {u!r} has no training interaction in this run: its items "
                                        "come from a user state no interaction of its own trained", highlight=False)

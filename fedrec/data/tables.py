@@ -259,12 +259,12 @@ def _read_parquet_table(
         _parquet_row_error(path, values.isna().to_numpy(), wanted[role], values, "is empty")  # Int64's <NA> too
         if pd.api.types.is_integer_dtype(values):
             return values.to_numpy(dtype=np.int64)
-        blank = (values.astype(str).str.strip() == "").to_numpy()
-        _parquet_row_error(path, blank, wanted[role], values, "is empty")
-        if values.dtype == object:  # nested values (lists, maps) are no ids, whatever their text
-            nested = values.map(lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).to_numpy(dtype=bool)
-            _parquet_row_error(path, nested, wanted[role], values, "is a list or map, not an id")
-        return tokens(values.astype(str))
+        # a Parquet column has one type: a list or map column is nested from its first row on
+        if len(values) and isinstance(values.iloc[0], (list, tuple, dict, np.ndarray)):
+            raise DataFormatError(path, f"{wanted[role]}: a column of lists or maps, not of ids")
+        text = values.astype(str)
+        _parquet_row_error(path, (text.str.strip() == "").to_numpy(), wanted[role], values, "is empty")
+        return tokens(text)
 
     def numbers(role: str) -> np.ndarray:
         values = df.iloc[:, at[role]]
