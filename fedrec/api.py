@@ -43,8 +43,10 @@ class Run:
     """A trained run: its configuration, results, model (at the best validation round) and
     the split it was trained on."""
 
-    def __init__(self, config: RunConfig, result: RunResult, model: Any, split: Split) -> None:
+    def __init__(self, config: RunConfig, result: RunResult, model: Any, split: Split,
+                 carries_data: bool = False) -> None:
         self.config, self.result, self.model, self.split = config, result, model, split
+        self.carries_data = carries_data  # loaded from a file holding its split: no data file was read
 
     def __repr__(self) -> str:
         return (f"Run({self.config.algorithm!r} on {self.config.dataset!r}, best round "
@@ -240,7 +242,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
         result = RunResult(**{k: v for k, v in res.items() if k in known})
     except (KeyError, TypeError) as e:
         raise FedrecError(f"{path}: not a fedrec run file (result: {type(e).__name__}: {str(e)[:120]})") from None
-    return Run(config, result, model, split)
+    return Run(config, result, model, split, carries_data="portable" in blob)
 
 
 #: the kind of each entry `Run.save` writes (`tensorfile.mismatch` compares a file with it)

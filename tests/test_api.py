@@ -94,6 +94,14 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     assert _cli(["recommend", str(saved), "--user", "4", "--user", "5", "--user", "no-such-user"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and "user 'no-such-user' is not in this run's data" in printed.err
+    # the file holds its training data: a typed --data-dir is said to be unread, FEDREC_DATA is not
+    assert _cli(["recommend", str(saved), "--user", "4", "-k", "5", "--data-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr()
+    assert "holds its own training data; --data-dir is not read" in printed.err and printed.out == line + "\n"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FEDREC_DATA", str(tmp_path))
+        assert _cli(["recommend", str(saved), "--user", "4", "-k", "5"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [

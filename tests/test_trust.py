@@ -296,6 +296,36 @@ def test_running_out_of_memory_is_one_line(monkeypatch: pytest.MonkeyPatch, caps
     assert "--batch-size" in lines[0]
 
 
+@pytest.mark.parametrize("failure", ["cpu", "cuda"])
+def test_pytorch_running_out_of_memory_is_one_line(failure: str, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """PyTorch's allocators fail with a RuntimeError (CPU) or its OutOfMemoryError (CUDA): one line
+    with the size asked for; any other RuntimeError is a defect and keeps its traceback."""
+    import torch
+
+    from fedrec import experiment
+
+    def too_big(run: Any) -> Any:
+        if failure == "cpu":
+            torch.empty((10**7, 10**6))  # 40 TB: the CPU allocator refuses it at once
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+                                     "capacity of 79.19 GiB of which 1.00 GiB is free.")
+
+    monkeypatch.setattr(experiment, "prepare_split", too_big)
+    code, text = _cli(["audit-protocol", "-d", SYN, "-p", "loo-full"], capsys)
+    lines = [line for line in text.splitlines() if line.strip()]
+    size = "40000000000000 bytes" if failure == "cpu" else "20.00 GiB"
+    assert code == 2 and lines == [f"error: out of memory (PyTorch could not allocate {size}); a smaller "
+                                   "--batch-size, --clients-per-round or --memory-budget-mb asks for less at once"]
+
+    def broken(run: Any) -> Any:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(experiment, "prepare_split", broken)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        _cli(["audit-protocol", "-d", SYN, "-p", "loo-full"], capsys)
+
+
 def test_threads_default_to_one_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedrec import threads
 

@@ -49,6 +49,23 @@ def _mount() -> None:
 _mount()
 
 
+def _torch_out_of_memory(e: RuntimeError) -> str | None:
+    """What PyTorch failed to allocate, when ``e`` is its allocator's failure; None otherwise."""
+    import re
+
+    text = str(e)
+    if type(e).__name__ != "OutOfMemoryError" and "can't allocate memory" not in text:
+        return None
+    tried = re.search(r"allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    return f"PyTorch could not allocate {tried.group(1)}" if tried else "PyTorch could not allocate a tensor"
+
+
+def _say_out_of_memory(detail: str) -> None:
+    err_console.print(Text.assemble(("error:", "bold red"), " out of memory", f" ({detail})" if detail else "",
+                                    "; a smaller --batch-size, --clients-per-round or --memory-budget-mb "
+                                    "asks for less at once"), highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     try:
@@ -66,9 +83,13 @@ def main(argv: list[str] | None = None) -> None:
         _say_usage_error(e)
         sys.exit(e.exit_code)
     except MemoryError as e:  # numpy's allocation of a block that does not fit: no traceback, what to shrink
-        err_console.print(Text.assemble(("error:", "bold red"), " out of memory", f" ({e})" if str(e) else "",
-                                        "; a smaller --batch-size, --clients-per-round or --memory-budget-mb "
-                                        "asks for less at once"), highlight=False, soft_wrap=True)
+        _say_out_of_memory(str(e))
+        sys.exit(2)
+    except RuntimeError as e:  # PyTorch's allocators say it with a RuntimeError (CUDA: its OutOfMemoryError)
+        detail = _torch_out_of_memory(e)
+        if detail is None:
+            raise
+        _say_out_of_memory(detail)
         sys.exit(2)
     except click.Abort:  # click's own stop (Typer raises it for an EOFError)
         err_console.print(Text.assemble(("error:", "bold red"), " aborted"), highlight=False)

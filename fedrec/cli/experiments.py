@@ -433,6 +433,9 @@ def recommend_command(
     if k < 1:
         raise FedrecError(f"-k must be >= 1 (got {k})")
     trained = load(run_file, data_dir=data_dir)
+    if trained.carries_data and data_dir is not None and _given_on_command_line("data_dir"):
+        Console(stderr=True).print(f"note: {run_file} holds its own training data; --data-dir is not read",
+                                   highlight=False)
     rows = [trained.user_index(u) for u in user]  # every id checked before any line is printed
     indptr = trained.split.train.indptr
     for u, i in zip(user, rows, strict=True):
@@ -441,6 +444,15 @@ def recommend_command(
                                        "come from a user state no interaction of its own trained", highlight=False)
         items = trained.recommend(u, k)
         typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
+
+
+def _given_on_command_line(parameter: str) -> bool:
+    """Whether the running command's ``parameter`` was typed, not taken from its environment
+    variable or default."""
+    import click
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(parameter) is ParameterSource.COMMANDLINE
 
 
 def convert_command(
