@@ -196,7 +196,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     empty (its figures are in ``result``)."""
     check_device(device)
     blob = tensorfile.load(path, KIND, READABLE, what="run file", device=device, legacy=LEGACY)
-    problem = tensorfile.entries_mismatch(_SHAPE, blob)
+    problem = tensorfile.entries_mismatch(SHAPE, blob)
     if problem is not None:
         raise FedrecError(f"{path}: not a fedrec run file ({problem})")
     try:
@@ -246,7 +246,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
 
 
 #: the kind of each entry `Run.save` writes (`tensorfile.mismatch` compares a file with it)
-_SHAPE: dict[str, Any] = {"config": {}, "result": {"history": [], "test": {}, "best_round": 0},
+SHAPE: dict[str, Any] = {"config": {}, "result": {"history": [], "test": {}, "best_round": 0},
                           "state": {}, "data": {}}
 
 

@@ -277,12 +277,23 @@ def refuse_columns_for_a_registered_name(dataset: str) -> None:
                           "its columns: leave out --columns")
 
 
+def data_files(cfg: RunConfig) -> list[str]:
+    """The files a run may read its data from (its own file, a declared data set's): never
+    written over by its outputs."""
+    declared = cfg.user_data.get("path") if isinstance(cfg.user_data, dict) else None
+    return [cfg.dataset] + ([str(declared)] if declared else [])
+
+
 def read_own_file(path: str, columns: str | None) -> Interactions:
     """``path`` read with ``columns`` (`fedrec.data.user_sets.parse_columns`: the user, item and
     optionally rating and time columns, by header name or 0-based position)."""
     from fedrec.data import user_sets
     from fedrec.data.fetch import sha256_of
 
+    if not Path(path).exists():
+        raise FedrecError(f"--dataset {path}: no such file (and no data set of that name: see `fedrec data list`)")
+    if Path(path).is_dir():
+        raise FedrecError(f"--dataset {path} is a folder; give the data file in it")
     if not columns:
         raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
                           "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions), or register "
@@ -471,7 +482,7 @@ def train(
     spec = get_algorithm(cfg.algorithm)
     cfg.validate()
     if out is not None:
-        check_writable(out)
+        check_writable(out, reads=data_files(cfg))
     options = spec.parse(cfg.model)
     ranking = get_protocol(cfg.protocol).ranking
     if ranking not in spec.rankings:  # before any data is read

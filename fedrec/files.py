@@ -12,24 +12,36 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from fedrec.errors import FedrecError
 
 
-def check_writable(path: str | Path, what: str = "--out", overwrite: bool = True) -> Path:
+def check_writable(path: str | Path, what: str = "--out", overwrite: bool = True,
+                   reads: Iterable[str | Path | None] = (), replace: str = "pass --overwrite to replace it or "
+                   "choose another name") -> Path:
     """``path`` if a file can be written there, else one clear error: it is a folder, a folder
-    on its way is a file, the nearest existing folder is not writable, or (without
-    ``overwrite``) the file exists."""
+    on its way is a file, the nearest existing folder is not writable, it is one of the files
+    the command ``reads`` (even with ``overwrite``: writing it would destroy an input), or
+    (without ``overwrite``) the file exists; ``replace`` says how to replace one."""
     path = Path(path)
     if path.is_dir():
         raise FedrecError(f"{what} {path} is a folder; give a file name")
+    for source in reads:
+        if source is not None and _same_file(path, Path(source)):
+            raise FedrecError(f"{what} {path} is {source}, a file this command reads; give another name")
     if path.exists() and not overwrite:
-        raise FedrecError(f"{what} {path} exists (an earlier run's); pass --overwrite to replace it "
-                          "or choose another name")
+        raise FedrecError(f"{what} {path} exists (an earlier run's); {replace}")
     _check_creatable(path.parent, path, what)
     return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.is_file() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def check_folder(path: str | Path, what: str) -> Path:

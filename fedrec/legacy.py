@@ -10,6 +10,7 @@ be storable by `tensorfile.encode`; anything else is refused.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from fedrec import tensorfile
 from fedrec.api import FORMAT as RUN_FORMAT
 from fedrec.api import KIND as RUN_KIND
+from fedrec.api import SHAPE as RUN_SHAPE
 from fedrec.core import checkpoint
 from fedrec.errors import FedrecError
 from fedrec.files import check_writable
@@ -33,9 +35,16 @@ def convert(src: str | Path, out: str | Path | None = None) -> tuple[Path, str]:
     in place of ``src``); returns the path written and what it is (``run file`` or
     ``checkpoint``). ``src`` is replaced only after it was read and converted in full."""
     src = Path(src)
-    dst = check_writable(Path(out) if out is not None else src, "--out", overwrite=out is None)
+    if src.is_dir():
+        raise FedrecError(f"{src} is a folder; give the run file or checkpoint to convert")
+    dst = check_writable(Path(out) if out is not None else src, "--out", overwrite=out is None,
+                         replace="leave out --out to convert the file in its place, or choose another name")
     blob = read_legacy(src)
     kind, version, what = _layout(src, blob)
+    if kind == RUN_KIND:  # what every reader of a run file needs, checked before it is written
+        problem = tensorfile.entries_mismatch(RUN_SHAPE, {k: v for k, v in blob.items() if k != "format"})
+        if problem is not None:
+            raise FedrecError(f"{src}: not a run file of an older fedrec ({problem})")
     try:
         tensorfile.save(dst, {k: v for k, v in blob.items() if k != "format"}, kind, version)
     except TypeError as e:  # encoding fails before anything is written
@@ -78,7 +87,9 @@ def read_legacy(path: str | Path) -> Any:
     if not tensorfile.looks_like_pickle(head, size):
         raise TensorFileError(f"{path}: not a file an older fedrec wrote (not a pickle)")
     try:
-        with torch.serialization.safe_globals(legacy_globals()):
+        # quiet: PyTorch warns of a pickle protocol it did not write before it refuses the file
+        with torch.serialization.safe_globals(legacy_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
         # torch's message: advice (to load it unrestricted, which is the point not to) around
@@ -86,5 +97,8 @@ def read_legacy(path: str | Path) -> Any:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         said = next((ln for ln in lines if ln.startswith("WeightsUnpickler error:")), "")
         reason = said.replace("WeightsUnpickler error: ", "").split(" was not an allowed global")[0]
+        if not reason:  # not what torch.save writes (a plain pickle, a damaged file)
+            raise TensorFileError(f"{path}: not a file an older fedrec wrote (PyTorch cannot read it: "
+                                  f"{type(e).__name__})") from None
         raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
-                              f"damaged ({(reason or type(e).__name__)[:160]})") from None
+                              f"damaged ({reason[:160]})") from None

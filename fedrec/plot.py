@@ -47,8 +47,40 @@ def read_results(paths: list[Path]) -> list[tuple[str, dict[str, Any]]]:
             raise FedrecError(f"{path}: not a results JSON ({type(e).__name__})") from None
         if not isinstance(blob, dict) or not isinstance(blob.get("history"), list):
             raise FedrecError(f"{path}: not a fedrec results file (no per-round history)")
+        problem = _malformed(blob)
+        if problem is not None:
+            raise FedrecError(f"{path}: not a fedrec results file ({problem})")
         out.append((f"{blob.get('algorithm', '?')} ({Path(path).stem})", blob))
     return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _malformed(blob: dict[str, Any]) -> str | None:
+    """What in ``blob`` a results file never holds (the fields a figure reads), or None."""
+    for key in ("algorithm", "dataset", "protocol", "select"):
+        if key in blob and not isinstance(blob[key], str):
+            return f"{key} is not text"
+    if "seed" in blob and not (isinstance(blob["seed"], int) and not isinstance(blob["seed"], bool)):
+        return "seed is not a whole number"
+    if blob.get("config") is not None and not isinstance(blob["config"], dict):
+        return "config is not a table"
+    if blob.get("best_round") is not None and not _number(blob["best_round"]):
+        return "best_round is not a number"
+    for n, h in enumerate(blob["history"]):
+        where = f"history[{n}]"
+        if not isinstance(h, dict):
+            return f"{where} is not a table"
+        if not (isinstance(h.get("round"), int) and not isinstance(h["round"], bool)):
+            return f"{where} has no whole round number"
+        valid = h.get("valid")
+        if valid is not None and not (isinstance(valid, dict) and all(_number(v) for v in valid.values())):
+            return f"{where}.valid is not a table of numbers"
+        if h.get("bytes_up") is not None and not _number(h["bytes_up"]):
+            return f"{where}.bytes_up is not a number"
+    return None
 
 
 @dataclass
@@ -152,6 +184,9 @@ def draw_runs(runs: list[dict[str, Any]], metric: str | None = None) -> Figure:
                 if best in p:
                     ax.plot([best], [p[best]], "o", color=colour, ms=4)
             drawn += 1
+        if not drawn and not any(r["history"] for line in lines for r in line.runs):
+            raise FedrecError(f"the runs on {dataset} · {protocol} hold no round (each diverged in its "
+                              "first round, or stopped before it ended): nothing to draw")
         if not drawn:
             raise FedrecError(f"no validation {chosen} per round in the runs on {dataset} · {protocol}; "
                               "see their 'valid' keys")
@@ -194,12 +229,20 @@ def _draw_uploads(ax: Any, lines: list[Series], colours: dict[str, str], where: 
     ax.yaxis.set_major_formatter(FuncFormatter(_plain_number))
 
 
+#: the figure formats `runs_figure` writes, by the file's suffix
+FORMATS = ("png", "pdf", "svg")
+
+
 def runs_figure(paths: list[Path], out: Path, metric: str | None = None) -> Path:
-    """Draw the runs in ``paths`` to ``out`` (PNG); return it."""
-    check_writable(out)
+    """Draw the runs in ``paths`` to ``out`` (PNG, PDF or SVG, by its suffix); return it."""
+    kind = Path(out).suffix.lower().lstrip(".")
+    if kind not in FORMATS:
+        raise FedrecError(f"--out {out}: give a file ending in {', '.join('.' + f for f in FORMATS)} "
+                          "(the suffix says the format)")
+    check_writable(out, reads=paths)
     fig = draw_runs([blob for _, blob in read_results(paths)], metric)
     try:
-        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format=kind))
     finally:
         plt.close(fig)
     return out

@@ -417,6 +417,52 @@ def test_plot_draws_runs_and_refuses_what_it_cannot(tmp_path: Path, capsys: pyte
         code, text = _cli(["plot", *argv, "--out", str(tmp_path / "bad.png")], capsys)
         assert code == 2 and says in text and "Traceback" not in text
     assert not (tmp_path / "bad.png").exists()
+    for suffix, magic in ((".pdf", b"%PDF"), (".svg", b"<?xml")):  # the suffix says the format
+        code, _ = _cli(["plot", str(fed), "--out", str(tmp_path / f"fig{suffix}")], capsys)
+        assert code == 0 and (tmp_path / f"fig{suffix}").read_bytes().startswith(magic)
+    code, text = _cli(["plot", str(fed), "--out", str(tmp_path / "fig.xyz")], capsys)
+    assert code == 2 and "give a file ending in .png, .pdf, .svg" in text and not (tmp_path / "fig.xyz").exists()
+    # the figure never replaces one of the runs it draws
+    first = fed.read_bytes()
+    code, text = _cli(["plot", str(cen), str(fed), "--out", str(fed)], capsys)
+    assert code == 2 and "give a file ending in" in text and fed.read_bytes() == first
+    fed_png = tmp_path / "fed.png"
+    fed_png.write_bytes(first)  # a results file named .png
+    code, text = _cli(["plot", str(fed_png), "--out", str(tmp_path / "." / "fed.png")], capsys)
+    assert code == 2 and "a file this command reads" in text and fed_png.read_bytes() == first
+    blob = json.loads(first)
+    for change, says in [({"history": [1, 2]}, "history[0] is not a table"),
+                         ({"history": [{"loss": 1.0}]}, "history[0] has no whole round number"),
+                         ({"history": [{"round": 1, "valid": {"ndcg@10": "high"}}]}, "history[0].valid is not a table of numbers"),
+                         ({"history": [{"round": 1, "bytes_up": "lots"}]}, "history[0].bytes_up is not a number"),
+                         ({"seed": "abc"}, "seed is not a whole number"),
+                         ({"config": [1]}, "config is not a table")]:
+        (tmp_path / "edited.json").write_text(json.dumps({**blob, **change}))
+        code, text = _cli(["plot", str(tmp_path / "edited.json"), "--out", str(tmp_path / "bad.png")], capsys)
+        assert code == 2 and f"not a fedrec results file ({says})" in text and "Traceback" not in text
+    (tmp_path / "empty.json").write_text(json.dumps({**blob, "history": []}))  # diverged in its first round
+    code, text = _cli(["plot", str(tmp_path / "empty.json"), "--out", str(tmp_path / "bad.png")], capsys)
+    assert code == 2 and "hold no round" in text and not (tmp_path / "bad.png").exists()
+
+
+def test_a_run_never_writes_over_the_data_file_it_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out and --save naming the run's own data file are refused, --overwrite or not; so is the
+    API's ``out``."""
+    import fedrec
+
+    data = tmp_path / "mine.csv"
+    data.write_text("user,item\n" + "".join(f"u{u},i{(u * 7 + j) % 30}\n" for u in range(20) for j in range(6)))
+    first = data.read_text()
+    for flag in ("--out", "--save"):
+        argv = ["run", "fedmf", "-d", str(data), "--columns", "user,item", "-p", "loo-full", "--rounds", "1", "-q",
+                "--overwrite", flag, str(tmp_path / "." / "mine.csv")]
+        if flag == "--save":
+            argv += ["--out", str(tmp_path / "r.json")]
+        code, text = _cli(argv, capsys)
+        assert code == 2 and "a file this command reads" in text and data.read_text() == first
+    with pytest.raises(FedrecError, match="a file this command reads"):
+        fedrec.run("fedmf", dataset=str(data), columns="user,item", protocol="loo-full", rounds=1, out=data)
+    assert data.read_text() == first
 
 
 def test_scores_that_are_not_ratings_are_not_scored_as_ratings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

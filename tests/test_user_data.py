@@ -405,6 +405,11 @@ def test_a_file_without_columns_and_a_name_with_them_each_say_what_to_do(tmp_pat
     data = write_events(tmp_path / "events.csv")
     code, out = cli("data", "stats", str(data))
     assert code == 2 and f"{data} is a file: say which columns hold what with --columns" in out
+    # a misspelt path, or a folder, is said to be one (not "a file" to give columns for)
+    code, out = cli("run", "fedmf", "-d", str(tmp_path / "evnts.csv"), "-q", "-o", str(tmp_path / "r.json"))
+    assert code == 2 and f"{tmp_path / 'evnts.csv'}: no such file" in out
+    code, out = cli("run", "fedmf", "-d", f"{tmp_path}/", "-q", "-o", str(tmp_path / "r.json"))
+    assert code == 2 and "is a folder; give the data file in it" in out
     assert cli("data", "add", "mine", str(data), "--columns", "user,item,rating,ts")[0] == 0
     code, out = cli("run", "fedmf", "-d", "mine", "--columns", "user,item", "-q", "-o", str(tmp_path / "r.json"))
     assert code == 2 and "--dataset mine is a data set you added (`fedrec data add`)" in out

@@ -84,15 +84,18 @@ def _stop(bar: Progress) -> None:
         bar.stop()
 
 
-def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool, overwrite: bool) -> None:
-    """Before any work: every file the run writes can be written, and an earlier run's files are
-    replaced only when asked (``--overwrite``) or continued (``--resume``)."""
+def _check_outputs(out: Path, save: Path | None, checkpoint: Path, resume: bool, overwrite: bool,
+                   reads: list[str], out_given: bool = True) -> None:
+    """Before any work: every file the run writes can be written, none is a file it ``reads``,
+    and an earlier run's files are replaced only when asked (``--overwrite``) or continued
+    (``--resume``)."""
     from fedrec.files import check_writable
 
     # resuming replaces the results of the run it continues, not those of a finished one
-    check_writable(out, "--out", overwrite=overwrite or (resume and checkpoint.exists()))
+    check_writable(out, "--out" if out_given else "the results file", reads=reads,
+                   overwrite=overwrite or (resume and checkpoint.exists()))
     if save is not None:
-        check_writable(save, "--save", overwrite=overwrite)
+        check_writable(save, "--save", overwrite=overwrite, reads=reads)
         if save.resolve() in (out.resolve(), checkpoint.resolve()):
             raise FedrecError(f"--save {save} is the run's {'--out' if save.resolve() == out.resolve() else 'checkpoint'} "
                               "file too: give it a name of its own")
@@ -270,11 +273,14 @@ def run_command(
 
         if dataset in list_datasets():
             data_directory(data_dir)
+    out_given = out is not None
     out = out or default_out(algorithm, dataset, protocol, seed, given, settings)
     if out.is_dir() or not out.name:  # '', '.', '/': no file name to put a checkpoint beside
         raise FedrecError(f"--out {out} is a folder; give a file name")
     checkpoint = out.with_suffix(".ckpt")
-    _check_outputs(out, save, checkpoint, resume, overwrite)
+    from fedrec.experiment import data_files
+
+    _check_outputs(out, save, checkpoint, resume, overwrite, data_files(cfg), out_given)
     continuing = resume and checkpoint.exists()  # replaces the results of the run it goes on with
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
     if paper and dataset in spec.per_dataset:
@@ -471,7 +477,7 @@ def convert_command(
 
 def plot_command(
     results: list[Path] = typer.Argument(..., help="Results JSON files of `fedrec run` (or `fedrec flower`)."),
-    out: Path = typer.Option(Path("runs/plot.png"), "--out", "-o", help="The PNG to write."),
+    out: Path = typer.Option(Path("runs/plot.png"), "--out", "-o", help="The figure to write: .png, .pdf or .svg."),
     metric: str | None = typer.Option(None, help="Validation metric (default: the one that selected the runs' best rounds)."),
 ) -> None:
     """Draw validation curves (best rounds marked) and bytes per round of one or more runs.
