@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,18 @@ class Run:
         """Where the model's tensors live: the run's device."""
         return run_device(self.config)
 
-    def scores(self, users: np.ndarray, items: np.ndarray | None = None) -> np.ndarray:
-        """Scores of ``items`` (``(len(users), C)``; None = every item) for user indices
-        ``users``, each under its own state (a federated user's private parameters)."""
+    def scores(self, users: Any, items: Any = None) -> np.ndarray:
+        """Scores of ``items`` (item indices, ``(len(users), C)``: row u the items to score for
+        ``users[u]``; None = every item) for user indices ``users`` (0..n_users-1), each under
+        its own state (a federated user's private parameters). Indices, not raw ids:
+        `user_index` turns a raw id into one."""
+        users = _indices(users, self.split.n_users, "users", dims=1)
+        if items is not None:
+            items = _indices(items, self.split.n_items, "items", dims=2)
+            if len(items) != len(users):
+                raise FedrecError(f"items must have a row per user: {len(users)} users, {len(items)} rows")
         with torch.no_grad(), on(self.device):
-            return self.model.scores(np.asarray(users, dtype=np.int64), items)
+            return self.model.scores(users, items)
 
     def user_index(self, user: Any) -> int:
         """The index of raw user id ``user`` (compared as text, so ``196`` and ``"196"`` match)."""
@@ -88,6 +96,8 @@ class Run:
     def recommend(self, user: Any, k: int = 10) -> list[Any]:
         """The ``k`` best items (raw ids) for raw user id ``user``, excluding the items the user
         trained on; ties are broken by item index."""
+        if not _is_whole(k):
+            raise FedrecError(f"k must be a whole number (got {k!r})")
         if k < 1:
             raise FedrecError(f"k must be >= 1 (got {k})")
         u = self.user_index(user)
@@ -105,6 +115,7 @@ class Run:
         blob = {"config": asdict(self.config), "result": self.result.to_dict(),
                 "state": self.model.state_dict(), "data": data_signature(self.split),
                 "portable": portable_data(self.split)}
+        _check_arguments(path=(path, str | PathLike))
         return tensorfile.save(check_writable(path, "run file"), blob, KIND, FORMAT)
 
 
@@ -194,6 +205,7 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
     items. (A file of the older layout 2 re-reads its data set from the configuration, from
     the registry's cache or ``data_dir``.) A loaded run recommends; its evaluation stages are
     empty (its figures are in ``result``)."""
+    _check_arguments(path=(path, str | PathLike))
     check_device(device)
     blob = tensorfile.load(path, KIND, READABLE, what="run file", device=device, legacy=LEGACY)
     problem = tensorfile.entries_mismatch(SHAPE, blob)
@@ -250,6 +262,25 @@ SHAPE: dict[str, Any] = {"config": {}, "result": {"history": [], "test": {}, "be
                           "state": {}, "data": {}}
 
 
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _indices(values: Any, n: int, name: str, dims: int) -> np.ndarray:
+    """``values`` as an int64 array of ``dims`` dimensions, each in ``0..n-1``, or one error."""
+    array = np.asarray(values)
+    if array.ndim != dims:
+        shape = "a list of user indices" if dims == 1 else "a (users, C) matrix of item indices"
+        raise FedrecError(f"{name} must be {shape} (got {array.ndim} dimension(s))")
+    if array.size and (array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer)):
+        hint = "; Run.user_index turns a raw id into one" if name == "users" else ""
+        raise FedrecError(f"{name} must be whole-number indices (got {array.dtype}){hint}")
+    if array.size and (array.min() < 0 or array.max() >= n):
+        bad = array[(array < 0) | (array >= n)].flat[0]
+        raise FedrecError(f"{name}: index {bad} is outside 0..{n - 1}")
+    return array.astype(np.int64, copy=False)
+
+
 def _check_arguments(**given: tuple[Any, Any]) -> None:
     for name, (value, kind) in given.items():
         if isinstance(value, bool) or not isinstance(value, kind):
@@ -297,6 +328,11 @@ def run(
     for name, value in (("options", options), ("engine", engine)):
         if value is not None and not isinstance(value, Mapping):
             raise FedrecError(f"{name} must be a dict of KEY: VALUE (got {type(value).__name__})")
+        odd = [k for k in value or {} if not isinstance(k, str)]
+        if odd:
+            raise FedrecError(f"{name}: its keys are option names (text), not {odd[0]!r}")
+    if on_round is not None and not callable(on_round):
+        raise FedrecError(f"on_round must be a function (record, round, test figures) or None (got {on_round!r})")
     own = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
            "federated"}
     clash = sorted(set(data) & own)
@@ -311,6 +347,7 @@ def run(
             if rounds is not None:
                 raise FedrecError(f"give the number of rounds once: rounds={rounds} and engine {key}")
             rounds = engine.pop(key)
+            _check_arguments(rounds=(rounds, int))
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
                     negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
     if paper and spec.kind != "federated":

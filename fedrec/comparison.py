@@ -80,11 +80,25 @@ def _data_sha256(name: str, inline: dict[str, Any] | None) -> str | None:
     return None if entry is None else user_sets.check_unchanged(entry)
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int,
-           rounds: int | None = None) -> None:
+           rounds: int | None = None, workers: int = 1) -> None:
     from fedrec.algorithms import get_algorithm
     from fedrec.protocols.protocol import get_protocol
 
+    for flag, value in (("--seeds", seeds), ("--trials", trials), ("--workers", workers)):
+        if not _whole(value):
+            raise FedrecError(f"{flag} must be a whole number (got {value!r})")
+    if rounds is not None and not _whole(rounds):
+        raise FedrecError(f"--rounds must be a whole number (got {rounds!r})")
+    if workers < 1:
+        raise FedrecError(f"--workers must be >= 1 (got {workers})")
+    for what, names in (("algorithms", algorithms), ("--protocols", protocols)):
+        if not all(isinstance(n, str) for n in names):
+            raise FedrecError(f"{what}: give names (text), not {[n for n in names if not isinstance(n, str)][0]!r}")
     if not algorithms:
         raise FedrecError("name at least one algorithm to compare")
     twice = sorted({a for a in algorithms if list(algorithms).count(a) > 1})
@@ -141,12 +155,29 @@ def compare(
     goes on where it stopped."""
     from fedrec.files import atomic_write, check_folder
 
-    algorithms, protocols = list(algorithms), list(protocols)
-    _check(algorithms, protocols, seeds, trials, rounds)
+    # one name is one algorithm (or protocol), not its letters
+    algorithms = [algorithms] if isinstance(algorithms, str) else list(algorithms or [])
+    protocols = [protocols] if isinstance(protocols, str) else list(protocols or [])
+    _check(algorithms, protocols, seeds, trials, rounds, workers)
+    if not isinstance(dataset, str):
+        raise FedrecError(f"dataset must be a name or a file's path (text), not {dataset!r}")
+    from fedrec.core.device import resolve
+
+    resolve(device)
     name, inline = _dataset_name(dataset, columns)
     folder = check_folder(Path(out) if out is not None else Path(f"compare-{name}"), "--out")
-    if inline is not None and not Path(inline["path"]).is_file():
-        raise FedrecError(f"-d {dataset}: no such file")
+    # the data are named right before compare.json records the settings: a corrected command
+    # must not find a folder made for the mistyped one
+    if inline is not None:
+        if not Path(inline["path"]).is_file():
+            raise FedrecError(f"-d {dataset}: no such file")
+        from fedrec.data.tables import check_columns
+
+        check_columns(str(inline["path"]), columns)
+    else:
+        from fedrec.experiment import check_dataset_name
+
+        check_dataset_name(dataset)
     settings = {"algorithms": algorithms, "dataset": dataset, "columns": columns, "protocols": protocols,
                 "seeds": seeds, "trials": trials, "rounds": rounds}
     digest = _data_sha256(name, inline)

@@ -212,6 +212,9 @@ def _unknown_dataset(dataset: str) -> FedrecError:
     from fedrec.data.catalogue import REGISTRY
     from fedrec.errors import UnknownNameError
 
+    if dataset.lower().startswith("synthetic"):
+        return FedrecError(f"data set '{dataset}': synthetic data is 'synthetic' (1000 x 1000) or "
+                           "'synthetic:USERSxITEMS' with whole numbers, e.g. synthetic:200x300")
     return UnknownNameError("data set", dataset, [*REGISTRY, *user_sets.entries()])
 
 

@@ -96,9 +96,9 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
     is kept as ``NAME.PID.SUFFIX`` beside it instead, and a `FedrecError` says so.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             # named before it exists: Ctrl-C or SIGTERM at any point finds the name to remove (a
             # signal mask cannot promise that: a process-directed signal goes to any thread)
@@ -126,9 +126,11 @@ def atomic_write(path: str | Path, write: Callable[[str], None], exclusive: bool
             os.replace(tmp, path)
             return path
         Path(tmp).unlink()
-    except BaseException:
+    except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # the place refuses what os.access promised (/proc, a full disk)
+            raise FedrecError(f"cannot write {path}: {e.strerror or e}") from None
         raise
     return path
 

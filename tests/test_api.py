@@ -56,6 +56,31 @@ def test_recommend_excludes_training_items_and_orders_by_score():
     assert scores[idx[-1]] >= np.sort(scores[unseen])[-20]
 
 
+@pytest.mark.parametrize("algorithm", ["fedmf", "mf"])
+def test_scores_take_indices_and_refuse_anything_else(algorithm):
+    """Indices out of range (-1 used to score the last user), floats, raw ids and a flat item
+    list are one clear error, federated or centralised."""
+    run = fedrec.run(algorithm, dataset="synthetic:40x200", rounds=1)
+    items = np.array([[0, 5, 7], [1, 2, 3]])
+    scores = run.scores([3, 4], items)
+    assert scores.shape == (2, 3) and np.allclose(scores[0], run.scores([3])[0][[0, 5, 7]], atol=1e-5)
+    for users, items, says in (([-1], None, "users: index -1 is outside 0..39"), ([40], None, "index 40"),
+                               ([0.9], None, "whole-number indices"), (["a"], None, "Run.user_index"),
+                               ([[0]], None, "a list of user indices"), ([0], [0, 1], "a \\(users, C\\) matrix"),
+                               ([0], [[-2]], "items: index -2"), ([0, 1], [[0]], "a row per user")):
+        with pytest.raises(FedrecError, match=says):
+            run.scores(users, items)
+    for k in (1.5, None, "3", float("nan"), True):
+        with pytest.raises(FedrecError, match="k must be a whole number"):
+            run.recommend(0, k)
+    assert len(run.recommend(0, np.int64(3))) == 3
+    for path in (None, 5):
+        with pytest.raises(FedrecError, match="path must be"):
+            run.save(path)
+        with pytest.raises(FedrecError, match="path must be"):
+            fedrec.load(path)
+
+
 @pytest.mark.parametrize(("options", "says"), [
     ({"curriculm": "sin"}, "unknown option curriculm of 'fedrap'; known: .*curriculum"),
     ({"lam": "abc"}, "option lam of 'fedrap' expects number"),
@@ -111,6 +136,11 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     ({"nosuch": 3}, "unknown data option nosuch; known: columns, max_users"),
     ({"model": {"dim": 4}}, "pass it as run\\(\\)'s options argument"),
     ({"engine": {"lr": "abc"}}, "option lr \\(engine option\\) expects number"),
+    ({"rounds": None, "engine": {"rounds": "2"}}, "rounds must be int"),
+    ({"rounds": None, "engine": {"rounds": 2.5}}, "rounds must be int"),
+    ({"on_round": 5}, "on_round must be a function"),
+    ({"options": {None: 1}}, "options: its keys are option names"),
+    ({"engine": {1: 1}}, "engine: its keys are option names"),
 ])
 def test_bad_arguments_are_one_clear_error(kwargs, says):
     with pytest.raises(FedrecError, match=says):

@@ -102,6 +102,12 @@ def test_a_file_read_with_the_wrong_separator_says_which_it_looks_like(tmp_path:
     (tmp_path / "one.csv").write_text("name\nx\n")  # one column and no other separator: the plain list
     with pytest.raises(DataFormatError, match="no column 'user'; columns are: name"):
         check_columns(tmp_path / "one.csv", "user,name")
+    # a binary file's bytes are shown escaped, never sent to the terminal as they are
+    (tmp_path / "bin.csv").write_bytes(b"\x1b[2Jab\x07,c" + b",x" * 30 + b"\n1,2\n")
+    with pytest.raises(DataFormatError) as err:
+        check_columns(tmp_path / "bin.csv", "user,item")
+    said = str(err.value)
+    assert "\x1b" not in said and "\x07" not in said and "\\x1b[2Jab\\x07, c, x" in said and "(32 in all)" in said
 
 
 def test_check_columns_reads_the_header_alone(tmp_path: Path) -> None:

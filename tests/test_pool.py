@@ -48,10 +48,10 @@ def test_a_jobs_own_error_reaches_the_parent_and_the_others_go_on(tmp_path: Path
     """An error with arguments of its own (an unknown data set's, a bad file's) crosses back
     from the worker whole, as its message; the pool and the other job are unharmed (an error
     that cannot be pickled breaks the pool and fails every job with it)."""
-    bad = RunConfig("fedmf", dataset="synthetic:abc", federated=federated_config("fedmf", rounds=1))
+    bad = RunConfig("fedmf", dataset="no-such-set", federated=federated_config("fedmf", rounds=1))
     good = RunConfig("fedmf", dataset="synthetic:100x400", federated=federated_config("fedmf", rounds=1))
     ended = dict(run_files([(bad, tmp_path / "bad.json"), (good, tmp_path / "good.json")], 2))
-    assert ended[0] is not None and ended[0].startswith("unknown data set 'synthetic:abc'")
+    assert ended[0] is not None and ended[0].startswith("unknown data set 'no-such-set'")
     assert ended[1] is None and (tmp_path / "good.json").exists()
 
 

@@ -140,6 +140,14 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
         atomic_write(tmp_path / "r.json", boom)
     assert not list(tmp_path.iterdir())
 
+    def full(tmp: str) -> None:  # the file system refuses what os.access promised (a full disk, /proc)
+        Path(tmp).write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(FedrecError, match="cannot write .*r.json: No space left on device"):
+        atomic_write(tmp_path / "r.json", full)
+    assert not list(tmp_path.iterdir())
+
 
 def test_check_writable_names_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")

@@ -246,6 +246,25 @@ def test_compare_refuses_what_would_run_nothing_and_fails_when_nothing_finished(
         code, out = cli("compare", "fedmf", "mf", "-d", "synthetic:100x400", "--seeds", "1", "--trials", "0",
                         *flags, "-o", "cmp")
         assert code == 2 and says in out and not (tmp_path / "cmp").exists()
+    # a mistyped data set, column or device records nothing: the corrected command then runs there
+    write_events(tmp_path / "events.csv", users=50, items=100)
+    for kwargs, says in (({"dataset": "synthetic:40x2OO"}, "synthetic data is 'synthetic'"),
+                         ({"dataset": "no-such-set"}, "unknown data set 'no-such-set'"),
+                         ({"dataset": "events.csv", "columns": "user,bogus"}, "bogus"),
+                         ({"dataset": "synthetic:100x400", "device": "bogus"}, "device"),
+                         ({"dataset": "synthetic:100x400", "workers": 0}, "--workers must be >= 1"),
+                         ({"dataset": "synthetic:100x400", "seeds": 1.5}, "--seeds must be a whole number"),
+                         ({"dataset": "synthetic:100x400", "rounds": "1"}, "--rounds must be a whole number"),
+                         ({"dataset": "synthetic:100x400", "algorithms": None}, "name at least one algorithm"),
+                         ({"dataset": "synthetic:100x400", "protocols": [1]}, "give names")):
+        args = {"algorithms": ["fedmf"], "protocols": ["loo-full"], "seeds": 1, "trials": 1, "rounds": 1,
+                "out": "cmp", **kwargs}
+        with pytest.raises(FedrecError, match=says):
+            fedrec.compare(args.pop("algorithms"), args.pop("dataset"), **args)
+        assert not (tmp_path / "cmp").exists(), kwargs
+    # one name is one algorithm (and one protocol), not its letters
+    done = fedrec.compare("fedmf", "synthetic:100x400", protocols="loo-full", seeds=1, trials=0, rounds=1, out="one")
+    assert [b.protocol for b in done.boards] == ["loo-full"] and "fedmf" in done.leaderboard.read_text()
     rows = ["user,item"] + [f"u{u},i{(3 * u + k) % 40}" for u in range(20) for k in range(2)]
     (tmp_path / "two.csv").write_text("\n".join(rows) + "\n")
     code, out = cli("compare", "fedmf", "mf", "-d", "two.csv", "--columns", "user,item", "-p", "loo-full",

@@ -210,6 +210,14 @@ def _wrong_separator(path: Path, column: Column, line: str, probe: Layout) -> No
         f"it looks {label}: give its separator (`fedrec data add ... --sep`, read_table's sep=){suffix}", line=1)
 
 
+def _shown(names: list[str], most: int = 20) -> str:
+    """A first line's fields for a message: escaped where not printable (a binary file's bytes
+    would reach the terminal), each cut at 40 characters, at most ``most`` of them."""
+    cut = [n if n.isprintable() and len(n) <= 40 else repr(n[:40])[1:-1] + ("..." if len(n) > 40 else "")
+           for n in names[:most]]
+    return ", ".join(cut) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
 def _column_position(
     path: Path, column: Column, names: list[str], first: list[str], header: bool
 ) -> int:
@@ -220,7 +228,7 @@ def _column_position(
             if column in candidates:
                 return candidates.index(column)
         raise DataFormatError(
-            path, f"no column {column!r}; columns are: {', '.join(first)}", line=1
+            path, f"no column {column!r}; columns are: {_shown(first)}", line=1
         )
     if not isinstance(column, int):
         raise FedrecError(
@@ -327,7 +335,7 @@ def _parquet_position(path: Path, column: Column, names: list[str], header: bool
             raise DataFormatError(path, f"column {column} is out of range ({len(names)} columns)")
         return column
     if str(column) not in names:
-        raise DataFormatError(path, f"no column {column!r}; columns are: {', '.join(names)}")
+        raise DataFormatError(path, f"no column {column!r}; columns are: {_shown(names)}")
     return names.index(str(column))
 
 
