@@ -235,9 +235,10 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
         from fedrec.experiment import random_holdout
 
         if random_holdout(blob["config"]):
-            raise FedrecError(f"{path}: an older run file on data without a time column, whose leave-one-out "
-                              "split held out each user's last rows; that split is no longer made (fedrec "
-                              "holds out random items there), so train the run again with --save")
+            raise FedrecError(f"{path}: the data prepared now are not the ones the run was trained on: its "
+                              "data file changed, or (an older run file on data without a time column) its "
+                              "leave-one-out split held out each user's last rows, a split no longer made "
+                              "(fedrec holds out random items there); train the run again with --save")
         raise FedrecError(f"{path}: the data set prepared now ({config.dataset}"
                           f"{', from ' + data_dir if data_dir else ''}) is not the one the run was "
                           "trained on (users, items or training interactions differ)")

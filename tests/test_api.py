@@ -33,7 +33,7 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it saves under runs/
     scope: dict = {}
     exec(compile(_example(ROOT / "README.md"), "README.md", "exec"), scope)  # noqa: S102
-    assert fedrec.load(tmp_path / "runs" / "pfedrec.fedrec").recommend(7, 10) == scope["run"].recommend(7, 10)
+    assert fedrec.load(tmp_path / "runs" / "pfedrec-synthetic.fedrec").recommend(7, 10) == scope["run"].recommend(7, 10)
 
 
 def test_public_names_are_curated():

@@ -192,6 +192,7 @@ def test_cli_reproduce_refuses_a_device_it_cannot_use(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "says"), [
+    (["nosuch"], "unknown paper 'nosuch'; known: attacks, fedcia, fedrap, gfedpp, personalfr, pfedrec"),
     (["pfedrec", "--rounds", "0"], "--rounds must be >= 1 (got 0)"),
     (["pfedrec", "--tables", ","], "--tables ',' selects nothing"),
     (["pfedrec", "--methods", ""], "--methods '' selects nothing"),
