@@ -99,6 +99,17 @@ def test_an_earlier_run_is_replaced_only_when_asked(tmp_path: Path, capsys: pyte
     assert (out.stat().st_mode & 0o777) == 0o666 & ~_umask()  # like any other output file
 
 
+
+def test_the_default_results_file_is_not_called_an_option(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --out the file that exists is "the results file", not an --out never typed."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "fedmf", "-d", SYN, "--rounds", "1", "-q"]
+    assert _cli(argv, capsys)[0] == 0
+    code, text = _cli(argv, capsys)
+    assert code == 2 and "the results file runs/" in text and "--out" not in text and "--overwrite" in text
+
+
 def test_resume_without_a_checkpoint_says_it_starts_afresh(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
     code, text = _cli(["run", "pfedrec", "-d", SYN, "--rounds", "1", "--out", str(out), "-q", "--resume"], capsys)
