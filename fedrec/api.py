@@ -269,7 +269,10 @@ def _is_whole(value: Any) -> bool:
 
 def _indices(values: Any, n: int, name: str, dims: int) -> np.ndarray:
     """``values`` as an int64 array of ``dims`` dimensions, each in ``0..n-1``, or one error."""
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except ValueError:  # rows of unequal length
+        raise FedrecError(f"{name}: rows of unequal length; give one row of C item indices per user") from None
     if array.ndim != dims:
         shape = "a list of user indices" if dims == 1 else "a (users, C) matrix of item indices"
         raise FedrecError(f"{name} must be {shape} (got {array.ndim} dimension(s))")
@@ -325,7 +328,7 @@ def run(
 
     spec = get_algorithm(algorithm)
     _check_arguments(dataset=(dataset, str), protocol=(protocol, str), seed=(seed, int),
-                     rounds=(rounds, int | None), negatives=(negatives, str))
+                     rounds=(rounds, int | None), negatives=(negatives, str), out=(out, str | PathLike | None))
     for name, value in (("options", options), ("engine", engine)):
         if value is not None and not isinstance(value, Mapping):
             raise FedrecError(f"{name} must be a dict of KEY: VALUE (got {type(value).__name__})")
@@ -333,7 +336,8 @@ def run(
         if odd:
             raise FedrecError(f"{name}: its keys are option names (text), not {odd[0]!r}")
     if on_round is not None and not callable(on_round):
-        raise FedrecError(f"on_round must be a function (record, round, test figures) or None (got {on_round!r})")
+        raise FedrecError(f"on_round must be a function of (record, best_round, valid_at_best) or None "
+                          f"(got {on_round!r})")
     own = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
            "federated"}
     clash = sorted(set(data) & own)

@@ -22,6 +22,7 @@ import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ def _dataset_name(dataset: str, columns: str | None) -> tuple[str, dict[str, Any
 
     if columns is None and not user_sets.looks_like_a_file(dataset):
         return dataset, None
+    if not Path(dataset).expanduser().exists():
+        raise FedrecError(f"-d {dataset}: no such file (and no data set of that name: see `fedrec data list`)")
     if columns is None:
         raise FedrecError(f"-d {dataset} is a file: say which columns hold what with --columns "
                           "USER,ITEM[,RATING][,TIME], or register it once with fedrec data add NAME FILE --columns ...")
@@ -156,8 +159,15 @@ def compare(
     from fedrec.files import atomic_write, check_folder
 
     # one name is one algorithm (or protocol), not its letters
+    for what, names in (("algorithms", algorithms), ("protocols", protocols)):
+        if names is not None and not isinstance(names, str | list | tuple):
+            raise FedrecError(f"{what}: give a name or a list of names, not {names!r}")
     algorithms = [algorithms] if isinstance(algorithms, str) else list(algorithms or [])
     protocols = [protocols] if isinstance(protocols, str) else list(protocols or [])
+    for what, value, kinds in (("device", device, str), ("out", out, str | PathLike | None),
+                               ("columns", columns, str | None), ("data_dir", data_dir, str | None)):
+        if not isinstance(value, kinds):
+            raise FedrecError(f"{what} must be {'text' if kinds is str else 'text or None'}, not {value!r}")
     _check(algorithms, protocols, seeds, trials, rounds, workers)
     if not isinstance(dataset, str):
         raise FedrecError(f"dataset must be a name or a file's path (text), not {dataset!r}")

@@ -281,10 +281,20 @@ def refuse_columns_for_a_registered_name(dataset: str) -> None:
 
 
 def data_files(cfg: RunConfig) -> list[str]:
-    """The files a run may read its data from (its own file, a declared data set's): never
-    written over by its outputs."""
-    declared = cfg.user_data.get("path") if isinstance(cfg.user_data, dict) else None
-    return [cfg.dataset] + ([str(declared)] if declared else [])
+    """The files a run may read its data from (its own file, a declared or registered data
+    set's): never written over by its outputs."""
+    return dataset_files(cfg.dataset, cfg.user_data)
+
+
+def dataset_files(dataset: str, user_data: dict[str, Any] | None = None) -> list[str]:
+    """`data_files` of ``-d dataset`` (and its declaration ``user_data``, where given)."""
+    declared = user_data.get("path") if isinstance(user_data, dict) else None
+    if declared is None and not (looks_like_a_file(dataset) or _SYNTHETIC.match(dataset)):
+        from fedrec.data import user_sets
+
+        entry = user_sets.get(dataset)
+        declared = entry.path if entry is not None else None
+    return [dataset] + ([str(declared)] if declared else [])
 
 
 def read_own_file(path: str, columns: str | None) -> Interactions:
@@ -293,9 +303,9 @@ def read_own_file(path: str, columns: str | None) -> Interactions:
     from fedrec.data import user_sets
     from fedrec.data.fetch import sha256_of
 
-    if not Path(path).exists():
+    if not columns and not Path(path).exists():  # (with --columns the reader says so itself)
         raise FedrecError(f"--dataset {path}: no such file (and no data set of that name: see `fedrec data list`)")
-    if Path(path).is_dir():
+    if not columns and Path(path).is_dir():
         raise FedrecError(f"--dataset {path} is a folder; give the data file in it")
     if not columns:
         raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "

@@ -98,7 +98,7 @@ def read_legacy(path: str | Path) -> Any:
         said = next((ln for ln in lines if ln.startswith("WeightsUnpickler error:")), "")
         reason = said.replace("WeightsUnpickler error: ", "").split(" was not an allowed global")[0]
         if not reason:  # not what torch.save writes (a plain pickle, a damaged file)
-            raise TensorFileError(f"{path}: not a file an older fedrec wrote (PyTorch cannot read it: "
+            raise TensorFileError(f"{path}: cannot be read (damaged, or not written by torch.save: "
                                   f"{type(e).__name__})") from None
         raise TensorFileError(f"{path}: refused: it asks for more than tensors and arrays, or is "
                               f"damaged ({reason[:160]})") from None

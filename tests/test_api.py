@@ -67,7 +67,8 @@ def test_scores_take_indices_and_refuse_anything_else(algorithm):
     for users, items, says in (([-1], None, "users: index -1 is outside 0..39"), ([40], None, "index 40"),
                                ([0.9], None, "whole-number indices"), (["a"], None, "Run.user_index"),
                                ([[0]], None, "a list of user indices"), ([0], [0, 1], "a \\(users, C\\) matrix"),
-                               ([0], [[-2]], "items: index -2"), ([0, 1], [[0]], "a row per user")):
+                               ([0], [[-2]], "items: index -2"), ([0, 1], [[0]], "a row per user"),
+                               ([0, 1], [[1, 2], [3]], "rows of unequal length")):
         with pytest.raises(FedrecError, match=says):
             run.scores(users, items)
     for k in (1.5, None, "3", float("nan"), True):
@@ -139,6 +140,7 @@ def test_cli_saves_and_recommends(tmp_path, capsys):
     ({"rounds": None, "engine": {"rounds": "2"}}, "rounds must be int"),
     ({"rounds": None, "engine": {"rounds": 2.5}}, "rounds must be int"),
     ({"on_round": 5}, "on_round must be a function"),
+    ({"out": 5}, "out must be"),
     ({"options": {None: 1}}, "options: its keys are option names"),
     ({"engine": {1: 1}}, "engine: its keys are option names"),
 ])

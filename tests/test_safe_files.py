@@ -170,7 +170,7 @@ def test_a_crafted_pickle_runs_nothing_on_any_read_path(tmp_path: Path, capsys: 
         unpack_state(evil.read_bytes())
     code, said = _cli(["convert", str(evil), "-o", str(tmp_path / "converted.fedrec")], capsys)
     # torch.save's file is refused at its global; a plain pickle is not a file torch.save writes
-    says = "refused" if how == "torch.save" else "PyTorch cannot read it"
+    says = "refused" if how == "torch.save" else "not written by torch.save"
     assert code == 2 and says in said and not (tmp_path / "converted.fedrec").exists()
     if how == "torch.save":  # the refusal names what the pickle asked for
         assert "builtins.open" in said or "io.open" in said, said
@@ -336,7 +336,7 @@ def test_convert_refuses_what_it_cannot_convert_in_one_line(tmp_path: Path, caps
     plain.write_bytes(pickle.dumps({"a": 1}, protocol=4))  # not what torch.save writes: no warning first
     code, said = _cli(["convert", str(plain)], capsys)
     assert code == 2 and said.strip().splitlines() == [
-        f"error: {plain}: not a file an older fedrec wrote (PyTorch cannot read it: UnpicklingError)"]
+        f"error: {plain}: cannot be read (damaged, or not written by torch.save: UnpicklingError)"]
     code, said = _cli(["convert", str(tmp_path)], capsys)
     assert code == 2 and f"{tmp_path} is a folder; give the run file or checkpoint" in said
     hollow = tmp_path / "hollow.fedrec"  # the right keys, none of what a run file holds in them

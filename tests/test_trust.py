@@ -325,8 +325,9 @@ def test_pytorch_running_out_of_memory_is_one_line(failure: str, monkeypatch: py
     from fedrec import experiment
 
     def too_big(run: Any) -> Any:
-        if failure == "cpu":
-            torch.empty((10**7, 10**6))  # 40 TB: the CPU allocator refuses it at once
+        if failure == "cpu":  # PyTorch's CPU allocator's words (an OS that overcommits might not refuse 40 TB)
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 40000000000000 bytes. Error code 12 (Cannot allocate memory)")
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
                                      "capacity of 79.19 GiB of which 1.00 GiB is free.")
 
@@ -443,8 +444,6 @@ def test_plot_draws_runs_and_refuses_what_it_cannot(tmp_path: Path, capsys: pyte
     assert code == 2 and "give a file ending in .png, .pdf, .svg" in text and not (tmp_path / "fig.xyz").exists()
     # the figure never replaces one of the runs it draws
     first = fed.read_bytes()
-    code, text = _cli(["plot", str(cen), str(fed), "--out", str(fed)], capsys)
-    assert code == 2 and "give a file ending in" in text and fed.read_bytes() == first
     fed_png = tmp_path / "fed.png"
     fed_png.write_bytes(first)  # a results file named .png
     code, text = _cli(["plot", str(fed_png), "--out", str(tmp_path / "." / "fed.png")], capsys)
@@ -482,6 +481,16 @@ def test_a_run_never_writes_over_the_data_file_it_reads(tmp_path: Path, capsys: 
     with pytest.raises(FedrecError, match="a file this command reads"):
         fedrec.run("fedmf", dataset=str(data), columns="user,item", protocol="loo-full", rounds=1, out=data)
     assert data.read_text() == first
+    # nor does a search's config or journal, nor a run's --out its own --config
+    for flag in ("--out", "--journal"):
+        code, text = _cli(["tune", "fedmf", "-d", str(data), "--columns", "user,item", "-p", "loo-full", "--trials", "1",
+                           "--rounds", "1", "--overwrite", flag, str(data)], capsys)
+        assert code == 2 and "a file this command reads" in text and data.read_text() == first
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"fedrec_config": 2, "algorithm": "fedmf", "engine": {"lr": 0.02}, "model": {}}))
+    code, text = _cli(["run", "fedmf", "-d", SYN, "--rounds", "1", "-q", "--config", str(config), "--overwrite",
+                       "--out", str(config)], capsys)
+    assert code == 2 and "a file this command reads" in text and json.loads(config.read_text())["engine"] == {"lr": 0.02}
 
 
 def test_scores_that_are_not_ratings_are_not_scored_as_ratings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

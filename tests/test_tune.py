@@ -127,6 +127,13 @@ def test_a_config_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     ran = json.loads(out.read_text())["config"]["federated"]
     assert (ran["aggregation"], ran["patience"], ran["backoffs"], ran["lr"], ran["item_lr_scale"]) == (
         "clients", 0, 0, 0.02, None)
+    # `fedrec run --config` reads the rating baseline such a config carries where the run scores
+    # ratings (fedrec's default there is user-item), and leaves it where the run ranks items
+    # (which has none to set, and is no error)
+    for protocol, baseline in (("ratio-rating", "none"), ("loo-full", "none")):
+        assert _cli(["run", "fedmf", "-d", DATA, "-p", protocol, "--config", str(rated), "--rounds", "1", "-q",
+                     "--overwrite", "-o", str(out)]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["config"]["federated"]["rating_baseline"] == baseline
 
 
 def test_a_search_whose_trials_all_fail_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -193,6 +193,13 @@ def run_command(
         aggregation = aggregation if aggregation is not None else engine.pop("aggregation", None)
         patience = patience if patience is not None else engine.pop("patience", None)
         backoffs = backoffs if backoffs is not None else engine.pop("backoffs", None)
+        # a version-1 config of a rating protocol says the papers' baseline: it applies where
+        # this run scores ratings too, and ranking has no baseline to set
+        from fedrec.protocols.protocol import get_protocol as protocol_of
+
+        baseline = engine.pop("rating_baseline", None)
+        if rating_baseline is None and protocol_of(protocol).ranking == "rating":
+            rating_baseline = baseline
         unread = sorted(set(engine) - {"rounds", "lr", "local_epochs", "item_lr_scale", "lr_item", "batch_size",
                                        "aggregation", "patience", "backoffs"})
         if unread:
@@ -280,7 +287,8 @@ def run_command(
     checkpoint = out.with_suffix(".ckpt")
     from fedrec.experiment import data_files
 
-    _check_outputs(out, save, checkpoint, resume, overwrite, data_files(cfg), out_given)
+    reads = data_files(cfg) + ([str(config)] if config is not None else [])
+    _check_outputs(out, save, checkpoint, resume, overwrite, reads, out_given)
     continuing = resume and checkpoint.exists()  # replaces the results of the run it goes on with
     note = get_algorithm(algorithm).untuned_note(dataset, get_protocol(protocol).ranking)
     if paper and dataset in spec.per_dataset:

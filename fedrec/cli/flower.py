@@ -129,7 +129,9 @@ def flower_command(
           "client_state_dir": client_state_dir, "secagg": secagg, "secagg_range": secagg_range}
     # an earlier run's results are kept unless asked, and a bad path is one line now, not after the
     # run; the ServerApp checks again when it starts (app mode: `flwr run`, perhaps elsewhere)
-    check_writable(out, "--out", overwrite=replace)
+    from fedrec.experiment import dataset_files
+
+    check_writable(out, "--out", overwrite=replace, reads=dataset_files(dataset))
     if mode == "app":
         if insecure:
             _warn_insecure()

@@ -55,7 +55,9 @@ def audit_privacy_command(
             ("dp-clip", dp_clip, None), ("dp-noise", dp_noise, 0.0), ("encoding", encoding, None),
             ("pad-items", pad_items, 0), ("secagg", secagg, 0)) if value != default]
         out = default_out(f"audit-{algorithm}", dataset, protocol, seed, given, parse_settings(set_options))
-    check_writable(out, "--out", overwrite=overwrite)  # before the training, not after it
+    from fedrec.experiment import dataset_files
+
+    check_writable(out, "--out", overwrite=overwrite, reads=dataset_files(dataset))  # before the training
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, data_dir=data_dir, columns=columns,
                     model=parse_settings(set_options), federated=federated_config(algorithm, dataset, protocol, rounds=rounds, clients_per_round=clients_per_round,
                                                ldp=ldp, dp_clip=dp_clip, dp_noise=dp_noise, encoding=encoding,

@@ -58,9 +58,12 @@ def tune_command(
     out = out or Path("configs") / f"{algorithm}-{Path(dataset).stem.replace(':', '_')}.json"
     # before any trial: what the search writes can be written (its folders are made once the
     # options have been checked, by the journal's opening and at the end)
-    check_writable(out, "--out", overwrite=overwrite)
+    from fedrec.experiment import dataset_files
+
+    reads = dataset_files(dataset)
+    check_writable(out, "--out", overwrite=overwrite, reads=reads)
     journal = journal or out.with_suffix(".journal")
-    check_writable(journal, "--journal")
+    check_writable(journal, "--journal", reads=reads)
     if journal.exists():
         console.print(f"going on from the trials kept in {journal}", highlight=False)
     bar = batch_progress(console)
