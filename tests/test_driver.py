@@ -110,11 +110,11 @@ class _Copy:
     """A stand-in for a state's tensors that counts how many copies of it are alive at once."""
 
     alive: weakref.WeakSet[_Copy] = weakref.WeakSet()
-    most = 0
+    most = made = 0
 
     def __init__(self) -> None:
         _Copy.alive.add(self)
-        _Copy.most = max(_Copy.most, len(_Copy.alive))
+        _Copy.most, _Copy.made = max(_Copy.most, len(_Copy.alive)), _Copy.made + 1
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Copy:
         return _Copy()
@@ -142,7 +142,9 @@ def test_the_driver_holds_at_most_four_copies_of_the_state():
     replaces is let go (a state of 2.9 GB, FedDAE's on ML-100K, held a fifth copy for a moment),
     and a round whose state is both the back-off's and the best round's is copied once."""
     model = Improving()
-    _Copy.alive, _Copy.most = weakref.WeakSet([model.state]), 1
+    _Copy.alive, _Copy.most, _Copy.made = weakref.WeakSet([model.state]), 1, 0
     out = run_rounds(model, None, select="hr@10", rounds=12, keep_best=True, backoffs=3)
     assert out.best_round == 12 and model.trained == 12
     assert _Copy.most == 4
+    # the initial copy, one a best round (12), the back-off's at rounds 5 and 10 shared with them
+    assert _Copy.made == 13
