@@ -26,6 +26,7 @@ from fedrec.core.device import on
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, build_trainable, federated_config, prepare_split, train
 from fedrec.files import check_writable
+from fedrec.options import is_whole
 from fedrec.protocols.protocol import Split
 from fedrec.results import RoundRecord, RunResult
 from fedrec.train.centralised import TrainConfig
@@ -96,7 +97,7 @@ class Run:
     def recommend(self, user: Any, k: int = 10) -> list[Any]:
         """The ``k`` best items (raw ids) for raw user id ``user``, excluding the items the user
         trained on; ties are broken by item index."""
-        if not _is_whole(k):
+        if not is_whole(k):
             raise FedrecError(f"k must be a whole number (got {k!r})")
         if k < 1:
             raise FedrecError(f"k must be >= 1 (got {k})")
@@ -261,10 +262,6 @@ def load(path: str | Path, data_dir: str | None = None, device: str = "cpu") -> 
 #: the kind of each entry `Run.save` writes (`tensorfile.mismatch` compares a file with it)
 SHAPE: dict[str, Any] = {"config": {}, "result": {"history": [], "test": {}, "best_round": 0},
                           "state": {}, "data": {}}
-
-
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
 def _indices(values: Any, n: int, name: str, dims: int) -> np.ndarray:

@@ -53,12 +53,10 @@ def _dataset_name(dataset: str, columns: str | None) -> tuple[str, dict[str, Any
 
     if columns is None and not user_sets.looks_like_a_file(dataset):
         return dataset, None
-    if not Path(dataset).expanduser().exists():
-        raise FedrecError(f"-d {dataset}: no such file (and no data set of that name: see `fedrec data list`)")
-    if columns is None:
-        raise FedrecError(f"-d {dataset} is a file: say which columns hold what with --columns "
-                          "USER,ITEM[,RATING][,TIME], or register it once with fedrec data add NAME FILE --columns ...")
-    user_sets.parse_columns(columns)
+    from fedrec.experiment import check_own_file
+
+    check_own_file(dataset, columns)  # a file without its columns is refused there
+    user_sets.parse_columns(str(columns))
     path = Path(dataset).expanduser()
     stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem).strip("-._")[:58]
     for name in (stem, f"file-{stem}", "file"):  # the file's own name where it is free
@@ -83,19 +81,16 @@ def _data_sha256(name: str, inline: dict[str, Any] | None) -> str | None:
     return None if entry is None else user_sets.check_unchanged(entry)
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, trials: int,
            rounds: int | None = None, workers: int = 1) -> None:
     from fedrec.algorithms import get_algorithm
+    from fedrec.options import is_whole
     from fedrec.protocols.protocol import get_protocol
 
     for flag, value in (("--seeds", seeds), ("--trials", trials), ("--workers", workers)):
-        if not _whole(value):
+        if not is_whole(value):
             raise FedrecError(f"{flag} must be a whole number (got {value!r})")
-    if rounds is not None and not _whole(rounds):
+    if rounds is not None and not is_whole(rounds):
         raise FedrecError(f"--rounds must be a whole number (got {rounds!r})")
     if workers < 1:
         raise FedrecError(f"--workers must be >= 1 (got {workers})")
@@ -178,9 +173,7 @@ def compare(
     folder = check_folder(Path(out) if out is not None else Path(f"compare-{name}"), "--out")
     # the data are named right before compare.json records the settings: a corrected command
     # must not find a folder made for the mistyped one
-    if inline is not None:
-        if not Path(inline["path"]).is_file():
-            raise FedrecError(f"-d {dataset}: no such file")
+    if inline is not None:  # (check_columns says a missing file or a folder too)
         from fedrec.data.tables import check_columns
 
         check_columns(str(inline["path"]), columns)

@@ -297,20 +297,27 @@ def dataset_files(dataset: str, user_data: dict[str, Any] | None = None) -> list
     return [dataset] + ([str(declared)] if declared else [])
 
 
+def check_own_file(path: str, columns: str | None) -> None:
+    """A ``--dataset`` that names a file without ``columns``: one error saying it is missing, a
+    folder, or a file whose columns must be said (with ``columns`` the reader says the rest)."""
+    if columns:
+        return
+    if not Path(path).expanduser().exists():
+        raise FedrecError(f"--dataset {path}: no such file (and no data set of that name: see `fedrec data list`)")
+    if Path(path).expanduser().is_dir():
+        raise FedrecError(f"--dataset {path} is a folder; give the data file in it")
+    raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
+                      "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions), or register "
+                      "it once: fedrec data add NAME FILE --columns ...")
+
+
 def read_own_file(path: str, columns: str | None) -> Interactions:
     """``path`` read with ``columns`` (`fedrec.data.user_sets.parse_columns`: the user, item and
     optionally rating and time columns, by header name or 0-based position)."""
     from fedrec.data import user_sets
     from fedrec.data.fetch import sha256_of
 
-    if not columns and not Path(path).exists():  # (with --columns the reader says so itself)
-        raise FedrecError(f"--dataset {path}: no such file (and no data set of that name: see `fedrec data list`)")
-    if not columns and Path(path).is_dir():
-        raise FedrecError(f"--dataset {path} is a folder; give the data file in it")
-    if not columns:
-        raise FedrecError(f"--dataset {path} is a file: say which columns hold what with --columns "
-                          "USER,ITEM[,RATING][,TIME] (header names, or 0-based positions), or register "
-                          "it once: fedrec data add NAME FILE --columns ...")
+    check_own_file(path, columns)
     refuse_columns_for_a_registered_name(path)
     data = user_sets.read(path, columns)
     digest = sha256_of(Path(path))

@@ -27,6 +27,13 @@ FLOAT32_MAX = 3.4028234663852886e38
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 
+def is_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number (Python's or numpy's), not true/false."""
+    import numpy as np
+
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def check(*problems: tuple[bool, str]) -> None:
     """Raise a `FedrecError` with the message of the first ``(bad, message)`` pair that is bad."""
     for bad, message in problems:

@@ -24,6 +24,7 @@ import numpy as np
 
 from fedrec.errors import FedrecError
 from fedrec.files import atomic_write, check_writable
+from fedrec.results import malformed
 
 matplotlib.use("Agg")  # files only: no display is needed
 import matplotlib.pyplot as plt  # noqa: E402
@@ -47,40 +48,11 @@ def read_results(paths: list[Path]) -> list[tuple[str, dict[str, Any]]]:
             raise FedrecError(f"{path}: not a results JSON ({type(e).__name__})") from None
         if not isinstance(blob, dict) or not isinstance(blob.get("history"), list):
             raise FedrecError(f"{path}: not a fedrec results file (no per-round history)")
-        problem = _malformed(blob)
+        problem = malformed(blob)
         if problem is not None:
             raise FedrecError(f"{path}: not a fedrec results file ({problem})")
         out.append((f"{blob.get('algorithm', '?')} ({Path(path).stem})", blob))
     return out
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _malformed(blob: dict[str, Any]) -> str | None:
-    """What in ``blob`` a results file never holds (the fields a figure reads), or None."""
-    for key in ("algorithm", "dataset", "protocol", "select"):
-        if key in blob and not isinstance(blob[key], str):
-            return f"{key} is not text"
-    if "seed" in blob and not (isinstance(blob["seed"], int) and not isinstance(blob["seed"], bool)):
-        return "seed is not a whole number"
-    if blob.get("config") is not None and not isinstance(blob["config"], dict):
-        return "config is not a table"
-    if blob.get("best_round") is not None and not _number(blob["best_round"]):
-        return "best_round is not a number"
-    for n, h in enumerate(blob["history"]):
-        where = f"history[{n}]"
-        if not isinstance(h, dict):
-            return f"{where} is not a table"
-        if not (isinstance(h.get("round"), int) and not isinstance(h["round"], bool)):
-            return f"{where} has no whole round number"
-        valid = h.get("valid")
-        if valid is not None and not (isinstance(valid, dict) and all(_number(v) for v in valid.values())):
-            return f"{where}.valid is not a table of numbers"
-        if h.get("bytes_up") is not None and not _number(h["bytes_up"]):
-            return f"{where}.bytes_up is not a number"
-    return None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrec.files import atomic_write
+from fedrec.options import is_whole
 from fedrec.version import __version__
 
 SCHEMA_VERSION = 1
@@ -99,6 +100,36 @@ def load_result(path: str | Path) -> dict[str, Any]:
         blob.setdefault("status", COMPLETED)
         blob.setdefault("diverged_at", None)
     return blob
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def malformed(blob: dict[str, Any]) -> str | None:
+    """What in ``blob`` (a results JSON as read, with its ``history`` list) this schema never
+    writes, among the fields readers of a file they did not write use (`fedrec plot`); or None."""
+    for key in ("algorithm", "dataset", "protocol", "select"):
+        if key in blob and not isinstance(blob[key], str):
+            return f"{key} is not text"
+    if "seed" in blob and not is_whole(blob["seed"]):
+        return "seed is not a whole number"
+    if blob.get("config") is not None and not isinstance(blob["config"], dict):
+        return "config is not a table"
+    if blob.get("best_round") is not None and not _number(blob["best_round"]):
+        return "best_round is not a number"
+    for n, h in enumerate(blob["history"]):
+        where = f"history[{n}]"
+        if not isinstance(h, dict):
+            return f"{where} is not a table"
+        if not is_whole(h.get("round")):
+            return f"{where} has no whole round number"
+        valid = h.get("valid")
+        if valid is not None and not (isinstance(valid, dict) and all(_number(v) for v in valid.values())):
+            return f"{where}.valid is not a table of numbers"
+        if h.get("bytes_up") is not None and not _number(h["bytes_up"]):
+            return f"{where}.bytes_up is not a number"
+    return None
 
 
 def status_of(result: dict[str, Any]) -> str:

@@ -260,7 +260,7 @@ def test_compare_refuses_what_would_run_nothing_and_fails_when_nothing_finished(
                          ({"dataset": "synthetic:100x400", "algorithms": 5}, "give a name or a list of names"),
                          ({"dataset": "synthetic:100x400", "device": None}, "device must be text"),
                          ({"dataset": "synthetic:100x400", "out": 5}, "out must be text or None"),
-                         ({"dataset": "nope.csv"}, "-d nope.csv: no such file")):
+                         ({"dataset": "nope.csv"}, "--dataset nope.csv: no such file")):
         args = {"algorithms": ["fedmf"], "protocols": ["loo-full"], "seeds": 1, "trials": 1, "rounds": 1,
                 "out": "cmp", **kwargs}
         with pytest.raises(FedrecError, match=says):
