@@ -18,6 +18,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.data.preprocess import to_implicit
 from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
+from fedrec.federated.ca import state as ca_state
 from fedrec.federated.ca.composite import (
     complementarity,
     composite_weights,
@@ -25,7 +26,7 @@ from fedrec.federated.ca.composite import (
     project_simplex,
     similarity,
 )
-from fedrec.federated.ca.state import CAState, mixtures
+from fedrec.federated.ca.state import CAState, mixtures, sparse_product
 from fedrec.federated.engine import FederatedConfig, run_federated
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -110,6 +111,31 @@ def test_mixtures_mix_each_distinct_row_once_with_the_whole_products_sums(
             whole = product(w.to(v.dtype).to_sparse(), flat).reshape(v.shape)
             assert torch.equal(got[k], whole.mul_(1 - keep).add_(v, alpha=keep)), k
             torch.testing.assert_close(got[k], ((1 - keep) * (w.to(v.dtype) @ flat)).reshape(v.shape) + keep * v)
+
+
+def test_the_cpu_mixture_in_column_blocks_is_bitwise_the_whole_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sparse_product` takes the clients' tables in column blocks on the CPU (a ragged last
+    block included): every entry is the one call's sum, bit for bit, with weights summing to 1
+    a row as the simplex gives and a row of one weight."""
+    gen = torch.Generator().manual_seed(1)
+    w = project_simplex(torch.randn(9, 9, generator=gen, dtype=torch.float64) * 3).float()
+    w[4] = 0.0
+    w[4, 2] = 1.0
+    x = torch.randn(9, 103, generator=gen) * 10
+    whole = torch.sparse.mm(w.to_sparse(), x)
+    calls: list[int] = []
+    product = torch.sparse.mm
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(b.shape[1])
+        return product(a, b)
+
+    monkeypatch.setattr(ca_state, "PRODUCT_COLUMNS", 10)
+    monkeypatch.setattr(torch.sparse, "mm", counting)
+    got = sparse_product(w.to_sparse(), x)
+    assert calls == [10] * 10 + [3]
+    assert torch.equal(got, whole)
+    assert torch.equal(got[4], x[2])
 
 
 def test_complementarity_is_the_cosine_of_the_mean_principal_angle() -> None:
