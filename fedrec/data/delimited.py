@@ -29,10 +29,11 @@ from fedrec.errors import DataFormatError, FedrecError
 if TYPE_CHECKING:
     import pandas as pd
 
-Kind = Literal["int", "float", "token", "str", "date"]
-"""Column types: ``token`` is an id kept as int64 when every value is a plain integer."""
+Kind = Literal["int", "float", "token", "str", "date", "time"]
+"""Column types: ``token`` is an id kept as int64 when every value is a plain integer; ``time``
+a number kept as its text until `clock` reads it."""
 
-PANDAS_DTYPE = {"int": "int64", "float": "float64", "token": str, "str": str, "date": str}
+PANDAS_DTYPE = {"int": "int64", "float": "float64", "token": str, "str": str, "date": str, "time": str}
 _SEP_LABEL = {"\t": "tab-separated", ",": "comma-separated", ";": "semicolon-separated"}
 INT_RE = re.compile(r"\s*[+-]?\d+\s*")
 CANONICAL_INT = r"-?(?:0|[1-9]\d*)"
@@ -114,10 +115,12 @@ def check_value(column: str, kind: Kind, value: str, optional: bool) -> str | No
     if kind == "int":
         if not INT_RE.fullmatch(value) or abs(int(value)) > _INT64_MAX:
             return f"{column} {value!r} is not an integer"
-    elif kind == "float":
+    elif kind in ("float", "time"):
         try:
             number = float(value)
         except ValueError:
+            return f"{column} {value!r} is not a number"
+        if kind == "time" and "_" in value:  # float() takes 1_000; pandas does not
             return f"{column} {value!r} is not a number"
         if not math.isfinite(number):
             return f"{column} {value!r} is not a finite number"
@@ -232,6 +235,9 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
     for column, kind in zip(layout.columns, layout.kinds, strict=True):
         if kind == "float":
             holes |= ~np.isfinite(df[column].to_numpy()) & df[column].notna().to_numpy()
+        elif kind == "time":
+            numbers = pd.to_numeric(df[column].str.strip(), errors="coerce").to_numpy(dtype=np.float64)
+            holes |= ~np.isfinite(numbers) & df[column].notna().to_numpy()
     if holes.any():
         raise diagnose(p, layout, "missing or non-finite values")
     return df
@@ -246,6 +252,36 @@ def tokens(values: pd.Series) -> np.ndarray:
         except (ValueError, OverflowError):
             pass
     return stripped.to_numpy(dtype=object)
+
+
+def clock(values: pd.Series) -> np.ndarray:
+    """A ``time`` column (text, every value a finite number) as int64 that orders the rows as
+    the times do.
+
+    Whole numbers are kept as they are, read from their text: seconds, milliseconds and
+    nanoseconds alike (a float's 53 bits would tie nanoseconds apart). Where some time has a
+    fraction, or does not fit int64, the column becomes the times' ranks (equal times, equal
+    ranks): fedrec compares times and never subtracts them, so ranks split and order the rows
+    exactly as the times would, where flooring would tie times that differ (every time in
+    [0, 1) would be 0) and a cast would wrap 1e19 round to the earliest time."""
+    import pandas as pd
+
+    text = values.str.strip()
+    if text.str.fullmatch(r"[+-]?\d+").all():
+        try:
+            return text.astype("int64").to_numpy()
+        except (ValueError, OverflowError):
+            pass
+    return order_ranks(pd.to_numeric(text).to_numpy(dtype=np.float64))
+
+
+def order_ranks(times: np.ndarray) -> np.ndarray:
+    """``times`` as int64 ranks (0 the earliest; equal times, equal ranks); whole numbers that
+    fit a float's 53 bits exactly are returned as they are."""
+    times = np.asarray(times, np.float64)
+    if np.all(np.floor(times) == times) and np.all(np.abs(times) < 2.0**53):
+        return times.astype(np.int64)
+    return np.unique(times, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def dates_to_seconds(path: Path, layout: Layout, column: str, values: pd.Series) -> np.ndarray:

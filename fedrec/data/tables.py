@@ -14,8 +14,10 @@ from fedrec.data.delimited import (
     Layout,
     PathLike,
     build_interactions,
+    clock,
     existing,
     first_record,
+    order_ranks,
     read_frame,
     tokens,
 )
@@ -72,7 +74,7 @@ def read_table(
     kinds: list[Kind] = []
     for index in range(len(names)):
         role = roles_by_position.get(index)
-        kinds.append("token" if role in ("user", "item") else "float" if role else "str")
+        kinds.append("token" if role in ("user", "item") else "time" if role == "time" else "float" if role else "str")
     columns = (
         tuple(names)
         if len(set(names)) == len(names)
@@ -89,7 +91,7 @@ def read_table(
     df = read_frame(p, layout)
     col = {role: columns[pos] for role, pos in positions.items()}
     ratings = df[col["rating"]].to_numpy() if "rating" in col else None
-    timestamps = np.floor(df[col["time"]].to_numpy()).astype(np.int64) if "time" in col else None
+    timestamps = clock(df[col["time"]]) if "time" in col else None
     return build_interactions(
         tokens(df[col["user"]]),
         tokens(df[col["item"]]),
@@ -284,7 +286,8 @@ def _read_parquet_table(
 
     def times() -> np.ndarray:
         """Integers as they are (nanoseconds do not fit a float's 53 bits); dates and times as
-        seconds since 1970 (UTC), as a text date is read; other numbers floored."""
+        seconds since 1970 (UTC), as a text date is read; other numbers as a text time column
+        is read (`fedrec.data.delimited.clock`: whole ones as they are, else their ranks)."""
         values = df.iloc[:, at["time"]]
         _parquet_row_error(path, values.isna().to_numpy(), wanted["time"], values, "is empty")
         if pd.api.types.is_integer_dtype(values):
@@ -297,9 +300,7 @@ def _read_parquet_table(
             except (ValueError, TypeError) as e:
                 raise DataFormatError(path, f"{wanted['time']}: not a column of dates ({e})") from None
             return (since // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
-        seconds = np.floor(numbers("time"))
-        _parquet_row_error(path, np.abs(seconds) >= 2.0**63, wanted["time"], values, "is out of range")
-        return seconds.astype(np.int64)
+        return order_ranks(numbers("time"))
 
     ratings = numbers("rating") if rating_col is not None else None
     timestamps = times() if time_col is not None else None
