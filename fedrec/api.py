@@ -87,9 +87,10 @@ class Run:
             return self.model.scores(users, items)
 
     def user_index(self, user: Any) -> int:
-        """The index of raw user id ``user`` (compared as text, so ``196`` and ``"196"`` match)."""
+        """The index of raw user id ``user`` (compared as text, so ``196`` and ``"196"`` match;
+        without the spaces around it, as a file's ids are read)."""
         ids = self.split.data.user_ids
-        hit = np.flatnonzero(ids.astype(str) == str(user))
+        hit = np.flatnonzero(ids.astype(str) == str(user).strip())
         if not len(hit):
             raise FedrecError(f"user {user!r} is not in this run's data ({len(ids)} users)")
         return int(hit[0])

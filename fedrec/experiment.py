@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedrec.algorithms import ALGORITHMS, AlgorithmSpec, get_algorithm
@@ -347,9 +348,14 @@ def prepare_split(cfg: RunConfig) -> Split:
             "evaluates explicit ratings"
         )
     raw = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed, cfg.columns, cfg.user_data)
+    where = f"--columns {cfg.columns!r} names" if cfg.columns is not None else f"'{cfg.dataset}' has"
     if cfg.threshold is not None and raw.implicit:
-        where = f"--columns {cfg.columns!r} names" if cfg.columns is not None else f"'{cfg.dataset}' has"
         raise FedrecError(f"--threshold {cfg.threshold:g} keeps ratings at or above it, and {where} no rating column")
+    if not protocol.implicit and raw.implicit:
+        # every row would be a rating of 1: an RMSE near 0, or no positive to rank
+        raise FedrecError(f"protocol '{protocol.name}' reads ratings, and {where} no rating column "
+                          "(USER,ITEM,RATING[,TIME]); for interactions alone take loo-sampled, loo-full, "
+                          "ratio-full or time-full")
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,
@@ -360,6 +366,7 @@ def prepare_split(cfg: RunConfig) -> Split:
         raise FedrecError(f"no interactions left in '{cfg.dataset}' after preprocessing ({pre.describe()})")
     split = make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
                        repeats=cfg.repeats)
+    split = replace(split, notes=preprocessing_notes(raw, data, pre) + few_candidates(split))
     trained_by = ALGORITHMS.get(cfg.algorithm)  # none for a split made without a method (the audits)
     if (protocol.ranking == "rating" and trained_by is not None and trained_by.kind == "federated"
             and cfg.federated.cold_items == "user-mean"):
@@ -367,6 +374,41 @@ def prepare_split(cfg: RunConfig) -> Split:
         split = replace(split, valid=replace(split.valid, fallback=fallback),
                         test=replace(split.test, fallback=fallback))
     return split
+
+
+def preprocessing_notes(raw: Interactions, data: Interactions, pre: Any) -> tuple[str, ...]:
+    """What preprocessing ``pre`` left out of ``raw`` to give ``data``, one line each: rows
+    that repeat a (user, item) pair, and users and items filtered away."""
+    notes = []
+    if pre.dedup == "last" and len(raw):
+        pairs = len(np.unique(raw.users.astype(np.int64) * raw.n_items + raw.items))
+        if pairs < len(raw):
+            notes.append(f"{len(raw) - pairs:,} rows repeat a (user, item) pair; the last of each is kept "
+                         f"({pairs:,} interactions)")
+    users, items = len(np.unique(raw.users)), len(np.unique(raw.items))
+    if data.n_users < users or data.n_items < items:
+        steps = [f"ratings >= {pre.threshold:g}" if pre.threshold is not None else "",
+                 f"k-core user >= {pre.min_user}, item >= {pre.min_item}" if pre.min_user or pre.min_item else "",
+                 f"first {pre.max_users} users" if pre.max_users is not None else ""]
+        why = ", ".join(step for step in steps if step) or "preprocessing"
+        notes.append(f"{why} kept {data.n_users:,} of {users:,} users and {data.n_items:,} of {items:,} items")
+    return tuple(notes)
+
+
+def few_candidates(split: Split) -> tuple[str, ...]:
+    """Under full ranking, a line on the test users who rank no more candidate items than the
+    metrics' largest cut-off K (they interacted with nearly every item): their top K holds every
+    candidate, so their figures are perfect whatever the model."""
+    test = split.test
+    if split.protocol.ranking not in ("full", "rated") or test.exclude is None or not len(test.users):
+        return ()
+    k = max(split.protocol.ks)
+    candidates = split.n_items - np.diff(test.exclude.indptr)[test.users]
+    few = int((candidates <= k).sum())
+    if not few:
+        return ()
+    return (f"{few:,} of {len(test.users):,} test users rank at most {k} candidate items: every candidate is in "
+            f"their top {k}, so their held-out items are found whatever the model",)
 
 
 def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None) -> tuple[Any, Any]:

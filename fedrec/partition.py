@@ -118,7 +118,8 @@ def clients_of(n_users: int, clients: int, grouping: str, seed: int) -> Partitio
     if clients == 0:
         return one_user_per_client(n_users)
     if clients > n_users:
-        raise FedrecError(f"clients={clients} but the data set has {n_users} users")
+        raise FedrecError(f"clients={clients} but the data set has {n_users} users: give --set clients=N with "
+                          f"N at most {n_users}, or --set clients=0 for one user a client")
     if grouping == "random":
         return random_groups(n_users, clients, seed)
     if grouping == "contiguous":

@@ -390,9 +390,10 @@ def train_trial(trial: Any, cfg: RunConfig, split: Split, select: str,
 
 def trial_value(entry: dict[str, Any], maximise: bool) -> float:
     """What Optuna is told a finished trial scored: its best validation figure, the worst
-    possible for a setting that diverged or was refused."""
-    if entry["state"] == "complete":
-        return float(entry["best_valid"])
+    possible for a setting that diverged or was refused, or that no round scored."""
+    best = entry.get("best_valid") if entry["state"] == "complete" else None
+    if best is not None and math.isfinite(float(best)):
+        return float(best)
     return -math.inf if maximise else math.inf
 
 

@@ -56,6 +56,9 @@ def test_targets_never_in_training(small_data, name):
     if PROTOCOLS[name].split == "time":  # users active over the same span (synthetic ones follow each other)
         shuffled = np.random.default_rng(3).permutation(len(small_data)).astype(np.int64)
         small_data = dataclasses.replace(small_data, timestamps=shuffled)
+    if PROTOCOLS[name].positive_at is not None:  # ratings, some of them positive
+        rated = np.random.default_rng(3).integers(1, 6, len(small_data)).astype(np.float32)
+        small_data = dataclasses.replace(small_data, ratings=rated, implicit=False)
     s = make_split(small_data, name, seed=3)
     assert len(s.valid.users) > 0 and len(s.test.users) > 0
     assert s.train.multiply(s.valid.targets).nnz == 0

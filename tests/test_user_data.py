@@ -218,8 +218,8 @@ def test_add_stats_compare_then_recommend_from_a_moved_run_file(tmp_path: Path, 
     monkeypatch.chdir(elsewhere)
     code, out = cli("recommend", "own.fedrec", "--user", "u5", "-k", "4")
     assert code == 0, out
-    user, items = out.strip().split("\t")
-    assert user == "u5" and len(items.split()) == 4 and all(i.startswith("i") for i in items.split())
+    user, *items = out.strip().split("\t")
+    assert user == "u5" and len(items) == 4 and all(i.startswith("i") for i in items)
 
 
 def test_compare_declares_a_file_inline_and_refuses_mixed_protocol_kinds(tmp_path: Path,

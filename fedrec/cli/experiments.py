@@ -160,7 +160,7 @@ def run_command(
     min_user: int = typer.Option(0, help="Drop users with fewer interactions (iterated with --min-item)."),
     min_item: int = typer.Option(0, help="Drop items with fewer interactions."),
     one_pass_core: bool = typer.Option(False, "--one-pass-core", help="Apply --min-user/--min-item once, counting on the input (PersonalFR's Anime), instead of until every count holds."),
-    max_users: int | None = typer.Option(None, help="Keep the first N users (lowest ids) left after filtering."),
+    max_users: int | None = typer.Option(None, help="Keep the first N users left after filtering, in the order they first appear in the data."),
     tie_break: str = typer.Option("later-row-later", help="Equal timestamps: which row counts as later (earlier-row-later = official PFedRec code)."),
     legacy_repeats: bool = typer.Option(False, "--legacy-repeats", help="Legacy: split repeated (user, item) events as they are, as the official PFedRec/FedRAP/GFed-PP code does on Lastfm-2K (a test item can be a training positive; loo-sampled only)."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
@@ -324,7 +324,11 @@ def run_command(
     finally:
         _stop(bar)
     result = done.result
-    if done.split.held_out_by == "random":  # said even with --quiet: it changes what the figures mean
+    for line in done.split.notes:  # said even with --quiet: the figures are of the data kept
+        console.print(f"note: {line}", highlight=False)
+    # said even with --quiet: a leave-one-out split without a clock holds out at random, which
+    # changes what the figures mean (a ratio split always draws its held-out rows)
+    if done.split.held_out_by == "random" and done.split.protocol.split == "loo":
         console.print(f"note: {dataset} has no time column: each user's held-out items were drawn at random "
                       f"(seed {seed}), not taken as the latest (`data.split.held_out_by` in {out})", highlight=False)
     if save is not None:
@@ -439,7 +443,8 @@ def recommend_command(
     k: int = typer.Option(10, "-k", help="How many items."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
 ) -> None:
-    """Print each user's top-K items (raw ids), excluding the items the user trained on.
+    """Print each user's top-K items (raw ids), excluding the items the user trained on: one
+    line a user, the user's id then its items, best first, separated by tabs.
 
     A federated user is scored with that user's own private state."""
     from fedrec.api import load
@@ -457,7 +462,8 @@ def recommend_command(
             Console(stderr=True).print(f"note: user {u!r} has no training interaction in this run: its items "
                                        "come from a user state no interaction of its own trained", highlight=False)
         items = trained.recommend(u, k)
-        typer.echo(f"{u}\t" + " ".join(str(i) for i in items))  # tab-separated: for scripts
+        # every field tab-separated, for scripts (an id may hold a space: "Song 70, live")
+        typer.echo("\t".join(str(v) for v in [u.strip(), *items]))
 
 
 def _given_on_command_line(parameter: str) -> bool:

@@ -72,7 +72,7 @@ def tune_command(
 
     def on_trial(entry: dict[str, Any]) -> None:
         bars.end(entry["trial"])
-        tried = ", ".join(f"{k} {v:.4g}" for k, v in {**entry["engine"], **entry["model"]}.items())
+        tried = ", ".join(f"{k} {_shown(v)}" for k, v in {**entry["engine"], **entry["model"]}.items())
         why = f" ({entry['reason']})" if "reason" in entry else ""
         status = f"trial {entry['trial']}: {entry['state']}{why} [{tried}]"
         if console.is_terminal:
@@ -104,3 +104,11 @@ def tune_command(
     console.print(f"wrote {out}; run it with: fedrec run {algorithm} -d {dataset}{given} -p {result.protocol} "
                   f"--config {out}", highlight=False)
 
+
+def _shown(value: Any) -> str:
+    """A trial's option value as a line shows it: numbers to 4 digits, layer sizes as 16/8."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "/".join(_shown(v) for v in value)
+    return str(value)

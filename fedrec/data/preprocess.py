@@ -183,7 +183,8 @@ def preprocess(x: Interactions, config: PreprocessConfig) -> Interactions:
 
     Dedup comes first so that k-core counts distinct pairs, and k-core after the implicit
     threshold so that it counts only the events that will be used. ``max_users`` then keeps
-    the users with the lowest ids among those left (PersonalFR's "first 6,000 users" of Anime).
+    the users with the lowest numbers among those left: the first to appear in the data
+    (PersonalFR's "first 6,000 users" of Anime).
     """
     out = deduplicate(x, config.dedup)
     if config.implicit:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fedrec.data.delimited import (
+    CANONICAL_INT,
+    INT_RE,
     Kind,
     Layout,
     PathLike,
@@ -90,6 +92,8 @@ def read_table(
     )
     df = read_frame(p, layout)
     col = {role: columns[pos] for role, pos in positions.items()}
+    if not header:
+        _refuse_a_header_read_as_data(p, df[col["user"]], df[col["item"]])
     ratings = df[col["rating"]].to_numpy() if "rating" in col else None
     timestamps = clock(df[col["time"]]) if "time" in col else None
     return build_interactions(
@@ -100,6 +104,18 @@ def read_table(
         p,
         implicit=ratings is None,
     )
+
+
+def _refuse_a_header_read_as_data(path: Path, users: pd.Series, items: pd.Series) -> None:
+    """Columns named by position read every line as data: a first line of words over lines of
+    numeric ids is a header, which would become one more user and item."""
+    if len(users) < 2:
+        return
+    first = (str(users.iloc[0]).strip(), str(items.iloc[0]).strip())
+    numeric = [v.str.strip().iloc[1:].str.fullmatch(CANONICAL_INT).all() for v in (users, items)]
+    if all(numeric) and not any(INT_RE.fullmatch(v) for v in first):
+        raise DataFormatError(path, f"the first line ({first[0]}, {first[1]}) looks like a header over numeric ids: "
+                              "name the columns by the header's names in --columns, not by position", line=1)
 
 
 def parse_columns(text: str) -> dict[str, Column]:
@@ -120,6 +136,14 @@ def parse_columns(text: str) -> dict[str, Column]:
         if not 2 <= len(parts) <= 4:
             raise FedrecError(usage)
         named = {role: p for role, p in zip(ROLES, parts, strict=False) if p}
+        for role, column in named.items():  # user,item,time: the third role is the rating
+            if column.lower() in ROLES and column.lower() != role:
+                by_name = {c.lower(): c for c in named.values() if c.lower() in ROLES}
+                at = {r: c for r, c in named.items() if c.lower() not in ROLES}
+                fix = ",".join(by_name.get(r, at.get(r, "")) for r in ROLES).rstrip(",")
+                raise FedrecError(f"--columns {text!r} gives the {role} role the column named {column!r}: the "
+                                  f"roles go USER,ITEM[,RATING][,TIME], an empty field skipping one "
+                                  f"(--columns {fix}?)")
     if not named.get("user") or not named.get("item") or not all(named.values()):
         raise FedrecError(usage)
     if len(set(named.values())) != len(named):
@@ -192,7 +216,7 @@ def _positions(
 
 
 #: separators a one-field first line is tested for, the likeliest first
-_OTHER_SEPARATORS = ("\t", ",", ";", "|")
+_OTHER_SEPARATORS = ("\t", ",", ";", "|", "::")
 
 
 def _wrong_separator(path: Path, column: Column, line: str, probe: Layout) -> None:
@@ -237,8 +261,11 @@ def _column_position(
             f"{path}: with header=False name columns by 0-based position, not {column!r}"
         )
     if not 0 <= column < len(names):
+        fits = [sep for sep in _OTHER_SEPARATORS if len(first) == 1 and len(first[0].split(sep)) > column]
+        hint = (f"; it looks {Layout((), (), fits[0]).sep_label}: give its separator (`fedrec data add ... --sep`, "
+                "read_table's sep=)") if fits else ""
         raise DataFormatError(
-            path, f"column {column} is out of range: the first line has {len(names)} fields", line=1
+            path, f"column {column} is out of range: the first line has {len(names)} fields{hint}", line=1
         )
     return column
 

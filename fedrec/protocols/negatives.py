@@ -28,7 +28,10 @@ BLOCK = 1 << 16
 class ComplementSampler:
     """Draws items uniformly from the complement of each user's forbidden set."""
 
-    def __init__(self, forbidden: sp.csr_matrix) -> None:
+    def __init__(self, forbidden: sp.csr_matrix, names: np.ndarray | None = None) -> None:
+        """``names``: each row's user id as the data's file writes it, for messages (by default
+        the row's number)."""
+        self.names = names
         forbidden = sp.csr_matrix(forbidden, dtype=bool)  # only its pattern is used
         forbidden.sum_duplicates()
         forbidden.sort_indices()
@@ -48,6 +51,13 @@ class ComplementSampler:
             dtype = np.int16 if self.n_items <= np.iinfo(np.int16).max else np.int32
             self._table = np.nonzero(allowed)[1].astype(dtype)
             self._table_ptr = np.concatenate([[0], np.cumsum(self.n_allowed)])
+
+    def named(self, user: int) -> str:
+        """``user`` (a row) as a message names it: its id in the data's file where known."""
+        if self.names is None:
+            return f"user {int(user)}"
+        raw = self.names[int(user)]
+        return f"user {raw!r}" if isinstance(raw, str) else f"user {int(raw)}"
 
     def _block_offsets(self, start: int, stop: int) -> np.ndarray:
         """``user * stride - j`` of the forbidden entries of users ``start:stop`` (j: an entry's
@@ -97,7 +107,7 @@ class ComplementSampler:
         """How many items each of ``users`` may draw; one clear error if one has none."""
         allowed = self.n_allowed[users]
         if len(users) and allowed.min() <= 0:
-            raise FedrecError(f"user {users[np.argmin(allowed)]} has no item left to sample as a negative: "
+            raise FedrecError(f"{self.named(users[np.argmin(allowed)])} has no item left to sample as a negative: "
                               "every item is among its training items or the items it is evaluated on")
         return allowed
 
@@ -121,7 +131,7 @@ class ComplementSampler:
         if short.any():
             bad = users[np.argmax(short)]
             raise FedrecError(
-                f"user {bad} has only {self.n_allowed[bad]} items to draw {k} distinct ones from"
+                f"{self.named(bad)} has only {self.n_allowed[bad]} items to draw {k} distinct ones from"
             )
         out = self.sample(users, k, rng, dtype)
         todo = np.arange(len(users))

@@ -215,6 +215,9 @@ class Split:
     sampler: ComplementSampler = field(repr=False)
     #: how the held-out rows were picked: "time", "random" (seeded) or "file" (`held_out_by`)
     held_out_by: str = "time"
+    #: what preprocessing left out of the data's file (repeated pairs, filtered users), one
+    #: line each, for the command line to say (`fedrec.experiment.prepare_split`)
+    notes: tuple[str, ...] = ()
 
     @property
     def n_users(self) -> int:
@@ -288,7 +291,7 @@ def _draw_eval_negatives(
     if short.any():
         bad = users[np.argmax(short)]
         raise FedrecError(
-            f"user {bad} has only {sampler.n_allowed[bad]} unseen items to draw the protocol's {n} "
+            f"{sampler.named(bad)} has only {sampler.n_allowed[bad]} unseen items to draw the protocol's {n} "
             "evaluation negatives from; rank every item instead (a full-ranking protocol such as "
             "loo-full) or use a data set with more items")
     share = sampler.n_allowed[users] < 2 * n
@@ -361,7 +364,7 @@ def make_split(
     elif p.split == "given":
         if x.given_split is None:
             raise FedrecError(f"protocol {p.name} reads the split a data set's file fixes, and "
-                              "this data set has none (ml-1m-fedcia has one)")
+                              f"this data set has none ({'ciao' if p.ranking == 'rating' else 'ml-1m-fedcia'} has one)")
         label = x.given_split.astype(np.int8)
     elif p.split == "time":
         label = global_time_split(x, p.test_ratio, p.valid_ratio)
@@ -377,9 +380,14 @@ def make_split(
     if p.split == "time":  # a user whose rows all fall after a cut has no history to rank from
         trained = np.diff(train.indptr) > 0
         valid_users, test_users = valid_users[trained[valid_users]], test_users[trained[test_users]]
-    for stage, users in (("validation", valid_users), ("test", test_users)):
+    for stage, users, held in (("validation", valid_users, valid_t), ("test", test_users, test_t)):
         if len(users) == 0:  # nothing to select a round on or to report: said before training
             raise FedrecError(f"no user has a {stage} item under protocol {p.name}: {_too_little(p)}")
+        if p.positive_at is not None and not (held.data >= p.positive_at).any():
+            # a rated ranking looks for the held-out positives: without one every figure is NaN
+            raise FedrecError(f"no {stage} rating is at or above {p.positive_at:g}, the positive threshold of "
+                              f"protocol {p.name}, so there is nothing to rank; set the threshold with "
+                              "--threshold T")
     train_b = _binary(train)
     rng = np.random.default_rng([seed, 1])
 
@@ -389,7 +397,7 @@ def make_split(
         everything = _binary(train + valid_t + test_t)
         users = np.union1d(valid_users, test_users)
         n = p.eval_negatives
-        drawn = _draw_eval_negatives(ComplementSampler(everything), users, n, rng)
+        drawn = _draw_eval_negatives(ComplementSampler(everything, x.user_ids), users, n, rng)
         valid = _sampled_evalset(valid_t, valid_users, drawn[np.searchsorted(users, valid_users), :n])
         test = _sampled_evalset(test_t, test_users, drawn[np.searchsorted(users, test_users), n:])
     elif p.ranking in ("full", "rated"):
@@ -413,5 +421,5 @@ def make_split(
         forbidden = train_b
     else:
         forbidden = train_b + _binary(valid_t) + _binary(test_t)
-    sampler = ComplementSampler(forbidden)
+    sampler = ComplementSampler(forbidden, x.user_ids)
     return Split(p, x, label, train, valid, test, policy, sampler, held_out_by(x, p.split))

@@ -90,6 +90,11 @@ def global_time_split(x: Interactions, test_ratio: float = 0.2, valid_ratio: flo
         raise FedrecError(f"'{x.name}': every row shares the test cut's timestamp; nothing is left "
                           "to train on")
     valid_at = ts[min(before, int(np.floor((1 - valid_ratio) * before)))] if before else test_at
+    if valid_at == ts[0]:
+        tied = int(np.searchsorted(ts, valid_at, side="right"))
+        raise FedrecError(f"'{x.name}': the validation cut falls on the earliest timestamp, which {tied} of the "
+                          f"{before} rows before the test cut share, and a timestamp's rows stay on one side "
+                          "of a cut: nothing is left to train on")
     label[x.timestamps >= valid_at] = VALID
     label[x.timestamps >= test_at] = TEST
     return label
