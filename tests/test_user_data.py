@@ -106,6 +106,10 @@ def test_implicit_threshold_keeps_the_ratings_at_or_above_it(tmp_path: Path) -> 
     kept = prepare_split(RunConfig(algorithm="fedmf", dataset="high", protocol="loo-full")).data
     ratings = np.array([int(line.split(",")[2]) for line in data.read_text().splitlines()[1:]])
     assert len(kept) == int((ratings >= 4).sum())
+    code, out = cli("data", "stats", "high")  # counts what a run of it keeps
+    said = " ".join(out.split())
+    assert code == 0 and "(implicit, rating >= 4)" in said and f"users {kept.n_users} items {kept.n_items} " \
+        f"interactions {len(kept)}" in said
 
 
 def test_unknown_names_list_the_user_sets(tmp_path: Path) -> None:

@@ -192,6 +192,10 @@ def stats_command(
         data = load_interactions(name, None, 0, columns)
         origin = f"{data.source['file']} ({data.source['origin']})"
         header = escape(name) if columns is None else escape(Path(name).name)
+        registered = user_sets.get(name) if columns is None else None
+        if min_rating is None and registered is not None and registered.implicit_threshold is not None:
+            # as a run of it counts its positives: distinct pairs rated at or above the threshold
+            min_rating, implicit = registered.implicit_threshold, True if implicit is None else implicit
     else:
         if not builtin:
             from fedrec.errors import UnknownNameError
