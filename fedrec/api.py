@@ -180,7 +180,7 @@ def _split_from(config: RunConfig, stored: Any, where: str) -> Split:
                     exclude=None if sampled or protocol.ranking == "rating" else train)
     binary = sp.csr_matrix(train, dtype=bool)
     return Split(protocol, data, np.zeros(coo.nnz, np.int8), train, stage, stage,
-                 str(stored.get("negatives", config.negatives)), ComplementSampler(binary),
+                 str(stored.get("negatives", config.negatives)), ComplementSampler(binary, user_ids),
                  str(stored.get("held_out_by", "time")))
 
 

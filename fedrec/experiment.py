@@ -27,6 +27,7 @@ from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
     NEGATIVE_POLICIES,
     POSITIVE_AT,
+    PROTOCOLS,
     ColdFallback,
     Split,
     get_protocol,
@@ -353,9 +354,13 @@ def prepare_split(cfg: RunConfig) -> Split:
         raise FedrecError(f"--threshold {cfg.threshold:g} keeps ratings at or above it, and {where} no rating column")
     if not protocol.implicit and raw.implicit:
         # every row would be a rating of 1: an RMSE near 0, or no positive to rank
-        raise FedrecError(f"protocol '{protocol.name}' reads ratings, and {where} no rating column "
-                          "(USER,ITEM,RATING[,TIME]); for interactions alone take loo-sampled, loo-full, "
-                          "ratio-full or time-full")
+        spec = ALGORITHMS.get(cfg.algorithm)
+        rankings = spec.rankings if spec is not None else ("sampled", "full")
+        others = [p.name for p in PROTOCOLS.values() if p.implicit and p.ranking in rankings and p.split != "given"]
+        column = " (USER,ITEM,RATING[,TIME])" if cfg.columns is not None else ""
+        instead = (f"; for interactions alone take {', '.join(others)}" if others else
+                   f"; {cfg.algorithm} runs on ratings alone")
+        raise FedrecError(f"protocol '{protocol.name}' reads ratings, and {where} no rating column{column}{instead}")
     pre = PreprocessConfig(
         implicit=protocol.implicit, threshold=threshold,
         min_user=cfg.min_user, min_item=cfg.min_item, iterative_core=not cfg.one_pass_core,
@@ -398,9 +403,10 @@ def preprocessing_notes(raw: Interactions, data: Interactions, pre: Any) -> tupl
 def few_candidates(split: Split) -> tuple[str, ...]:
     """Under full ranking, a line on the test users who rank no more candidate items than the
     metrics' largest cut-off K (they interacted with nearly every item): their top K holds every
-    candidate, so their figures are perfect whatever the model."""
+    candidate, so their hit rate and recall are 1 whatever the model (NDCG and MRR still weigh
+    where the held-out items rank)."""
     test = split.test
-    if split.protocol.ranking not in ("full", "rated") or test.exclude is None or not len(test.users):
+    if split.protocol.ranking != "full" or test.exclude is None or not len(test.users):
         return ()
     k = max(split.protocol.ks)
     candidates = split.n_items - np.diff(test.exclude.indptr)[test.users]

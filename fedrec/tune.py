@@ -308,8 +308,10 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     refused = sum(h["state"] == "refused" for h in history)
     # a diverged or refused trial is scored as the worst, "complete" to Optuna
     states = [h["state"] for h in history if h["state"] != "refused"]
-    if "complete" not in states:  # no config from trials that all failed
-        reasons = sorted({h.get("reason", h["state"]) for h in history})
+    scored = [h for h in history if h["state"] == "complete" and math.isfinite(trial_value(h, True))]
+    if not scored:  # no config from trials that all failed, or that no round scored
+        reasons = sorted({h.get("reason", h["state"] if h["state"] != "complete" else "no round scored")
+                          for h in history})
         raise FedrecError(f"no trial of {algorithm} completed on {dataset} ({'; '.join(reasons)})")
     best = study.best_trial
     engine = {p.name: best.params[p.name] for p in space if p.where == "engine"}

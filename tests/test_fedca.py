@@ -113,15 +113,17 @@ def test_mixtures_mix_each_distinct_row_once_with_the_whole_products_sums(
             torch.testing.assert_close(got[k], ((1 - keep) * (w.to(v.dtype) @ flat)).reshape(v.shape) + keep * v)
 
 
-def test_the_cpu_mixture_in_column_blocks_is_bitwise_the_whole_product(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_cpu_mixture_in_column_blocks_is_bitwise_the_whole_product(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """`sparse_product` takes the clients' tables in column blocks on the CPU (a ragged last
     block included): every entry is the one call's sum, bit for bit, with weights summing to 1
     a row as the simplex gives and a row of one weight."""
     gen = torch.Generator().manual_seed(1)
-    w = project_simplex(torch.randn(9, 9, generator=gen, dtype=torch.float64) * 3).float()
+    w = project_simplex(torch.randn(9, 9, generator=gen, dtype=torch.float64) * 3).to(dtype)
     w[4] = 0.0
     w[4, 2] = 1.0
-    x = torch.randn(9, 103, generator=gen) * 10
+    x = (torch.randn(9, 103, generator=gen, dtype=torch.float64) * 10).to(dtype)
     whole = torch.sparse.mm(w.to_sparse(), x)
     calls: list[int] = []
     product = torch.sparse.mm

@@ -62,6 +62,9 @@ def test_a_rating_protocol_on_a_file_without_ratings_is_refused(tmp_path: Path) 
         code, said, out = run(tmp_path, data, "user,item,,time", *algorithm, "-p", protocol)
         assert code == 2 and f"protocol '{protocol}' reads ratings" in said and "no rating column" in said
         assert not out.exists()
+        # what else the method runs: MF interactions, PersonalFR ratings alone
+        assert ("take loo-sampled, loo-full, time-full, ratio-full" in said) == (protocol == "ratio-rating")
+        assert ("personalfr runs on ratings alone" in said) == (protocol != "ratio-rating")
     code, said, out = run(tmp_path, data, "user,item,rating,time", "-p", "ratio-rating")
     assert code == 0 and json.loads(out.read_text())["test"]["rmse"] > 0.3
 
@@ -83,6 +86,9 @@ def test_positions_on_a_file_with_a_header_and_role_names_out_of_place_are_refus
     assert code == 2 and "first line (user, item) looks like a header" in said and not out.exists()
     code, said, out = run(tmp_path, data, "user,item,time")  # the third role is the rating
     assert code == 2 and "gives the rating role the column named 'time'" in said and "--columns user,item,,time?" in said
+    code, said, out = run(tmp_path, data, "uid,iid,timestamp")  # MovieLens' name for a time
+    assert code == 2 and "gives the rating role the column named 'timestamp'" in said \
+        and "(--columns uid,iid,,timestamp?)" in said
     code, said, out = run(tmp_path, data, "user,item,,time", "-p", "loo-full")
     assert code == 0
 

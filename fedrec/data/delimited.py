@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 Kind = Literal["int", "float", "token", "str", "date", "time"]
 """Column types: ``token`` is an id kept as int64 when every value is a plain integer; ``time``
-a number kept as its text until `clock` reads it."""
+a number whose type pandas infers (int64 kept exact, else float64, uint64 or text) for `clock`."""
 
-PANDAS_DTYPE = {"int": "int64", "float": "float64", "token": str, "str": str, "date": str, "time": str}
+#: pandas' dtype of each kind (None: pandas infers it)
+PANDAS_DTYPE = {"int": "int64", "float": "float64", "token": str, "str": str, "date": str, "time": None}
 _SEP_LABEL = {"\t": "tab-separated", ",": "comma-separated", ";": "semicolon-separated"}
 INT_RE = re.compile(r"\s*[+-]?\d+\s*")
 CANONICAL_INT = r"-?(?:0|[1-9]\d*)"
@@ -218,7 +219,8 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
             names=list(layout.columns),
             index_col=False,
             skiprows=1 if layout.header is not None else 0,
-            dtype={c: PANDAS_DTYPE[k] for c, k in zip(layout.columns, layout.kinds, strict=True)},
+            dtype={c: PANDAS_DTYPE[k] for c, k in zip(layout.columns, layout.kinds, strict=True)
+                   if PANDAS_DTYPE[k] is not None},
             quoting=csv.QUOTE_MINIMAL if layout.quoted else csv.QUOTE_NONE,
             encoding=layout.encoding,
             keep_default_na=False,
@@ -235,9 +237,13 @@ def read_frame(path: PathLike, layout: Layout) -> pd.DataFrame:
     for column, kind in zip(layout.columns, layout.kinds, strict=True):
         if kind == "float":
             holes |= ~np.isfinite(df[column].to_numpy()) & df[column].notna().to_numpy()
-        elif kind == "time":
-            numbers = pd.to_numeric(df[column].str.strip(), errors="coerce").to_numpy(dtype=np.float64)
-            holes |= ~np.isfinite(numbers) & df[column].notna().to_numpy()
+        elif kind == "time":  # int64 needs no check; floats may be inf; text may be no number
+            values = df[column]
+            if pd.api.types.is_float_dtype(values):
+                holes |= ~np.isfinite(values.to_numpy()) & values.notna().to_numpy()
+            elif not pd.api.types.is_integer_dtype(values):
+                numbers = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").to_numpy(dtype=np.float64)
+                holes |= ~np.isfinite(numbers) & values.notna().to_numpy()
     if holes.any():
         raise diagnose(p, layout, "missing or non-finite values")
     return df
@@ -255,23 +261,30 @@ def tokens(values: pd.Series) -> np.ndarray:
 
 
 def clock(values: pd.Series) -> np.ndarray:
-    """A ``time`` column (text, every value a finite number) as int64 that orders the rows as
-    the times do.
+    """A ``time`` column (every value a finite number) as int64 that orders the rows as the
+    times do.
 
-    Whole numbers are kept as they are, read from their text: seconds, milliseconds and
-    nanoseconds alike (a float's 53 bits would tie nanoseconds apart). Where some time has a
-    fraction, or does not fit int64, the column becomes the times' ranks (equal times, equal
-    ranks): fedrec compares times and never subtracts them, so ranks split and order the rows
-    exactly as the times would, where flooring would tie times that differ (every time in
-    [0, 1) would be 0) and a cast would wrap 1e19 round to the earliest time."""
+    Whole numbers are kept as they are: pandas reads a column of int64 values exactly
+    (seconds, milliseconds and nanoseconds alike; a float's 53 bits would tie nanoseconds
+    apart). Otherwise the column becomes the times' ranks (equal times, equal ranks): whole
+    numbers beyond int64 ranked exactly, times with a fraction ranked as 64-bit floats (about
+    16 significant digits). fedrec compares times and never subtracts them, so ranks split and
+    order the rows as the times would, where flooring tied times that differ (every time in
+    [0, 1) was 0) and a cast wrapped 1e19 round to the earliest time."""
     import pandas as pd
 
-    text = values.str.strip()
+    if pd.api.types.is_signed_integer_dtype(values):
+        return values.to_numpy(dtype=np.int64)
+    if pd.api.types.is_integer_dtype(values):  # uint64: beyond int64, exact
+        return np.unique(values.to_numpy(), return_inverse=True)[1].reshape(-1).astype(np.int64)
+    if pd.api.types.is_float_dtype(values):
+        return order_ranks(values.to_numpy(dtype=np.float64))
+    text = values.astype(str).str.strip()  # what pandas could not type: spaces, whole numbers beyond uint64
     if text.str.fullmatch(r"[+-]?\d+").all():
-        try:
-            return text.astype("int64").to_numpy()
-        except (ValueError, OverflowError):
-            pass
+        whole = [int(t) for t in text]  # Python ints: exact at any size
+        if all(-(2**63) <= t < 2**63 for t in whole):
+            return np.array(whole, np.int64)
+        return np.unique(np.array(whole, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
     return order_ranks(pd.to_numeric(text).to_numpy(dtype=np.float64))
 
 

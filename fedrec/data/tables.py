@@ -112,10 +112,21 @@ def _refuse_a_header_read_as_data(path: Path, users: pd.Series, items: pd.Series
     if len(users) < 2:
         return
     first = (str(users.iloc[0]).strip(), str(items.iloc[0]).strip())
-    numeric = [v.str.strip().iloc[1:].str.fullmatch(CANONICAL_INT).all() for v in (users, items)]
-    if all(numeric) and not any(INT_RE.fullmatch(v) for v in first):
+    if any(INT_RE.fullmatch(v) for v in first):  # a number: data (the common case, at no cost)
+        return
+    if all(v.str.strip().iloc[1:].str.fullmatch(CANONICAL_INT).all() for v in (users, items)):
         raise DataFormatError(path, f"the first line ({first[0]}, {first[1]}) looks like a header over numeric ids: "
                               "name the columns by the header's names in --columns, not by position", line=1)
+
+
+#: header names that say a time column (as MovieLens' ``timestamp``)
+_TIME_NAMES = frozenset({"time", "timestamp", "ts", "datetime", "date"})
+
+
+def _named_role(column: str) -> str | None:
+    """The role a header name says (``rating``, ``timestamp``: time), or None."""
+    name = column.strip().lower()
+    return "time" if name in _TIME_NAMES else name if name in ROLES else None
 
 
 def parse_columns(text: str) -> dict[str, Column]:
@@ -136,14 +147,14 @@ def parse_columns(text: str) -> dict[str, Column]:
         if not 2 <= len(parts) <= 4:
             raise FedrecError(usage)
         named = {role: p for role, p in zip(ROLES, parts, strict=False) if p}
-        for role, column in named.items():  # user,item,time: the third role is the rating
-            if column.lower() in ROLES and column.lower() != role:
-                by_name = {c.lower(): c for c in named.values() if c.lower() in ROLES}
-                at = {r: c for r, c in named.items() if c.lower() not in ROLES}
-                fix = ",".join(by_name.get(r, at.get(r, "")) for r in ROLES).rstrip(",")
+        for role, column in named.items():  # user,item,timestamp: the third role is the rating
+            if _named_role(column) not in (None, role):
+                by_name = {_named_role(c): c for c in named.values() if _named_role(c)}
+                at = {r: c for r, c in named.items() if not _named_role(c)}
+                fix = [by_name.get(r, at.get(r, "")) for r in ROLES]
+                hint = f" (--columns {','.join(fix).rstrip(',')}?)" if fix[0] and fix[1] else ""
                 raise FedrecError(f"--columns {text!r} gives the {role} role the column named {column!r}: the "
-                                  f"roles go USER,ITEM[,RATING][,TIME], an empty field skipping one "
-                                  f"(--columns {fix}?)")
+                                  f"roles go USER,ITEM[,RATING][,TIME], an empty field skipping one{hint}")
     if not named.get("user") or not named.get("item") or not all(named.values()):
         raise FedrecError(usage)
     if len(set(named.values())) != len(named):

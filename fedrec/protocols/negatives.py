@@ -54,9 +54,10 @@ class ComplementSampler:
 
     def named(self, user: int) -> str:
         """``user`` (a row) as a message names it: its id in the data's file where known."""
-        if self.names is None:
+        names = getattr(self, "names", None)  # a sampler rebuilt from an older save has none
+        if names is None:
             return f"user {int(user)}"
-        raw = self.names[int(user)]
+        raw = names[int(user)]
         return f"user {raw!r}" if isinstance(raw, str) else f"user {int(raw)}"
 
     def _block_offsets(self, start: int, stop: int) -> np.ndarray:
@@ -89,7 +90,8 @@ class ComplementSampler:
 
     def subset(self, users: np.ndarray) -> ComplementSampler:
         """The sampler of ``users`` only, renumbered 0..len(users)-1 (a Flower node's clients)."""
-        return ComplementSampler(self.forbidden_of(users))
+        names = getattr(self, "names", None)
+        return ComplementSampler(self.forbidden_of(users), None if names is None else names[np.asarray(users)])
 
     def sample(self, users: np.ndarray, k: int, rng: np.random.Generator,
                dtype: type[np.integer] = np.int64) -> np.ndarray:
