@@ -62,14 +62,14 @@ def test_the_audits_read_a_users_own_file_and_each_protocols_figures(tmp_path, c
         captured = capsys.readouterr()
         return int(done.value.code or 0), captured.out + captured.err
 
-    code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,ts", "-p", "ratio-full", "--rounds", "2")
+    code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,,ts", "-p", "ratio-full", "--rounds", "2")
     assert code == 0 and "f1@10" in out and "ndcg@10" in out, out
-    code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,ts", "-p", "ratio-rating")
+    code, out = cli("audit-protocol", "-d", str(own), "--columns", "user,item,,ts", "-p", "ratio-rating")
     assert code == 2 and "predicts ratings and draws no training negatives" in out
     report = tmp_path / "audit.json"
-    code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,ts", "-p", "loo-full",
+    code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,,ts", "-p", "loo-full",
                     "--rounds", "1", "-o", str(report))
     assert code == 0 and report.exists(), out
-    code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,ts", "--rounds", "1",
+    code, out = cli("audit-privacy", "fedmf", "-d", str(own), "--columns", "user,item,,ts", "--rounds", "1",
                     "-o", str(report))
     assert code == 2 and "exists" in out and "--overwrite" in out and "utility:" not in out  # before training
