@@ -254,6 +254,9 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
         names = ", ".join(engine_flag(k) for k in ignored)
         raise FedrecError(f"'{algorithm}' does not use {names}: {'it is' if len(ignored) == 1 else 'they are'} "
                           "not read by its training")
+    if options.get("encoding") not in (None, "dense") and (options.get("ldp") or options.get("dp_noise")):
+        raise FedrecError(f"--encoding {options['encoding']} is not read under --ldp or --dp-noise: a noised upload "
+                          "sends every row (dense)")
     ranking = get_protocol(protocol).ranking if protocol else None
     ours = spec.engine_for(dataset, ranking)
     rule = options.get("aggregation")
@@ -431,7 +434,7 @@ def build_trainable(cfg: RunConfig, split: Split, options: Options | None = None
         from fedrec.security.adversary import attach
 
         algorithm = model.algorithm(split, cfg.federated, cfg.seed)
-        attach(algorithm, split, cfg.federated, cfg.seed)  # the run's attack and defence, if any
+        attach(algorithm, split, cfg.federated, cfg.seed, cfg.algorithm)  # the run's attack and defence, if any
         return model, algorithm
     return model, CentralisedModel(model, split, cfg.train, cfg.seed)
 

@@ -216,8 +216,8 @@ def test_a_rank_l_attacker_sends_the_rank_l_upload_nearest_its_crafted_matrix(sp
 @pytest.mark.parametrize(("name", "option", "why"), [
     ("fedcia", {"attack": "clusterattack"}, "craft similarity rows at a row budget"),
     ("fedcia", {"pad_items": 3}, "takes no --pad-items"),
-    ("fedlightgcn", {"defence": "median"}, "not on CIAState's aggregation yet"),
-    ("fedcia-gfcf", {"attack": "pipattack"}, "not on CIAState's aggregation yet"),
+    ("fedlightgcn", {"defence": "median"}, "not on fedlightgcn's aggregation yet"),
+    ("fedcia-gfcf", {"attack": "pipattack"}, "not on fedcia-gfcf's aggregation yet"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: str) -> None:
     """FedCIA takes the attacks whose rows go at a budget, dense or of rank L; parameter

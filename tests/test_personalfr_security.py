@@ -141,7 +141,7 @@ def test_fedrecattack_exposes_its_target_and_the_median_stops_it() -> None:
 
 
 @pytest.mark.parametrize(("name", "option", "why"), [
-    ("ae", {"defence": "median"}, "not on AEState's aggregation yet"),
+    ("ae", {"defence": "median"}, "not on ae's aggregation yet"),
     ("personalfr", {"pad_items": 5}, "take no --pad-items"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(name: str, option: dict, why: str) -> None:

@@ -72,11 +72,16 @@ def _search(fixed: dict[str, object]) -> dict[str, tuple[float, float]]:
 # measured at the defaults on five data sets (docs/defaults.md, transfer table): no back-off
 MEASURED = ("fedrap", "fedrap-c")
 
+#: what shapes an upload: read by no run that uploads nothing (FedRAP-D shares nothing, CentRAP
+#: trains on the server), where noise would be reported as a privacy it does not give
+UPLOADS = ("ldp", "clip", "dp_clip", "dp_noise", "dp_delta", "encoding", "pad_items")
+
 for name, (text, fixed) in VARIANTS.items():
     register(AlgorithmSpec(name, "federated", text, None, RAPOptions, dict(ENGINE), fixed, flower=True,
-                           search=_search(fixed), paper=dict(PAPER), transfers=name in MEASURED))
+                           search=_search(fixed), paper=dict(PAPER), transfers=name in MEASURED,
+                           ignores=UPLOADS if not fixed.get("use_c", True) else ()))
 register(AlgorithmSpec(
     "centrap", "federated",
     "CentRAP: FedRAP's model and objective trained on one server (C updated every step)",
-    None, RAPOptions, {**ENGINE, "encoding": "rows"}, {"centralised": True}, paper=dict(PAPER),
+    None, RAPOptions, {**ENGINE, "encoding": "rows"}, {"centralised": True}, paper=dict(PAPER), ignores=UPLOADS,
 ))

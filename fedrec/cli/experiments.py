@@ -230,6 +230,9 @@ def run_command(
         "--cold-items": cold_items is not None, "--rating-baseline": rating_baseline is not None,
         "--server-opt": server_opt is not None, "--client-objective": client_objective is not None,
         "--attack": attack is not None, "--targets": targets != 0, "--defence": defence is not None,
+        "--malicious": malicious != 0.05, "--prior-knowledge": prior_knowledge != 0.01,
+        "--attack-items": attack_items != 60, "--boost": boost is not None, "--attacker-norm": attacker_norm != "honest",
+        "--trim": trim != 0.1, "--byzantine": byzantine != 0.1, "--norm-bound": norm_bound is not None,
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
@@ -268,6 +271,16 @@ def run_command(
             norm_bound=norm_bound,
         ),
     )
+    ours = spec.engine_for(dataset, get_protocol(protocol).ranking).get("aggregation", "clients") if federated else None
+    if (federated and not paper and aggregation is None and ours != "clients"
+            and (ldp or dp_noise or attack is not None or defence is not None)):
+        # said even with --quiet: the same seed with and without them differs by more than they do
+        fed = cfg.federated
+        rates = ", ".join([f"lr {fed.lr:g}"] + ([f"lr-item {fed.lr_item:g}"] if fed.lr_item is not None else [])
+                          + ([f"item-lr-scale {fed.item_lr_scale:g}"] if fed.item_lr_scale is not None else []))
+        console.print(f"note: --ldp, --dp-noise, --attack and --defence run under the papers' item-row rule "
+                      f"(--aggregation clients, not {ours}) and its rates ({rates}); compare with a run of "
+                      "--aggregation clients", highlight=False)
     # data errors the first line of a file (or a folder) tells are said before an earlier run's file is
     if columns is not None:
         from fedrec.data.tables import check_columns

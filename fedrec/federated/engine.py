@@ -185,6 +185,8 @@ class FederatedConfig:
             (self.dp_noise < 0, "--dp-noise must be >= 0"),
             (self.dp_noise > 0 and self.dp_clip is None, "--dp-noise needs --dp-clip (the sensitivity)"),
             (not 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
+            (self.dp_noise == 0 and self.dp_delta != 1e-5,
+             "--dp-delta is the delta of --dp-noise's (epsilon, delta); no --dp-noise is given"),
             (self.encoding not in ENCODINGS, f"--encoding must be one of {', '.join(ENCODINGS)}"),
             (self.memory_budget_mb is not None and self.memory_budget_mb <= 0, "--memory-budget-mb must be > 0"),
             (self.eval_every < 1, "--eval-every must be >= 1"),
@@ -233,6 +235,11 @@ class FederatedConfig:
              "none is given"),
             (self.defence is None and (self.trim != 0.1 or self.byzantine != 0.1 or self.norm_bound is not None),
              "--trim, --byzantine and --norm-bound describe a --defence; none is given"),
+            *[(self.defence is not None and given and self.defence not in readers,
+               f"{flag} is read by --defence {' and '.join(readers)}, not by --defence {self.defence}")
+              for flag, given, readers in (("--trim", self.trim != 0.1, ("trimmed-mean",)),
+                                           ("--byzantine", self.byzantine != 0.1, ("krum", "multi-krum", "union")),
+                                           ("--norm-bound", self.norm_bound is not None, ("norm-bound",)))],
             (self.attack in UNTARGETED and self.targets > 0, f"--attack {self.attack} is untargeted: it has no --targets"),
         ]
 
@@ -442,8 +449,10 @@ def train_federated(algorithm: FederatedAlgorithm, spec: Any, split: Split, cfg:
 def privacy_spent(cfg: FederatedConfig, n_clients: int, rounds: int) -> dict[str, float | str]:
     """(epsilon, delta) of the run's Gaussian mechanism, by Opacus' RDP accountant.
 
-    Each round is one application with noise multiplier z and sampling rate q = the share of
-    clients taking part (1 under full participation, where subsampling gives no amplification).
+    Each noised aggregate the server forms is one application with noise multiplier z and
+    sampling rate q = the share of clients taking part (1 under full participation, where
+    subsampling gives no amplification). ``rounds`` counts them: a round a back-off discarded was
+    released all the same.
     """
     from opacus.accountants import RDPAccountant
 

@@ -74,6 +74,7 @@ class Security:
         if cfg.attack is None and cfg.defence is None and not cfg.targets:
             return None
         n_targets = cfg.targets or (1 if cfg.attack is not None and cfg.attack not in UNTARGETED else 0)
+        check_sizes(cfg.attack, n_targets, cfg.attack_items, split.n_items)
         targets = choose_targets(split.train, n_targets, seed) if n_targets else np.zeros(0, np.int64)
         n_benign = split.n_users if n_clients is None else n_clients
         n_mal = max(1, int(n_benign * cfg.malicious)) if cfg.attack is not None else 0
@@ -195,7 +196,7 @@ PLAIN_AVERAGE = ("the methods whose server averages item rows (FedMF, FedNCF, Fe
                  "gradient rows, FedCIA's similarity rows and their variants)")
 
 
-def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
+def attach(algorithm: Any, split: Any, cfg: Any, seed: int, label: str | None = None) -> None:
     """Plug the run's attack and defence (``cfg``: ``--attack``, ``--defence``, ``--targets``)
     into ``algorithm``'s upload stage (its ``security`` slot), or refuse in one line: where it has
     no slot (an algorithm registered from outside fedrec), and an attack or a defence where its
@@ -208,7 +209,8 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     if not (asked or cfg.pad_items):
         return
     state = getattr(algorithm, "state", None)
-    name = type(state).__name__ if state is not None else type(algorithm).__name__
+    # the messages name the run's algorithm (``label``), else the class that trains it
+    name = label or (type(state).__name__ if state is not None else type(algorithm).__name__)
     slot = bool(getattr(algorithm, "takes_security", False))
     plain = slot and bool(getattr(state, "plain_average", False))
     # the graph methods' server keeps every client's table and admits its rows one by one
@@ -233,3 +235,18 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int) -> None:
     admit = getattr(state, "admit_attackers", None)  # a server that keeps every client, or a graph of them
     if admit is not None and sec is not None and sec.attack is not None:
         admit(sec.n_malicious, sec.attack)
+
+
+#: the shilling attacks, whose fake users rate a profile and as many negatives (`Attack._profile`)
+SHILLING = ("boost", "random", "bandwagon", "popular")
+
+
+def check_sizes(attack: str | None, n_targets: int, attack_items: int, n_items: int) -> None:
+    """Targets and fake profiles the data's ``n_items`` can hold, in one line before training."""
+    if n_targets > n_items:
+        raise FedrecError(f"--targets {n_targets} is more than the data's {n_items} items")
+    profile = max(attack_items // 2, n_targets)
+    if attack in SHILLING and 2 * profile > n_items:
+        raise FedrecError(f"--attack {attack}'s fake users rate {profile} items (the targets and --attack-items / 2) "
+                          f"and as many negatives, more than the data's {n_items} items: lower --attack-items "
+                          "or --targets")

@@ -99,9 +99,9 @@ class PrivacyAudit:
             self._sum = np.zeros((n_users, n_items), np.float32)
             self._seen = np.zeros(n_users, np.int64)
             self._always = np.ones((n_users, n_items), bool)
-        if not uploads.per_client and not self._heard:
-            raise FedrecError("this algorithm's clients send their server nothing (each keeps its own model): "
-                              "there are no uploads to audit")
+        if (not uploads.per_client or not uploads.bytes_up) and not self._heard:  # FedRAP-D, CentRAP: 0 bytes
+            raise FedrecError("this algorithm's clients send their server nothing (each keeps its own model, or "
+                              "the server trains): there are no uploads to audit")
         self._heard = True
         benign = [u for u in uploads.per_client if u.client < n_users and u.accepted]
         tables = self._received(benign, n_items, np.random.default_rng([self.seed, plan.round, 0x1D1A]))
@@ -302,8 +302,8 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
 
     if get_algorithm(cfg.algorithm).kind != "federated":
         raise FedrecError(f"'{cfg.algorithm}' is centralised: there are no uploads to audit")
-    if secagg < 0:
-        raise FedrecError("--secagg is a group size >= 1 (0: off)")
+    if secagg < 0 or secagg == 1:  # a group of one sums nothing: its view is the upload as sent
+        raise FedrecError("--secagg is a group size >= 2 (0: off)")
     holder: list[PrivacyAudit] = []
 
     def attach(trainable, split) -> None:  # type: ignore[no-untyped-def]

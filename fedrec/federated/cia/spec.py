@@ -95,10 +95,18 @@ class CIASpec:
         and a malicious Flower node's)."""
         if cfg.clients_per_round != 1.0:
             raise FedrecError("FedCIA runs train every client every round (--clients-per-round 1)")
+        if cfg.ldp > 0 and (self.aggregation == "none" or self.clients == 1):
+            # one client, or models that never meet: nothing travels for the noise to protect
+            raise FedrecError("--ldp noises uploads, and this run uploads nothing "
+                              f"({'aggregation none' if self.aggregation == 'none' else 'one client holds every user'})")
         if cfg.dp_noise > 0 or cfg.clip is not None:
             raise FedrecError("FedCIA's uploads take Laplace LDP (--ldp) only")
         if cfg.pad_items:
             raise FedrecError("FedCIA takes no --pad-items: a client uploads every item's similarities")
+        if (cfg.attack is not None or cfg.defence is not None) and (self.aggregation == "none" or self.clients == 1):
+            raise FedrecError("--attack and --defence need a server that mixes the clients' uploads, and this run "
+                              "has none (" + ("aggregation none" if self.aggregation == "none" else
+                                              "one client holds every user") + ")")
         if cfg.attack is not None and cfg.attack not in SIMILARITY_ATTACKS:
             raise FedrecError(f"FedCIA's malicious clients craft similarity rows at a row budget: --attack "
                               f"{', '.join(SIMILARITY_ATTACKS)}")

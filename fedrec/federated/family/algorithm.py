@@ -40,6 +40,9 @@ class CohortAlgorithm(FederatedAlgorithm):
         use_aggregation(self.state, cfg.aggregation)
         self.divergence_hint = f"lower --lr or --lr-item (item rows use {self.lr_item:g})"
         self.rounds_done = 0
+        #: noised aggregates the server has formed, the back-offs' discarded rounds included:
+        #: what the privacy accountant counts (a back-off's reload does not take it back)
+        self.releases = 0
 
     def begin_round(self, plan: RoundPlan) -> None:
         self._acc = self.state.begin_round(plan.round)
@@ -102,6 +105,7 @@ class CohortAlgorithm(FederatedAlgorithm):
                 guard(uploads.per_client, sec.rule, (self.seed, plan.round))
         self.state.aggregate(acc, self.path, plan.server_gen)
         self.rounds_done = plan.round
+        self.releases += 1
 
     def round_extra(self) -> dict[str, float]:
         extra = self.state.round_extra()
@@ -120,11 +124,12 @@ class CohortAlgorithm(FederatedAlgorithm):
         if self.cfg.dp_noise > 0:
             from fedrec.federated.engine import privacy_spent
 
-            out["privacy"] = privacy_spent(self.cfg, self.n_clients, self.rounds_done)
+            out["privacy"] = privacy_spent(self.cfg, self.n_clients, self.releases)
         return out
 
     def server_state_dict(self) -> dict[str, Any]:
-        return {**self.state.server_state_dict(), "rounds_done": self.rounds_done}
+        releases = {"releases": self.releases} if self.cfg.dp_noise > 0 else {}
+        return {**self.state.server_state_dict(), "rounds_done": self.rounds_done, **releases}
 
     def client_state_dict(self) -> dict[str, Any]:
         return self.state.client_state_dict()
@@ -132,6 +137,9 @@ class CohortAlgorithm(FederatedAlgorithm):
     def load_server_state_dict(self, blob: dict[str, Any]) -> None:
         blob = dict(blob)
         self.rounds_done = blob.pop("rounds_done")
+        # a back-off reloads an earlier state, whose count is below the live one; a resumed run
+        # starts from the saved count (a save from before the count: its rounds)
+        self.releases = max(self.releases, int(blob.pop("releases", self.rounds_done)))
         legacy = blob.pop("attack", None)  # a checkpoint that kept the attack's state with the server's
         if legacy is not None and self.security is not None and self.security.attack is not None:
             self.security.attack.load_state(legacy)

@@ -1,0 +1,66 @@
+"""The privacy and robustness options take effect, or are refused in one line where the run
+would not read them: no privacy reported for noise that protects nothing, no option dropped
+silently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedrec.cli import app
+from fedrec.errors import FedrecError
+
+DATA = ("-d", "synthetic:100x200", "-p", "loo-full")
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """(exit status, everything printed) of ``fedrec ARGS``; a FedrecError is exit 2."""
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit | FedrecError):
+        raise result.exception
+    message = str(result.exception) if isinstance(result.exception, FedrecError) else ""
+    return (2 if message else result.exit_code), " ".join((result.output + message).split())
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    # noise on a run that uploads nothing would be reported as a privacy it does not give
+    (["run", "centrap", "--dp-clip", "0.1", "--dp-noise", "10"], "'centrap' does not use --dp-clip, --dp-noise"),
+    (["run", "fedrap-d", "--ldp", "0.1"], "'fedrap-d' does not use --ldp"),
+    (["run", "lightgcn", "--ldp", "0.1"], "--ldp noises uploads, and this run uploads nothing"),
+    (["run", "stacked", "--set", "aggregation=none", "--ldp", "0.5"], "this run uploads nothing (aggregation none)"),
+    (["run", "lightgcn", "--attack", "boost"], "--attack and --defence need a server that mixes"),
+    # an option its run would not read
+    (["run", "fedmf", "--dp-delta", "0.001"], "--dp-delta is the delta of --dp-noise's"),
+    (["run", "fedmf", "--defence", "median", "--trim", "0.3"], "--trim is read by --defence trimmed-mean, not by"),
+    (["run", "fedmf", "--defence", "median", "--byzantine", "0.3"], "--byzantine is read by --defence krum and"),
+    (["run", "fedmf", "--defence", "krum", "--norm-bound", "1"], "--norm-bound is read by --defence norm-bound"),
+    (["run", "fedmf", "--ldp", "0.1", "--encoding", "sparse"], "a noised upload sends every row (dense)"),
+    (["run", "mf", "--malicious", "0.1"], "'mf' is centralised: --malicious does not apply"),
+    (["run", "mf", "--trim", "0.2", "--attacker-norm", "own"], "--attacker-norm, --trim do not apply"),
+    # sizes the data cannot hold: a traceback mid-run before
+    (["run", "fedmf", "--targets", "500"], "--targets 500 is more than the data's 194 items"),
+    (["run", "fedmf", "--attack", "boost", "--attack-items", "1000"], "fake users rate 500 items"),
+    # an audit of nothing, and a group of one
+    (["audit-privacy", "centrap"], "clients send their server nothing"),
+    (["audit-privacy", "fedmf", "--secagg", "1"], "--secagg is a group size >= 2"),
+])
+def test_an_option_the_run_would_not_read_is_refused(argv: list[str], says: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    quiet = ["-q"] if argv[0] == "run" else []
+    code, said = cli(*argv, *DATA, *quiet, "--rounds", "1", "-o", str(out))
+    assert code == 2 and says in said, said
+    assert not out.exists()
+
+
+def test_the_privacy_spent_counts_the_rounds_a_back_off_discarded(tmp_path: Path) -> None:
+    """Noise this heavy under the papers' rates diverges in round 2; the back-off reloads round
+    1 and trains round 2 again, so the server formed three noised aggregates, not two."""
+    out = tmp_path / "dp.json"
+    code, said = cli("run", "fedmf", *DATA, "-q", "--dp-clip", "0.1", "--dp-noise", "1000", "--rounds", "2", "-o", str(out))
+    assert code == 0, said
+    run = json.loads(out.read_text())
+    assert run["extra"]["backoffs"] == [2] and len(run["history"]) == 2
+    assert run["extra"]["privacy"]["rounds"] == 3
