@@ -150,7 +150,7 @@ def run_command(
     attack_items: int = typer.Option(60, help="Federated: rows a malicious client uploads (FedRecAttack's kappa)."),
     boost: float | None = typer.Option(None, help="Federated: factor on the malicious rows' norm (default 10 for --attack boost, else 1: they match the benign median)."),
     attacker_norm: str = typer.Option("honest", help="Federated, FedCA, FedDAE and FedCIA: the norm the malicious rows are held to (times --boost): honest (the round's median honest step or similarity-row change, given to the attacker) or own (the attack's own estimate from a cover client it runs, as every other method's attackers make it and a deployment's malicious node can)."),
-    defence: str | None = typer.Option(None, help="Federated: robust aggregation per item row: norm-bound, median, trimmed-mean, krum, multi-krum, union (per client)."),
+    defence: str | None = typer.Option(None, help="Federated: robust aggregation per item row: norm-bound, median, trimmed-mean, krum, multi-krum, union (per client), or mean (the plain average through the same path, a control)."),
     trim: float = typer.Option(0.1, help="Federated: share trimmed from each end by --defence trimmed-mean."),
     byzantine: float = typer.Option(0.1, help="Federated: share of a row's uploaders Krum assumes malicious."),
     norm_bound: float | None = typer.Option(None, help="Federated: --defence norm-bound's L2 bound on a client's update (default: the round's median)."),

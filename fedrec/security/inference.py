@@ -70,6 +70,11 @@ class ServerView:
         return ", ".join(parts) or "as sent"
 
 
+#: the refusal of an audit of a run whose clients send nothing
+NOTHING_SENT = ("this algorithm's clients send their server nothing (each keeps its own model, or the server "
+                "trains): there are no uploads to audit")
+
+
 @dataclass
 class PrivacyAudit:
     """Round by round, the inference attacks' figures against each client's training items
@@ -99,9 +104,8 @@ class PrivacyAudit:
             self._sum = np.zeros((n_users, n_items), np.float32)
             self._seen = np.zeros(n_users, np.int64)
             self._always = np.ones((n_users, n_items), bool)
-        if (not uploads.per_client or not uploads.bytes_up) and not self._heard:  # FedRAP-D, CentRAP: 0 bytes
-            raise FedrecError("this algorithm's clients send their server nothing (each keeps its own model, or "
-                              "the server trains): there are no uploads to audit")
+        if not uploads.per_client and not self._heard:
+            raise FedrecError(NOTHING_SENT)
         self._heard = True
         benign = [u for u in uploads.per_client if u.client < n_users and u.accepted]
         tables = self._received(benign, n_items, np.random.default_rng([self.seed, plan.round, 0x1D1A]))
@@ -308,6 +312,8 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
 
     def attach(trainable, split) -> None:  # type: ignore[no-untyped-def]
         state = getattr(trainable, "state", None)
+        if getattr(state, "uploads_nothing", False):  # FedRAP-D, CentRAP
+            raise FedrecError(NOTHING_SENT)
         width = getattr(state, "wire_width", None)  # the item family's; other states send no rows to compare
         other_wire = width is not None and width != state.items.shape[1]
         if (getattr(trainable, "pads_uploads", False) or other_wire) and (cfg.federated.ldp > 0
