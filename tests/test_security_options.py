@@ -64,3 +64,12 @@ def test_the_privacy_spent_counts_the_rounds_a_back_off_discarded(tmp_path: Path
     run = json.loads(out.read_text())
     assert run["extra"]["backoffs"] == [2] and len(run["history"]) == 2
     assert run["extra"]["privacy"]["rounds"] == 3
+
+
+def test_a_targeted_attack_records_how_many_targets_it_ran(tmp_path: Path) -> None:
+    """--targets 0 (the default) under a targeted attack means one target: the run says so."""
+    out = tmp_path / "a.json"
+    code, said = cli("run", "fedmf", *DATA, "-q", "--attack", "boost", "--rounds", "1", "-o", str(out))
+    assert code == 0, said
+    run = json.loads(out.read_text())
+    assert run["config"]["federated"]["targets"] == 0 and run["history"][-1]["extra"]["targets"] == 1.0

@@ -185,6 +185,7 @@ class Security:
         if len(self.targets):
             users = self.n_benign if self.n_users is None else self.n_users
             out.update(exposure(scores, self.known, self.targets, users=np.arange(users)))
+            out["targets"] = float(len(self.targets))  # as run: --targets 0 under a targeted attack is 1
         if self.attack is not None:
             out["malicious_clients"] = float(self.n_malicious)
         return out
