@@ -16,3 +16,18 @@ def outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         code = int(e.code or 0)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def said(*args: str) -> tuple[int, str]:
+    """(exit status, everything printed, on one line) of ``fedrec ARGS`` through typer's runner;
+    a FedrecError is exit 2 with its message."""
+    from typer.testing import CliRunner
+
+    from fedrec.cli import app
+    from fedrec.errors import FedrecError
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit | FedrecError):
+        raise result.exception
+    message = str(result.exception) if isinstance(result.exception, FedrecError) else ""
+    return (2 if message else result.exit_code), " ".join((result.output + message).split())

@@ -9,21 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_outcome import said as cli
 from typer.testing import CliRunner
 
 from fedrec.cli import app
 from fedrec.cli.tune import _shown
-from fedrec.errors import FedrecError
 from fedrec.tune import trial_value
-
-
-def cli(*args: str) -> tuple[int, str]:
-    """(exit status, everything printed) of ``fedrec ARGS``; a FedrecError is exit 2."""
-    result = CliRunner().invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit | FedrecError):
-        raise result.exception
-    message = str(result.exception) if isinstance(result.exception, FedrecError) else ""
-    return (2 if message else result.exit_code), " ".join((result.output + message).split())
 
 
 def write(path: Path, header: str, rows: list[tuple]) -> Path:  # type: ignore[type-arg]

@@ -8,21 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from fedrec.cli import app
-from fedrec.errors import FedrecError
+from cli_outcome import said as cli
 
 DATA = ("-d", "synthetic:100x200", "-p", "loo-full")
 
 
-def cli(*args: str) -> tuple[int, str]:
-    """(exit status, everything printed) of ``fedrec ARGS``; a FedrecError is exit 2."""
-    result = CliRunner().invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit | FedrecError):
-        raise result.exception
-    message = str(result.exception) if isinstance(result.exception, FedrecError) else ""
-    return (2 if message else result.exit_code), " ".join((result.output + message).split())
 
 
 @pytest.mark.parametrize(("argv", "says"), [
