@@ -30,6 +30,9 @@ DATA = ("-d", "synthetic:100x200", "-p", "loo-full")
     (["run", "fedmf", "--ldp", "0.1", "--encoding", "sparse"], "a noised upload sends every row (dense)"),
     (["run", "mf", "--malicious", "0.1"], "'mf' is centralised: --malicious does not apply"),
     (["run", "mf", "--trim", "0.2", "--attacker-norm", "own"], "--attacker-norm, --trim do not apply"),
+    # FedMF's attackers always make their own estimate: the run would record a norm it did not use
+    (["run", "fedmf", "--attack", "boost", "--attacker-norm", "own"], "'fedmf' does not use --attacker-norm"),
+    (["run", "fedca", "--attacker-norm", "own"], "--attacker-norm describe an --attack; none is given"),
     # sizes the data cannot hold: a traceback mid-run before
     (["run", "fedmf", "--targets", "500"], "--targets 500 is more than the data's 194 items"),
     (["run", "fedmf", "--attack", "boost", "--attack-items", "1000"], "fake users rate 500 items"),
@@ -54,6 +57,16 @@ def test_the_privacy_spent_counts_the_rounds_a_back_off_discarded(tmp_path: Path
     run = json.loads(out.read_text())
     assert run["extra"]["backoffs"] == [2] and len(run["history"]) == 2
     assert run["extra"]["privacy"]["rounds"] == 3
+
+
+def test_laplace_noise_is_said_to_carry_no_epsilon(tmp_path: Path) -> None:
+    """--ldp is PFedRec's Laplace noise, with no sensitivity bound: the run says it accounts no
+    epsilon for it, and its file holds none, where --dp-noise reports one."""
+    out = tmp_path / "ldp.json"
+    code, said = cli("run", "fedmf", *DATA, "--ldp", "0.1", "--rounds", "1", "-o", str(out))
+    assert code == 0, said
+    assert "Laplace of scale 0.1 on every uploaded entry; no ε is accounted" in said, said
+    assert "epsilon" not in json.loads(out.read_text())["extra"].get("privacy", {})
 
 
 def test_a_targeted_attack_records_how_many_targets_it_ran(tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any
               options: type[CIAOptions] = CIAOptions) -> None:
     register(AlgorithmSpec(name, "federated", text, None, options,
                            {**ENGINE, **(engine or {})}, fixed, flower=fixed.get("clients") != 1,
-                           ignores=IGNORES))
+                           ignores=IGNORES, reads=("attacker_norm",)))
 
 
 _register("fedcia", "FedCIA: clients upload item similarities E Eᵀ (or GF-CF filters); the server "

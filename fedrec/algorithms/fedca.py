@@ -42,7 +42,7 @@ IGNORES = ("lr_item", "item_lr_scale", "encoding", "memory_budget_mb", "dp_clip"
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any]) -> None:
     register(AlgorithmSpec(name, "federated", text, None, CAOptions, engine, fixed, ignores=IGNORES,
-                           flower=True))
+                           reads=("attacker_norm",), flower=True))
 
 
 _register("fedca", "FedCA: each client keeps its whole model (FCF: sigmoid <u, q>); a share of "

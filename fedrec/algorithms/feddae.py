@@ -31,7 +31,7 @@ IGNORES = ("negatives", "batch_size", "lr_item", "item_lr_scale", "item_std", "e
 
 def _register(name: str, text: str, fixed: dict[str, Any]) -> None:
     register(AlgorithmSpec(name, "federated", text, None, DAEOptions, ENGINE, fixed, ignores=IGNORES,
-                           flower=True))
+                           reads=("attacker_norm",), flower=True))
 
 
 _register("feddae", "FedDAE: a multinomial VAE per client with a global and a private encoder mixed "

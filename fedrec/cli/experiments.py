@@ -128,7 +128,7 @@ def run_command(
     lr_item: float | None = typer.Option(None, help="Federated: learning rate of item rows (default lr x item-lr-scale)."),
     item_lr_scale: float | None = typer.Option(None, help="Federated: item-row learning rate as a multiple of --lr (default: the algorithm's; under the papers' rule n_items x 80, the official PFedRec rule)."),
     item_std: float | None = typer.Option(None, help="Federated: std of the initial item vectors (N(0, std²); default 1.0 as nn.Embedding, 0.1 where a model fits ratings)."),
-    ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP)."),
+    ldp: float = typer.Option(0.0, help="Federated: Laplace noise scale on uploaded item tables (LDP, PFedRec Eq. 12); no epsilon is accounted for it: --dp-clip with --dp-noise is the accounted mechanism."),
     clip: float | None = typer.Option(None, help="Federated: clip each uploaded row delta to this L2 norm."),
     dp_clip: float | None = typer.Option(None, help="Federated DP: clip each client's gradient w.r.t. the item table to this L2 norm (tau)."),
     dp_noise: float = typer.Option(0.0, help="Federated DP: Gaussian noise multiplier z (noise std z x sensitivity); epsilon is reported."),
@@ -369,6 +369,9 @@ def run_command(
             console.print(f"differential privacy: (ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:g}) after "
                           f"{privacy['rounds']} rounds (noise multiplier {privacy['noise_multiplier']:g}, clip "
                           f"{privacy['clip']:g}, sample rate {privacy['sample_rate']:g}; {privacy['accountant']})")
+        if ldp and not (isinstance(privacy, dict) and "epsilon" in privacy):
+            console.print(f"local noise: Laplace of scale {ldp:g} on every uploaded entry; no ε is "
+                          "accounted for it (--dp-clip with --dp-noise is the accounted mechanism)", highlight=False)
         if "flag_precision" in last:
             console.print(f"{cfg.federated.defence} flagged {last['flagged']:.0f} uploads in the last round: "
                           f"precision {last['flag_precision']:.3f}, recall {last['flag_recall']:.3f}")
