@@ -69,6 +69,15 @@ def test_laplace_noise_is_said_to_carry_no_epsilon(tmp_path: Path) -> None:
     assert "epsilon" not in json.loads(out.read_text())["extra"].get("privacy", {})
 
 
+def test_a_flagging_defence_without_an_attack_has_no_recall_to_print(tmp_path: Path) -> None:
+    """Krum flags uploads every round; with no malicious client its recall is undefined (NaN in
+    the file), and the run says so rather than printing 'recall nan'."""
+    out = tmp_path / "krum.json"
+    code, said = cli("run", "fedmf", *DATA, "--defence", "krum", "--rounds", "1", "-o", str(out))
+    assert code == 0, said
+    assert "uploads in the last round: none malicious (no attack)" in said and "nan" not in said, said
+
+
 def test_a_targeted_attack_records_how_many_targets_it_ran(tmp_path: Path) -> None:
     """--targets 0 (the default) under a targeted attack means one target: the run says so."""
     out = tmp_path / "a.json"
