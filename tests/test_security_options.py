@@ -39,6 +39,11 @@ DATA = ("-d", "synthetic:100x200", "-p", "loo-full")
     # an audit of nothing, and a group of one
     (["audit-privacy", "centrap"], "clients send their server nothing"),
     (["audit-privacy", "fedmf", "--secagg", "1"], "--secagg is a group size >= 2"),
+    # a secure sum its server could not train with: the audit would be of a view that cannot exist
+    (["audit-privacy", "fedca", "--secagg", "10"], "'fedca' cannot run on secure sums: its server weighs"),
+    (["audit-privacy", "gpfedrec", "--secagg", "10"], "'gpfedrec' cannot run on secure sums: the graph step"),
+    (["audit-privacy", "perfedrec", "--secagg", "10"], "'perfedrec' cannot run on secure sums: its server clusters"),
+    (["audit-privacy", "fedpergnn", "--secagg", "10"], "'fedpergnn' cannot run on secure sums: its server relays"),
 ])
 def test_an_option_the_run_would_not_read_is_refused(argv: list[str], says: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"

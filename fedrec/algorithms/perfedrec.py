@@ -9,6 +9,7 @@ Model options (``--set KEY=VALUE``): ``clusters`` (5, the official code's) and F
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedrec.algorithms import AlgorithmSpec, register
 from fedrec.algorithms.federated import PAPERS_RULE, FamilyOptions, samples
@@ -39,10 +40,14 @@ class PerFedRecOptions(FamilyOptions):
 
         return PerFedRecClient, PerFedRecServer
 
+    #: why its server reads each client's upload, which a secure sum would hide: `--secagg` is
+    #: refused, on Flower and by the privacy audit
+    needs_each_upload: ClassVar[str] = ("its server clusters the users by the vectors they send and keeps a "
+                                        "table a cluster; secure aggregation shows it only one sum")
+
     def flower_refusal(self, secure: bool) -> str | None:
         if secure:
-            return ("its server clusters the users by the vectors they send and keeps a table a cluster; "
-                    "secure aggregation shows it only one sum")
+            return self.needs_each_upload
         return super().flower_refusal(secure)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedrec.errors import FedrecError
 from fedrec.federated.family.spec import FamilySpec
@@ -81,10 +81,12 @@ class CASpec:
 
         return CAClient, CAServer
 
+    #: why its server reads each client's upload, which a secure sum would hide: `--secagg` is
+    #: refused, on Flower and by the privacy audit
+    needs_each_upload: ClassVar[str] = "its server weighs each aggregated client's own model, not a secure sum"
+
     def flower_refusal(self, secure: bool) -> str | None:
-        if secure:
-            return "its server weighs each aggregated client's own model, not a secure sum"
-        return None
+        return self.needs_each_upload if secure else None
 
     def algorithm(self, split: Split, cfg: Any, seed: int) -> CAAlgorithm:
         """The federated algorithm the round driver trains."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedrec.errors import FedrecError
 from fedrec.options import check
@@ -35,10 +35,12 @@ class GNNSpec:
 
         return GNNClient, GNNServer
 
+    #: why its server reads each client's upload, which a secure sum would hide: `--secagg` is
+    #: refused, on Flower and by the privacy audit
+    needs_each_upload: ClassVar[str] = "its server relays each client's published user vector, which a secure sum would hide"
+
     def flower_refusal(self, secure: bool) -> str | None:
-        if secure:
-            return "its server relays each client's published user vector, which a secure sum would hide"
-        return None
+        return self.needs_each_upload if secure else None
 
     def algorithm(self, split: Split, cfg: Any, seed: int) -> GNNAlgorithm:
         if cfg.aggregation not in ("clients", "contributors"):
