@@ -1,6 +1,7 @@
 """PerFedRec (`fedrec.federated.perfedrec`): each client trains from its cluster's rows; the
 global table averages the rows as they came back, each cluster's table its own clients'
-changes (the global row where none sent one); the users are clustered by the vectors they
+changes (a row none sent keeps its value; a cluster none came back from takes the global
+table); the users are clustered by the vectors they
 uploaded, a cluster keeping its number; a score is the mean of the global, cluster and own
 models' scores."""
 
@@ -98,10 +99,15 @@ def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split:
     torch.testing.assert_close(state.items, want, **TOL)
     sent = cluster_counts > 0
     want_tables = want.expand_as(tables).clone()
+    for k in np.flatnonzero(members):  # a cluster whose clients came back keeps the rows they did not send
+        want_tables[k] = tables[k]
     divisor = cluster_counts if per_row else torch.as_tensor(members, dtype=torch.float32)[:, None].expand_as(sent)
     want_tables[sent] = tables[sent] + cluster_sums[sent] / divisor[sent][:, None]
     torch.testing.assert_close(state.cluster_items, want_tables, **TOL)
     assert bool(sent.any()) and bool((~sent).any())
+    # the kept rows differ from the global ones: a cluster's own rows survive a round they sat out
+    unsent = ~sent[int(np.flatnonzero(members)[0])]
+    assert not torch.allclose(state.cluster_items[int(np.flatnonzero(members)[0])][unsent], state.items[unsent])
 
 
 def test_a_cluster_keeps_its_number_when_the_users_do_not_move(split: Split) -> None:
@@ -174,23 +180,29 @@ def test_attacks_join_clusters_and_the_defences_guard_every_table() -> None:
     """An attack and a defence take the papers' item-row rule, as on FedMF. The malicious clients
     send forged user vectors, so the server clusters them and their crafted rows reach their
     clusters' tables as well as the global one: FedRecAttack then exposes its target more than
-    on FedMF. The per-row median on every table holds it below the undefended run, and UNION
-    flags every ClusterAttack client."""
+    on FedMF. The per-row median on every table holds it below the undefended run, and UNION,
+    in the rounds it flags, flags every ClusterAttack client."""
     from fedrec.experiment import RunConfig, federated_config, train
 
-    def run(alg: str = "perfedrec", **opts):  # type: ignore[no-untyped-def]
+    def rounds(alg: str = "perfedrec", **opts):  # type: ignore[no-untyped-def]
         cfg = RunConfig(algorithm=alg, dataset="synthetic:300x400", protocol="loo-sampled",
                         federated=federated_config(alg, rounds=12, backoffs=0, **opts))
         assert cfg.federated.aggregation == "clients"
-        return train(cfg).result.history[-1].extra
+        return [h.extra for h in train(cfg).result.history]
+
+    def run(alg: str = "perfedrec", **opts):  # type: ignore[no-untyped-def]
+        return rounds(alg, **opts)[-1]
 
     clean = run(targets=1, aggregation="clients")
     attacked = run(attack="fedrecattack", boost=10.0)
     on_fedmf = run("fedmf", attack="fedrecattack", boost=10.0)
     assert clean["er@10"] < on_fedmf["er@10"] < attacked["er@10"]  # 0.003 < 0.60 < 0.93
     assert run(attack="fedrecattack", boost=10.0, defence="median")["er@10"] < attacked["er@10"] - 0.2
-    union = run(attack="clusterattack", boost=10.0, defence="union")
-    assert union["flag_recall"] == 1.0
+    # UNION's gap statistic flags in some rounds only; where it flags, it flags every attacker,
+    # and in the first rounds the attackers alone
+    union = rounds(attack="clusterattack", boost=10.0, defence="union")
+    assert all(r["flag_recall"] == 1.0 for r in union if r["flagged"] > 0)
+    assert all(r["flag_precision"] == 1.0 and r["flagged"] == r["malicious_clients"] for r in union[:4])
 
 
 def test_attackers_are_clustered_and_their_rows_join_their_clusters(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,11 @@ What the official code (sichunluo/PerFedRec, read at 4d0c8f0) does, and what fed
   official code indexes last round's cluster models by this round's arbitrary labels.
 * **Cluster models.** Cluster k's table for the next round is its table this round moved by
   the mean change of each row over the clients of cluster k that sent it (fedrec's item-row
-  rule, as the global table); a row none of them sent is the new global row (the official
-  cluster model is the plain mean of the cluster's uploads, the global model where a cluster
-  is empty). A client downloads its cluster's rows; one the server has not clustered yet (it
+  rule, as the global table); a row none of them sent keeps its value, and a cluster none of
+  whose clients came back this round takes the global table. This is the official server's
+  rule (the plain mean of the members' models, each started from the cluster's; the global
+  model for an empty cluster) with rows a client did not train left as it downloaded them. A
+  client downloads its cluster's rows; one the server has not clustered yet (it
   never uploaded) downloads the global rows. The global table averages every client's rows as
   they came back (what it downloaded plus its change).
 * **Model adaptation.** A client's score of an item is the mean of three scores: under the
@@ -186,24 +188,35 @@ class PerFedRecState(FamilyState):
         else:
             assert self._cluster_sum is not None and self._cluster_count is not None
             sent = self._cluster_count > 0
+            members = self._members_back()
+            # a row its cluster's members came back without keeps the cluster's value (they all
+            # started from it: the mean of their models, as the official server takes it); a
+            # cluster none of whose members came back takes the global table
+            kept = torch.repeat_interleave(members > 0, n_items) & ~sent
             tables = glob.clone()
             flat = old.reshape(-1, width)
-            tables[sent] = flat[sent] + self._cluster_sum[sent] / self._cluster_divisor(sent)[:, None]
+            tables[kept] = flat[kept]
+            tables[sent] = flat[sent] + self._cluster_sum[sent] / self._cluster_divisor(sent, members)[:, None]
         self.cluster_items = tables.reshape(self.clusters, n_items, width)
         self._recluster()
 
-    def _cluster_divisor(self, sent: torch.Tensor) -> torch.Tensor:
-        """What each sent cluster row's summed change is divided by: the cluster's clients that
-        sent it (fedrec's item-row rules, as the global table), or under the papers' rule
-        (``--aggregation clients``) every client of the cluster that came back this round (one
-        that did not send the row counts as unchanged)."""
+    def _members_back(self) -> torch.Tensor:
+        """How many of each cluster's clients came back this round (attackers it clustered
+        included)."""
         assert self._cluster_count is not None and self.labels is not None
-        if self.per_row:
-            return self._cluster_count[sent]
         back = np.concatenate([np.zeros(0, np.int64), *self._sent])
         labels = self.labels[back]
-        members = torch.as_tensor(np.bincount(labels[labels >= 0], minlength=self.clusters),
-                                  dtype=self._cluster_count.dtype, device=self._cluster_count.device)
+        return torch.as_tensor(np.bincount(labels[labels >= 0], minlength=self.clusters),
+                               dtype=self._cluster_count.dtype, device=self._cluster_count.device)
+
+    def _cluster_divisor(self, sent: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+        """What each sent cluster row's summed change is divided by: the cluster's clients that
+        sent it (fedrec's item-row rules, as the global table), or under the papers' rule
+        (``--aggregation clients``) every client of the cluster that came back this round
+        (``members``; one that did not send the row counts as unchanged)."""
+        assert self._cluster_count is not None
+        if self.per_row:
+            return self._cluster_count[sent]
         cluster = torch.nonzero(sent).flatten() // self.items.shape[0]
         return members[cluster].clamp_min(1)
 
