@@ -4,8 +4,10 @@ The attacker controls ``m`` extra clients (ids after the benign ones). Each roun
 malicious client downloads the global item table like any client and uploads row deltas for
 at most ``attack_items`` rows (κ in FedRecAttack), so on the wire it looks like a benign
 upload; each row's L2 norm is held to (at most) ``norm x boost``, ``norm`` the median row norm
-of an honest step of the attacker's own cover client (`Attack.budget`: at ``boost`` 1 the
-attacker sends rows no longer than an honest client would).
+of an honest step of the attacker's own cover client (`Attack.budget`). The cover client takes
+that step over its few items as one batch, so at ``boost`` 1 its rows are several times an
+honest client's, whose loss is a mean over batches of the run's size (on ML-100K under the
+papers' rule, 4.5x to 6.5x the honest median row norm; docs/security.md).
 The attacker scores items for the users it approximates with the run's own score function and
 the global shared weights (`fedrec.security.surrogate`): MF's dot product, PFedRec's linear
 layer, NeuMF for FedNCF.
@@ -66,7 +68,9 @@ Untargeted:
   when it first fires, so it is kept at 2 here) and uploads the descent step of the mean
   within-cluster distance: each row pulled towards its centroid. A row's length is drawn in
   [μ, μ + 3σ] of the honest row norms (those of the attacker's cover step, `Attack.budget`) x
-  ``boost``, as in the official code (which may carry a row past its centroid). The official clients upload every row (its weight decay
+  ``boost``, as the official code draws it (which may carry a row past its centroid); the
+  official μ and σ are over every row of a dense gradient, most of them near zero, and here
+  over the cover step's rows, so fedrec's lengths are longer. The official clients upload every row (its weight decay
   makes honest uploads dense); here each fake client sends ``attack_items`` rows drawn in
   proportion to their share of the loss, so it sends what a benign client sends;
 * ``fedattack`` — FedAttack (Wu et al., 2022): each malicious client infers its user vector from

@@ -26,8 +26,13 @@ Rules (`DEFENCES`):
   smaller group dropped when the gap statistic (Tibshirani et al., 2001: 50 reference draws
   uniform on [0, 1]) finds two clusters, or when it holds at most ceil(``--byzantine`` x n)
   clients (the official code takes that count from the true attacker ratio; here it is the
-  defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does.
-  UNION's client-side regulariser (an InfoNCE term on each client's items) is not built.
+  defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does
+  (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
+  taken with the client's whole row change, not with the server's step from it (the official
+  code's, about the learning rate's size): under the papers' rule a change is larger than the
+  table's rows, so uniformity then reads the upload's size more than its direction
+  (docs/security.md). UNION's client-side term is `fedrec.federated.family.objective.Contrast`
+  (``--client-objective union``).
 
 Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped more than half of
 the rows it uploaded; UNION flags the clients it drops (the detection figures count these).
