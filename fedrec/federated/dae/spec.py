@@ -18,7 +18,9 @@ ENCODERS = ("dual", "global", "local")
 @dataclass(frozen=True)
 class DAESpec:
     """A FedDAE run (Li, Long, Zhou, Jiang and Zhang, "Personalized Federated Collaborative
-    Filtering: A Variational AutoEncoder Approach", AAAI 2025). Defaults: the official code's."""
+    Filtering: A Variational AutoEncoder Approach", AAAI 2025). Defaults: the official code's
+    sizes and rates, its README's weight decay (1e-5; its parser's default is 1e-8), with the
+    widths fixed rather than derived from ``latent``."""
 
     #: the encoders: dual (a global and a private one, mixed by a private gate: FedDAE), global
     #: (the shared one alone) or local (the private one alone; the decoder is still shared)
