@@ -16,6 +16,7 @@ from fedrec.data.synthetic import synthetic
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, federated_config, train
 from fedrec.federated.engine import client_negatives
+from fedrec.federated.family.model import ITEMS
 from fedrec.federated.pergnn import state as pergnn
 from fedrec.protocols import make_split
 from fedrec.protocols.protocol import Split
@@ -205,6 +206,29 @@ def test_a_round_is_the_same_in_chunks_and_with_privacy_noise_it_is_keyed_by_cli
     plain = _algorithm(split).local_update(plan)
     # each client also sent 7 pseudo rows of (4 + 4 x 5) bytes
     assert padded.bytes_up - plain.bytes_up == split.n_users * 7 * (4 + 4 * 5)
+
+
+def test_clip_bounds_each_sent_row_and_ldp_noises_the_graph_layer_too(split: Split) -> None:
+    """``--clip`` bounds the L2 norm of each item row a client sends (here below most rows'
+    norm, so it binds), and leaves the graph layer's step as it is; ``--ldp`` noises the layer's
+    step as well as the rows (docs/fedpergnn.md: the layer's step has no bound, so no epsilon
+    holds for it)."""
+    plan = _plan(split, 1, np.arange(split.n_users))
+    free = _algorithm(split)
+    free.keep_uploads = True
+    unbounded = free.local_update(plan)
+    loose = unbounded.per_client
+    norms = torch.cat([u.tensors[ITEMS].norm(dim=1) for u in loose])
+    bound = float(norms.median())
+    clipped = _algorithm(split, clip=bound)
+    clipped.keep_uploads = True
+    up = clipped.local_update(plan)
+    sent = torch.cat([u.tensors[ITEMS].norm(dim=1) for u in up.per_client])
+    assert float(sent.max()) <= bound * (1 + 1e-5) and int((sent > bound * (1 - 1e-5)).sum()) >= len(sent) // 3
+    torch.testing.assert_close(up.payload[3]["w"], unbounded.payload[3]["w"], **TOL)
+    noised = _algorithm(split, ldp=0.05, aggregation="clients").local_update(plan)
+    plain = _algorithm(split, aggregation="clients").local_update(plan)
+    assert not torch.allclose(noised.payload[3]["w"], plain.payload[3]["w"])
 
 
 def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None:
