@@ -110,6 +110,35 @@ def test_two_rounds_are_the_global_and_cluster_means_of_what_clients_sent(split:
     assert not torch.allclose(state.cluster_items[int(np.flatnonzero(members)[0])][unsent], state.items[unsent])
 
 
+def test_a_cluster_keeps_rows_its_clients_did_not_send_and_an_absent_cluster_takes_the_global_table(
+        split: Split) -> None:
+    """Round 3 trains every clustered client but cluster 0's: cluster 0 then takes the global
+    table; another cluster keeps, in the rows none of its clients sent, its own rows from
+    before the round (which differ from the old and the new global rows)."""
+    state = _state(split)
+    for r in (1, 2):
+        _round(state, _cohort(split, r), r)
+    assert state.cluster_items is not None and state.labels is not None
+    before, glob_before, labels = state.cluster_items.clone(), state.items.clone(), state.labels.copy()
+    rng = np.random.default_rng(3)
+    clients = order_by_activity(split.train, np.flatnonzero(labels > 0))
+    counts = np.diff(split.train.indptr)[clients]
+    negs = split.sample_negatives(np.repeat(clients, counts), 4, rng)
+    third = build_cohort(split.train, clients, negs, 8, rng.random((1, int(counts.sum()) * 5)))
+    uploads = _round(state, third, 3)
+    torch.testing.assert_close(state.cluster_items[0], state.items)
+    k = int(labels[clients[0]])
+    sent = np.zeros(split.n_items, bool)
+    for u in uploads:
+        if labels[u.client] == k:
+            sent[u.items] = True
+    unsent = torch.as_tensor(~sent)
+    assert bool(unsent.any())
+    torch.testing.assert_close(state.cluster_items[k][unsent], before[k][unsent])
+    assert not torch.allclose(before[k][unsent], glob_before[unsent])  # its own rows, not the old global ones
+    assert not torch.allclose(state.cluster_items[k][unsent], state.items[unsent])
+
+
 def test_a_cluster_keeps_its_number_when_the_users_do_not_move(split: Split) -> None:
     """Users in three tight groups: k-means from other starts finds the same groups in another
     order, and the matching on centroids gives each its old number."""

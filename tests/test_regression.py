@@ -25,6 +25,10 @@ those cases):
 * feddae, fedvae at 2026-11-29: run at 64-wide layers (a 16-wide code and gate) instead of the
   defaults' 768/512, which took 21 s and 13 s of the suite; no code changed, and the cases at
   the default widths compared at 0.00e+00 just before.
+* perfedrec, perfedrec+papers-rule at 802cd62 (2026-12-01): a cluster's row that none of its
+  returning clients sent keeps its value (the official server's rule), not the new global row;
+  every other case compared as before (at most 1.5e-06 relative, fedca-ncf's and metamf's
+  round-off, and fedcia+ldp within its own tolerance).
 """
 
 from __future__ import annotations

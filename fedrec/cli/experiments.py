@@ -373,10 +373,12 @@ def run_command(
             console.print(f"local noise: Laplace of scale {ldp:g} on every uploaded entry; no ε is "
                           "accounted for it (--dp-clip with --dp-noise is the accounted mechanism)", highlight=False)
         if "flag_precision" in last:
-            recall = last["flag_recall"]  # NaN: no malicious client to find
+            recall = last["flag_recall"]  # NaN: no malicious upload among the round's to find
+            none = ("no malicious client's upload among the round's" if cfg.federated.attack is not None
+                    else "none malicious (no attack)")
             console.print(f"{cfg.federated.defence} flagged {last['flagged']:.0f} uploads in the last round: "
                           + (f"precision {last['flag_precision']:.3f}, recall {recall:.3f}" if recall == recall
-                             else "none malicious (no attack)"))
+                             else none))
     console.print(table)
     # soft_wrap: a long path stays on one line, to be copied whole
     console.print(f"wrote {out}  ({result.wall_seconds:.1f} s, peak {result.peak_memory_mb:.0f} MB)", soft_wrap=True)
