@@ -139,6 +139,43 @@ def test_a_cluster_keeps_rows_its_clients_did_not_send_and_an_absent_cluster_tak
     assert not torch.allclose(state.cluster_items[k][unsent], state.items[unsent])
 
 
+def test_under_the_papers_rule_a_cluster_divides_by_the_members_union_kept(split: Split) -> None:
+    """UNION drops a member's upload from its cluster's sums: under the papers' rule the
+    cluster's sent rows then move by the kept members' summed change over the kept members (as
+    the global table divides by the clients it kept), not over every member back."""
+    from fedrec.federated.family.model import ITEMS
+
+    state = _state(split)
+    state.per_row = False
+    _round(state, _cohort(split, 1), 1)
+    assert state.cluster_items is not None and state.labels is not None
+    tables, labels = state.cluster_items.clone(), state.labels.copy()
+
+    class DropFirst:  # UNION's shape: flags the first upload it is given, sums the others
+        name = "union"
+
+        def aggregate(self, ups, n_items, width, shared, table, key):  # type: ignore[no-untyped-def]
+            total = torch.zeros(n_items, width)
+            for u in ups[1:]:
+                total[torch.as_tensor(u.items)] += u.tensors[ITEMS]
+            return total, {}, np.array([True] + [False] * (len(ups) - 1))
+
+    acc = state.begin_round(2)
+    up = state.local_update(_cohort(split, 2), UploadPath())
+    state.accumulate(acc, up)
+    uploads = [u for u in up.per_client() if u.accepted]
+    state.guard_clusters(uploads, DropFirst(), (0, 2))
+    assert state._cluster_sum is not None and state._cluster_count is not None
+    n_items = split.n_items
+    k = next(c for c in range(CLUSTERS) if sum(labels[u.client] == c for u in uploads) >= 3)
+    kept = sum(labels[u.client] == k for u in uploads) - 1
+    total = state._cluster_sum[k * n_items:(k + 1) * n_items].clone()
+    sent = state._cluster_count[k * n_items:(k + 1) * n_items] > 0
+    state.aggregate(acc, UploadPath(), torch.Generator())
+    assert bool(sent.any())
+    torch.testing.assert_close(state.cluster_items[k][sent], tables[k][sent] + total[sent] / kept, **TOL)
+
+
 def test_a_cluster_keeps_its_number_when_the_users_do_not_move(split: Split) -> None:
     """Users in three tight groups: k-means from other starts finds the same groups in another
     order, and the matching on centroids gives each its old number."""

@@ -88,6 +88,8 @@ class PerFedRecState(FamilyState):
     _round: int = 0
     #: the clients whose vectors this round's uploads carried (a Flower node sends them on)
     _sent: list[np.ndarray] = field(default_factory=list)
+    #: each cluster's members a defence kept this round (`guard_clusters`); None: every member back
+    _kept_members: torch.Tensor | None = None
 
     @classmethod
     def create(cls, spec: Any, n_clients: int, n_items: int, *, lr: float, lr_item: float,
@@ -114,6 +116,7 @@ class PerFedRecState(FamilyState):
         self._cluster_sum = torch.zeros((self.clusters * n_items, width), **like)
         self._cluster_count = torch.zeros(self.clusters * n_items, **like)
         self._sent = []
+        self._kept_members = None
         return super().begin_round(r)
 
     def _row_clusters(self, cohort: CohortBatches) -> torch.Tensor:
@@ -202,8 +205,10 @@ class PerFedRecState(FamilyState):
 
     def _members_back(self) -> torch.Tensor:
         """How many of each cluster's clients came back this round (attackers it clustered
-        included)."""
+        included), less those a defence dropped (UNION's)."""
         assert self._cluster_count is not None and self.labels is not None
+        if self._kept_members is not None:
+            return self._kept_members
         back = np.concatenate([np.zeros(0, np.int64), *self._sent])
         labels = self.labels[back]
         return torch.as_tensor(np.bincount(labels[labels >= 0], minlength=self.clusters),
@@ -281,6 +286,8 @@ class PerFedRecState(FamilyState):
         benign = len(self.trained) if benign is None else benign
         self._cluster_sum.zero_()
         self._cluster_count.zero_()
+        self._kept_members = torch.zeros(self.clusters, dtype=self._cluster_count.dtype,
+                                         device=self._cluster_count.device)
         for k in range(self.clusters):
             members = [u for u in uploads if u.accepted and self.labels[u.client] == k]
             if not members:
@@ -291,6 +298,7 @@ class PerFedRecState(FamilyState):
                    for u in members]
             item_sum, _, flagged = rule.aggregate(ups, n_items, width, {}, self.cluster_items[k], (*key, 1 + k))
             kept = [u for u, f in zip(ups, flagged, strict=True) if not (rule.name == "union" and f)]
+            self._kept_members[k] = len(kept)
             if not kept:
                 continue
             items = np.concatenate([np.asarray(u.items, np.int64) for u in kept])
