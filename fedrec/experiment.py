@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrec.algorithms import ALGORITHMS, OPT_IN, AlgorithmSpec, get_algorithm
+from fedrec.algorithms import ALGORITHMS, AlgorithmSpec, get_algorithm
 from fedrec.core.device import on
 from fedrec.core.driver import run_rounds
 from fedrec.core.selection import TrainOutcome
 from fedrec.data.interactions import Interactions
 from fedrec.data.user_sets import looks_like_a_file
 from fedrec.errors import Diverged, FedrecError
-from fedrec.federated.engine import ATTACKER_NORMS, FederatedConfig, engine_flag
+from fedrec.federated.engine import FederatedConfig, engine_flag
 from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
@@ -249,9 +249,8 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
         raise FedrecError(f"unknown engine option(s): {', '.join(unknown)}")
     default = FederatedConfig()
     ignored = [k for k, v in options.items()
-               if (k in spec.ignores or (k in OPT_IN and k not in spec.reads and v in ATTACKER_NORMS))
-               and v is not None and v != getattr(default, k)]
-    if ignored == ["attacker_norm"]:
+               if k in spec.ignores and v is not None and v != getattr(default, k)]
+    if options.get("attacker_norm") == "own" and "attacker_norm" not in spec.reads:
         raise FedrecError(f"'{algorithm}' does not use --attacker-norm: its attackers always make their own "
                           "estimate ('own'); the option is read by FedCA's, FedDAE's and FedCIA's")
     if ignored:

@@ -18,11 +18,6 @@ from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.options import Options
 from fedrec.protocols.protocol import Split
 
-#: engine options read only by the algorithms whose spec names them in ``reads``: the norm
-#: FedCA's, FedDAE's and FedCIA's attackers are held to (every other method's attackers make
-#: their own estimate, whatever it says)
-OPT_IN = ("attacker_norm",)
-
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
@@ -54,8 +49,9 @@ class AlgorithmSpec:
     #: engine options (`FederatedConfig` fields) the algorithm does not read: given, they are an
     #: error rather than silently dropped
     ignores: tuple[str, ...] = ()
-    #: engine options only some algorithms read (`OPT_IN`), named by those that read them:
-    #: given to another algorithm they are an error, as ``ignores``
+    #: engine options only the algorithms naming them here read: ``attacker_norm`` (FedCA's,
+    #: FedDAE's and FedCIA's attackers; every other method's make their own estimate), refused
+    #: elsewhere as ``ignores`` are
     reads: tuple[str, ...] = ()
     #: engine options of its paper's setting, over ``engine`` (the papers' item-row rule where
     #: fedrec's default is another, `FederatedConfig.aggregation`); with ``per_dataset`` they

@@ -248,15 +248,15 @@ class RAPState(FamilyState):
 
     rap: RAPSpec = RAPSpec()
     personal_views: KeyedRows | None = None
+    lam_now: float = 0.0
+    mu_now: float = 0.0
+    round_clients: int = 0
 
     @property
     def uploads_nothing(self) -> bool:
         """FedRAP-D (no C) and CentRAP (trained on the server) send their server nothing: the
         privacy audit has nothing to read."""
         return not self.rap.use_c or self.rap.centralised
-    lam_now: float = 0.0
-    mu_now: float = 0.0
-    round_clients: int = 0
 
     @property  # type: ignore[override]
     def plain_average(self) -> bool:

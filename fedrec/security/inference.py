@@ -308,8 +308,9 @@ def audit_privacy(cfg, secagg: int = 0, on_round=None):  # type: ignore[no-untyp
         raise FedrecError(f"'{cfg.algorithm}' is centralised: there are no uploads to audit")
     if secagg < 0 or secagg == 1:  # a group of one sums nothing: its view is the upload as sent
         raise FedrecError("--secagg is a group size >= 2 (0: off)")
-    needs_each = getattr(get_algorithm(cfg.algorithm).build(None, cfg.model), "needs_each_upload", None)
-    if secagg and needs_each:  # the view audited would be one its server could not train with
+    needs_each = getattr(get_algorithm(cfg.algorithm).build(None, cfg.model), "needs_each_upload", None) \
+        if secagg else None
+    if needs_each:  # the view audited would be one its server could not train with
         raise FedrecError(f"--secagg: '{cfg.algorithm}' cannot run on secure sums: {needs_each}")
     holder: list[PrivacyAudit] = []
 
