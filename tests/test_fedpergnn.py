@@ -31,10 +31,10 @@ def split() -> Split:
     return small_split()
 
 
-def _algorithm(split: Split, **engine) -> pergnn.GNNAlgorithm:  # type: ignore[no-untyped-def]
+def _algorithm(split: Split, model: dict | None = None, **engine) -> pergnn.GNNAlgorithm:  # type: ignore[no-untyped-def]
     # a bound no step reaches (the default bounds rows at 0.5; the reference steps are unbounded)
     cfg = federated_config("fedpergnn", **{"lr": 0.5, "lr_item": 3.0, "item_std": 0.3, "clip": 1e6, **engine})
-    spec = get_algorithm("fedpergnn").build(split, {"dim": 5, "neighbours": 4, "user_std": 0.3})
+    spec = get_algorithm("fedpergnn").build(split, {"dim": 5, "neighbours": 4, "user_std": 0.3, **(model or {})})
     alg = spec.algorithm(split, cfg, seed=2)
     alg.state.a = torch.randn(10, generator=torch.Generator().manual_seed(3))  # attention that is not uniform
     alg.state.w = torch.eye(5) + 0.1 * torch.randn(5, 5, generator=torch.Generator().manual_seed(4))
@@ -185,6 +185,44 @@ def test_neighbours_share_an_item_are_not_the_client_and_have_published(split: S
     assert torch.equal(st.neighbour_vectors[7], kept)
 
 
+@pytest.mark.parametrize("expansion", ["once", "every-round"])
+def test_after_the_warm_up_a_client_is_expanded_once_or_every_round(split: Split, expansion: str) -> None:
+    """No client has neighbours in the warm-up's rounds. After it, under ``once`` (the paper's
+    Algorithm 1) a client is expanded at the first round it takes part in and keeps those
+    vectors although their users publish new ones; under ``every-round`` it is redrawn each
+    round, from the latest vectors."""
+    alg = _algorithm(split, {"warmup": 2, "expansion": expansion})
+    st, everyone = alg.state, np.arange(split.n_users)
+
+    def round_(r: int, clients: np.ndarray) -> None:
+        plan = _plan(split, r, clients)
+        alg.aggregate(alg.local_update(plan), plan)
+
+    for r in (1, 2):
+        round_(r, everyone)
+        assert not st.neighbour_valid.any()
+    early, late = everyone[::2], everyone[1::2]
+    round_(3, early)
+    assert st.neighbour_valid[early].any(axis=1).mean() > 0.5 and not st.neighbour_valid[late].any()
+    kept = st.neighbour_vectors[torch.as_tensor(early)].clone()
+    round_(4, everyone)  # the early half's neighbours published new vectors in round 3
+    assert st.neighbour_valid[late].any(axis=1).mean() > 0.5
+    same = torch.equal(st.neighbour_vectors[torch.as_tensor(early)], kept)
+    assert same == (expansion == "once")
+    if expansion == "once":  # the late half was drawn in round 4, as every-round draws it then
+        other = _algorithm(split, {"warmup": 2})
+        for r, clients in ((1, everyone), (2, everyone), (3, early)):
+            plan = _plan(split, r, clients)
+            other.aggregate(other.local_update(plan), plan)
+        other.state.expand(late, 4)
+        torch.testing.assert_close(st.neighbour_vectors[torch.as_tensor(late)],
+                                   other.state.neighbour_vectors[torch.as_tensor(late)])
+    with pytest.raises(FedrecError, match="expansion=once needs warmup >= 1"):
+        get_algorithm("fedpergnn").build(split, {"expansion": "once"})
+    with pytest.raises(FedrecError, match="expansion must be one of every-round, once"):
+        get_algorithm("fedpergnn").build(split, {"expansion": "weekly"})
+
+
 def test_a_round_is_the_same_in_chunks_and_with_privacy_noise_it_is_keyed_by_client(split: Split,
                                                                                      monkeypatch) -> None:
     """Pseudo items and Laplace noise are drawn per client: cutting the round in chunks of a few
@@ -229,6 +267,32 @@ def test_clip_bounds_each_sent_row_and_ldp_noises_the_graph_layer_too(split: Spl
     noised = _algorithm(split, ldp=0.05, aggregation="clients").local_update(plan)
     plain = _algorithm(split, aggregation="clients").local_update(plan)
     assert not torch.allclose(noised.payload[3]["w"], plain.payload[3]["w"])
+
+
+def test_layer_clip_bounds_each_clients_graph_layer_step(split: Split) -> None:
+    """``layer_clip`` bounds the L2 norm of each client's step of W and a together (here below
+    most clients' norm, so it binds); the round's layer step is the sum of the bounded ones, and
+    a bound no step reaches changes nothing."""
+    clients = np.arange(split.n_users)
+
+    def steps(bound: float | None) -> tuple[list, dict[str, torch.Tensor]]:  # type: ignore[type-arg]
+        alg = _algorithm(split, {"layer_clip": bound})
+        kept: list = []  # type: ignore[type-arg]
+        out = alg.client_steps(clients, 1, kept, each_layer=True)
+        return kept, out.layer_sum
+
+    free, free_sum = steps(None)
+    norms = torch.stack([torch.cat([u.tensors["w"].reshape(-1), u.tensors["a"]]).norm() for u in free])
+    bound = float(norms.median())
+    kept, layer_sum = steps(bound)
+    sent = torch.stack([torch.cat([u.tensors["w"].reshape(-1), u.tensors["a"]]).norm() for u in kept])
+    assert float(sent.max()) <= bound * (1 + 1e-5) and int((sent > bound * (1 - 1e-5)).sum()) >= len(sent) // 3
+    for k in ("w", "a"):
+        torch.testing.assert_close(layer_sum[k], torch.stack([u.tensors[k] for u in kept]).sum(0), **TOL)
+        torch.testing.assert_close(steps(1e6)[1][k], free_sum[k], **TOL)
+    assert not torch.allclose(layer_sum["w"], free_sum["w"])
+    with pytest.raises(FedrecError, match="layer_clip must be > 0"):
+        get_algorithm("fedpergnn").build(split, {"layer_clip": 0.0})
 
 
 def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None:

@@ -66,6 +66,9 @@ from fedrec.flower.roles import Node, Server
     ("fedca-avg", {"protocol": "loo-full"}),
     # FedPerGNN: the server relays the published user vectors (the paper's third party)
     ("fedpergnn", {"clients_per_round": 0.5, "rounds": 4, "model": {"neighbours": 5}}),
+    # the paper's schedule: a client is expanded at its first round after the warm-up, and keeps them
+    ("fedpergnn", {"clients_per_round": 0.5, "rounds": 4, "model": {"neighbours": 5, "warmup": 1,
+                                                                     "expansion": "once"}}),
     ("fedpergnn", {"aggregation": "clients", "clip": None, "model": {"neighbours": 3}}),
     ("fedpergnn", {"protocol": "ratio-rating", "negatives": 0, "rating_baseline": "user-item"}),
 ])
@@ -195,7 +198,7 @@ def test_a_defended_fedpergnn_node_without_an_uploading_client_is_not_refused() 
     server = Server(run, {i: n.hello() for i, n in nodes.items()})
     msg = dict(server.train_messages(1)[0])
     msg.update({"clients": np.zeros(0, np.int32), "neighbours.vectors": np.zeros((0, 3, 8), np.float32),
-                "neighbours.valid": np.zeros((0, 3), np.uint8)})
+                "neighbours.valid": np.zeros((0, 3), np.uint8), "neighbours.fresh": np.zeros(0, np.uint8)})
     reply = nodes[0].train(msg)
     assert reply["rows"].shape == (0, 8) and reply["n"] == 0
     assert server.side.check(reply, np.zeros(0, np.int64)) is None

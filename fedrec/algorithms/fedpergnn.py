@@ -2,14 +2,17 @@
 users through a third party; see `fedrec.federated.pergnn.state`.
 
 Model options (``--set KEY=VALUE``): ``dim`` (32), ``neighbours`` (20 neighbouring users a
-client), ``user_std`` (0.1, the user vectors' start).
+client), ``user_std`` (0.1, the user vectors' start), ``warmup`` (0: rounds before the first
+expansion) and ``expansion`` (``every-round``, the default: neighbours redrawn each round a
+client takes part; ``once``: drawn once after the warm-up and kept, the paper's Algorithm 1).
 
 Engine defaults: one gradient a client a round (no local epochs), 4 negatives a positive, every
 client every round, each item row averaged over the clients that sent it, row steps held to L2
 norm 0.5. Under rating protocols it fits the observed ratings by squared error, no negatives,
 beneath fedrec's rating baseline, with item rows at 100 and row steps held to L2 norm 1.
 
-Its paper's privacy (docs/fedpergnn.md): ``--clip 0.1 --ldp 0.2 --clients-per-round 128``,
+Its paper's privacy, approximately (docs/fedpergnn.md): ``--clip 0.57 --ldp 0.2
+--clients-per-round 128``,
 which runs under the papers' item-row rule (the round's clients, which the engine's LDP needs)
 at the rates chosen for that rule (``--paper``, and what LDP, a defence or an attack switch to:
 ``PAPERS_RULE``), and 1,000 pseudo items through ``fedrec audit-privacy --pad-items 1000`` (the

@@ -10,8 +10,9 @@ it does both jobs:
 
 * each node's first answer names its clients' training items;
 * each reply carries its trained clients' new user vectors;
-* each train message carries the sampled clients' neighbours' vectors
-  (`fedrec.federated.pergnn.state.neighbours`, the simulator's draws).
+* each train message carries the neighbours' vectors of the sampled clients it expands that
+  round (`fedrec.federated.pergnn.state.expanding` and `neighbours`, the simulator's draws);
+  the others keep those they were last sent.
 
 So the server learns what the paper keeps from it: every client's items and user vector. Run
 it only where the server may know them; `docs/fedpergnn.md` says so.
@@ -42,7 +43,7 @@ import scipy.sparse as sp
 import torch
 
 from fedrec.federated.family.sides import check_per_client, client_uploads, per_client_payload
-from fedrec.federated.pergnn.state import GNNAlgorithm, GNNState, neighbours
+from fedrec.federated.pergnn.state import GNNAlgorithm, GNNState, expanding, neighbours
 from fedrec.protocols.protocol import Split
 from fedrec.rounds.ragged import ranges
 from fedrec.rounds.sides import (
@@ -107,9 +108,10 @@ class GNNClient(ClientSide):
         self._set_global(msg)
         rows = local_rows(self.data.users, np.asarray(msg["clients"], np.int64))
         rows = rows[np.diff(self.data.train.indptr)[rows] > 0]
-        if st.spec.neighbours:
-            st.neighbour_vectors[torch.as_tensor(rows)] = torch.as_tensor(msg["neighbours.vectors"])
-            st.neighbour_valid[rows] = np.asarray(msg["neighbours.valid"], bool)
+        if "neighbours.vectors" in msg:  # those of its clients the third party expands this round
+            fresh = rows[np.asarray(msg["neighbours.fresh"], bool)]
+            st.neighbour_vectors[torch.as_tensor(fresh)] = torch.as_tensor(msg["neighbours.vectors"])
+            st.neighbour_valid[fresh] = np.asarray(msg["neighbours.valid"], bool)
         kept: list[Any] | None = [] if msg.get("per_client") else None  # a robust rule: each client's upload
         step = self.algorithm.client_steps(rows, int(msg["round"]), kept, each_layer=kept is not None)
         counts = {"published": st.users[torch.as_tensor(rows)].cpu().numpy(), "n": len(rows),
@@ -156,6 +158,7 @@ class GNNServer(ServerSide):
         self.w, self.a = torch.eye(d), torch.zeros(2 * d)
         self.published = torch.zeros((n_clients, d))
         self.has_published = np.zeros(n_clients, bool)
+        self.expanded = np.zeros(n_clients, bool)
         # every client's items in its own order, and every item's raters: the third party's
         counts = np.zeros(n_clients, np.int64)
         for h in hellos.values():
@@ -195,9 +198,12 @@ class GNNServer(ServerSide):
                         **({"per_client": 1} if self.rule is not None else {})}
         trainable = self._trainable(clients)
         self.sent[node] = trainable
-        if self.spec.neighbours:
-            vectors, valid = neighbours(self.train, self.raters, self.published, self.has_published, trainable,
+        fresh = expanding(self.spec, self.expanded, trainable, r)
+        if len(fresh):
+            self.expanded[fresh] = True
+            vectors, valid = neighbours(self.train, self.raters, self.published, self.has_published, fresh,
                                         self.spec.neighbours, self.seed, r)
+            out["neighbours.fresh"] = np.isin(trainable, fresh).astype(np.uint8)
             out["neighbours.vectors"] = vectors.cpu().numpy()
             out["neighbours.valid"] = valid.astype(np.uint8)
         return out
@@ -267,8 +273,9 @@ class GNNServer(ServerSide):
 
     def state_dict(self) -> dict[str, Any]:
         return {"items": self.items, "w": self.w, "a": self.a, "published": self.published,
-                "has_published": torch.as_tensor(self.has_published)}
+                "has_published": torch.as_tensor(self.has_published), "expanded": torch.as_tensor(self.expanded)}
 
     def load_state_dict(self, blob: dict[str, Any]) -> None:
         self.items, self.w, self.a, self.published = blob["items"], blob["w"], blob["a"], blob["published"]
         self.has_published = np.asarray(blob["has_published"], bool)
+        self.expanded = np.asarray(blob.get("expanded", self.has_published), bool)

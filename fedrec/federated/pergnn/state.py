@@ -28,7 +28,8 @@ is ⟨h_u, h_v⟩ alone, the paper's.
 3. Privacy (the engine's options): ``--clip`` bounds each uploaded row's L2 norm (the paper
    clips entries to [−δ, δ]), ``--pad-items M`` adds M pseudo items' rows with Gaussian values
    of the real rows' spread (the paper's pseudo-interacted items, M = 1000 there), ``--ldp λ``
-   adds Laplace(0, λ) to every uploaded number (rows, pseudo rows and the layer's step).
+   adds Laplace(0, λ) to every uploaded number (rows, pseudo rows and the layer's step), and
+   the model option ``layer_clip`` bounds each client's graph-layer step (L2, W and a together).
 4. The server averages: the graph layer over the round's clients, and each item row over the
    round's clients (the paper's rule, ``--aggregation clients``) or over the clients that sent
    it (``contributors``).
@@ -196,6 +197,15 @@ def neighbours(train: sp.csr_matrix, raters: sp.csc_matrix, published: torch.Ten
     return vectors, valid
 
 
+def expanding(spec: Any, expanded: np.ndarray, clients: np.ndarray, r: int) -> np.ndarray:
+    """The clients among ``clients`` the third party expands in round ``r``: none during the
+    warm-up (``spec.warmup`` rounds), then every one (``every-round``) or those not expanded
+    before (``once``, per ``expanded``, every user's flag)."""
+    if not spec.neighbours or r <= spec.warmup:
+        return clients[:0]
+    return clients[~expanded[clients]] if spec.expansion == "once" else clients
+
+
 def item_rate(cfg: Any) -> float:
     """The item rows' rate: ``--lr-item``, or ``--lr`` where it is not given."""
     return float(cfg.lr_item if cfg.lr_item is not None else cfg.lr)
@@ -246,6 +256,8 @@ class GNNState:
         #: each client's neighbours as last sent: their vectors ``(n, K, d)`` and which are real
         self.neighbour_vectors = torch.zeros((n, spec.neighbours, d), device=self.users.device)
         self.neighbour_valid = np.zeros((n, spec.neighbours), bool)
+        #: which users the third party has expanded (``expansion=once`` expands each one once)
+        self.expanded = np.zeros(n, bool)
         self.raters = sp.csc_matrix(split.train)
         self.lr = cfg.lr
         self.lr_item = item_rate(cfg)
@@ -253,9 +265,13 @@ class GNNState:
     # ---- the third party ----------------------------------------------------------------
 
     def expand(self, clients: np.ndarray, r: int) -> None:
-        """Round ``r``'s neighbours of ``clients`` (module docstring), stored as each is sent."""
-        if not self.spec.neighbours or not len(clients):
+        """Round ``r``'s neighbours of those of ``clients`` the third party expands then
+        (`expanding`: after the warm-up, each round or once), stored as each is sent; the rest
+        keep what they were last sent."""
+        clients = expanding(self.spec, self.expanded, clients, r)
+        if not len(clients):
             return
+        self.expanded[clients] = True
         vectors, valid = neighbours(self.split.train, self.raters, self.published, self.has_published,
                                     clients, self.spec.neighbours, self.seed, r)
         self.neighbour_vectors[torch.as_tensor(clients)] = vectors
@@ -423,6 +439,7 @@ class GNNAlgorithm(FederatedAlgorithm):
         item, its neighbours already received): each moves its user vector and sends its
         item-row and graph-layer steps; their sums (``kept``: each client's rows appended, and
         with ``each_layer`` its graph-layer steps, which a robust rule judges client by client;
+        each client's layer step bounded by ``layer_clip``, where set;
         under one the steps carry no LDP noise: `fedrec.security.adversary.attach` refuses the
         two together)."""
         st, cfg = self.state, self.cfg
@@ -431,21 +448,24 @@ class GNNAlgorithm(FederatedAlgorithm):
                           {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)})
         sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
         each_layer = each_layer and kept is not None
+        bound = st.spec.layer_clip
         for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
             ids = st.ids[part]
             negs = client_negatives(cfg.negatives, train, st.split.sampler, part, ids, self.seed, r)
             lay = Layout.build(train, part, negs, ratings=st.rating)
-            g = st.gradients(lay, each_layer=each_layer)
+            g = st.gradients(lay, each_layer=each_layer or bound is not None)
             out.loss_sum += float(g["loss"])
             st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
             items, rows, counts = self._sent_rows(-st.lr_item * g["rows"], lay, ids, r)
+            layer = layer_steps(g, st.lr, bound) if each_layer or bound is not None else {}
             for k in ("w", "a"):
-                out.layer_sum[k] += -st.lr * g[k] + self._noise_sum(ids, tuple(g[k].shape), r, 1 + (k == "a"))
+                step = layer[k].sum(0) if bound is not None else -st.lr * g[k]
+                out.layer_sum[k] += step + self._noise_sum(ids, tuple(g[k].shape), r, 1 + (k == "a"))
             out.item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
             out.item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
             if kept is not None:
                 ptr = np.concatenate([[0], np.cumsum(counts)])
-                layer = {k: -st.lr * g[f"{k}_each"] for k in ("w", "a")} if each_layer else {}
+                layer = layer if each_layer else {}
                 kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]],
                                       {ITEMS: rows[ptr[j]:ptr[j + 1]], **{k: v[j] for k, v in layer.items()}})
                          for j, c in enumerate(ids)]
@@ -523,10 +543,11 @@ class GNNAlgorithm(FederatedAlgorithm):
         return self.security.figures(self.scores) if self.security is not None else {}
 
     def server_state_dict(self) -> dict[str, Any]:
-        """The item table, the graph layer, and the third party's published vectors."""
+        """The item table, the graph layer, and the third party's published vectors and whom it
+        has expanded."""
         st = self.state
         return {"items": st.items, "w": st.w, "a": st.a, "published": st.published,
-                "has_published": st.has_published}
+                "has_published": st.has_published, "expanded": st.expanded}
 
     def client_state_dict(self) -> dict[str, Any]:
         """The user vectors and each client's last received neighbours."""
@@ -537,11 +558,24 @@ class GNNAlgorithm(FederatedAlgorithm):
         st = self.state
         st.items, st.w, st.a, st.published = blob["items"], blob["w"], blob["a"], blob["published"]
         st.has_published = np.asarray(blob["has_published"], bool)
+        st.expanded = np.asarray(blob.get("expanded", st.has_published), bool)
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
         st = self.state
         st.users, st.neighbour_vectors = blob["users"], blob["neighbour_vectors"]
         st.neighbour_valid = np.asarray(blob["neighbour_valid"], bool)
+
+
+def layer_steps(g: dict[str, torch.Tensor], lr: float, bound: float | None) -> dict[str, torch.Tensor]:
+    """Each client's graph-layer step, ``w`` ``(C, d, d)`` and ``a`` ``(C, 2d)``, from its
+    gradients (`GNNState.gradients`'s ``each_layer``): −lr x gradient, scaled where the two
+    together are longer than ``bound`` (L2) down to it (``layer_clip``)."""
+    steps = {k: -lr * g[f"{k}_each"] for k in ("w", "a")}
+    if bound is None:
+        return steps
+    norm = (steps["w"].flatten(1).square().sum(1) + steps["a"].square().sum(1)).sqrt()
+    scale = (bound / norm.clamp_min(1e-12)).clamp(max=1.0)
+    return {"w": steps["w"] * scale[:, None, None], "a": steps["a"] * scale[:, None]}
 
 
 def laplace(key: tuple[int, ...], clients: np.ndarray, counts: np.ndarray | int, scale: float) -> np.ndarray:
