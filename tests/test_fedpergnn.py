@@ -269,6 +269,23 @@ def test_clip_bounds_each_sent_row_and_ldp_noises_the_graph_layer_too(split: Spl
     assert not torch.allclose(noised.payload[3]["w"], plain.payload[3]["w"])
 
 
+def test_a_run_resumed_under_the_papers_schedule_keeps_whom_it_expanded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Under ``expansion=once`` a resumed run must not expand again the clients expanded
+    before its save (the third party's flags travel in the checkpoint)."""
+    def cfg(rounds: int) -> RunConfig:
+        return RunConfig(algorithm="fedpergnn", dataset="synthetic:60x200", protocol="loo-sampled", seed=0,
+                         model={"neighbours": 3, "warmup": 1, "expansion": "once"},
+                         federated=federated_config("fedpergnn", rounds=rounds, clients_per_round=0.5,
+                                                    checkpoint_every=1, patience=0))
+
+    whole = train(cfg(5)).result
+    ckpt = tmp_path / "run.ckpt"
+    train(cfg(3), checkpoint=ckpt)
+    resumed = train(cfg(5), checkpoint=ckpt, resume=True).result
+    assert [h.loss for h in resumed.history] == [h.loss for h in whole.history]
+    assert [h.valid for h in resumed.history] == [h.valid for h in whole.history]
+
+
 def test_layer_clip_bounds_each_clients_graph_layer_step(split: Split) -> None:
     """``layer_clip`` bounds the L2 norm of each client's step of W and a together (here below
     most clients' norm, so it binds); the round's layer step is the sum of the bounded ones, and

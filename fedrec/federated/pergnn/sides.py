@@ -278,4 +278,5 @@ class GNNServer(ServerSide):
     def load_state_dict(self, blob: dict[str, Any]) -> None:
         self.items, self.w, self.a, self.published = blob["items"], blob["w"], blob["a"], blob["published"]
         self.has_published = np.asarray(blob["has_published"], bool)
+        # a save made before the flag was kept: those who published are those expanded
         self.expanded = np.asarray(blob.get("expanded", self.has_published), bool)

@@ -558,6 +558,7 @@ class GNNAlgorithm(FederatedAlgorithm):
         st = self.state
         st.items, st.w, st.a, st.published = blob["items"], blob["w"], blob["a"], blob["published"]
         st.has_published = np.asarray(blob["has_published"], bool)
+        # a save made before the flag was kept: those who published are those expanded
         st.expanded = np.asarray(blob.get("expanded", st.has_published), bool)
 
     def load_client_state_dict(self, blob: dict[str, Any]) -> None:
