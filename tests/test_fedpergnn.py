@@ -312,6 +312,28 @@ def test_layer_clip_bounds_each_clients_graph_layer_step(split: Split) -> None:
         get_algorithm("fedpergnn").build(split, {"layer_clip": 0.0})
 
 
+def test_entry_clip_bounds_every_entry_of_every_step_sent(split: Split) -> None:
+    """``entry_clip`` (the paper's δ) holds every entry of each client's item-row and
+    graph-layer steps to [−δ, δ]; the bound binds on both (δ below the largest entries)."""
+    clients = np.arange(split.n_users)
+
+    def sent(model: dict) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[type-arg]
+        alg = _algorithm(split, model)
+        kept: list = []  # type: ignore[type-arg]
+        alg.client_steps(clients, 1, kept, each_layer=True)
+        return (torch.cat([u.tensors[ITEMS].reshape(-1) for u in kept]),
+                torch.cat([torch.cat([u.tensors["w"].reshape(-1), u.tensors["a"]]) for u in kept]))
+
+    rows, layer = sent({})
+    delta = 0.5 * min(float(rows.abs().max()), float(layer.abs().max()))
+    c_rows, c_layer = sent({"entry_clip": delta})
+    for free, held in ((rows, c_rows), (layer, c_layer)):
+        assert float(held.abs().max()) <= delta * (1 + 1e-6)
+        torch.testing.assert_close(held, free.clamp(-delta, delta), **TOL)
+    with pytest.raises(FedrecError, match="entry_clip must be > 0"):
+        get_algorithm("fedpergnn").build(split, {"entry_clip": -1.0})
+
+
 def test_fedpergnn_trains_above_chance_and_refuses_what_it_does_not_do() -> None:
     cfg = RunConfig(algorithm="fedpergnn", dataset="synthetic:500x400", protocol="loo-sampled",
                     federated=federated_config("fedpergnn", rounds=25, lr=1.0, lr_item=30.0,

@@ -37,6 +37,9 @@ class GNNSpec:
     #: as ``--clip`` bounds only the item rows' steps. With ``--ldp`` it bounds what the noise
     #: hides of the layer (docs/fedpergnn.md, "Privacy")
     layer_clip: float | None = None
+    #: bound on every entry of every uploaded step, item rows' and graph layer's (the paper's
+    #: δ, which it applies to gradients; here to steps, after the rate); None: no entry bound
+    entry_clip: float | None = None
 
     def __post_init__(self) -> None:
         check((self.dim < 1, f"dim must be >= 1 (got {self.dim})"),
@@ -44,6 +47,7 @@ class GNNSpec:
               (self.user_std <= 0, "user_std must be > 0"),
               (self.warmup < 0, f"warmup must be >= 0 (got {self.warmup})"),
               (self.layer_clip is not None and self.layer_clip <= 0, "layer_clip must be > 0"),
+              (self.entry_clip is not None and self.entry_clip <= 0, "entry_clip must be > 0"),
               (self.expansion not in EXPANSIONS,
                f"expansion must be one of {', '.join(EXPANSIONS)} (got {self.expansion!r})"),
               (self.expansion == "once" and self.warmup < 1 and self.neighbours > 0,

@@ -29,7 +29,8 @@ is ⟨h_u, h_v⟩ alone, the paper's.
    clips entries to [−δ, δ]), ``--pad-items M`` adds M pseudo items' rows with Gaussian values
    of the real rows' spread (the paper's pseudo-interacted items, M = 1000 there), ``--ldp λ``
    adds Laplace(0, λ) to every uploaded number (rows, pseudo rows and the layer's step), and
-   the model option ``layer_clip`` bounds each client's graph-layer step (L2, W and a together).
+   the model options ``layer_clip`` bound each client's graph-layer step (L2, W and a together)
+   and ``entry_clip`` every entry of every step sent (the paper's δ).
 4. The server averages: the graph layer over the round's clients, and each item row over the
    round's clients (the paper's rule, ``--aggregation clients``) or over the clients that sent
    it (``contributors``).
@@ -439,7 +440,7 @@ class GNNAlgorithm(FederatedAlgorithm):
         item, its neighbours already received): each moves its user vector and sends its
         item-row and graph-layer steps; their sums (``kept``: each client's rows appended, and
         with ``each_layer`` its graph-layer steps, which a robust rule judges client by client;
-        each client's layer step bounded by ``layer_clip``, where set;
+        each client's layer step bounded by ``layer_clip`` and ``entry_clip``, where set;
         under one the steps carry no LDP noise: `fedrec.security.adversary.attach` refuses the
         two together)."""
         st, cfg = self.state, self.cfg
@@ -448,18 +449,18 @@ class GNNAlgorithm(FederatedAlgorithm):
                           {"w": torch.zeros_like(st.w), "a": torch.zeros_like(st.a)})
         sizes = np.diff(train.indptr)[clients] * (1 + cfg.negatives)
         each_layer = each_layer and kept is not None
-        bound = st.spec.layer_clip
+        each_client = st.spec.layer_clip is not None or st.spec.entry_clip is not None
         for part in chunk_clients(clients, sizes, CHUNK_SAMPLES):
             ids = st.ids[part]
             negs = client_negatives(cfg.negatives, train, st.split.sampler, part, ids, self.seed, r)
             lay = Layout.build(train, part, negs, ratings=st.rating)
-            g = st.gradients(lay, each_layer=each_layer or bound is not None)
+            g = st.gradients(lay, each_layer=each_layer or each_client)
             out.loss_sum += float(g["loss"])
             st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
             items, rows, counts = self._sent_rows(-st.lr_item * g["rows"], lay, ids, r)
-            layer = layer_steps(g, st.lr, bound) if each_layer or bound is not None else {}
+            layer = layer_steps(g, st.lr, st.spec.layer_clip, st.spec.entry_clip) if each_layer or each_client else {}
             for k in ("w", "a"):
-                step = layer[k].sum(0) if bound is not None else -st.lr * g[k]
+                step = layer[k].sum(0) if each_client else -st.lr * g[k]
                 out.layer_sum[k] += step + self._noise_sum(ids, tuple(g[k].shape), r, 1 + (k == "a"))
             out.item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
             out.item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
@@ -477,10 +478,12 @@ class GNNAlgorithm(FederatedAlgorithm):
 
     def _sent_rows(self, steps: torch.Tensor, lay: Layout, ids: np.ndarray, r: int
                    ) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
-        """What the chunk's clients (run ids ``ids``) send of their item-row steps: each row
-        clipped (``--clip``), with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows,
+        """What the chunk's clients (run ids ``ids``) send of their item-row steps: each entry
+        held to ``entry_clip`` and each row clipped (``--clip``), with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows,
         rows a client), client by client, items sorted within a client."""
         cfg = self.cfg
+        if self.state.spec.entry_clip is not None:
+            steps = steps.clamp(-self.state.spec.entry_clip, self.state.spec.entry_clip)
         if cfg.clip is not None:
             steps = steps * (cfg.clip / steps.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
         items, counts = lay.row_items, np.diff(lay.row_ptr)
@@ -567,11 +570,15 @@ class GNNAlgorithm(FederatedAlgorithm):
         st.neighbour_valid = np.asarray(blob["neighbour_valid"], bool)
 
 
-def layer_steps(g: dict[str, torch.Tensor], lr: float, bound: float | None) -> dict[str, torch.Tensor]:
+def layer_steps(g: dict[str, torch.Tensor], lr: float, bound: float | None,
+                entry: float | None = None) -> dict[str, torch.Tensor]:
     """Each client's graph-layer step, ``w`` ``(C, d, d)`` and ``a`` ``(C, 2d)``, from its
-    gradients (`GNNState.gradients`'s ``each_layer``): −lr x gradient, scaled where the two
-    together are longer than ``bound`` (L2) down to it (``layer_clip``)."""
+    gradients (`GNNState.gradients`'s ``each_layer``): −lr x gradient, each entry held to
+    [−``entry``, ``entry``] (``entry_clip``), then scaled where the two together are longer than
+    ``bound`` (L2) down to it (``layer_clip``)."""
     steps = {k: -lr * g[f"{k}_each"] for k in ("w", "a")}
+    if entry is not None:
+        steps = {k: v.clamp(-entry, entry) for k, v in steps.items()}
     if bound is None:
         return steps
     norm = (steps["w"].flatten(1).square().sum(1) + steps["a"].square().sum(1)).sqrt()
