@@ -209,6 +209,11 @@ def test_after_the_warm_up_a_client_is_expanded_once_or_every_round(split: Split
     assert st.neighbour_valid[late].any(axis=1).mean() > 0.5
     same = torch.equal(st.neighbour_vectors[torch.as_tensor(early)], kept)
     assert same == (expansion == "once")
+    # a round downloads neighbours' vectors only to the clients expanded in it: none, under once
+    plan = _plan(split, 5, everyone)
+    alone = _algorithm(split, {"neighbours": 0}).local_update(plan).bytes_down
+    sent = alg.local_update(plan).bytes_down - alone
+    assert (sent == 0) == (expansion == "once") and sent >= 0
     if expansion == "once":  # the late half was drawn in round 4, as every-round draws it then
         other = _algorithm(split, {"warmup": 2})
         for r, clients in ((1, everyone), (2, everyone), (3, early)):
@@ -308,6 +313,9 @@ def test_layer_clip_bounds_each_clients_graph_layer_step(split: Split) -> None:
         torch.testing.assert_close(layer_sum[k], torch.stack([u.tensors[k] for u in kept]).sum(0), **TOL)
         torch.testing.assert_close(steps(1e6)[1][k], free_sum[k], **TOL)
     assert not torch.allclose(layer_sum["w"], free_sum["w"])
+    plain = _algorithm(split, {"layer_clip": bound}).client_steps(clients, 1)  # no rule: the sum alone
+    for k in ("w", "a"):
+        torch.testing.assert_close(plain.layer_sum[k], layer_sum[k], **TOL)
     with pytest.raises(FedrecError, match="layer_clip must be > 0"):
         get_algorithm("fedpergnn").build(split, {"layer_clip": 0.0})
 
@@ -330,6 +338,15 @@ def test_entry_clip_bounds_every_entry_of_every_step_sent(split: Split) -> None:
     for free, held in ((rows, c_rows), (layer, c_layer)):
         assert float(held.abs().max()) <= delta * (1 + 1e-6)
         torch.testing.assert_close(held, free.clamp(-delta, delta), **TOL)
+    # pseudo rows are held to the same bounds (drawn with the bounded rows' spread, some would
+    # pass them, and a row beyond the bounds would be a pseudo one)
+    alg = _algorithm(split, {"entry_clip": delta}, pad_items=7, clip=0.8 * delta * 5 ** 0.5)
+    kept = []  # type: ignore[var-annotated]
+    alg.client_steps(clients, 1, kept)
+    rows = torch.cat([u.tensors[ITEMS] for u in kept])
+    assert len(rows) == len(c_rows) // 5 + 7 * split.n_users
+    assert float(rows.abs().max()) <= delta * (1 + 1e-6)
+    assert float(rows.norm(dim=1).max()) <= 0.8 * delta * 5 ** 0.5 * (1 + 1e-6)
     with pytest.raises(FedrecError, match="entry_clip must be > 0"):
         get_algorithm("fedpergnn").build(split, {"entry_clip": -1.0})
 

@@ -204,6 +204,21 @@ def test_a_defended_fedpergnn_node_without_an_uploading_client_is_not_refused() 
     assert server.side.check(reply, np.zeros(0, np.int64)) is None
 
 
+def test_a_fedpergnn_servers_save_keeps_whom_it_expanded() -> None:
+    """Under ``expansion=once`` the server (the third party) must not expand again, after a
+    resume, the clients it expanded before: its save carries their flags."""
+    run = make_run("fedpergnn", clients_per_round=0.5, rounds=3,
+                   model={"neighbours": 3, "warmup": 1, "expansion": "once"})
+    side = run_in_process(run, 3).side
+    assert 0 < side.expanded.sum() < len(side.expanded)  # some sampled in rounds 2-3, not all
+    split = prepare_split(run)
+    nodes = {i: Node(run, i, 3, split) for i in range(3)}
+    fresh = Server(run, {i: n.hello() for i, n in nodes.items()}).side
+    assert not fresh.expanded.any()
+    fresh.load_state_dict(side.state_dict())
+    np.testing.assert_array_equal(fresh.expanded, side.expanded)
+
+
 def test_a_per_client_reply_that_repeats_an_item_or_garbles_a_count_is_refused() -> None:
     """A robust rule counts a row's uploads, so one client naming an item twice would be two
     votes; a count that is not one finite number would crash the fold."""

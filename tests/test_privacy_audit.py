@@ -81,6 +81,27 @@ def test_padding_rows_are_untouched_items_and_are_paid_for():
     assert train(small).result.test == padded.test
 
 
+def test_pseudo_rows_are_held_to_the_real_rows_bound():
+    """Under ``--clip`` a pseudo row is held to the bound the real rows are: drawn with their
+    spread, some would pass it, and a row longer than the bound would be a pseudo one. The
+    bound here binds on most real rows."""
+    seen: list[Uploads] = []
+
+    def keep(trainable, split):
+        trainable.keep_uploads = True
+        trainable.observers = (lambda up, plan: seen.append(up),)
+
+    def rows(**kw) -> np.ndarray:
+        seen.clear()
+        train(RunConfig(algorithm="fedmf", dataset="synthetic:300x400",
+                        federated=federated_config("fedmf", rounds=1, pad_items=7, **kw)), prepare=keep)
+        return np.concatenate([u.tensors[ITEMS].norm(dim=1).numpy() for u in seen[0].per_client])
+
+    bound = float(np.median(rows()))
+    held = rows(clip=bound)
+    assert held.max() <= bound * (1 + 1e-5) and (held > bound * (1 - 1e-5)).mean() > 0.3
+
+
 def test_padding_is_refused_where_it_means_nothing():
     with pytest.raises(FedrecError, match="dense or noised"):
         _audit(pad_items=5, ldp=0.1)

@@ -14,13 +14,12 @@ norm 0.5. Under rating protocols it fits the observed ratings by squared error, 
 beneath fedrec's rating baseline, with item rows at 100 and row steps held to L2 norm 1.
 
 Its paper's privacy, as near as it runs here (docs/fedpergnn.md: bounds and noise on steps, not
-gradients): ``--ldp 0.2 --clip 0.57 --set layer_clip=0.57 --set entry_clip=0.1
---clients-per-round 128``, which runs under the papers' item-row rule (the round's clients,
-which the engine's LDP needs) at the rates chosen for that rule (``--paper``, and what LDP, a
-defence or an attack switch to: ``PAPERS_RULE``), and 1,000 pseudo items through ``fedrec
-audit-privacy --pad-items 1000`` (the engine takes ``--pad-items`` and ``--ldp`` one at a
-time). The paper's own rate (SGD at 0.01, one gradient a round) does not train in a budget
-fedrec runs.
+gradients): ``--ldp 0.2 --clip 0.57 --set entry_clip=0.1 --clients-per-round 128``, which runs
+under the papers' item-row rule (the round's clients, which the engine's LDP needs) at the
+rates chosen for that rule (``--paper``, and what LDP, a defence or an attack switch to:
+``PAPERS_RULE``), and 1,000 pseudo items through ``fedrec audit-privacy --pad-items 1000`` (the
+engine takes ``--pad-items`` and ``--ldp`` one at a time). The paper's own rate (SGD at 0.01,
+one gradient a round) does not train in a budget fedrec runs.
 """
 
 from __future__ import annotations

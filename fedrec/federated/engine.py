@@ -38,7 +38,7 @@ from fedrec.rounds.cohort import build_cohort
 from fedrec.rounds.device_cohort import device_cohort, use_device_layout
 from fedrec.rounds.padding import pseudo_rows
 from fedrec.rounds.uncopied import MAX_STEPS
-from fedrec.rounds.upload import ENCODINGS, UploadPath
+from fedrec.rounds.upload import ENCODINGS, UploadPath, clip_rows
 
 CPU_BUDGET_MB = 32.0  # about a CPU's last-level cache (measured: see FederatedConfig)
 CUDA_BUDGET_MB = 1024.0  # a small share of a GPU's memory, far fewer launches than 32 MB
@@ -392,11 +392,12 @@ def train_cohort(state: CohortState, spec: Any, cfg: FederatedConfig, train: sp.
             return
         if up is None:
             up = state.local_update(batches, path, fresh)
-        if cfg.pad_items:  # drawn as a message carries rows (CoLR: coordinates), at their spread there
+        if cfg.pad_items:  # drawn as a message carries rows (CoLR: coordinates), at their spread there,
+            # and held to the real rows' bound (a row beyond it would be a pseudo one)
             ptr, items, pad, extra = pseudo_rows(clients[a:b], batches.row_items, batches.row_ptr,
                                                  state.wire_rows(up.delta), state.items.shape[0], cfg.pad_items,
                                                  seed if pad_seed is None else pad_seed, r)
-            up.padding = (ptr, items, state.unwire_rows(pad).to(up.delta))
+            up.padding = (ptr, items, clip_rows(state.unwire_rows(pad).to(up.delta), path.clip))
             up.bytes_up += extra
         state.accumulate(acc, up)
         if keep is not None:

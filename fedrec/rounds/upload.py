@@ -69,16 +69,10 @@ class UploadPath:
             delta = rows - start
             up = (len(counts) * n_items * width * FLOAT_BYTES if self.sends_dense
                   else int(counts.sum()) * (INDEX_BYTES + width * FLOAT_BYTES))
-        delta = self._clip_rows(delta)
+        delta = clip_rows(delta, self.clip)
         if self.dp_clip is not None:
             delta = clip_clients(delta, counts, self.dp_clip)
         return delta, up, down
-
-    def _clip_rows(self, delta: torch.Tensor) -> torch.Tensor:
-        if self.clip is None:
-            return delta
-        norms = delta.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        return delta * (self.clip / norms).clamp(max=1.0)
 
     def laplace(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """``x`` as one client sends it under Laplace LDP: every float + Laplace(0, ``ldp``)
@@ -118,6 +112,15 @@ class UploadPath:
     def noiseless(self) -> UploadPath:
         """This path without noise: the server's, when the clients noised their own uploads."""
         return replace(self, ldp=0.0, dp_noise=0.0)
+
+
+def clip_rows(delta: torch.Tensor, bound: float | None) -> torch.Tensor:
+    """Each row of ``delta`` scaled down to L2 norm ``bound`` where longer (``--clip``); None:
+    as it is."""
+    if bound is None:
+        return delta
+    norms = delta.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return delta * (bound / norms).clamp(max=1.0)
 
 
 def clip_clients(delta: torch.Tensor, counts: torch.Tensor, bound: float) -> torch.Tensor:

@@ -112,6 +112,7 @@ class GNNClient(ClientSide):
             fresh = rows[np.asarray(msg["neighbours.fresh"], bool)]
             st.neighbour_vectors[torch.as_tensor(fresh)] = torch.as_tensor(msg["neighbours.vectors"])
             st.neighbour_valid[fresh] = np.asarray(msg["neighbours.valid"], bool)
+            st.received[fresh] = int(msg["round"])
         kept: list[Any] | None = [] if msg.get("per_client") else None  # a robust rule: each client's upload
         step = self.algorithm.client_steps(rows, int(msg["round"]), kept, each_layer=kept is not None)
         counts = {"published": st.users[torch.as_tensor(rows)].cpu().numpy(), "n": len(rows),
@@ -177,6 +178,7 @@ class GNNServer(ServerSide):
         self.item_count = torch.zeros(self.n_items)
         self.layer = {"w": torch.zeros_like(self.w), "a": torch.zeros_like(self.a)}
         self.sent: dict[int, np.ndarray] = {}
+        self.fresh: dict[int, np.ndarray] = {}  # each node's clients expanded this round
         self.new_vectors: list[tuple[np.ndarray, torch.Tensor]] = []
         self.kept: list[Any] = []  # each client's upload, under a rule
         self.totals = RoundTotals()
@@ -199,8 +201,8 @@ class GNNServer(ServerSide):
         trainable = self._trainable(clients)
         self.sent[node] = trainable
         fresh = expanding(self.spec, self.expanded, trainable, r)
+        self.fresh[node] = fresh  # marked expanded when the node answers (`fold`)
         if len(fresh):
-            self.expanded[fresh] = True
             vectors, valid = neighbours(self.train, self.raters, self.published, self.has_published, fresh,
                                         self.spec.neighbours, self.seed, r)
             out["neighbours.fresh"] = np.isin(trainable, fresh).astype(np.uint8)
@@ -239,6 +241,7 @@ class GNNServer(ServerSide):
 
     def fold(self, node: int, reply: Payload) -> None:
         self.new_vectors.append((self.sent[node], torch.as_tensor(reply["published"])))
+        self.expanded[self.fresh[node]] = True
         self.totals.add(reply)
         self.n += int(reply["n"])
         if self.rule is not None:  # each client's upload, for the rule

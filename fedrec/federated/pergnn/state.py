@@ -70,7 +70,7 @@ from fedrec.protocols.protocol import Split, user_means
 from fedrec.rounds import draws
 from fedrec.rounds.cohort import chunk_clients
 from fedrec.rounds.padding import pseudo_rows
-from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
+from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES, clip_rows
 
 #: samples (positives and negatives) a chunk of clients computes its gradients over at once
 CHUNK_SAMPLES = 1 << 20
@@ -257,8 +257,10 @@ class GNNState:
         #: each client's neighbours as last sent: their vectors ``(n, K, d)`` and which are real
         self.neighbour_vectors = torch.zeros((n, spec.neighbours, d), device=self.users.device)
         self.neighbour_valid = np.zeros((n, spec.neighbours), bool)
-        #: which users the third party has expanded (``expansion=once`` expands each one once)
+        #: which users the third party has expanded (``expansion=once`` expands each one once),
+        #: and the round each client last received its neighbours (their vectors' download)
         self.expanded = np.zeros(n, bool)
+        self.received = np.zeros(n, np.int64)
         self.raters = sp.csc_matrix(split.train)
         self.lr = cfg.lr
         self.lr_item = item_rate(cfg)
@@ -273,6 +275,7 @@ class GNNState:
         if not len(clients):
             return
         self.expanded[clients] = True
+        self.received[clients] = r
         vectors, valid = neighbours(self.split.train, self.raters, self.published, self.has_published,
                                     clients, self.spec.neighbours, self.seed, r)
         self.neighbour_vectors[torch.as_tensor(clients)] = vectors
@@ -473,23 +476,24 @@ class GNNAlgorithm(FederatedAlgorithm):
             n_rows, layer = int(counts.sum()), d * d + 2 * d
             out.bytes_up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
             out.bytes_down += (len(lay.row_items) * (INDEX_BYTES + width * FLOAT_BYTES)
-                               + (len(part) * layer + int(st.neighbour_valid[part].sum()) * d) * FLOAT_BYTES)
+                               + (len(part) * layer + int(st.neighbour_valid[part][st.received[part] == r].sum()) * d)
+                               * FLOAT_BYTES)
         return out
 
     def _sent_rows(self, steps: torch.Tensor, lay: Layout, ids: np.ndarray, r: int
                    ) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
-        """What the chunk's clients (run ids ``ids``) send of their item-row steps: each entry
-        held to ``entry_clip`` and each row clipped (``--clip``), with ``--pad-items`` pseudo rows and ``--ldp`` noise; (items, rows,
-        rows a client), client by client, items sorted within a client."""
+        """What the chunk's clients (run ids ``ids``) send of their item-row steps: each row
+        held to the bounds (`_bounded`), with ``--pad-items`` pseudo rows (drawn with the bounded
+        rows' spread, and held to the same bounds: a row beyond them would be a pseudo one) and
+        ``--ldp`` noise; (items, rows, rows a client), client by client, items sorted within a
+        client."""
         cfg = self.cfg
-        if self.state.spec.entry_clip is not None:
-            steps = steps.clamp(-self.state.spec.entry_clip, self.state.spec.entry_clip)
-        if cfg.clip is not None:
-            steps = steps * (cfg.clip / steps.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
+        steps = self._bounded(steps)
         items, counts = lay.row_items, np.diff(lay.row_ptr)
         if cfg.pad_items:
             ptr, p_items, p_rows, _ = pseudo_rows(ids, lay.row_items, lay.row_ptr, steps.cpu(),
                                                   self.state.split.n_items, cfg.pad_items, self._noise_key, r)
+            p_rows = self._bounded(p_rows)
             owner = np.concatenate([np.repeat(np.arange(len(counts)), counts),
                                     np.repeat(np.arange(len(counts)), np.diff(ptr))])
             items_all = np.concatenate([items, p_items])
@@ -500,6 +504,12 @@ class GNNAlgorithm(FederatedAlgorithm):
             noise = laplace((self._noise_key, draws.LOCAL_NOISE, r, 0), ids, counts * steps.shape[1], cfg.ldp)
             steps = steps + torch.as_tensor(noise, dtype=steps.dtype, device=steps.device).reshape(steps.shape)
         return items, steps, counts
+
+    def _bounded(self, rows: torch.Tensor) -> torch.Tensor:
+        """Item-row steps held to ``entry_clip`` entry by entry, then to ``--clip`` in L2."""
+        if self.state.spec.entry_clip is not None:
+            rows = rows.clamp(-self.state.spec.entry_clip, self.state.spec.entry_clip)
+        return clip_rows(rows, self.cfg.clip)
 
     @property
     def _noise_key(self) -> int:
