@@ -461,23 +461,24 @@ class GNNAlgorithm(FederatedAlgorithm):
             out.loss_sum += float(g["loss"])
             st.users[torch.as_tensor(part)] -= st.lr * g["users"]  # the client's own step
             items, rows, counts = self._sent_rows(-st.lr_item * g["rows"], lay, ids, r)
-            layer = layer_steps(g, st.lr, st.spec.layer_clip, st.spec.entry_clip) if each_layer or each_client else {}
+            layer_each = (layer_steps(g, st.lr, st.spec.layer_clip, st.spec.entry_clip)
+                          if each_layer or each_client else {})
             for k in ("w", "a"):
-                step = layer[k].sum(0) if each_client else -st.lr * g[k]
+                step = layer_each[k].sum(0) if each_client else -st.lr * g[k]
                 out.layer_sum[k] += step + self._noise_sum(ids, tuple(g[k].shape), r, 1 + (k == "a"))
             out.item_sum.index_add_(0, torch.as_tensor(items, device=rows.device), rows)
             out.item_count.index_add_(0, torch.as_tensor(items, device=rows.device), torch.ones_like(rows[:, 0]))
             if kept is not None:
                 ptr = np.concatenate([[0], np.cumsum(counts)])
-                layer = layer if each_layer else {}
+                sent_layer = layer_each if each_layer else {}
                 kept += [ClientUpload(int(c), items[ptr[j]:ptr[j + 1]],
-                                      {ITEMS: rows[ptr[j]:ptr[j + 1]], **{k: v[j] for k, v in layer.items()}})
+                                      {ITEMS: rows[ptr[j]:ptr[j + 1]], **{k: v[j] for k, v in sent_layer.items()}})
                          for j, c in enumerate(ids)]
-            n_rows, layer = int(counts.sum()), d * d + 2 * d
-            out.bytes_up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer + d) * FLOAT_BYTES
+            n_rows, layer_size = int(counts.sum()), d * d + 2 * d
+            neighbours_sent = int(st.neighbour_valid[part][st.received[part] == r].sum())
+            out.bytes_up += n_rows * (INDEX_BYTES + width * FLOAT_BYTES) + len(part) * (layer_size + d) * FLOAT_BYTES
             out.bytes_down += (len(lay.row_items) * (INDEX_BYTES + width * FLOAT_BYTES)
-                               + (len(part) * layer + int(st.neighbour_valid[part][st.received[part] == r].sum()) * d)
-                               * FLOAT_BYTES)
+                               + (len(part) * layer_size + neighbours_sent * d) * FLOAT_BYTES)
         return out
 
     def _sent_rows(self, steps: torch.Tensor, lay: Layout, ids: np.ndarray, r: int
