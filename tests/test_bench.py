@@ -412,3 +412,29 @@ def test_a_folder_named_through_one_that_did_not_exist_is_never_removed(tmp_path
     with no_empty_folders(tmp_path / "a" / ".." / "b", tmp_path / "new" / "deeper"):
         (tmp_path / "new" / "deeper").mkdir(parents=True)
     assert (tmp_path / "b").is_dir() and not (tmp_path / "new").exists()
+
+
+def test_a_cell_run_under_a_default_since_changed_is_run_again(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell's key holds the model options the grid sets, not their defaults, so a changed
+    default keeps the key: the results file's recorded options tell the cell's old run from its
+    current one, the boards leave the old run out and say why, and the next run replaces it."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    capsys.readouterr()
+    fedmf = next(p for p in (out / "cells").glob("*.json") if json.loads(p.read_text())["algorithm"] == "fedmf")
+    blob = json.loads(fedmf.read_text())
+    dim = blob["config"]["model"]["dim"]
+    blob["config"]["model"]["dim"] = dim + 1  # as if it ran when the default was one more
+    fedmf.write_text(json.dumps(blob))
+    assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
+    board = " ".join((out / "leaderboard.md").read_text().split())
+    assert f"- fedmf (leak-free) seed 0: outdated: its run had dim {dim + 1} -> {dim} (a default changed since)" in board
+    assert "| fedmf |" not in board and "| pfedrec |" in board
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "2 cells: 1 run, 1 cached, 0 failed" in capsys.readouterr().out
+    assert json.loads(fedmf.read_text())["config"]["model"]["dim"] == dim
+    board = (out / "leaderboard.md").read_text()
+    assert "outdated" not in board and "| fedmf |" in board

@@ -6,7 +6,11 @@ shapes its figures (the `RunConfig`, with the data folder left out), written ato
 the run ends. So a rerun does only the missing cells, a killed grid resumes where it stopped
 (the cells that were running start again, or go on from their last checkpoint with
 ``checkpoint_every``), and changing any option makes new cells rather than reusing stale
-ones. Cells run in worker processes, one PyTorch thread each.
+ones. The key holds the model options a grid sets, not their defaults (an option added with
+the old behaviour as its default keeps every cell); a cell whose results file records a model
+option that now resolves otherwise (a changed default) is *outdated*: it is run again, and
+until then the boards leave it out and say why (`outdated`). Cells run in worker processes,
+one PyTorch thread each.
 
 The file::
 
@@ -330,11 +334,11 @@ def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | Non
     counts = {"cached": 0, "done": 0, "diverged": 0, "failed": 0}
     todo = []
     for cell in grid.cells:
-        if cell_path(out, cell).exists():
+        if _current(out, cell)[0] is not None:
             counts["cached"] += 1
             if on_cell is not None:
                 on_cell(cell, "cached")
-        else:
+        else:  # not run, failed, or outdated: its file is replaced when the run ends
             todo.append(cell)
     if not todo:
         return counts
@@ -363,6 +367,34 @@ def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | Non
     return counts
 
 
+def outdated(cell: Cell, result: dict[str, Any]) -> str | None:
+    """Why ``result`` (a results file under ``cell``'s key) is no longer ``cell``'s run: the model
+    options it records that ``cell``'s options now resolve to other values, as ``name was -> now``
+    (a default changed since it ran). None when it is current. An option the file lacks (added
+    since) or the algorithm lacks (removed since) is not a difference: the key already says the
+    run's set options are the same."""
+    from fedrec.algorithms import get_algorithm
+
+    recorded = result.get("config", {}).get("model") or {}
+    now = json.loads(json.dumps(get_algorithm(cell.algorithm).parse(dict(cell.model)).values(), default=str))
+    changed = [f"{k} {recorded[k]!r} -> {now[k]!r}" for k in sorted(recorded) if k in now and recorded[k] != now[k]]
+    return f"outdated: its run had {', '.join(changed)} (a default changed since)" if changed else None
+
+
+def _current(out: Path, cell: Cell) -> tuple[dict[str, Any] | None, str | None]:
+    """``cell``'s results in ``out`` and None, or None and why it has none that is current
+    (``not run``, the reason it failed, or why its results are `outdated`)."""
+    path = cell_path(out, cell)
+    if path.exists():
+        result = json.loads(path.read_text())
+        why = outdated(cell, result)
+        if why is None:
+            return result, None
+        return None, why
+    failed = failure_path(out, cell)
+    return None, failed.read_text().strip() if failed.exists() else "not run"
+
+
 def diverged_at(out: Path, cell: Cell) -> int | None:
     """The round ``cell``'s run diverged in, where its results file says it did (`fedrec.experiment.train`
     writes a diverged run's results before it raises)."""
@@ -376,13 +408,13 @@ def diverged_at(out: Path, cell: Cell) -> int | None:
 
 
 def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
-    """The cells of ``grid`` without a result in ``out``, each with why: the reason it failed
-    (``failed: ...``) or ``not run``."""
+    """The cells of ``grid`` without a current result in ``out``, each with why: the reason it
+    failed (``failed: ...``), ``not run``, or why its result is `outdated`."""
     missing = []
     for cell in grid.cells:
-        if not cell_path(Path(out), cell).exists():
-            failed = failure_path(Path(out), cell)
-            missing.append((cell, failed.read_text().strip() if failed.exists() else "not run"))
+        result, why = _current(Path(out), cell)
+        if result is None:
+            missing.append((cell, why))
     return missing
 
 
@@ -395,13 +427,13 @@ def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
 
 
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
-    """The results JSON of every finished cell of ``grid`` (with its ``label``, when it has one:
-    the boards name rows by it)."""
+    """The results JSON of every finished cell of ``grid`` that is not `outdated` (with its
+    ``label``, when it has one: the boards name rows by it)."""
     found = []
     for cell in grid.cells:
-        path = cell_path(Path(out), cell)
-        if path.exists():
-            found.append({**json.loads(path.read_text()), **({"label": grid.label} if grid.label else {})})
+        result, _ = _current(Path(out), cell)
+        if result is not None:
+            found.append({**result, **({"label": grid.label} if grid.label else {})})
     return found
 
 
