@@ -30,7 +30,8 @@ from fedrec.data import user_sets
 from fedrec.data.registry import REGISTRY
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import federated_config
-from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_run
+from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_config, poison_run
+from fedrec.reproduce.runner import config_changes
 
 #: engine options that describe an attacker, left out of a clean ("none") cell
 ATTACKER_ONLY = ("attacker_norm",)
@@ -91,7 +92,14 @@ def main() -> None:
                     tag = "" if b is None else f"-b{b:g}"
                     where = "" if args.dataset == "ml-100k" else f"{args.dataset}-"
                     path = out / f"poison-{where}{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
-                    if path.exists():
+                    if path.exists():  # found by its name: say where it was made otherwise
+                        kept = json.loads(path.read_text())
+                        if "config" in kept:
+                            now = poison_config(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
+                                                args.data_dir, args.protocol, model, opts, args.dataset)
+                            changes = config_changes(kept["config"], now)
+                            if changes:
+                                print(f"reused {path.name} was made with {changes}; delete it to run it again")
                         continue
                     blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
                                       args.protocol, model, opts, args.dataset)

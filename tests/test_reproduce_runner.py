@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -70,6 +72,23 @@ def test_a_reused_file_made_with_other_settings_is_reported(tmp_path):
     again = execute([PlannedRun("pfedrec", "pfedrec", engine=(("patience", 3),))], rounds=5, **kw)
     assert stale == [{"federated.patience": (0, 3), "federated.rounds": (2, 5)}]
     assert len(again) == 1 and again[0]["config"]["federated"]["rounds"] == 2
+
+
+def test_a_reused_file_made_under_a_default_since_changed_is_reported(tmp_path):
+    """A plan sets few model options; the file records every one as it resolved then, so a
+    default changed since (here the file edited as if made when ``dim`` defaulted to one more)
+    is reported, as a changed engine option is."""
+    stale: list[dict] = []
+    kw = dict(dataset="synthetic:120x400", seeds=[0], policies=["leak-free"], rounds=2, out_dir=tmp_path,
+              on_stale=lambda p, n, s, changes: stale.append(changes))
+    execute([PlannedRun("fedmf", "fedmf")], **kw)
+    (path,) = tmp_path.rglob("*.json")
+    blob = json.loads(path.read_text())
+    dim = blob["config"]["model"]["dim"]
+    blob["config"]["model"]["dim"] = dim + 1
+    path.write_text(json.dumps(blob))
+    execute([PlannedRun("fedmf", "fedmf")], **kw)
+    assert stale == [{"model.dim": (dim + 1, dim)}]
 
 
 def test_patience_replaces_every_runs_stopping_rule(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import numpy as np
@@ -546,3 +547,34 @@ class RunConfigLike:
     """The engine options `Security.defence` reads."""
 
     defence, trim, byzantine, norm_bound, clients_per_round = "union", 0.1, 0.0, None, 1.0
+
+
+def test_attack_table_runs_reused_by_name_are_checked_against_their_settings(tmp_path):
+    """An attack table's run is found by its file name, which does not hold every setting: a
+    reused file's recorded config is compared with the run it stands for now (a changed default
+    or rate is noted as stale, still used), and a file with no recorded config is counted."""
+    from fedrec.reproduce.attacks import AttackTables, _cached, poison_config, poison_run
+
+    args = ("fedmf", "none", None, "none", 0, 0.05, 2, None)
+    path = tmp_path / "poison-fedmf-none-none-r2-s0.json"
+
+    def made() -> dict:
+        return poison_run(*args, dataset="synthetic:60x300")
+
+    def planned() -> RunConfig:
+        return poison_config(*args, dataset="synthetic:60x300")
+
+    tables = AttackTables()
+    first = _cached(path, made, True, planned, tables)
+    assert first["config"]["federated"]["rounds"] == 2 and tables.stale == [] and tables.unchecked == 0
+    assert _cached(path, made, True, planned, tables) == first and tables.stale == []
+    blob = json.loads(path.read_text())
+    blob["config"]["model"]["dim"] += 1  # as if made when the default was one more
+    path.write_text(json.dumps(blob))
+    again = _cached(path, made, True, planned, tables)
+    dim = blob["config"]["model"]["dim"]
+    assert again["er@10"] == first["er@10"] and tables.stale == [(path.name, {"model.dim": (dim, dim - 1)})]
+    blob.pop("config")
+    path.write_text(json.dumps(blob))
+    _cached(path, made, True, planned, tables)
+    assert tables.unchecked == 1

@@ -9,6 +9,7 @@ and one test: modules are imported by `discover` (no central list to edit).
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,6 +119,16 @@ class AlgorithmSpec:
         """Typed options from ``values`` (unknown keys, wrong types and contradicted fixed
         options are one clear error each)."""
         return self.options.parse(values or {}, algorithm=self.name, fixed=self.fixed)
+
+    def changed_options(self, values: Mapping[str, Any] | None, recorded: Mapping[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+        """The model options a run that recorded ``recorded`` (a results file's ``config.model``,
+        every option as parsed then) ran with that ``values`` now resolve otherwise, as ``{name:
+        (then, now)}``: a default changed since, which a cache keyed on the options a user sets
+        cannot see. An option the file lacks (added since, its default the old behaviour) or the
+        algorithm lacks (removed since) is not compared."""
+        now = json.loads(json.dumps(self.parse(values).values(), default=str))
+        then = recorded or {}
+        return {k: (then[k], now[k]) for k in sorted(then) if k in now and then[k] != now[k]}
 
     def build(self, split: Split | None, values: Mapping[str, Any] | Options | None = None,
               engine: Any = None) -> Any:

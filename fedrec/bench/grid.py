@@ -369,15 +369,12 @@ def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | Non
 
 def outdated(cell: Cell, result: dict[str, Any]) -> str | None:
     """Why ``result`` (a results file under ``cell``'s key) is no longer ``cell``'s run: the model
-    options it records that ``cell``'s options now resolve to other values, as ``name was -> now``
-    (a default changed since it ran). None when it is current. An option the file lacks (added
-    since) or the algorithm lacks (removed since) is not a difference: the key already says the
-    run's set options are the same."""
+    options it records that ``cell``'s options now resolve to other values, as ``name then -> now``
+    (a default changed since it ran, `AlgorithmSpec.changed_options`). None when it is current."""
     from fedrec.algorithms import get_algorithm
 
-    recorded = result.get("config", {}).get("model") or {}
-    now = json.loads(json.dumps(get_algorithm(cell.algorithm).parse(dict(cell.model)).values(), default=str))
-    changed = [f"{k} {recorded[k]!r} -> {now[k]!r}" for k in sorted(recorded) if k in now and recorded[k] != now[k]]
+    changes = get_algorithm(cell.algorithm).changed_options(dict(cell.model), result.get("config", {}).get("model"))
+    changed = [f"{k} {then!r} -> {now!r}" for k, (then, now) in changes.items()]
     return f"outdated: its run had {', '.join(changed)} (a default changed since)" if changed else None
 
 

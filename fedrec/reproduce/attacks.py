@@ -55,11 +55,32 @@ class AttackTables:
     anchor: list[dict[str, float]] = field(default_factory=list)
     poisoning: list[dict[str, Any]] = field(default_factory=list)
     inference: list[dict[str, Any]] = field(default_factory=list)
+    #: reused files whose recorded settings differ from the run the tables would make now,
+    #: ``(file name, {"federated.rounds": (then, now)})`` (`fedrec.reproduce.runner.config_changes`)
+    stale: list[tuple[str, dict[str, tuple[Any, Any]]]] = field(default_factory=list)
+    #: reused files that record no settings (written before the files held them): not checked
+    unchecked: int = 0
 
 
-def _cached(path: Path, make: Callable[[], Any], run_missing: bool) -> Any:
+def _cached(path: Path, make: Callable[[], Any], run_missing: bool, planned: Callable[[], Any] | None = None,
+            tables: AttackTables | None = None) -> Any:
+    """The figures in ``path``, or those ``make()`` measures (then written to ``path``) when it
+    has none and ``run_missing``. A file is found by its name, which does not hold every
+    setting: a reused file's recorded ``config`` is compared with ``planned()``, the run it
+    stands for now, and what differs is noted in ``tables.stale`` (still used: deleting the
+    file runs it again)."""
     if path.exists():
-        return json.loads(path.read_text())
+        blob = json.loads(path.read_text())
+        if planned is not None and tables is not None:
+            if "config" not in blob:
+                tables.unchecked += 1
+            else:
+                from fedrec.reproduce.runner import config_changes
+
+                changes = config_changes(blob["config"], planned())
+                if changes:
+                    tables.stale.append((path.name, changes))
+        return blob
     if not run_missing:
         return None
     blob = make()
@@ -109,6 +130,9 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                share: float) -> dict[str, Any]:
         return poison_run(method, attack, boost, defence, seed, share, rounds, data_dir)
 
+    def poisoned(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float) -> Any:
+        return poison_config(method, attack, boost, defence, seed, share, rounds, data_dir)
+
     cells: list[tuple[str, str, float | None, str]] = [
         (m, a, None, "none") for m in POISON_METHODS for a in ALL_ATTACKS]
     cells += [(m, a, 10.0, "none") for m in POISON_METHODS for a in ALL_ATTACKS[1:] if a != "boost"]  # boost: x10 already
@@ -120,20 +144,23 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
             tell(f"poison {m} {a} x{b or 1:g} {d} p={p:g} s{seed}")
             tag = ("" if b is None else f"-b{b:g}") + ("" if p == MAIN_SHARE else f"-p{p:g}")
             blob = _cached(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
-                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing)
+                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing,
+                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poisoned(m, a, b, d, seed, p), out)
             if blob:
                 out.poisoning.append({**blob, "malicious": p, "attack": _label(a, b)})
 
+    def inferred(method: str, view: str, seed: int) -> RunConfig:
+        opts = {k: v for k, v in VIEWS[view].items() if k != "secagg"}
+        return RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
+                         federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
+
     def infer(method: str, view: str, seed: int) -> dict[str, Any]:
-        opts = dict(VIEWS[view])
-        secagg = opts.pop("secagg", 0)
-        cfg = RunConfig(algorithm=method, dataset="ml-100k", seed=seed, data_dir=data_dir,
-                        federated=federated_config(method, "ml-100k", paper=True, rounds=rounds, **opts))
-        res, audit = audit_privacy(cfg, secagg=secagg)
+        res, audit = audit_privacy(inferred(method, view, seed), secagg=VIEWS[view].get("secagg", 0))
         return {"method": method, "view": view, "seed": seed, **audit.summary(),
                 "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
                 "epsilon": res.extra.get("privacy", {}).get("epsilon"),
-                "bytes_up": float(np.mean([h.bytes_up for h in res.history]))}
+                "bytes_up": float(np.mean([h.bytes_up for h in res.history])),
+                "config": res.config, "git_revision": res.git_revision}
 
     for seed in seeds:
         for m in INFER_METHODS:
@@ -141,7 +168,8 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                 tell(f"infer {m} {v} s{seed}")
                 slug = v.replace(" ", "").replace("=", "")
                 blob = _cached(out_dir / f"infer-{m}-{slug}-r{rounds}-s{seed}.json",
-                               lambda m=m, v=v, seed=seed: infer(m, v, seed), run_missing)
+                               lambda m=m, v=v, seed=seed: infer(m, v, seed), run_missing,
+                               lambda m=m, v=v, seed=seed: inferred(m, v, seed), out)
                 if blob:
                     out.inference.append(blob)
     return out
@@ -326,17 +354,10 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
     ``model``: model options beside the method's defaults (GFed-PP's ``public_attackers``);
     ``engine``: engine options beside the paper setting (FedDAE's ``clients_per_round``);
     ``dataset``: another registered data set than ML-100K."""
-    from fedrec.experiment import RunConfig, federated_config, train
+    from fedrec.experiment import train
 
-    opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
-                            {"attack": attack, "boost": boost, "malicious": share})
-    if defence != "none":
-        opts["defence"] = defence
-    where = {} if protocol is None else {"protocol": protocol}
-    cfg = RunConfig(algorithm=method, dataset=dataset, seed=seed, data_dir=data_dir, **where,
-                    model=dict(model or {}),
-                    federated=federated_config(method, dataset, paper=True, rounds=rounds, **where,
-                                               **dict(engine or {}), **opts))
+    cfg = poison_config(method, attack, boost, defence, seed, share, rounds, data_dir, protocol, model, engine,
+                        dataset)
     start = time.perf_counter()
     res = train(cfg).result
     last = res.history[-1].extra
@@ -354,4 +375,22 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
             "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
             **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
-            "wall_seconds": time.perf_counter() - start}
+            "wall_seconds": time.perf_counter() - start, "config": res.config, "git_revision": res.git_revision}
+
+
+def poison_config(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float,
+                  rounds: int, data_dir: str | None, protocol: str | None = None,
+                  model: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
+                  dataset: str = "ml-100k") -> Any:
+    """The `fedrec.experiment.RunConfig` of a `poison_run` (its arguments)."""
+    from fedrec.experiment import RunConfig, federated_config
+
+    opts: dict[str, Any] = ({"targets": 1} if attack == "none" else
+                            {"attack": attack, "boost": boost, "malicious": share})
+    if defence != "none":
+        opts["defence"] = defence
+    where = {} if protocol is None else {"protocol": protocol}
+    return RunConfig(algorithm=method, dataset=dataset, seed=seed, data_dir=data_dir, **where,
+                     model=dict(model or {}),
+                     federated=federated_config(method, dataset, paper=True, rounds=rounds, **where,
+                                                **dict(engine or {}), **opts))

@@ -264,16 +264,21 @@ def config_changes(stored: dict[str, Any], planned: RunConfig) -> dict[str, tupl
     ``{"federated.patience": (stored, planned)}``: a reused file is taken by its name, and its name
     does not hold every setting (a plan's rule changed since, or another ``--rounds``).
 
-    Fields missing from the file (written before they existed) and model options the plan does not
-    set are not compared, nor `NOT_COMPARED`.
+    Fields missing from the file (written before they existed) are not compared, nor
+    `NOT_COMPARED`; model options are compared as they resolve now, defaults included
+    (`AlgorithmSpec.changed_options`).
     """
     now = json.loads(json.dumps(asdict(planned)))
-    planned_model = planned.model or {}
     changes: dict[str, tuple[Any, Any]] = {}
     for name in stored.keys() & now.keys() - NOT_COMPARED:
         old, new = stored[name], now[name]
         if name == "model":
-            old, new = old or {}, {k: v for k, v in (new or {}).items() if k in planned_model}
+            try:
+                resolved = get_algorithm(planned.algorithm).changed_options(planned.model, old)
+            except FedrecError:  # an option the plan sets that the algorithm no longer has
+                resolved = {}
+            changes.update({f"model.{k}": v for k, v in resolved.items()})
+            continue
         if isinstance(old, dict) and isinstance(new, dict):
             changes.update({f"{name}.{k}": (old[k], new[k]) for k in old.keys() & new.keys() - NOT_COMPARED
                             if old[k] != new[k]})
