@@ -451,13 +451,19 @@ def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     return blob
 
 
-def fingerprint(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(cfg: RunConfig, options: dict[str, Any], source: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a checkpoint of this run must match to be resumed: its recorded options, less where
-    the data lives (`fedrec.core.checkpoint`)."""
+    the data lives, and the sha256 of the file its data were read from (``source``, the data's
+    `Interactions.source`, where known): a file named by its path and edited since is other
+    data (`fedrec.core.checkpoint`)."""
     blob = RunConfig.identity(recorded_config(cfg, options))
     blob.pop("data_dir")
     if "federated" in blob:
         blob["federated"] = FederatedConfig.identity(blob["federated"])
+    if source and source.get("sha256"):
+        from fedrec.core.checkpoint import DATA_SHA256
+
+        blob[DATA_SHA256] = source["sha256"]
     return blob
 
 
@@ -578,7 +584,8 @@ def train(
             prepare(trainable, split)
         config = recorded_config(cfg, options.values())
         driver: dict[str, Any] = {"on_round": on_round, "checkpoint": checkpoint, "resume": resume,
-                                  "fingerprint": fingerprint(cfg, options.values()), "keep_best": keep_best}
+                                  "fingerprint": fingerprint(cfg, options.values(), split.data.source),
+                                  "keep_best": keep_best}
         # the trainer's rounds, evaluation, stop and back-offs (the centralised one: always its best epoch)
         outcome, diverged = _until_divergence(lambda: run_rounds(trainable, split, **{**driver, **cfg.trainer.driver()}))
     result = RunResult(

@@ -461,3 +461,29 @@ def test_names_thresholds_and_fetches_that_would_fail_later_are_refused_when_add
     with pytest.raises(FedrecError, match="--threshold 3 keeps ratings at or above it, and --columns 'user,item' "
                                           "names no rating column"):
         prepare_split(RunConfig("mf", dataset=str(data), columns="user,item", threshold=3))
+
+
+def test_a_checkpoint_of_a_file_edited_since_is_not_resumed(tmp_path: Path) -> None:
+    """A run of one's own file is named by its path; its checkpoint holds the file's sha256, so
+    resuming after the file was edited (same users and items, so the state would fit) is refused
+    in one line, and resuming the unedited file goes on."""
+    from fedrec.experiment import federated_config, train
+
+    data = write_events(tmp_path / "events.csv")
+
+    def cfg(rounds: int) -> RunConfig:
+        return RunConfig(algorithm="fedmf", dataset=str(data), columns="user,item,rating,ts", protocol="loo-full",
+                         federated=federated_config("fedmf", str(data), "loo-full", rounds=rounds, patience=0,
+                                                    checkpoint_every=1))
+
+    ckpt = tmp_path / "run.ckpt"
+    train(cfg(2), checkpoint=ckpt)
+    original = data.read_text()
+    lines = original.splitlines()
+    user, item, rating, ts = lines[1].split(",")
+    lines[1] = ",".join([user, item, str(6 - int(rating)) if rating != "3" else "4", ts])
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(FedrecError, match="data_sha256"):
+        train(cfg(3), checkpoint=ckpt, resume=True)
+    data.write_text(original)
+    assert train(cfg(3), checkpoint=ckpt, resume=True).result.resumed_at == [2]

@@ -34,6 +34,9 @@ LEGACY = ("Drop --resume (or remove it) to train afresh, or, if you trust where 
 #: options that may change on resume: how long to go on, and when to stop, evaluate or save
 FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir",
                   "memory_budget_mb"})  # figures do not depend on the chunk size (tested)
+#: the fingerprint's entry for the sha256 of the file the run's data were read from
+#: (`fedrec.experiment.fingerprint`); a checkpoint written before it held one is not compared on it
+DATA_SHA256 = "data_sha256"
 
 
 def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:
@@ -120,9 +123,12 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
          rounds: int) -> tuple[int, dict[str, Any] | None]:
     """Continue from ``path``: check it, load the state into ``algorithm`` and the history into
     ``out``; returns the round it was written after and the state at the best round (if kept)."""
-    # onto the run's device (`fedrec.core.device.on`), whichever device wrote it
+    # read onto the run's device (`fedrec.core.device.on`), whichever device wrote it, so that a
+    # checkpoint of another device is refused below by its fingerprint's `device`, not by the read
     blob = read(path, torch.get_default_device())
     mine, theirs = flatten(fingerprint), flatten(blob["fingerprint"])
+    if DATA_SHA256 not in theirs:  # written before checkpoints held their data's sha256
+        mine.pop(DATA_SHA256, None)
     changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if changed:
         shown = ", ".join(f"{k} (checkpoint {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed[:4])
