@@ -47,12 +47,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
-from fedrec.core.checkpoint import peek
+from fedrec.core.checkpoint import FREE, flatten, peek
 from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import (
     RunConfig,
     check_seed,
     federated_config,
+    fingerprint,
     prepare_split,
     saving_every,
     train,
@@ -235,6 +236,7 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
               "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
     if fixed:  # only when given, so that journals of searches without it still resume
         search["fixed"] = fixed
+    search["base"] = _base_identity(base, spec, fixed, split)
 
     def draw(trial: optuna.Trial) -> tuple[RunConfig, dict[str, Any]]:
         """The trial's settings, drawn here (in this process, in the trials' order), as a run
@@ -494,8 +496,13 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     from optuna.trial import TrialState
 
     stored = study.user_attrs.get("search")
+    if isinstance(stored, dict) and "base" not in stored:  # a journal from before searches recorded it
+        search = {k: v for k, v in search.items() if k != "base"}
     if stored != json.loads(json.dumps(search)):
-        raise FedrecError(f"tune journal {journal} holds another search ({stored}); remove it or pass another path")
+        mine, theirs = flatten(json.loads(json.dumps(search))), flatten(stored if isinstance(stored, dict) else {})
+        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k} (journal {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed[:4])
+        raise FedrecError(f"tune journal {journal} holds another search: {shown}; remove it or pass another path")
     cut = [t for t in study.trials if t.state == TrialState.RUNNING]  # killed (several: `_parallel`)
     for t in cut:
         study.tell(t.number, state=TrialState.FAIL)
@@ -507,6 +514,19 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     study.sampler = TPESampler(seed=int(np.random.SeedSequence([seed, len(study.trials)]).generate_state(1)[0]))
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     return [t.user_attrs["entry"] for t in done if "entry" in t.user_attrs]
+
+
+def _base_identity(base: RunConfig, spec: AlgorithmSpec, fixed: dict[str, Any], split: Split) -> dict[str, Any]:
+    """What every trial of a search shares and its other entries do not name: the base run's
+    options as they resolve (defaults included, the model's with ``fixed``) and the sha256 of
+    the data file, so that a journal is not continued after a default changed or the file was
+    edited. Less where the run trains (a search may go on on another device) and what says how
+    long and how often it saves (`fedrec.core.checkpoint.FREE`)."""
+    blob = fingerprint(base, spec.parse(fixed).values(), split.data.source)
+    for part in ("federated", "train"):
+        if isinstance(blob.get(part), dict):
+            blob[part] = {k: v for k, v in blob[part].items() if k != "device" and k not in FREE}
+    return json.loads(json.dumps(blob, default=str))
 
 
 def write_config(result: TuneResult, path: str | Path) -> None:

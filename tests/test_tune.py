@@ -242,6 +242,41 @@ def test_a_killed_search_goes_on_from_its_journal(tmp_path: Path, monkeypatch: p
         tune("fedmf", DATA, trials=5, rounds=3, journal=journal)
 
 
+def test_a_journal_is_not_continued_on_a_data_file_edited_since(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search's journal holds its base run as it resolves and its data file's sha256: killed,
+    then run again after the file was edited, it is refused with what differs (its finished
+    trials ran on the old data); on the unedited file it goes on."""
+    import numpy as np
+
+    import fedrec.tune as tuning
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "events.csv"
+    rows = [f"u{u},i{i}" for u in range(40) for i in sorted(rng.choice(120, 12, replace=False))]
+    data.write_text("user,item\n" + "\n".join(rows) + "\n")
+    journal = tmp_path / "fedmf.journal"
+    real_train, calls = tuning.train, []
+
+    def killed_in_second(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise SystemExit(9)
+        return real_train(*args, **kwargs)
+
+    kw = dict(trials=3, rounds=1, journal=journal, columns="user,item", protocol="loo-full")
+    monkeypatch.setattr(tuning, "train", killed_in_second)
+    with pytest.raises(SystemExit):
+        tune("fedmf", str(data), **kw)
+    monkeypatch.setattr(tuning, "train", real_train)
+    original = data.read_text()
+    data.write_text(original.replace("u0,", "u1,", 1))
+    with pytest.raises(FedrecError, match=r"holds another search: base\.data_sha256"):
+        tune("fedmf", str(data), **kw)
+    data.write_text(original)
+    assert tune("fedmf", str(data), **kw).trials == 3
+
+
 def test_a_cut_off_trial_goes_on_from_its_last_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``checkpoint_every``, a search killed in round 5 of its third trial, run again, goes on
     with that trial from its round-4 save (rounds 1-4 are not trained again), re-reports the saved
