@@ -232,7 +232,7 @@ def _tune_all(algorithms: list[str], dataset: str, columns: str | None, protocol
               ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Each algorithm's tuned setting (kept in ``configs/``, reused when there), and the
     algorithms whose every trial failed (they run at their defaults, and the report says so)."""
-    from fedrec.tune import read_config, tune, write_config
+    from fedrec.tune import plan_search, read_config, search_changes, tune, write_config
 
     configs = folder / "configs"
     configs.mkdir(exist_ok=True)
@@ -240,6 +240,14 @@ def _tune_all(algorithms: list[str], dataset: str, columns: str | None, protocol
     failed: list[str] = []
     for algorithm in algorithms:
         path = configs / f"{algorithm}.json"
+        stored = read_config(path).get("tuning", {}).get("search") if path.exists() else None
+        if stored is not None:  # a setting found by another search (a default changed since) is not reused
+            now = plan_search(algorithm, dataset, rounds=rounds, protocol=protocol, seed=0, data_dir=data_dir,
+                              from_defaults=True, device=device, columns=columns).search
+            changed = search_changes(stored, now)
+            if changed:
+                raise FedrecError(f"{path} was tuned by another search than this comparison's now: "
+                                  f"{', '.join(changed[:4])}; remove it to tune again")
         if not path.exists():
             report = None if on_trial is None else (lambda entry, a=algorithm: on_trial(a, entry))
             try:

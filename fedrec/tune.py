@@ -158,6 +158,9 @@ class TuneResult:
     #: run (GPFedRec) repeats its best trial digit for digit only on a like machine
     git_revision: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
+    #: the search's identity (`PlannedSearch.search`), so that a config can be told from one the
+    #: same search would find now (`fedrec compare` reuses configs)
+    search: dict[str, Any] | None = None
 
     def config(self) -> dict[str, Any]:
         """The run config `fedrec run --config` reads."""
@@ -172,8 +175,65 @@ class TuneResult:
                        "from_defaults": self.from_defaults,
                        "metric": f"best validation {self.metric}", "best_valid": self.best_valid,
                        "test_read": False, "history": self.history,
-                       "git_revision": self.git_revision, "environment": self.environment},
+                       "git_revision": self.git_revision, "environment": self.environment,
+                       **({"search": self.search} if self.search is not None else {})},
         }
+
+
+@dataclass
+class PlannedSearch:
+    """What a search is before its first trial (`plan_search`)."""
+
+    base: RunConfig  # the run every trial varies
+    split: Split  # its validation split (no test targets)
+    space: list[Any]  # the options drawn (`search_space`)
+    rounds: int
+    fixed: dict[str, Any]  # model options every trial holds
+    #: the search's identity: what a journal must match to be continued, and what a config
+    #: records so that a later search can tell whether it would be the same one
+    search: dict[str, Any]
+
+
+def plan_search(algorithm: str, dataset: str, *, rounds: int | None = None, protocol: str | None = None,
+                seed: int = 0, negatives: str = "leak-free", data_dir: str | None = None,
+                from_defaults: bool = False, fixed: dict[str, Any] | None = None, device: str = "cpu",
+                columns: str | None = None) -> PlannedSearch:
+    """The search `tune` would run with these arguments (checked; the data are read and split)."""
+    spec = get_algorithm(algorithm)
+    protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
+                            else "loo-sampled")
+    base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
+                     negatives=negatives, data_dir=data_dir, columns=columns)
+    if spec.kind == "federated":
+        base.federated = dataclasses.replace(federated_config(algorithm, dataset, protocol, rounds=rounds),
+                                             device=device)
+        rounds = base.federated.rounds
+    else:
+        base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr, device=device)
+        rounds = base.train.epochs
+    base.validate()
+    check_seed(seed, limit=2**32, why=" (Optuna's sampler takes no more)")
+    fixed = _fixed_options(spec, fixed or {})
+    split = validation_only(prepare_split(base))
+    space = search_space(spec, split, dataset)
+    search = {"algorithm": algorithm, "dataset": dataset, "protocol": protocol, "negatives": negatives,
+              "seed": seed, "rounds": rounds, "from_defaults": from_defaults,
+              "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
+    if fixed:  # only when given, so that journals of searches without it still resume
+        search["fixed"] = fixed
+    search["base"] = _base_identity(base, spec, fixed, split)
+    return PlannedSearch(base, split, space, rounds, fixed, json.loads(json.dumps(search)))
+
+
+def search_changes(stored: dict[str, Any], search: dict[str, Any]) -> list[str]:
+    """Where a recorded search identity (a journal's, a config's) differs from ``search``, as
+    ``"key (then ..., now ...)"`` (a record from before identities held ``base`` is not
+    compared on it)."""
+    if "base" not in stored:
+        search = {k: v for k, v in search.items() if k != "base"}
+    mine, theirs = flatten(search, free=frozenset()), flatten(stored, free=frozenset())  # rounds count here
+    changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return [f"{k} (then {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed]
 
 
 def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None,
@@ -212,31 +272,13 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     if checkpoint_every and journal is None:
         raise FedrecError("trial checkpoints (--checkpoint-every) are kept beside the search's journal; pass one")
     saves = None if not checkpoint_every else trial_checkpoints(journal)
-    protocol = protocol or ("ratio-rating" if "sampled" not in spec.rankings and "full" not in spec.rankings
-                            else "loo-sampled")
-    base = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
-                     negatives=negatives, data_dir=data_dir, columns=columns)
-    if spec.kind == "federated":
-        base.federated = dataclasses.replace(federated_config(algorithm, dataset, protocol, rounds=rounds),
-                                             device=device)
-        rounds = base.federated.rounds
-    else:
-        base.train = TrainConfig(epochs=rounds or 100, lr=spec.lr or TrainConfig().lr, device=device)
-        rounds = base.train.epochs
-    base.validate()
-    check_seed(seed, limit=2**32, why=" (Optuna's sampler takes no more)")
-    fixed = _fixed_options(spec, fixed or {})
-    split = validation_only(prepare_split(base))
-    space = search_space(spec, split, dataset)
+    planned = plan_search(algorithm, dataset, rounds=rounds, protocol=protocol, seed=seed, negatives=negatives,
+                          data_dir=data_dir, from_defaults=from_defaults, fixed=fixed, device=device, columns=columns)
+    base, split, space, search = planned.base, planned.split, planned.space, planned.search
+    protocol, rounds, fixed = base.protocol, planned.rounds, planned.fixed
     select = get_protocol(protocol).select
     maximise = select != "rmse"
     history: list[dict[str, Any]] = []
-    search = {"algorithm": algorithm, "dataset": dataset, "protocol": protocol, "negatives": negatives,
-              "seed": seed, "rounds": rounds, "from_defaults": from_defaults,
-              "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
-    if fixed:  # only when given, so that journals of searches without it still resume
-        search["fixed"] = fixed
-    search["base"] = _base_identity(base, spec, fixed, split)
 
     def draw(trial: optuna.Trial) -> tuple[RunConfig, dict[str, Any]]:
         """The trial's settings, drawn here (in this process, in the trials' order), as a run
@@ -325,7 +367,8 @@ def tune(algorithm: str, dataset: str, *, trials: int, rounds: int | None = None
     model = {**fixed, **{p.name: best.params[p.name] for p in space if p.where == "model"}}
     return TuneResult(algorithm, dataset, protocol, negatives, seed, rounds, select, engine, model,
                       float(best.value), len(states), states.count("complete"), states.count("pruned"), history,
-                      refused, from_defaults, revision, {**started_in, "device": device, "workers": str(workers)})
+                      refused, from_defaults, revision, {**started_in, "device": device, "workers": str(workers)},
+                      search)
 
 
 #: the one study a journal holds
@@ -496,13 +539,10 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     from optuna.trial import TrialState
 
     stored = study.user_attrs.get("search")
-    if isinstance(stored, dict) and "base" not in stored:  # a journal from before searches recorded it
-        search = {k: v for k, v in search.items() if k != "base"}
-    if stored != json.loads(json.dumps(search)):
-        mine, theirs = flatten(json.loads(json.dumps(search))), flatten(stored if isinstance(stored, dict) else {})
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        shown = ", ".join(f"{k} (journal {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed[:4])
-        raise FedrecError(f"tune journal {journal} holds another search: {shown}; remove it or pass another path")
+    changed = search_changes(stored if isinstance(stored, dict) else {}, search)
+    if changed:
+        raise FedrecError(f"tune journal {journal} holds another search: {', '.join(changed[:4])}; "
+                          "remove it or pass another path")
     cut = [t for t in study.trials if t.state == TrialState.RUNNING]  # killed (several: `_parallel`)
     for t in cut:
         study.tell(t.number, state=TrialState.FAIL)

@@ -487,3 +487,22 @@ def test_a_checkpoint_of_a_file_edited_since_is_not_resumed(tmp_path: Path) -> N
         train(cfg(3), checkpoint=ckpt, resume=True)
     data.write_text(original)
     assert train(cfg(3), checkpoint=ckpt, resume=True).result.resumed_at == [2]
+
+
+def test_compare_does_not_reuse_a_setting_tuned_by_another_search(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuned config records the search that found it (its base run as it resolved, every
+    default included); a comparison run again after a default changed refuses the config rather
+    than run its cells under the new defaults with settings tuned under the old, and says what."""
+    monkeypatch.chdir(tmp_path)
+    write_events(tmp_path / "events.csv", users=40, items=100)
+    kw = dict(columns="user,item,,ts", protocols=["loo-full"], seeds=1, trials=1, rounds=1, out="c")
+    fedrec.compare(["fedmf"], "events.csv", **kw)
+    path = tmp_path / "c" / "configs" / "fedmf.json"
+    config = json.loads(path.read_text())
+    dim = config["tuning"]["search"]["base"]["model"]["dim"]
+    fedrec.compare(["fedmf"], "events.csv", **kw)  # the same search: reused
+    config["tuning"]["search"]["base"]["model"]["dim"] = dim + 1  # as if tuned when the default was one more
+    path.write_text(json.dumps(config))
+    with pytest.raises(FedrecError, match=rf"was tuned by another search .*base\.model\.dim \(then {dim + 1}, now {dim}\)"):
+        fedrec.compare(["fedmf"], "events.csv", **kw)

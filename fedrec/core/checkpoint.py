@@ -39,15 +39,15 @@ FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir"
 DATA_SHA256 = "data_sha256"
 
 
-def flatten(blob: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``, leaving out `FREE` keys at any depth."""
+def flatten(blob: Any, prefix: str = "", free: frozenset[str] = FREE) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``, leaving out ``free`` keys at any depth."""
     if not isinstance(blob, dict):
         return {prefix: blob}
     out: dict[str, Any] = {}
     for k, v in blob.items():
-        if k in FREE:
+        if k in free:
             continue
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k), free))
     return out
 
 
