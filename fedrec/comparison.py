@@ -288,9 +288,10 @@ def _write_grid(folder: Path, algorithms: list[str], name: str, inline: dict[str
 def _curves(grid: Any, folder: Path) -> Path | None:
     """Validation curves of every finished cell: one panel per protocol, the mean and a band
     over seeds per algorithm (`fedrec.plot.runs_figure`)."""
-    from fedrec.bench.grid import cell_path
+    from fedrec.bench.grid import cell_path, current_result
 
-    paths = [cell_path(folder, c) for c in grid.cells if cell_path(folder, c).exists()]
+    # the cells the boards show: an outdated result (`fedrec.bench.grid.outdated`) is not drawn
+    paths = [cell_path(folder, c) for c in grid.cells if current_result(folder, c)[0] is not None]
     if not paths:
         return None
     from fedrec.plot import runs_figure

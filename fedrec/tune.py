@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
-from fedrec.core.checkpoint import FREE, flatten, peek
+from fedrec.core.checkpoint import flatten, peek
 from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import (
     RunConfig,
@@ -221,7 +221,7 @@ def plan_search(algorithm: str, dataset: str, *, rounds: int | None = None, prot
               "space": [[p.name, p.where, p.low, p.high, p.log, p.integer] for p in space]}
     if fixed:  # only when given, so that journals of searches without it still resume
         search["fixed"] = fixed
-    search["base"] = _base_identity(base, spec, fixed, split)
+    search["base"] = _base_identity(base, spec, fixed, split, {(p.where, p.name) for p in space}, from_defaults)
     return PlannedSearch(base, split, space, rounds, fixed, json.loads(json.dumps(search)))
 
 
@@ -556,16 +556,24 @@ def _resume(study: Any, search: dict[str, Any], journal: str | Path | None, seed
     return [t.user_attrs["entry"] for t in done if "entry" in t.user_attrs]
 
 
-def _base_identity(base: RunConfig, spec: AlgorithmSpec, fixed: dict[str, Any], split: Split) -> dict[str, Any]:
+#: base-run options that do not tell one search from another: where the trials train (a search
+#: may go on on another device) and how often and in what chunks they save and score
+NOT_SEARCH = frozenset({"device", "checkpoint_every", "memory_budget_mb"})
+
+
+def _base_identity(base: RunConfig, spec: AlgorithmSpec, fixed: dict[str, Any], split: Split,
+                   drawn: set[tuple[str, str]], from_defaults: bool) -> dict[str, Any]:
     """What every trial of a search shares and its other entries do not name: the base run's
-    options as they resolve (defaults included, the model's with ``fixed``) and the sha256 of
-    the data file, so that a journal is not continued after a default changed or the file was
-    edited. Less where the run trains (a search may go on on another device) and what says how
-    long and how often it saves (`fedrec.core.checkpoint.FREE`)."""
+    options as they resolve (defaults included, the model's with ``fixed``; `NOT_SEARCH` left
+    out) and the sha256 of the data file, so that a journal is not continued, nor a config
+    reused, after a default changed or the file was edited. The defaults of the ``drawn``
+    options (``(where, name)``: ``engine`` or ``model``) reach a trial only ``from_defaults``
+    (its first trial); otherwise they are left out."""
     blob = fingerprint(base, spec.parse(fixed).values(), split.data.source)
-    for part in ("federated", "train"):
+    unused = set() if from_defaults else drawn
+    for part, where in (("federated", "engine"), ("train", "engine"), ("model", "model")):
         if isinstance(blob.get(part), dict):
-            blob[part] = {k: v for k, v in blob[part].items() if k != "device" and k not in FREE}
+            blob[part] = {k: v for k, v in blob[part].items() if k not in NOT_SEARCH and (where, k) not in unused}
     return json.loads(json.dumps(blob, default=str))
 
 

@@ -433,8 +433,26 @@ def test_a_cell_run_under_a_default_since_changed_is_run_again(tmp_path: Path,
     board = " ".join((out / "leaderboard.md").read_text().split())
     assert f"- fedmf (leak-free) seed 0: outdated: its run had dim {dim + 1} -> {dim} (a default changed since)" in board
     assert "| fedmf |" not in board and "| pfedrec |" in board
+    failed = fedmf.with_suffix(".failed")  # its rerun failed: the failure is what the board says
+    failed.write_text("failed: out of memory\n")
+    assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
+    assert "- fedmf (leak-free) seed 0: failed: out of memory" in (out / "leaderboard.md").read_text()
+    failed.unlink()
     assert _bench([str(grid), "-o", str(out)]) == 0
     assert "2 cells: 1 run, 1 cached, 0 failed" in capsys.readouterr().out
     assert json.loads(fedmf.read_text())["config"]["model"]["dim"] == dim
     board = (out / "leaderboard.md").read_text()
     assert "outdated" not in board and "| fedmf |" in board
+
+
+def test_a_cell_whose_options_the_algorithm_no_longer_takes_is_not_called_outdated(tmp_path: Path) -> None:
+    """Such a cell fails on its own when run; reading the results of a grid holding it must not
+    stop at it."""
+    import dataclasses
+
+    from fedrec.bench.grid import outdated
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    cell = dataclasses.replace(load_grid(grid).cells[0], model=(("gone", 1),))
+    assert outdated(cell, {"config": {"model": {"dim": 32}}}) is None

@@ -87,6 +87,18 @@ def test_resume_refuses_another_run_and_garbage(tmp_path):
         _run(6, checkpoint=ckpt, resume=True)
 
 
+def test_a_checkpoint_is_compared_on_its_data_files_sha256_when_it_holds_one(tmp_path):
+    """A checkpoint holds the sha256 of its data file: another file's is refused; one written
+    before checkpoints held it is not compared on it."""
+    ckpt = tmp_path / "c.ckpt"
+    _run(3, checkpoint=ckpt, checkpoint_every=1, fingerprint={"seed": 0, "data_sha256": "aa"})
+    with pytest.raises(FedrecError, match=r"data_sha256 \(checkpoint 'aa', now 'bb'\)"):
+        _run(4, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={"seed": 0, "data_sha256": "bb"})
+    _run(3, checkpoint=ckpt, checkpoint_every=1, fingerprint={"seed": 0})
+    model, out = _run(4, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={"seed": 0, "data_sha256": "bb"})
+    assert out.resumed_at == [3] and model.trained == 4
+
+
 class ScoresNaNFromRoundFour(Scripted):
     """A model whose scores turn NaN in round 4 while its loss stays finite (GPFedRec at a high
     rate did so on Lastfm-2K), ranked by the real metrics."""

@@ -277,6 +277,18 @@ def test_a_journal_is_not_continued_on_a_data_file_edited_since(tmp_path: Path,
     assert tune("fedmf", str(data), **kw).trials == 3
 
 
+def test_a_search_identity_from_before_it_held_its_base_run_is_compared_without_it() -> None:
+    """A journal or config written before search identities held ``base`` is compared on the
+    rest (a killed search of an older fedrec goes on); every other difference is named."""
+    from fedrec.tune import search_changes
+
+    now = {"algorithm": "fedmf", "rounds": 2, "base": {"model": {"dim": 32}, "federated": {"patience": 30}}}
+    assert search_changes({"algorithm": "fedmf", "rounds": 2}, now) == []
+    assert search_changes({"algorithm": "fedmf", "rounds": 3}, now) == ["rounds (then 3, now 2)"]
+    then = {"algorithm": "fedmf", "rounds": 2, "base": {"model": {"dim": 32}, "federated": {"patience": 10}}}
+    assert search_changes(then, now) == ["base.federated.patience (then 10, now 30)"]
+
+
 def test_a_cut_off_trial_goes_on_from_its_last_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``checkpoint_every``, a search killed in round 5 of its third trial, run again, goes on
     with that trial from its round-4 save (rounds 1-4 are not trained again), re-reports the saved

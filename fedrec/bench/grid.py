@@ -334,7 +334,7 @@ def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | Non
     counts = {"cached": 0, "done": 0, "diverged": 0, "failed": 0}
     todo = []
     for cell in grid.cells:
-        if _current(out, cell)[0] is not None:
+        if current_result(out, cell)[0] is not None:
             counts["cached"] += 1
             if on_cell is not None:
                 on_cell(cell, "cached")
@@ -373,23 +373,28 @@ def outdated(cell: Cell, result: dict[str, Any]) -> str | None:
     (a default changed since it ran, `AlgorithmSpec.changed_options`). None when it is current."""
     from fedrec.algorithms import get_algorithm
 
-    changes = get_algorithm(cell.algorithm).changed_options(dict(cell.model), result.get("config", {}).get("model"))
+    try:
+        changes = get_algorithm(cell.algorithm).changed_options(dict(cell.model), result.get("config", {}).get("model"))
+    except FedrecError:  # options the algorithm no longer takes: the cell fails on its own when run
+        return None
     changed = [f"{k} {then!r} -> {now!r}" for k, (then, now) in changes.items()]
     return f"outdated: its run had {', '.join(changed)} (a default changed since)" if changed else None
 
 
-def _current(out: Path, cell: Cell) -> tuple[dict[str, Any] | None, str | None]:
-    """``cell``'s results in ``out`` and None, or None and why it has none that is current
-    (``not run``, the reason it failed, or why its results are `outdated`)."""
-    path = cell_path(out, cell)
+def current_result(out: Path, cell: Cell) -> tuple[dict[str, Any] | None, str | None]:
+    """``cell``'s results in ``out`` and None, or None and why it has none that is current:
+    the reason its last run failed (an `outdated` result's rerun included), why its results are
+    `outdated`, or ``not run``."""
+    path, failed = cell_path(out, cell), failure_path(out, cell)
+    why = None
     if path.exists():
         result = json.loads(path.read_text())
         why = outdated(cell, result)
         if why is None:
             return result, None
-        return None, why
-    failed = failure_path(out, cell)
-    return None, failed.read_text().strip() if failed.exists() else "not run"
+    if failed.exists():
+        return None, failed.read_text().strip()
+    return None, why or "not run"
 
 
 def diverged_at(out: Path, cell: Cell) -> int | None:
@@ -409,7 +414,7 @@ def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
     failed (``failed: ...``), ``not run``, or why its result is `outdated`."""
     missing = []
     for cell in grid.cells:
-        result, why = _current(Path(out), cell)
+        result, why = current_result(Path(out), cell)
         if result is None:
             missing.append((cell, why))
     return missing
@@ -428,7 +433,7 @@ def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
     ``label``, when it has one: the boards name rows by it)."""
     found = []
     for cell in grid.cells:
-        result, _ = _current(Path(out), cell)
+        result, _ = current_result(Path(out), cell)
         if result is not None:
             found.append({**result, **({"label": grid.label} if grid.label else {})})
     return found

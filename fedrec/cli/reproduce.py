@@ -269,7 +269,7 @@ def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path
     if not (tables.anchor or tables.poisoning or tables.inference):
         raise FedrecError(f"no result of the attack tables' runs is in {out_dir} (--reuse-only runs nothing)")
     for name, changes in tables.stale:
-        made = ", ".join(f"{k.split('.')[-1]} {then} (now: {now})" for k, (then, now) in changes.items())
+        made = ", ".join(f"{k} {then} (now: {now})" for k, (then, now) in changes.items())
         console.print(f"[yellow]reused[/] {name} was made with {made}; delete it to run it again", highlight=False)
     if tables.unchecked:
         console.print(f"[yellow]{tables.unchecked} reused files record no settings[/] (written before the files "
