@@ -375,6 +375,22 @@ def test_the_shipped_grids_load(path: Path) -> None:
         assert all(c.engine or c.model for c in grid.cells if c.algorithm == key.split("@")[0])
 
 
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "benchmarks").glob("*.toml")), ids=lambda p: p.name)
+def test_the_shipped_boards_hold_no_cell_of_a_former_default(path: Path) -> None:
+    """The boards kept in git are redrawn from their cells (`--report-only`): a default changed
+    without its cells run again would leave those rows out of the next redraw, and the boards and
+    docs would show figures of settings fedrec no longer runs. The folder is the one the grid's
+    first line writes to (``-o``)."""
+    from fedrec.bench import missing_cells
+
+    found = re.search(r"-o (\S+)", path.read_text().splitlines()[0])
+    folder = path.parents[1] / found.group(1) if found else None
+    if folder is None or not (folder / "cells").is_dir():
+        pytest.skip("its cells are not kept here (a GPU machine's grid, or one not run)")
+    grid = load_grid(path, check_device=False, join=False)
+    assert [why for _, why in missing_cells(grid, folder) if why.startswith("outdated")] == []
+
+
 @pytest.mark.parametrize(("change", "says"), [
     (('["fedmf", "pfedrec"]', '[["fedmf"]]'), "grid.algorithms must list names (text), not [['fedmf']]"),
     (('["fedmf", "pfedrec"]', '["fedmf", "fedmf"]'), "grid.algorithms names fedmf more than once"),
