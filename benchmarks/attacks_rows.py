@@ -23,15 +23,20 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from fedrec.data import user_sets
 from fedrec.data.registry import REGISTRY
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import federated_config
-from fedrec.reproduce.attacks import MAIN_SHARE, POISON_METHODS, poison_config, poison_run
-from fedrec.reproduce.runner import config_changes
+from fedrec.reproduce.attacks import (
+    MAIN_SHARE,
+    POISON_METHODS,
+    AttackTables,
+    cached_figures,
+    poison_config,
+    poison_run,
+)
 
 #: engine options that describe an attacker, left out of a clean ("none") cell
 ATTACKER_ONLY = ("attacker_norm",)
@@ -81,6 +86,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     boosts = [float(b) for b in args.boosts.split(",")]
+    tables = AttackTables()  # what reused files say of the settings they were made with
     for method in args.methods.split(","):
         for attack in args.attacks.split(","):
             # the options that describe an attacker (--attacker-norm) leave the clean run as it is
@@ -92,21 +98,24 @@ def main() -> None:
                     tag = "" if b is None else f"-b{b:g}"
                     where = "" if args.dataset == "ml-100k" else f"{args.dataset}-"
                     path = out / f"poison-{where}{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
-                    if path.exists():  # found by its name: say where it was made otherwise
-                        kept = json.loads(path.read_text())
-                        if "config" in kept:
-                            now = poison_config(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
-                                                args.data_dir, args.protocol, model, opts, args.dataset)
-                            changes = config_changes(kept["config"], now)
-                            if changes:
-                                print(f"reused {path.name} was made with {changes}; delete it to run it again")
+                    ran = not path.exists()
+
+                    def run(b=b, method=method, attack=attack, defence=defence, opts=opts):  # type: ignore[no-untyped-def]
+                        return poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
+                                          args.data_dir, args.protocol, model, opts, args.dataset)
+
+                    def planned(b=b, method=method, attack=attack, defence=defence, opts=opts):  # type: ignore[no-untyped-def]
+                        return poison_config(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
+                                             args.data_dir, args.protocol, model, opts, args.dataset)
+
+                    blob = cached_figures(path, run, True, planned, tables)
+                    if not ran:
                         continue
-                    blob = poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds, args.data_dir,
-                                      args.protocol, model, opts, args.dataset)
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(blob, indent=1))
-                    tmp.replace(path)
                     print(path.name, {k: blob.get(k) for k in ("er@10", "hr@10", "ndcg@10", "flag_recall")}, flush=True)
+    for name, changes in dict(tables.stale).items():  # a clean cell is visited once a boost
+        print(f"reused {name} was made with {changes}; delete it to run it again")
+    if tables.unchecked:
+        print(f"{tables.unchecked} reused files record no settings: not checked against the runs they stand for")
 
 
 if __name__ == "__main__":

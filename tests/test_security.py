@@ -248,7 +248,7 @@ def test_fedrecattack_in_its_own_setting_promotes_the_target():
     assert attacked[-1]["er@10"] > 0.3 > clean[-1]["er@10"] + 0.2
 
 
-def test_attack_tables_render_from_cached_runs(tmp_path):
+def test_attack_tables_render_fromcached_figures_runs(tmp_path):
     from fedrec.reproduce.attacks import AttackTables, to_markdown
 
     t = AttackTables(
@@ -553,7 +553,7 @@ def test_attack_table_runs_reused_by_name_are_checked_against_their_settings(tmp
     """An attack table's run is found by its file name, which does not hold every setting: a
     reused file's recorded config is compared with the run it stands for now (a changed default
     or rate is noted as stale, still used), and a file with no recorded config is counted."""
-    from fedrec.reproduce.attacks import AttackTables, _cached, poison_config, poison_run
+    from fedrec.reproduce.attacks import AttackTables, cached_figures, poison_config, poison_run
 
     args = ("fedmf", "none", None, "none", 0, 0.05, 2, None)
     path = tmp_path / "poison-fedmf-none-none-r2-s0.json"
@@ -565,16 +565,16 @@ def test_attack_table_runs_reused_by_name_are_checked_against_their_settings(tmp
         return poison_config(*args, dataset="synthetic:60x300")
 
     tables = AttackTables()
-    first = _cached(path, made, True, planned, tables)
+    first = cached_figures(path, made, True, planned, tables)
     assert first["config"]["federated"]["rounds"] == 2 and tables.stale == [] and tables.unchecked == 0
-    assert _cached(path, made, True, planned, tables) == first and tables.stale == []
+    assert cached_figures(path, made, True, planned, tables) == first and tables.stale == []
     blob = json.loads(path.read_text())
     blob["config"]["model"]["dim"] += 1  # as if made when the default was one more
     path.write_text(json.dumps(blob))
-    again = _cached(path, made, True, planned, tables)
+    again = cached_figures(path, made, True, planned, tables)
     dim = blob["config"]["model"]["dim"]
     assert again["er@10"] == first["er@10"] and tables.stale == [(path.name, {"model.dim": (dim, dim - 1)})]
     blob.pop("config")
     path.write_text(json.dumps(blob))
-    _cached(path, made, True, planned, tables)
+    cached_figures(path, made, True, planned, tables)
     assert tables.unchecked == 1

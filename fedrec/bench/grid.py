@@ -409,15 +409,24 @@ def diverged_at(out: Path, cell: Cell) -> int | None:
     return int(result.get("diverged_at") or 0) if diverged(result) else None
 
 
-def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
-    """The cells of ``grid`` without a current result in ``out``, each with why: the reason it
-    failed (``failed: ...``), ``not run``, or why its result is `outdated`."""
-    missing = []
+def _read_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
+    """One pass over ``grid``'s cells in ``out``: the current results (with the grid's ``label``,
+    when it has one: the boards name rows by it), and the cells without one, each with why
+    (`current_result`)."""
+    found, missing = [], []
     for cell in grid.cells:
         result, why = current_result(Path(out), cell)
         if result is None:
             missing.append((cell, why))
-    return missing
+        else:
+            found.append({**result, **({"label": grid.label} if grid.label else {})})
+    return found, missing
+
+
+def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
+    """The cells of ``grid`` without a current result in ``out``, each with why: the reason it
+    failed (``failed: ...``), ``not run``, or why its result is `outdated`."""
+    return _read_cells(grid, out)[1]
 
 
 def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
@@ -431,12 +440,7 @@ def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
     """The results JSON of every finished cell of ``grid`` that is not `outdated` (with its
     ``label``, when it has one: the boards name rows by it)."""
-    found = []
-    for cell in grid.cells:
-        result, _ = current_result(Path(out), cell)
-        if result is not None:
-            found.append({**result, **({"label": grid.label} if grid.label else {})})
-    return found
+    return _read_cells(grid, out)[0]
 
 
 def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
@@ -445,10 +449,10 @@ def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list
     for one row and seed, one here and one joined, are an error: the board could show only one."""
     from fedrec.bench.leaderboard import method_name
 
-    results, missing = cell_results(grid, out), missing_cells(grid, out)
+    results, missing = _read_cells(grid, out)
     source = {}
     for name, other, folder in [("this grid", grid, Path(out))] + grid.joined:
-        found = results if other is grid else cell_results(other, folder)
+        found, lacking = (results, []) if other is grid else _read_cells(other, folder)
         for r in found:
             row = (r["dataset"], r["protocol"], method_name(r, one_policy=False), int(r["seed"]))
             if row in source:
@@ -457,5 +461,5 @@ def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list
             source[row] = name
         if other is not grid:
             results += found
-            missing += [(cell, f"{why} (in {name})") for cell, why in missing_cells(other, folder)]
+            missing += [(cell, f"{why} (in {name})") for cell, why in lacking]
     return results, missing

@@ -62,7 +62,7 @@ class AttackTables:
     unchecked: int = 0
 
 
-def _cached(path: Path, make: Callable[[], Any], run_missing: bool, planned: Callable[[], Any] | None = None,
+def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, planned: Callable[[], Any] | None = None,
             tables: AttackTables | None = None) -> Any:
     """The figures in ``path``, or those ``make()`` measures (then written to ``path``) when it
     has none and ``run_missing``. A file is found by its name, which does not hold every
@@ -121,7 +121,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
     tr, test, target = anchor_split(data_dir)
     for seed in seeds:
         tell(f"anchor s{seed}")
-        figs = _cached(out_dir / f"anchor-s{seed}.json",
+        figs = cached_figures(out_dir / f"anchor-s{seed}.json",
                        lambda seed=seed: run_legacy(tr, test, np.array([target]), iterations, seed=seed), run_missing)
         if figs:
             out.anchor.extend({**f, "iteration": i, "seed": seed} for i, f in enumerate(figs))
@@ -143,7 +143,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
         for m, a, b, d, p in [(*c, MAIN_SHARE) for c in cells] + swept:
             tell(f"poison {m} {a} x{b or 1:g} {d} p={p:g} s{seed}")
             tag = ("" if b is None else f"-b{b:g}") + ("" if p == MAIN_SHARE else f"-p{p:g}")
-            blob = _cached(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
+            blob = cached_figures(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
                            lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing,
                            lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poisoned(m, a, b, d, seed, p), out)
             if blob:
@@ -167,7 +167,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
             for v in VIEWS:
                 tell(f"infer {m} {v} s{seed}")
                 slug = v.replace(" ", "").replace("=", "")
-                blob = _cached(out_dir / f"infer-{m}-{slug}-r{rounds}-s{seed}.json",
+                blob = cached_figures(out_dir / f"infer-{m}-{slug}-r{rounds}-s{seed}.json",
                                lambda m=m, v=v, seed=seed: infer(m, v, seed), run_missing,
                                lambda m=m, v=v, seed=seed: inferred(m, v, seed), out)
                 if blob:
