@@ -502,13 +502,14 @@ def test_union_uniformity_matches_the_mean_pairwise_distance_written_out():
     ups = _uploads(4, n_clients=5, n_items=9, width=3)
     table = torch.randn(9, 3, generator=torch.Generator().manual_seed(4))
     sample = np.array([0, 2, 3, 5, 8])
-    got = uniformities(ups, table, sample)
-    for u, g in zip(ups, got, strict=True):
-        after = table.clone().double()
-        after[torch.as_tensor(u.items)] += u.tensors[ITEMS].double()
-        x = after[torch.as_tensor(sample)]
-        want = float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1))
-        assert g == pytest.approx(want, rel=1e-9)
+    for step in (1.0, 0.25):
+        got = uniformities(ups, table, sample, step)
+        for u, g in zip(ups, got, strict=True):
+            after = table.clone().double()
+            after[torch.as_tensor(u.items)] += step * u.tensors[ITEMS].double()
+            x = after[torch.as_tensor(sample)]
+            want = float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1))
+            assert g == pytest.approx(want, rel=1e-9)
 
 
 def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round():
@@ -541,6 +542,34 @@ def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round
         want.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
     assert n == 30 and torch.allclose(item_sum, want, atol=1e-5)
     assert sec.last["flag_precision"] == 1.0 and sec.last["flag_recall"] == 1.0
+
+
+def test_union_judges_a_pull_at_the_servers_step_not_by_the_uploads_size():
+    """Row changes larger than the table's rows (the papers' rule), the attackers' as long as the
+    honest ones' but all pulled towards the table's centre (ClusterAttack at x1): taken whole,
+    every change scatters the table and uniformity reads only the size, so nobody stands out;
+    at the server's step (each client's share of the round's average) the pull shows, and
+    exactly the attackers are dropped."""
+    from fedrec.security import robust
+
+    rng = np.random.default_rng(7)
+    n_items, width = 120, 4
+    table = torch.as_tensor(rng.normal(scale=0.3, size=(n_items, width)), dtype=torch.float32)
+
+    def lengths() -> np.ndarray:
+        return rng.lognormal(np.log(3.0), 0.6, size=(30, 1))
+
+    ups = []
+    for c in range(44):
+        items = np.sort(rng.choice(n_items, 30, replace=False))
+        way = (table.mean(0) - table[torch.as_tensor(items)]).numpy() if c >= 40 else rng.normal(size=(30, width))
+        rows = way / np.linalg.norm(way, axis=1, keepdims=True) * lengths()
+        ups.append(ClientUpload(c, items, {ITEMS: torch.as_tensor(rows, dtype=torch.float32)}))
+    assert np.flatnonzero(robust.union_filter(ups, table, byzantine=0.0)).tolist() == [40, 41, 42, 43]
+    sample = np.arange(n_items)
+    whole, share = robust.uniformities(ups, table, sample), robust.uniformities(ups, table, sample, 1 / 44)
+    assert whole[40:].max() > whole[:40].min()  # taken whole, the attackers mix with the honest
+    assert share[40:].max() < share[:40].min()  # at the server's step it gathers it
 
 
 class RunConfigLike:

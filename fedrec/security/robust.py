@@ -28,11 +28,13 @@ Rules (`DEFENCES`):
   clients (the official code takes that count from the true attacker ratio; here it is the
   defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does
   (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
-  taken with the client's whole row change, not with the server's step from it (the official
-  code's, about the learning rate's size): under the papers' rule a change is larger than the
-  table's rows, so uniformity then reads the upload's size more than its direction
-  (docs/security.md). UNION's client-side term is `fedrec.federated.family.objective.Contrast`
-  (``--client-objective union``).
+  taken at the server's step, as the official code takes it (its server's Adam step from that
+  client's gradient alone, about the learning rate's size): here the client's share of the
+  round's average, its row changes divided by the n clients judged, as the server divides the
+  round's sum. A client's whole change would be larger than the table's rows under the papers'
+  rule (a median honest row change of 14 on ML-100K), and uniformity would then read the
+  upload's size more than whether it pulls the table together (docs/security.md). UNION's
+  client-side term is `fedrec.federated.family.objective.Contrast` (``--client-objective union``).
 
 Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped more than half of
 the rows it uploaded; UNION flags the clients it drops (the detection figures count these).
@@ -300,7 +302,7 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
     q = table.detach().float().cpu()
     rng = np.random.default_rng([0x0410, *key])
     sample = np.sort(rng.choice(len(q), min(UNION_ITEMS, len(q)), replace=False))
-    spread = uniformities(uploads, q, sample)
+    spread = uniformities(uploads, q, sample, step=1.0 / n)
     lo, hi = spread.min(), spread.max()
     if hi <= lo:
         return np.zeros(n, bool)
@@ -315,9 +317,11 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
     return small if (two or small.sum() <= int(np.ceil(byzantine * n))) else np.zeros(n, bool)
 
 
-def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray) -> np.ndarray:
+def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray,
+                 step: float = 1.0) -> np.ndarray:
     """Each upload's uniformity: the mean pairwise L2 distance of the ``sample`` rows of
-    ``table`` after that upload's row changes alone. The distances of the unmoved pairs are the
+    ``table`` after that upload's row changes alone, times ``step`` (`union_filter` passes the
+    client's share of the round's average, 1/n). The distances of the unmoved pairs are the
     table's, computed once, so an upload costs its moved rows x the sample, not the sample
     squared."""
     table = table.detach().cpu()
@@ -332,7 +336,7 @@ def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.nd
         at = where[np.asarray(u.items, np.int64)]
         hit = np.flatnonzero(at >= 0)
         p = torch.as_tensor(at[hit], device="cpu")
-        moved = base[p] + u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit, device="cpu")]
+        moved = base[p] + step * u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit, device="cpu")]
         rest = torch.ones(len(sample), dtype=torch.bool, device="cpu")
         rest[p] = False
         total = (total0 - 2 * float(row_sums[p].sum()) + float(dist[p][:, p].sum())
