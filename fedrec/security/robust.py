@@ -20,8 +20,9 @@ Rules (`DEFENCES`):
   clients (Blanchard et al., NeurIPS 2017); Multi-Krum averages the c - f best.
 
 * ``union`` — UNION's server filter (Yu et al., AAAI 2023, against ClusterAttack; official code
-  yflyl613/FedRec, read at f45cecb): for each client, the table as its upload alone would leave
-  it, on a sample of 500 items; its *uniformity*, the mean pairwise L2 distance of those rows;
+  yflyl613/FedRec, read at f45cecb): for each client, the table after the server's step from
+  its upload alone (below), on a sample of 500 items; its *uniformity*, the mean pairwise L2
+  distance of those rows;
   the clients' uniformities scaled to [0, 1] and split in two by one-dimensional 2-means; the
   smaller group dropped when the gap statistic (Tibshirani et al., 2001: 50 reference draws
   uniform on [0, 1]) finds two clusters, or when it holds at most ceil(``--byzantine`` x n)
@@ -30,10 +31,15 @@ Rules (`DEFENCES`):
   (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
   taken at the server's step, as the official code takes it (its server's Adam step from that
   client's gradient alone, about the learning rate's size): here the client's share of the
-  round's average, its row changes divided by the n clients judged, as the server divides the
-  round's sum. A client's whole change would be larger than the table's rows under the papers'
-  rule (a median honest row change of 14 on ML-100K), and uniformity would then read the
-  upload's size more than whether it pulls the table together (docs/security.md). UNION's
+  round's average, its row changes divided by the n accepted uploads judged. That is the step
+  of a server that averages the round's rows (the item family at its default server step,
+  FedPerGNN, FedCIA, PersonalFR, PerFedRec's tables, the global table of GPFedRec and GFed-PP);
+  the server then divides by the uploads UNION kept, slightly fewer. Where a server steps
+  otherwise (FedDAE's and a server optimiser's Adam, FedCA's mixtures of clients' tables,
+  GPFedRec's personalised tables) it is the same share of a plain average, not that server's
+  step. A client's whole change would be larger than the table's rows under the papers' rule
+  (a median honest row change of 14 on ML-100K), and uniformity would then read the upload's
+  size more than whether it pulls the table together (docs/security.md). UNION's
   client-side term is `fedrec.federated.family.objective.Contrast` (``--client-objective union``).
 
 Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped more than half of
@@ -320,8 +326,8 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
 def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray,
                  step: float = 1.0) -> np.ndarray:
     """Each upload's uniformity: the mean pairwise L2 distance of the ``sample`` rows of
-    ``table`` after that upload's row changes alone, times ``step`` (`union_filter` passes the
-    client's share of the round's average, 1/n). The distances of the unmoved pairs are the
+    ``table`` after that upload's row changes alone, each change scaled by ``step``
+    (`union_filter` passes the client's share of the round's average, 1/n). The distances of the unmoved pairs are the
     table's, computed once, so an upload costs its moved rows x the sample, not the sample
     squared."""
     table = table.detach().cpu()

@@ -337,7 +337,8 @@ class DAEState(TableView):
         """Each client's upload (`train`'s ``keep``) as the security layer reads it: its rows of
         `row_table` and its dense parts, as steps ``-lr x`` its accumulated gradients (the step
         an SGD server at the clients' rate would take on it alone: the sign and scale of the
-        row deltas the attacks craft and UNION adds to the table)."""
+        row deltas the attacks craft, and what UNION scales to each client's share of the round's
+        average before adding it to the table)."""
         m = self.matrix.shape[1]
         w, b = self.out_keys
         out = []
