@@ -572,6 +572,23 @@ def test_union_judges_a_pull_at_the_servers_step_not_by_the_uploads_size():
     assert share[40:].max() < share[:40].min()  # at the server's step it gathers it
 
 
+def test_union_takes_each_upload_at_its_share_of_the_accepted_uploads(monkeypatch):
+    """The step UNION judges a client at is 1/n of its rows, n the uploads the server accepted
+    (a rejected upload is neither judged nor counted)."""
+    from fedrec.security import robust
+
+    rng = np.random.default_rng(3)
+    table = torch.as_tensor(rng.normal(size=(30, 4)), dtype=torch.float32)
+    ups = [ClientUpload(c, np.arange(c, c + 5), {ITEMS: torch.ones(5, 4)}) for c in range(6)]
+    ups[2] = ClientUpload(2, np.arange(5), {ITEMS: torch.ones(5, 4)}, accepted=False)
+    seen = []
+    real = robust.uniformities
+    monkeypatch.setattr(robust, "uniformities", lambda u, t, s, step=1.0: seen.append((len(u), step)) or real(u, t, s, step))
+    robust.RobustRule("union").aggregate(ups, 30, 4, {}, table)
+    robust.RobustRule("union").admit(ups, table)
+    assert seen == [(5, 1 / 5), (5, 1 / 5)]
+
+
 class RunConfigLike:
     """The engine options `Security.defence` reads."""
 
