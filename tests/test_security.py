@@ -547,8 +547,8 @@ def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round
 def test_union_judges_a_pull_at_the_servers_step_not_by_the_uploads_size():
     """Row changes larger than the table's rows (the papers' rule), the attackers' as long as the
     honest ones' but all pulled towards the table's centre (ClusterAttack at x1): taken whole,
-    every change scatters the table and uniformity reads only the size, so nobody stands out;
-    at the server's step (each client's share of the round's average) the pull shows, and
+    every change scatters the table and uniformity reads mostly the size, so the attackers mix
+    with the honest clients; at the server's step (each client's share of the round's average) the pull shows, and
     exactly the attackers are dropped."""
     from fedrec.security import robust
 
