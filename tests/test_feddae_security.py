@@ -77,6 +77,41 @@ def test_a_median_round_is_the_per_client_median_and_the_servers_adam_step(split
         torch.testing.assert_close(v, before[k], rtol=1e-5, atol=1e-6)
 
 
+def test_union_judges_a_client_at_the_servers_adam_step_from_its_gradient_alone(split: Split) -> None:
+    """UNION reads FedDAE's table after the server's Adam step with one client's accumulated
+    gradient as the round's mean (the official UNION's form of its Adam server's step): written
+    out by running that step on a copy of the server, after two rounds of moments. The rows the
+    client did not send move by the moments alone."""
+    alg = _algorithm(split, defence="union")
+    st, lr = alg.state, alg.cfg.lr
+    for r in (1, 2):
+        plan = RoundPlan(r, np.arange(split.n_users), torch.Generator(), np.random.default_rng(r))
+        alg.aggregate(alg.local_update(plan), plan)
+    assert st.server_steps == 2
+    plan = RoundPlan(3, np.arange(split.n_users), torch.Generator(), np.random.default_rng(3))
+    kept = alg.local_update(plan).per_client
+    assert kept is not None
+    u = st.client_uploads(kept, lr)[1]
+    step = st.adam_rows(st.moments, st.server_steps, lr)
+
+    table = st.row_table()
+    change = torch.zeros_like(table)
+    change[torch.as_tensor(u.items)] = u.tensors[ITEMS]
+    sums = st.gradient_sums(change, {k: torch.zeros_like(st.glob[k]) for k in st.dense_keys()}, lr)
+    glob = {k: v.clone() for k, v in st.glob.items()}
+    moments = {k: (m.clone(), v.clone()) for k, (m, v) in st.moments.items()}
+    server_step(glob, moments, st.server_steps, sums, 1, lr, st.spec.weight_decay)
+    after = st.row_table(glob).double()
+
+    sent = torch.as_tensor(u.items)
+    others = torch.as_tensor(np.setdiff1d(np.arange(len(table)), u.items))
+    assert len(others) > 0 and len(sent) > split.n_items  # every output row and its bag's encoder rows
+    base = table.double()
+    torch.testing.assert_close(step(base[sent], sent, u.tensors[ITEMS].double()), after[sent], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(step(base[others], others, None), after[others], rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(step(base[others], others, None), base[others])  # the moments move them
+
+
 @pytest.mark.parametrize("option", [{"defence": "norm-bound", "norm_bound": 1e9}, {"defence": "mean"}])
 def test_the_per_client_path_rebuilds_the_plain_run(option: dict) -> None:
     """The steps `client_uploads` lays out, summed by a rule that keeps every one, give the

@@ -155,6 +155,7 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
     ("personalfr", {"defence": "median", "clients_per_round": 0.5, "model": AE, "protocol": "ratio-rating"}),
     ("fedavg-ae", {"defence": "krum", "model": AE, "protocol": "ratio-rating-implicit"}),
     ("feddae", {"defence": "median", "clients_per_round": 0.5, "model": DAE}),
+    ("feddae", {"defence": "union", "rounds": 3, "model": DAE}),
     ("feddae", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
                 "attacker_norm": "own", "model": DAE}),
     ("fedavg-ae", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.2, "model": AE,
@@ -183,7 +184,7 @@ def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[s
     deployed = run_in_process(run, 2 + (alg == "pfedrec"))
     simulated = train(run)
     assert_same_outcome(deployed.out, simulated.result)
-    if engine["defence"] in ("multi-krum", "krum"):  # the rule's detection figures are the simulator's
+    if engine["defence"] in ("multi-krum", "krum", "union"):  # the rule's detection figures are the simulator's
         for x, y in zip(deployed.out.history, simulated.result.history, strict=True):
             assert x.extra["flagged"] == y.extra["flagged"]
             np.testing.assert_equal(x.extra["flag_recall"], y.extra["flag_recall"])  # NaN without attackers

@@ -497,16 +497,22 @@ def test_clusterattack_pulls_sampled_rows_towards_their_centroids_at_honest_leng
 
 
 def test_union_uniformity_matches_the_mean_pairwise_distance_written_out():
+    from fedrec.security.robust import share as share_of
     from fedrec.security.robust import uniformities
 
     ups = _uploads(4, n_clients=5, n_items=9, width=3)
     table = torch.randn(9, 3, generator=torch.Generator().manual_seed(4))
     sample = np.array([0, 2, 3, 5, 8])
-    for step in (1.0, 0.25):
+    drift = torch.arange(27, dtype=torch.float64).reshape(9, 3) / 10
+
+    def drifting(rows, at, change):  # a server that moves every row, and a client's rows more
+        return rows + drift[at] + (0 if change is None else 0.5 * change)
+
+    for step, moving, share in ((share_of(1), False, 1.0), (share_of(4), False, 0.25), (drifting, True, 0.5)):
         got = uniformities(ups, table, sample, step)
         for u, g in zip(ups, got, strict=True):
-            after = table.clone().double()
-            after[torch.as_tensor(u.items)] += step * u.tensors[ITEMS].double()
+            after = table.clone().double() + (drift if moving else 0)
+            after[torch.as_tensor(u.items)] += share * u.tensors[ITEMS].double()
             x = after[torch.as_tensor(sample)]
             want = float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1))
             assert g == pytest.approx(want, rel=1e-9)
@@ -567,7 +573,7 @@ def test_union_judges_a_pull_at_the_servers_step_not_by_the_uploads_size():
         ups.append(ClientUpload(c, items, {ITEMS: torch.as_tensor(rows, dtype=torch.float32)}))
     assert np.flatnonzero(robust.union_filter(ups, table, byzantine=0.0)).tolist() == [40, 41, 42, 43]
     sample = np.arange(n_items)
-    whole, share = robust.uniformities(ups, table, sample), robust.uniformities(ups, table, sample, 1 / 44)
+    whole, share = robust.uniformities(ups, table, sample), robust.uniformities(ups, table, sample, robust.share(44))
     assert whole[40:].max() > whole[:40].min()  # taken whole, the attackers mix with the honest
     assert share[40:].max() < share[:40].min()  # at the server's step it gathers it
 
@@ -583,10 +589,12 @@ def test_union_takes_each_upload_at_its_share_of_the_accepted_uploads(monkeypatc
     ups[2] = ClientUpload(2, np.arange(5), {ITEMS: torch.ones(5, 4)}, accepted=False)
     seen = []
     real = robust.uniformities
-    monkeypatch.setattr(robust, "uniformities", lambda u, t, s, step=1.0: seen.append((len(u), step)) or real(u, t, s, step))
+    one = torch.ones(1, 1, dtype=torch.float64)
+    monkeypatch.setattr(robust, "uniformities", lambda u, t, s, step: seen.append((len(u), float(step(0 * one, None, one))))
+                        or real(u, t, s, step))
     robust.RobustRule("union").aggregate(ups, 30, 4, {}, table)
     robust.RobustRule("union").admit(ups, table)
-    assert seen == [(5, 1 / 5), (5, 1 / 5)]
+    assert seen == [(5, pytest.approx(1 / 5)), (5, pytest.approx(1 / 5))]
 
 
 class RunConfigLike:

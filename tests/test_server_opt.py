@@ -4,6 +4,7 @@ with one, on Flower as in the simulator, and the refusals."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -34,6 +35,33 @@ def test_yogi_moves_its_second_moment_additively_towards_the_squared_update():
     torch.testing.assert_close(adam.moments["items"][1], 0.99 * v_adam + 0.01 * d**2)
     m = 0.9 * 0.1 * first + 0.1 * d
     torch.testing.assert_close(y1, x + 0.1 * m / (want.sqrt() + 1e-3))
+
+
+@pytest.mark.parametrize("kind", [Adam, Yogi])
+def test_union_reads_an_adaptive_servers_next_step_with_one_clients_change_as_the_rounds(kind):
+    """`row_step` is the next `update` with the round's mean one client's table (current + its
+    change), on a copy: rows the client did not send move by their moments alone, and the
+    optimiser's moments are not touched. FedAvg and FedAvgM leave it to UNION's share."""
+    opt = kind(0.1, 0.9, 0.99, 1e-3)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 3, generator=gen)
+    rows = torch.tensor([1, 4])
+    change = torch.randn(2, 3, generator=gen).double()
+    fresh = opt.row_step("items")(x[rows].double(), rows, change)  # no moments yet
+    first = kind(0.1, 0.9, 0.99, 1e-3).update("items", x[rows].clone(), x[rows] + change.float())
+    torch.testing.assert_close(fresh, first.double(), rtol=1e-5, atol=1e-7)
+    opt.update("items", x, x + torch.randn(6, 3, generator=gen))  # moments of a first round
+    kept = [t.clone() for t in opt.moments["items"]]
+    mean = x.clone()
+    mean[rows] += change.float()
+    want = copy.deepcopy(opt).update("items", x.clone(), mean)
+    step = opt.row_step("items")
+    torch.testing.assert_close(step(x[rows].double(), rows, change), want[rows].double(), rtol=1e-5, atol=1e-7)
+    others = torch.tensor([0, 2, 3, 5])
+    torch.testing.assert_close(step(x[others].double(), others, None), want[others].double(), rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(want[others], x[others])  # the moments alone move them
+    assert all(torch.equal(a, b) for a, b in zip(kept, opt.moments["items"], strict=True))
+    assert ServerOpt("avg").make().row_step("items") is None and ServerOpt("avgm").make().row_step("items") is None
 
 
 def test_the_option_parses_checks_and_prints_back():
@@ -95,6 +123,26 @@ def test_flower_in_process_equals_the_simulator_with_a_server_optimiser():
     for x, y in zip(got.history, sim.history, strict=True):
         assert x.valid == pytest.approx(y.valid, rel=1e-6, abs=1e-9)
     assert got.test == pytest.approx(sim.test, rel=1e-6)
+
+
+def test_union_takes_the_server_optimisers_step_in_the_simulator_and_on_flower(monkeypatch):
+    from fedrec.flower.dispatch import run_in_process
+    from fedrec.security import robust
+
+    steps = []
+    real = robust.union_filter
+
+    def spy(uploads, table, byzantine, key=(), step=None):  # type: ignore[no-untyped-def]
+        steps.append(step)
+        return real(uploads, table, byzantine, key, step)
+
+    monkeypatch.setattr(robust, "union_filter", spy)
+    cfg = RunConfig("fedmf", dataset="synthetic:120x300", seed=1, model={"dim": 8},
+                    federated=federated_config("fedmf", rounds=2, clients_per_round=0.5, server_opt="adam",
+                                               defence="union"))
+    train(cfg)
+    run_in_process(cfg, 2)
+    assert len(steps) == 4 and all(s is not None and s.__qualname__.startswith("Adam.row_step") for s in steps)
 
 
 def test_refusals():

@@ -32,7 +32,7 @@ from fedrec.federated.family.model import ITEMS
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
-from fedrec.security.robust import FLAGGING, RobustRule
+from fedrec.security.robust import FLAGGING, RobustRule, RowStep
 from fedrec.security.surrogate import Surrogate
 
 DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
@@ -147,14 +147,16 @@ class Security:
         return self.n_benign + np.asarray(clients, np.int64), users
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
-             shared: dict[str, torch.Tensor], table: torch.Tensor | None = None, r: int = 0
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+             shared: dict[str, torch.Tensor], table: torch.Tensor | None = None, r: int = 0,
+             step: RowStep | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """Round ``r``'s item-row sums, shared-weight sums and accepted count, by the defence's
-        rule (plain sums without one; ``table``, the global item table, for the rules that read
-        it); records the defence's detection figures. Uploads a filter dropped (UNION) do not
+        rule (plain sums without one; ``table``, the global item table, and ``step``, how the
+        server moves its rows (`RowStep`; default a plain average's), for the rules that read
+        them); records the defence's detection figures. Uploads a filter dropped (UNION) do not
         count."""
         rule = self.rule or RobustRule("mean")
-        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r))
+        item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r),
+                                                       step)
         self._detected(per_client, flagged)
         dropped = flagged if rule.name == "union" else np.zeros(len(per_client), bool)
         return item_sum, shared_sum, sum(u.accepted and not d for u, d in zip(per_client, dropped, strict=True))

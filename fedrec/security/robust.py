@@ -29,18 +29,24 @@ Rules (`DEFENCES`):
   clients (the official code takes that count from the true attacker ratio; here it is the
   defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does
   (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
-  taken at the server's step, as the official code takes it (its server's Adam step from that
-  client's gradient alone, about the learning rate's size): here the client's share of the
-  round's average, its row changes divided by the n accepted uploads judged. That is the step
-  of a server that averages the round's rows (the item family at its default server step,
-  FedPerGNN, FedCIA, PersonalFR, PerFedRec's tables, the global table of GPFedRec and GFed-PP);
-  the server then divides by the uploads UNION kept, slightly fewer. Where a server steps
-  otherwise (FedDAE's and a server optimiser's Adam, FedCA's mixtures of clients' tables,
-  GPFedRec's personalised tables) it is the same share of a plain average, not that server's
-  step. A client's whole change would be larger than the table's rows under the papers' rule
-  (a median honest row change of 14 on ML-100K), and uniformity would then read the upload's
-  size more than whether it pulls the table together (docs/security.md). UNION's
-  client-side term is `fedrec.federated.family.objective.Contrast` (``--client-objective union``).
+  taken at the server's step (`RowStep`). The official code's server steps by Adam, and it
+  takes that step with the client's gradient as the round's, about the learning rate's size
+  whatever the gradient's: FedDAE's server and a server optimiser's Adam and Yogi step so
+  too, and UNION takes their step so (`fedrec.federated.dae.state.TableView.adam_rows`,
+  `fedrec.federated.family.server_opt.Adam.row_step`: every sampled row moves by the server's
+  moments, the client's rows by its change as well). A server that averages the round's
+  rows (the item family at its default server step, FedPerGNN, FedCIA, PersonalFR, PerFedRec's
+  tables, the global table of GPFedRec and GFed-PP) would step by a client's whole change
+  taken as the round's, larger than the table's rows under the papers' rule (a median honest
+  row change of 14 on ML-100K), and uniformity would then read the upload's size more than
+  whether it pulls the table together (docs/security.md); it is judged at the client's share
+  of the round's average instead, its row changes divided by the n accepted uploads judged
+  (`share`; the server then divides by the uploads UNION kept, slightly fewer; FedAvgM's and a
+  server step size other than 1 are taken at the same share). Where a server steps otherwise
+  (FedCA's mixtures of clients' tables, GPFedRec's personalised tables) the same share of a
+  plain average is taken, not that server's step.
+  UNION's client-side term is `fedrec.federated.family.objective.Contrast`
+  (``--client-objective union``).
 
 Krum and Multi-Krum *flag* clients: a client is flagged when the rule dropped more than half of
 the rows it uploaded; UNION flags the clients it drops (the detection figures count these).
@@ -54,6 +60,7 @@ judgement per row, applied client by client.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +74,17 @@ from fedrec.federated.threats import DEFENCES
 FLAGGING = ("krum", "multi-krum", "union")
 #: UNION's sample of items and its gap statistic's reference draws (the official code's values)
 UNION_ITEMS, UNION_REFERENCES = 500, 50
+
+#: How a server moves its item table's rows, as UNION reads it: given the current ``rows``
+#: (float64), their row ids ``at`` in the table, and one client's ``change`` of them (None:
+#: no client's), the rows after the server's step were that client's upload the round's only
+#: judged one (module docstring). It reads no state it changes.
+RowStep = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def share(n: int) -> RowStep:
+    """The step of a server that averages ``n`` uploads' rows: a client's change / n."""
+    return lambda rows, at, change: rows if change is None else rows + change / n
 
 
 @dataclass(frozen=True)
@@ -85,18 +103,20 @@ class RobustRule:
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
                   shared: dict[str, torch.Tensor], table: torch.Tensor | None = None,
-                  key: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
+                  key: tuple[int, ...] = (), step: RowStep | None = None
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         """Sum-equivalents of a round's accepted ``uploads``: the item table's ``(n_items, width)``
         row sums, each shared weight's sum (``shared`` gives their shapes), and which uploads
         the rule flagged (a boolean per upload, all False for rules that do not flag). UNION
-        reads the global item ``table`` the uploads' deltas apply to, and draws its sample keyed
-        by ``key`` (the run's seed and the round); its dropped uploads are flagged and left out
-        of the sums."""
+        reads the global item ``table`` the uploads' deltas apply to, moved by the server's
+        ``step`` (default: `share` of the uploads judged), and draws its sample keyed by ``key``
+        (the run's seed and the round); its dropped uploads are flagged and left out of the
+        sums."""
         if self.name == "union":
             if table is None:
                 raise ValueError("the union defence needs the global item table")
             accepted = [i for i, u in enumerate(uploads) if u.accepted]
-            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key)
+            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key, step)
             flagged = np.zeros(len(uploads), bool)
             flagged[np.asarray(accepted, np.int64)[dropped]] = True
             kept = [u for i, u in enumerate(uploads) if u.accepted and not flagged[i]]
@@ -296,8 +316,9 @@ def _pick(s: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
 
 
 def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: float,
-                 key: tuple[int, ...] = ()) -> np.ndarray:
-    """Which of ``uploads`` UNION drops (module docstring), a boolean each.
+                 key: tuple[int, ...] = (), step: RowStep | None = None) -> np.ndarray:
+    """Which of ``uploads`` UNION drops (module docstring), a boolean each, each judged on
+    ``table`` after the server's ``step`` from its upload (default: `share` of the n uploads).
 
     The items are drawn without replacement (the official code draws 500 with replacement), a
     new sample each round: by a generator keyed by ``key`` (the run's seed and the round), so
@@ -308,7 +329,7 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
     q = table.detach().float().cpu()
     rng = np.random.default_rng([0x0410, *key])
     sample = np.sort(rng.choice(len(q), min(UNION_ITEMS, len(q)), replace=False))
-    spread = uniformities(uploads, q, sample, step=1.0 / n)
+    spread = uniformities(uploads, q, sample, share(n) if step is None else step)
     lo, hi = spread.min(), spread.max()
     if hi <= lo:
         return np.zeros(n, bool)
@@ -324,14 +345,18 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
 
 
 def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray,
-                 step: float = 1.0) -> np.ndarray:
+                 step: RowStep | None = None) -> np.ndarray:
     """Each upload's uniformity: the mean pairwise L2 distance of the ``sample`` rows of
-    ``table`` after that upload's row changes alone, each change scaled by ``step``
-    (`union_filter` passes the client's share of the round's average, 1/n). The distances of the unmoved pairs are the
-    table's, computed once, so an upload costs its moved rows x the sample, not the sample
+    ``table`` after the server's ``step`` (`RowStep`; default the whole change, `share` (1))
+    from that upload alone (`union_filter` passes the client's share of the round's average, or
+    the server's own step). The distances of the rows the upload leaves as the step moves them
+    anyway are computed once, so an upload costs its moved rows x the sample, not the sample
     squared."""
+    step = share(1) if step is None else step
     table = table.detach().cpu()
-    base = table[torch.as_tensor(sample, device="cpu")].double()
+    ids = torch.as_tensor(sample, dtype=torch.int64, device="cpu")
+    before = table[ids].double()
+    base = step(before, ids, None)
     dist = torch.cdist(base, base)
     total0, row_sums = float(dist.sum()), dist.sum(1)
     where = np.full(len(table), -1, np.int64)
@@ -342,7 +367,8 @@ def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.nd
         at = where[np.asarray(u.items, np.int64)]
         hit = np.flatnonzero(at >= 0)
         p = torch.as_tensor(at[hit], device="cpu")
-        moved = base[p] + step * u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit, device="cpu")]
+        change = u.tensors[ITEMS].detach().double().cpu()[torch.as_tensor(hit, device="cpu")]
+        moved = step(before[p], ids[p], change)
         rest = torch.ones(len(sample), dtype=torch.bool, device="cpu")
         rest[p] = False
         total = (total0 - 2 * float(row_sums[p].sum()) + float(dist[p][:, p].sum())

@@ -190,7 +190,8 @@ class DAEServer(TableView, ServerSide):
         if self.rule is not None:  # as the simulator's `DAEAlgorithm._secured`
             table = self.row_table()
             item_sum, dense_sum, n = self.rule.sums(self.kept, *table.shape,
-                                                    {k: self.glob[k] for k in self.dense_keys()}, table, r)
+                                                    {k: self.glob[k] for k in self.dense_keys()}, table, r,
+                                                    self.adam_rows(self.moments, self.steps, self.cfg.lr))
             sums = self.gradient_sums(item_sum, dense_sum, self.cfg.lr)
         self.steps = server_step(self.glob, self.moments, self.steps, sums, n, self.cfg.lr, self.spec.weight_decay)
         self.totals.rejected = rejected

@@ -45,7 +45,9 @@ client's own (hidden[0] x hidden[1] + hidden[1] x 2 latent floats: 655,360 at th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,7 +60,7 @@ from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.spec import FamilySpec
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
-from fedrec.rounds.optim import adam_
+from fedrec.rounds.optim import BETA1, BETA2, EPS, adam_
 from fedrec.rounds.ragged import ranges
 
 #: the draws of a local step, by purpose (`fedrec.rounds.draws` keys under DROPOUT)
@@ -125,21 +127,52 @@ class TableView:
         n = len(self.spec.hidden)
         return f"d.W{n}", f"d.b{n}"
 
-    def out_table(self) -> torch.Tensor:
-        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b."""
+    def out_table(self, parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b (of
+        ``parts`` laid out as `glob`, by default `glob` itself)."""
         w, b = self.out_keys
-        return torch.cat([self.glob[w].T, self.glob[b][:, None]], 1)
+        parts = self.glob if parts is None else parts
+        return torch.cat([parts[w].T, parts[b][:, None]], 1)
 
-    def row_table(self) -> torch.Tensor:
+    def row_table(self, parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Every item table the server averages, as rows of one width: `out_table`'s m rows, then
         (a global encoder) its first layer's m rows, a zero after each. A client sends every
         output row (its softmax reaches every item) and the encoder rows of its bag, so a rule
-        judges each row over the clients that sent it."""
-        out = self.out_table()
-        if FIRST not in self.glob:
+        judges each row over the clients that sent it. ``parts``: tensors laid out as `glob`
+        (the server's Adam moments), by default `glob` itself."""
+        parts = self.glob if parts is None else parts
+        out = self.out_table(parts)
+        if FIRST not in parts:
             return out
-        first = self.glob[FIRST]
+        first = parts[FIRST]
         return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
+
+    def adam_rows(self, moments: dict[str, tuple[torch.Tensor, torch.Tensor]], steps: int, lr: float
+                  ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """How the server's next Adam step (`server_step`, from ``moments`` after ``steps``
+        steps) moves `row_table`'s rows, as UNION reads a client (`fedrec.security.robust.RowStep`):
+        the client's upload (`DAEState.client_uploads`: -lr x its accumulated gradient) taken as
+        the round's mean gradient, as the official UNION takes its Adam server's step; rows no
+        client changed move by their moments and the weight decay. The moments' row tables are
+        built on the first call (a round without UNION builds none)."""
+        wd = self.spec.weight_decay
+        bc1, bc2 = 1 - BETA1 ** (steps + 1), 1 - BETA2 ** (steps + 1)
+
+        @functools.cache
+        def tables() -> tuple[torch.Tensor, torch.Tensor]:
+            return tuple(self.row_table({k: pair[i] for k, pair in moments.items()}).double().cpu()
+                         for i in (0, 1))  # type: ignore[return-value]
+
+        def step(rows: torch.Tensor, at: torch.Tensor, change: torch.Tensor | None) -> torch.Tensor:
+            first, second = tables()
+            g = torch.zeros_like(rows) if change is None else -change / lr
+            if wd:
+                g = g + wd * rows
+            m = BETA1 * first[at] + (1 - BETA1) * g
+            v = BETA2 * second[at] + (1 - BETA2) * g * g
+            return rows - lr * (m / bc1) / ((v / bc2).sqrt() + EPS)
+
+        return step
 
     def dense_keys(self) -> list[str]:
         """The global parts outside `row_table`: one dense row each, sent whole by every client."""
@@ -337,8 +370,8 @@ class DAEState(TableView):
         """Each client's upload (`train`'s ``keep``) as the security layer reads it: its rows of
         `row_table` and its dense parts, as steps ``-lr x`` its accumulated gradients (the step
         an SGD server at the clients' rate would take on it alone: the sign and scale of the
-        row deltas the attacks craft, and what UNION scales to each client's share of the round's
-        average before adding it to the table)."""
+        row deltas the attacks craft; UNION turns them back into the gradient its Adam step
+        takes, `TableView.adam_rows`)."""
         m = self.matrix.shape[1]
         w, b = self.out_keys
         out = []
@@ -534,7 +567,7 @@ class DAEAlgorithm(FederatedAlgorithm):
         assert uploads.per_client is not None
         dense = {k: st.glob[k] for k in st.dense_keys()}
         item_sum, dense_sum, accepted = sec.sums(st.client_uploads(uploads.per_client, lr) + bad, *table.shape,
-                                                 dense, table, r)
+                                                 dense, table, r, st.adam_rows(st.moments, st.server_steps, lr))
         return st.gradient_sums(item_sum, dense_sum, lr), accepted, n_bytes
 
     def malicious_uploads(self, r: int, norms: list[torch.Tensor] | None) -> list[ClientUpload]:

@@ -99,7 +99,8 @@ class CohortAlgorithm(FederatedAlgorithm):
             self.state.admit_uploads(sec, plan.round)
         elif sec is not None and sec.rule is not None and uploads.per_client is not None:
             acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
-                                                           self.state.shared, self.state.items, plan.round)
+                                                           self.state.shared, self.state.items, plan.round,
+                                                           self.state.server_optimizer.row_step(ITEMS))
             guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
             if guard is not None:
                 guard(uploads.per_client, sec.rule, (self.seed, plan.round))

@@ -21,6 +21,7 @@ FedMF with theirs. Each keeps its buffers per server tensor, in the server's sta
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,13 @@ class ServerOptimizer:
         ``mean`` of the clients' values."""
         return mean if self.server_lr == 1.0 else current + self.server_lr * (mean - current)
 
+    def row_step(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+        """How this server's next step moves rows of server tensor ``name``, as UNION judges a
+        client (`fedrec.security.robust.RowStep`), where that is not the client's share of a
+        plain average: None for FedAvg and FedAvgM, whose steps are linear in the mean, so UNION
+        takes the share (`fedrec.security.robust.share`)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -152,6 +160,22 @@ class Adam(ServerOptimizer):
         v = self.second_moment(v, d)
         self.moments[name] = (m, v)
         return current + self.server_lr * m / (v.sqrt() + self.tau)
+
+    def row_step(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """The next step on rows of ``name`` with one client's change as the round's
+        pseudo-gradient (the official UNION's form of its Adam server's step): every row moves
+        by its moments, a client's rows by its change as well. Reads the moments, changes none."""
+        def step(rows: torch.Tensor, at: torch.Tensor, change: torch.Tensor | None) -> torch.Tensor:
+            d = torch.zeros_like(rows) if change is None else change
+            if name in self.moments:
+                m, v = (x[at.to(x.device)].to(rows) for x in self.moments[name])
+            else:
+                m, v = torch.zeros_like(d), torch.full_like(d, self.tau**2)
+            m = m.mul_(self.beta1).add_(d, alpha=1 - self.beta1)
+            v = self.second_moment(v, d)
+            return rows + self.server_lr * m / (v.sqrt() + self.tau)
+
+        return step
 
     def state_dict(self) -> dict[str, Any]:
         return {"moments": self.moments}

@@ -262,7 +262,8 @@ class FamilyServer(ServerSide):
         acc.rejected += rejected
         if self.rule is not None:
             acc.item_sum, acc.shared_sum, acc.n = self.rule.sums(self.kept, *self.state.items.shape,
-                                                                 self.state.shared, self.state.items, r)
+                                                                 self.state.shared, self.state.items, r,
+                                                                 self.state.server_optimizer.row_step(ITEMS))
             guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
             if guard is not None:
                 guard(self.kept, self.rule.rule, (self.state.seed, r), benign=self.n_clients)
