@@ -75,10 +75,12 @@ FLAGGING = ("krum", "multi-krum", "union")
 #: UNION's sample of items and its gap statistic's reference draws (the official code's values)
 UNION_ITEMS, UNION_REFERENCES = 500, 50
 
-#: How a server moves its item table's rows, as UNION reads it: given the current ``rows``
-#: (float64), their row ids ``at`` in the table, and one client's ``change`` of them (None:
-#: no client's), the rows after the server's step were that client's upload the round's only
-#: judged one (module docstring). It reads no state it changes.
+#: How a server moves its item table's rows, as UNION judges one client (module docstring):
+#: given the current ``rows`` (float64), their row ids ``at`` in the table, and one client's
+#: ``change`` of them (None: no client's), the rows after the server's step from that client's
+#: upload alone: an Adam server's step with the change as the round's (`TableView.adam_rows`
+#: of FedDAE, `Adam.row_step` of a server optimiser), an averaging server's share of it
+#: (`share`). It changes no state of the server's.
 RowStep = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 

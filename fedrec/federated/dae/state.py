@@ -45,7 +45,6 @@ client's own (hidden[0] x hidden[1] + hidden[1] x 2 latent floats: 655,360 at th
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -147,29 +146,37 @@ class TableView:
         first = parts[FIRST]
         return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
 
+    def table_rows(self, parts: dict[str, torch.Tensor], at: torch.Tensor) -> torch.Tensor:
+        """Rows ``at`` of `row_table` (``parts``), gathered without building the table."""
+        w, b = self.out_keys
+        at = at.to(parts[w].device)
+        out = parts[w].new_zeros((len(at), parts[w].shape[0] + 1))
+        dec = at < self.n_items
+        i = at[dec]
+        out[dec] = torch.cat([parts[w][:, i].T, parts[b][i][:, None]], 1)
+        if FIRST in parts:
+            out[~dec, :-1] = parts[FIRST][at[~dec] - self.n_items]
+        return out
+
     def adam_rows(self, moments: dict[str, tuple[torch.Tensor, torch.Tensor]], steps: int, lr: float
                   ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
         """How the server's next Adam step (`server_step`, from ``moments`` after ``steps``
         steps) moves `row_table`'s rows, as UNION reads a client (`fedrec.security.robust.RowStep`):
         the client's upload (`DAEState.client_uploads`: -lr x its accumulated gradient) taken as
         the round's mean gradient, as the official UNION takes its Adam server's step; rows no
-        client changed move by their moments and the weight decay. The moments' row tables are
-        built on the first call (a round without UNION builds none)."""
+        client changed move by their moments and the weight decay. Only the moments of the rows
+        asked for are read."""
         wd = self.spec.weight_decay
         bc1, bc2 = 1 - BETA1 ** (steps + 1), 1 - BETA2 ** (steps + 1)
-
-        @functools.cache
-        def tables() -> tuple[torch.Tensor, torch.Tensor]:
-            return tuple(self.row_table({k: pair[i] for k, pair in moments.items()}).double().cpu()
-                         for i in (0, 1))  # type: ignore[return-value]
+        first = {k: m for k, (m, _) in moments.items()}
+        second = {k: v for k, (_, v) in moments.items()}
 
         def step(rows: torch.Tensor, at: torch.Tensor, change: torch.Tensor | None) -> torch.Tensor:
-            first, second = tables()
             g = torch.zeros_like(rows) if change is None else -change / lr
             if wd:
                 g = g + wd * rows
-            m = BETA1 * first[at] + (1 - BETA1) * g
-            v = BETA2 * second[at] + (1 - BETA2) * g * g
+            m = BETA1 * self.table_rows(first, at).to(rows) + (1 - BETA1) * g
+            v = BETA2 * self.table_rows(second, at).to(rows) + (1 - BETA2) * g * g
             return rows - lr * (m / bc1) / ((v / bc2).sqrt() + EPS)
 
         return step

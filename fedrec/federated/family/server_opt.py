@@ -108,9 +108,10 @@ class ServerOptimizer:
 
     def row_step(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
         """How this server's next step moves rows of server tensor ``name``, as UNION judges a
-        client (`fedrec.security.robust.RowStep`), where that is not the client's share of a
-        plain average: None for FedAvg and FedAvgM, whose steps are linear in the mean, so UNION
-        takes the share (`fedrec.security.robust.share`)."""
+        client (`fedrec.security.robust.RowStep`): None for FedAvg and FedAvgM, which UNION
+        judges at the client's share of a plain average (`fedrec.security.robust.share`), not at
+        their own step (FedAvg at a ``server_lr`` other than 1 moves by ``server_lr`` x that
+        share, FedAvgM every row by its momentum buffer as well)."""
         return None
 
     def state_dict(self) -> dict[str, Any]:
