@@ -82,7 +82,7 @@ def test_union_judges_a_client_at_the_servers_adam_step_from_its_gradient_alone(
     gradient as the round's mean (the official UNION's form of its Adam server's step): written
     out by running that step on a copy of the server, after two rounds of moments. The rows the
     client did not send move by the moments alone."""
-    alg = _algorithm(split, defence="union")
+    alg = _algorithm(split, defence="union", union_step="server")
     st, lr = alg.state, alg.cfg.lr
     for r in (1, 2):
         plan = RoundPlan(r, np.arange(split.n_users), torch.Generator(), np.random.default_rng(r))

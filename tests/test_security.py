@@ -600,7 +600,7 @@ def test_union_takes_each_upload_at_its_share_of_the_accepted_uploads(monkeypatc
 class RunConfigLike:
     """The engine options `Security.defence` reads."""
 
-    defence, trim, byzantine, norm_bound, clients_per_round = "union", 0.1, 0.0, None, 1.0
+    defence, trim, byzantine, norm_bound, clients_per_round, union_step = "union", 0.1, 0.0, None, 1.0, "share"
 
 
 def test_attack_table_runs_reused_by_name_are_checked_against_their_settings(tmp_path):

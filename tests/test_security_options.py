@@ -27,6 +27,8 @@ DATA = ("-d", "synthetic:100x200", "-p", "loo-full")
     (["run", "fedmf", "--defence", "median", "--trim", "0.3"], "--trim is read by --defence trimmed-mean, not by"),
     (["run", "fedmf", "--defence", "median", "--byzantine", "0.3"], "--byzantine is read by --defence krum and"),
     (["run", "fedmf", "--defence", "krum", "--norm-bound", "1"], "--norm-bound is read by --defence norm-bound"),
+    (["run", "fedmf", "--defence", "median", "--union-step", "server"], "--union-step is read by --defence union, not"),
+    (["run", "fedmf", "--defence", "union", "--union-step", "adam"], "--union-step must be one of share, server"),
     (["run", "fedmf", "--ldp", "0.1", "--encoding", "sparse"], "a noised upload sends every row (dense)"),
     (["run", "mf", "--malicious", "0.1"], "'mf' is centralised: --malicious does not apply"),
     (["run", "mf", "--trim", "0.2", "--attacker-norm", "own"], "--attacker-norm, --trim do not apply"),

@@ -126,6 +126,8 @@ def test_flower_in_process_equals_the_simulator_with_a_server_optimiser():
 
 
 def test_union_takes_the_server_optimisers_step_in_the_simulator_and_on_flower(monkeypatch):
+    """Under ``--union-step server`` UNION judges each client at the server optimiser's own step,
+    in the simulator and on a deployment's server; by default at the share of a plain average."""
     from fedrec.flower.dispatch import run_in_process
     from fedrec.security import robust
 
@@ -139,10 +141,13 @@ def test_union_takes_the_server_optimisers_step_in_the_simulator_and_on_flower(m
     monkeypatch.setattr(robust, "union_filter", spy)
     cfg = RunConfig("fedmf", dataset="synthetic:120x300", seed=1, model={"dim": 8},
                     federated=federated_config("fedmf", rounds=2, clients_per_round=0.5, server_opt="adam",
-                                               defence="union"))
+                                               defence="union", union_step="server"))
     train(cfg)
     run_in_process(cfg, 2)
     assert len(steps) == 4 and all(s is not None and s.__qualname__.startswith("Adam.row_step") for s in steps)
+    steps.clear()
+    train(dataclasses.replace(cfg, federated=dataclasses.replace(cfg.federated, union_step="share")))
+    assert steps == [None, None]
 
 
 def test_refusals():

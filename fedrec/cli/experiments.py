@@ -154,6 +154,7 @@ def run_command(
     trim: float = typer.Option(0.1, help="Federated: share trimmed from each end by --defence trimmed-mean."),
     byzantine: float = typer.Option(0.1, help="Federated: share of a row's uploaders Krum assumes malicious."),
     norm_bound: float | None = typer.Option(None, help="Federated: --defence norm-bound's L2 bound on a client's update (default: the round's median)."),
+    union_step: str = typer.Option("share", help="Federated, --defence union: judge each client after its share (1/n) of a plain average of the round's rows (share), or after the server's own next step with its change as the round's (server: the official code's form where the server steps by Adam, FedDAE and --server-opt adam/yogi)."),
     checkpoint_every: int = typer.Option(0, help="Write a checkpoint every N rounds (epochs) (0: never)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's checkpoint."),
     threshold: float | None = typer.Option(None, help="Implicit feedback: keep ratings >= this (default: every rating)."),
@@ -233,6 +234,7 @@ def run_command(
         "--malicious": malicious != 0.05, "--prior-knowledge": prior_knowledge != 0.01,
         "--attack-items": attack_items != 60, "--boost": boost is not None, "--attacker-norm": attacker_norm != "honest",
         "--trim": trim != 0.1, "--byzantine": byzantine != 0.1, "--norm-bound": norm_bound is not None,
+        "--union-step": union_step != "share",
     }, {"--weight-decay": weight_decay != 0.0})
     if num_negatives is not None and get_protocol(protocol).ranking == "rating":
         raise no_negatives_under_ratings(protocol, algorithm, num_negatives)
@@ -268,7 +270,7 @@ def run_command(
             memory_budget_mb=memory_budget_mb, checkpoint_every=checkpoint_every, device=device,
             attack=attack, malicious=malicious, targets=targets, prior_knowledge=prior_knowledge,
             attack_items=attack_items, boost=boost, attacker_norm=attacker_norm, defence=defence, trim=trim, byzantine=byzantine,
-            norm_bound=norm_bound,
+            norm_bound=norm_bound, union_step=union_step,
         ),
     )
     ours = spec.engine_for(dataset, get_protocol(protocol).ranking).get("aggregation", "clients") if federated else None

@@ -59,6 +59,7 @@ def flower_command(
     trim: float = typer.Option(0.1, help="Share trimmed from each end by --defence trimmed-mean."),
     byzantine: float = typer.Option(0.1, help="Share of a row's uploaders Krum assumes malicious."),
     norm_bound: float | None = typer.Option(None, help="--defence norm-bound's L2 bound on a client's update (default: the round's median)."),
+    union_step: str = typer.Option("share", help="--defence union: where it judges each client, as `fedrec run --union-step` (share or server)."),
     secagg: bool = typer.Option(False, "--secagg", help="Sum the nodes' item-table updates with Flower's SecAgg+ (FedMF, FedRecon, PFedRec and kin without shared weights): the server sees only the sum."),
     secagg_range: float = typer.Option(8192.0, help="SecAgg+: update entries must lie in +-this (quantised to 2 x range / 2^24); a node whose update does not is left out."),
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="FEDREC_DATA", help="Folder holding the raw data files."),
@@ -113,7 +114,7 @@ def flower_command(
                                    eval_every=eval_every, ldp=ldp, dp_clip=dp_clip,
                                    dp_noise=dp_noise, dp_delta=dp_delta, server_opt=server_opt,
                                    client_objective=client_objective, device=device, defence=defence, trim=trim,
-                                   byzantine=byzantine, norm_bound=norm_bound),
+                                   byzantine=byzantine, norm_bound=norm_bound, union_step=union_step),
     )
     run.validate()
     run.federated.validate()

@@ -49,7 +49,9 @@ COLD_ITEMS = ("model", "user-mean")
 #: the baselines beneath a rating model's score (`FederatedConfig.rating_baseline`)
 RATING_BASELINES = ("none", "user-item")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
-                   "trim", "byzantine", "norm_bound", "attacker_norm")
+                   "trim", "byzantine", "norm_bound", "attacker_norm", "union_step")
+#: where UNION judges a client's table (`FederatedConfig.union_step`)
+UNION_STEPS = ("share", "server")
 #: where a malicious row's norm comes from (`FederatedConfig.attacker_norm`)
 ATTACKER_NORMS = ("honest", "own")
 
@@ -129,6 +131,13 @@ class FederatedConfig:
     trim: float = 0.1
     byzantine: float = 0.1
     norm_bound: float | None = None
+    #: where ``--defence union`` judges each client's table (`fedrec.security.robust`): "share",
+    #: after the client's share (1/n) of a plain average of the round's rows (what an averaging
+    #: server steps; the default everywhere, by measurement: docs/security.md); "server", after
+    #: the server's own next step with that client's change as the round's, the official code's
+    #: form where the server steps by Adam (FedDAE, ``--server-opt adam`` or ``yogi``) and the
+    #: share where it averages
+    union_step: str = "share"
     aggregation: str = "clients"
     #: on divergence, go back to the best round and halve the rates, up to this many times (0:
     #: stop; fedrec's defaults take 3, `fedrec.algorithms.FEDREC_ENGINE`)
@@ -233,13 +242,17 @@ class FederatedConfig:
                                       or self.prior_knowledge != 0.01 or self.attacker_norm != "honest"),
              "--malicious, --prior-knowledge, --attack-items, --boost and --attacker-norm describe an --attack; "
              "none is given"),
-            (self.defence is None and (self.trim != 0.1 or self.byzantine != 0.1 or self.norm_bound is not None),
-             "--trim, --byzantine and --norm-bound describe a --defence; none is given"),
+            (self.union_step not in UNION_STEPS,
+             f"--union-step must be one of {', '.join(UNION_STEPS)} (got '{self.union_step}')"),
+            (self.defence is None and (self.trim != 0.1 or self.byzantine != 0.1 or self.norm_bound is not None
+                                       or self.union_step != "share"),
+             "--trim, --byzantine, --norm-bound and --union-step describe a --defence; none is given"),
             *[(self.defence is not None and given and self.defence not in readers,
                f"{flag} is read by --defence {' and '.join(readers)}, not by --defence {self.defence}")
               for flag, given, readers in (("--trim", self.trim != 0.1, ("trimmed-mean",)),
                                            ("--byzantine", self.byzantine != 0.1, ("krum", "multi-krum", "union")),
-                                           ("--norm-bound", self.norm_bound is not None, ("norm-bound",)))],
+                                           ("--norm-bound", self.norm_bound is not None, ("norm-bound",)),
+                                           ("--union-step", self.union_step != "share", ("union",)))],
             (self.attack in UNTARGETED and self.targets > 0, f"--attack {self.attack} is untargeted: it has no --targets"),
         ]
 
@@ -253,7 +266,7 @@ class FederatedConfig:
                 if not ((k == "aggregation" and v == "clients") or (k == "backoffs" and not v)
                         or (k == "cold_items" and v == "model") or (k == "rating_baseline" and v == "none")
                         or (k in ("server_opt", "client_objective") and v is None)
-                        or (k == "attacker_norm" and v == "honest"))}
+                        or (k == "attacker_norm" and v == "honest") or (k == "union_step" and v == "share"))}
         if (blob.get("attack") is None and blob.get("defence") is None and not blob.get("targets")
                 and not blob.get("pad_items")):
             return {k: v for k, v in blob.items() if k not in SECURITY_FIELDS}

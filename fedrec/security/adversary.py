@@ -86,7 +86,8 @@ class Security:
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:
-            sec.rule = RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound)
+            sec.rule = RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound,
+                                  union_step=cfg.union_step)
         return sec
 
     @staticmethod
@@ -96,8 +97,8 @@ class Security:
         defence's detection figures count against). Without ``--defence``, the plain mean of the
         clients' uploads (a server that reads each client's upload as the simulator's attacked
         round does: FedCIA's)."""
-        rule = (RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound)
-                if cfg.defence is not None else None)
+        rule = (RobustRule(cfg.defence, trim=cfg.trim, byzantine=cfg.byzantine, norm_bound=cfg.norm_bound,
+                           union_step=cfg.union_step) if cfg.defence is not None else None)
         return Security(n_benign, n_malicious, np.zeros(0, np.int64), sp.csr_matrix((n_benign, n_items)),
                         cfg.clients_per_round, seed, rule=rule)
 
@@ -151,8 +152,8 @@ class Security:
              step: RowStep | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """Round ``r``'s item-row sums, shared-weight sums and accepted count, by the defence's
         rule (plain sums without one; ``table``, the global item table, and ``step``, how the
-        server moves its rows (`RowStep`; default a plain average's), for the rules that read
-        them); records the defence's detection figures. Uploads a filter dropped (UNION) do not
+        server moves its rows (`RowStep`, which UNION reads under ``--union-step server``; None:
+        a plain average's), for the rules that read them); records the defence's detection figures. Uploads a filter dropped (UNION) do not
         count."""
         rule = self.rule or RobustRule("mean")
         item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r),

@@ -29,22 +29,29 @@ Rules (`DEFENCES`):
   clients (the official code takes that count from the true attacker ratio; here it is the
   defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does
   (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
-  taken at the server's step (`RowStep`). The official code's server steps by Adam, and it
-  takes that step with the client's gradient as the round's, about the learning rate's size
-  whatever the gradient's: FedDAE's server and a server optimiser's Adam and Yogi step so
-  too, and UNION takes their step so (`fedrec.federated.dae.state.TableView.adam_rows`,
-  `fedrec.federated.family.server_opt.Adam.row_step`: every sampled row moves by the server's
-  moments, the client's rows by its change as well). A server that averages the round's
-  rows (the item family at its default server step, FedPerGNN, FedCIA, PersonalFR, PerFedRec's
-  tables, the global table of GPFedRec and GFed-PP) would step by a client's whole change
-  taken as the round's, larger than the table's rows under the papers' rule (a median honest
-  row change of 14 on ML-100K), and uniformity would then read the upload's size more than
-  whether it pulls the table together (docs/security.md); it is judged at the client's share
-  of the round's average instead, its row changes divided by the n accepted uploads judged
-  (`share`; the server then divides by the uploads UNION kept, slightly fewer; FedAvgM's and a
-  server step size other than 1 are taken at the same share). Where a server steps otherwise
-  (FedCA's mixtures of clients' tables, GPFedRec's personalised tables) the same share of a
-  plain average is taken, not that server's step.
+  taken after a server step from the client's upload (`RowStep`), in one of two forms
+  (``--union-step``):
+
+  - ``share`` (the default): the client's share of the round's average, its row changes divided
+    by the n accepted uploads judged (`share`; the server then divides by the uploads UNION
+    kept, slightly fewer). That is the step of a server that averages the round's rows (the
+    item family at its default server step, FedPerGNN, FedCIA, PersonalFR, PerFedRec's tables,
+    the global table of GPFedRec and GFed-PP). Where a server steps otherwise (FedDAE's Adam, a
+    server optimiser, FedCA's mixtures of clients' tables, GPFedRec's personalised tables) it is
+    the same share of a plain average, not that server's step. A client's whole change taken
+    as the round's would be larger than the table's rows under the papers' rule (a median
+    honest row change of 14 on ML-100K), and uniformity would then read the upload's size more
+    than whether it pulls the table together (docs/security.md).
+  - ``server``: the server's own next step with the client's change as the round's, as the
+    official code takes its Adam server's step (about the learning rate's size whatever the
+    gradient's): FedDAE's Adam (`fedrec.federated.dae.state.TableView.adam_rows`) and a server
+    optimiser's Adam or Yogi (`fedrec.federated.family.server_opt.Adam.row_step`), every sampled
+    row moved by the server's moments and the client's rows by its change as well; the share
+    where the server averages. It is not the default because it caught less where measured
+    (docs/security.md): on FedMF with ``--server-opt adam`` it flags no ClusterAttack client at
+    x1 or x10, where the share flags them all, and on FedDAE it flags FedRecAttack's clients in
+    two early rounds only and drops honest clients in two others.
+
   UNION's client-side term is `fedrec.federated.family.objective.Contrast`
   (``--client-objective union``).
 
@@ -98,10 +105,15 @@ class RobustRule:
     byzantine: float = 0.1
     norm_bound: float | None = None
     budget_mb: float = 64.0
+    #: UNION: "share" judges each client at its share of a plain average whatever ``step`` the
+    #: server gives; "server" at the server's ``step`` (`aggregate`; module docstring)
+    union_step: str = "share"
 
     def __post_init__(self) -> None:
         if self.name not in DEFENCES:
             raise ValueError(f"unknown defence '{self.name}'; known: {', '.join(DEFENCES)}")
+        if self.union_step not in ("share", "server"):
+            raise ValueError(f"unknown union step '{self.union_step}'; known: share, server")
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
                   shared: dict[str, torch.Tensor], table: torch.Tensor | None = None,
@@ -111,14 +123,16 @@ class RobustRule:
         row sums, each shared weight's sum (``shared`` gives their shapes), and which uploads
         the rule flagged (a boolean per upload, all False for rules that do not flag). UNION
         reads the global item ``table`` the uploads' deltas apply to, moved by the server's
-        ``step`` (default: `share` of the uploads judged), and draws its sample keyed by ``key``
+        ``step`` under ``union_step`` "server" (otherwise, or without one, by `share` of the
+        uploads judged), and draws its sample keyed by ``key``
         (the run's seed and the round); its dropped uploads are flagged and left out of the
         sums."""
         if self.name == "union":
             if table is None:
                 raise ValueError("the union defence needs the global item table")
             accepted = [i for i, u in enumerate(uploads) if u.accepted]
-            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key, step)
+            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key,
+                                   step if self.union_step == "server" else None)
             flagged = np.zeros(len(uploads), bool)
             flagged[np.asarray(accepted, np.int64)[dropped]] = True
             kept = [u for i, u in enumerate(uploads) if u.accepted and not flagged[i]]
