@@ -49,8 +49,8 @@ Rules (`DEFENCES`):
     row moved by the server's moments and the client's rows by its change as well; the share
     where the server averages. It is not the default because it caught less where measured
     (docs/security.md): on FedMF with ``--server-opt adam`` it flags no ClusterAttack client at
-    x1 or x10, where the share flags them all, and on FedDAE it flags FedRecAttack's clients in
-    two early rounds only and drops honest clients in two others.
+    x1 or x10, where the share flags 96-100% of them every round, and on FedDAE it flags
+    FedRecAttack's clients in two early rounds only (the share: in each of the first seven).
 
   UNION's client-side term is `fedrec.federated.family.objective.Contrast`
   (``--client-objective union``).
