@@ -47,6 +47,10 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     ("mf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedmf", ["-p", "ratio-rating", "--num-negatives", "4"], "draws no training negatives there (--num-negatives 4)"),
     ("fedcia", ["--item-lr-scale", "3", "--encoding", "dense"], "does not use --item-lr-scale, --encoding"),
+    # servers that aggregate their own way read no item-row rule
+    ("fedca", ["--aggregation", "contributors"], "'fedca' does not use --aggregation"),
+    ("feddae", ["--aggregation", "contributors"], "'feddae' does not use --aggregation"),
+    ("personalfr", ["--aggregation", "samples"], "'personalfr' does not use --aggregation"),
     ("fedmf", ["--seed", "-1"], "--seed must be a whole number in [0, 2^64), not -1"),
     ("fedmf", ["--patience", "-1"], "--patience must be >= 0 (got -1)"),
     ("fedmf", ["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0 (got -1)"),

@@ -37,7 +37,7 @@ def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any
     register(AlgorithmSpec(name, "federated", text, None, AEOptions, {**ENGINE, **(engine or {})},
                            fixed, rankings=("rating", "rated"), flower=fixed.get("clients") != 1,
                            ignores=("negatives", "lr_item", "item_lr_scale", "item_std", "encoding",
-                                    "memory_budget_mb", "dp_clip")))
+                                    "memory_budget_mb", "dp_clip", "aggregation")))
 
 
 _register("personalfr", "PersonalFR: rating autoencoder, private encoder per client, decoder "

@@ -68,7 +68,7 @@ LIGHTGCN_ENGINE: dict[str, Any] = {"negatives": 4}
 
 
 #: the item-family engine options FedCIA's whole-model clients do not read
-IGNORES = ("lr_item", "item_lr_scale", "item_std", "encoding", "memory_budget_mb", "dp_clip")
+IGNORES = ("lr_item", "item_lr_scale", "item_std", "encoding", "memory_budget_mb", "dp_clip", "aggregation")
 
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any] | None = None,

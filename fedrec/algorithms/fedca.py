@@ -37,7 +37,7 @@ ENGINE: dict[str, Any] = {"lr": 1e-2, "rounds": 100, "local_epochs": 10, "batch_
 #: the budget runs (patience 0) and the best on validation is kept
 FCF_ENGINE: dict[str, Any] = {**ENGINE, "item_std": 0.1, "patience": 0}
 #: engine options of the item-embedding family's server that FedCA's whole-model clients do not read
-IGNORES = ("lr_item", "item_lr_scale", "encoding", "memory_budget_mb", "dp_clip", "pad_items")
+IGNORES = ("lr_item", "item_lr_scale", "encoding", "memory_budget_mb", "dp_clip", "pad_items", "aggregation")
 
 
 def _register(name: str, text: str, fixed: dict[str, Any], engine: dict[str, Any]) -> None:

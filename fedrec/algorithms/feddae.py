@@ -26,7 +26,7 @@ class DAEOptions(DAESpec, Options):
 ENGINE: dict[str, Any] = {"lr": 1e-3, "rounds": 100, "local_epochs": 5, "clients_per_round": 1.0}
 #: engine options of the item family that a bag-of-items VAE does not read
 IGNORES = ("negatives", "batch_size", "lr_item", "item_lr_scale", "item_std", "encoding",
-           "memory_budget_mb", "dp_clip", "pad_items")
+           "memory_budget_mb", "dp_clip", "pad_items", "aggregation")
 
 
 def _register(name: str, text: str, fixed: dict[str, Any]) -> None:
