@@ -101,7 +101,7 @@ def test_union_judges_a_client_at_the_servers_adam_step_from_its_gradient_alone(
     glob = {k: v.clone() for k, v in st.glob.items()}
     moments = {k: (m.clone(), v.clone()) for k, (m, v) in st.moments.items()}
     server_step(glob, moments, st.server_steps, sums, 1, lr, st.spec.weight_decay)
-    after = st.row_table(glob).double()
+    after = st.table_rows(glob, torch.arange(len(table))).double()
 
     sent = torch.as_tensor(u.items)
     others = torch.as_tensor(np.setdiff1d(np.arange(len(table)), u.items))

@@ -28,7 +28,7 @@ from fedrec.core.selection import TrainOutcome
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import client_params
 from fedrec.federated.family.state import Accumulator, CohortState
-from fedrec.federated.threats import ATTACKS, DEFENCES, UNTARGETED
+from fedrec.federated.threats import ATTACKS, DEFENCES, UNION_STEPS, UNTARGETED
 from fedrec.options import FLOAT32_MAX, check
 from fedrec.protocols.negatives import ComplementSampler
 from fedrec.protocols.protocol import Split
@@ -50,8 +50,6 @@ COLD_ITEMS = ("model", "user-mean")
 RATING_BASELINES = ("none", "user-item")
 SECURITY_FIELDS = ("pad_items", "attack", "malicious", "targets", "prior_knowledge", "attack_items", "boost", "defence",
                    "trim", "byzantine", "norm_bound", "attacker_norm", "union_step")
-#: where UNION judges a client's table (`FederatedConfig.union_step`)
-UNION_STEPS = ("share", "server")
 #: where a malicious row's norm comes from (`FederatedConfig.attacker_norm`)
 ATTACKER_NORMS = ("honest", "own")
 

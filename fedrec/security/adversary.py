@@ -29,10 +29,11 @@ from fedrec.core.contract import ClientUpload
 from fedrec.core.plan import extra_sample
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import ITEMS
+from fedrec.federated.threats import RowStep
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
-from fedrec.security.robust import FLAGGING, RobustRule, RowStep
+from fedrec.security.robust import FLAGGING, RobustRule
 from fedrec.security.surrogate import Surrogate
 
 DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
@@ -152,8 +153,9 @@ class Security:
              step: RowStep | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """Round ``r``'s item-row sums, shared-weight sums and accepted count, by the defence's
         rule (plain sums without one; ``table``, the global item table, and ``step``, how the
-        server moves its rows (`RowStep`, which UNION reads under ``--union-step server``; None:
-        a plain average's), for the rules that read them); records the defence's detection figures. Uploads a filter dropped (UNION) do not
+        server moves its rows (`fedrec.federated.threats.RowStep`, which UNION reads under
+        ``--union-step server``; None: a plain average's), for the rules that read them);
+        records the defence's detection figures. Uploads a filter dropped (UNION) do not
         count."""
         rule = self.rule or RobustRule("mean")
         item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r),

@@ -29,7 +29,7 @@ Rules (`DEFENCES`):
   clients (the official code takes that count from the true attacker ratio; here it is the
   defence's declared assumption, as Krum's f); the rest are averaged per row as FedAvg does
   (the official code ships the filter only beside Multi-Krum or the norm bound). The table is
-  taken after a server step from the client's upload (`RowStep`), in one of two forms
+  taken after a server step from the client's upload (`fedrec.federated.threats.RowStep`), in one of two forms
   (``--union-step``):
 
   - ``share`` (the default): the client's share of the round's average, its row changes divided
@@ -67,7 +67,6 @@ judgement per row, applied client by client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,19 +75,11 @@ import torch
 
 from fedrec.core.contract import ClientUpload
 from fedrec.federated.family.model import ITEMS
-from fedrec.federated.threats import DEFENCES
+from fedrec.federated.threats import DEFENCES, UNION_STEPS, RowStep
 
 FLAGGING = ("krum", "multi-krum", "union")
 #: UNION's sample of items and its gap statistic's reference draws (the official code's values)
 UNION_ITEMS, UNION_REFERENCES = 500, 50
-
-#: How a server moves its item table's rows, as UNION judges one client (module docstring):
-#: given the current ``rows`` (float64), their row ids ``at`` in the table, and one client's
-#: ``change`` of them (None: no client's), the rows after the server's step from that client's
-#: upload alone: an Adam server's step with the change as the round's (`TableView.adam_rows`
-#: of FedDAE, `Adam.row_step` of a server optimiser), an averaging server's share of it
-#: (`share`). It changes no state of the server's.
-RowStep = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
 def share(n: int) -> RowStep:
@@ -112,8 +103,8 @@ class RobustRule:
     def __post_init__(self) -> None:
         if self.name not in DEFENCES:
             raise ValueError(f"unknown defence '{self.name}'; known: {', '.join(DEFENCES)}")
-        if self.union_step not in ("share", "server"):
-            raise ValueError(f"unknown union step '{self.union_step}'; known: share, server")
+        if self.union_step not in UNION_STEPS:
+            raise ValueError(f"unknown union step '{self.union_step}'; known: {', '.join(UNION_STEPS)}")
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
                   shared: dict[str, torch.Tensor], table: torch.Tensor | None = None,
@@ -363,7 +354,7 @@ def union_filter(uploads: list[ClientUpload], table: torch.Tensor, byzantine: fl
 def uniformities(uploads: list[ClientUpload], table: torch.Tensor, sample: np.ndarray,
                  step: RowStep | None = None) -> np.ndarray:
     """Each upload's uniformity: the mean pairwise L2 distance of the ``sample`` rows of
-    ``table`` after the server's ``step`` (`RowStep`; default the whole change, `share` (1))
+    ``table`` after the server's ``step`` (`fedrec.federated.threats.RowStep`; default the whole change, `share` (1))
     from that upload alone (`union_filter` passes the client's share of the round's average, or
     the server's own step). The distances of the rows the upload leaves as the step moves them
     anyway are computed once, so an upload costs its moved rows x the sample, not the sample

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,6 +56,7 @@ from fedrec.core.contract import ClientUpload, FederatedAlgorithm, RoundPlan, Up
 from fedrec.core.device import here
 from fedrec.federated.family.model import ITEMS
 from fedrec.federated.family.spec import FamilySpec
+from fedrec.federated.threats import RowStep
 from fedrec.protocols.protocol import Split
 from fedrec.rounds import draws
 from fedrec.rounds.optim import BETA1, BETA2, EPS, adam_
@@ -126,28 +126,22 @@ class TableView:
         n = len(self.spec.hidden)
         return f"d.W{n}", f"d.b{n}"
 
-    def out_table(self, parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b (of
-        ``parts`` laid out as `glob`, by default `glob` itself)."""
+    def out_table(self) -> torch.Tensor:
+        """The output layer as item rows, ``(n_items, hidden[0] + 1)``: W's columns beside b."""
         w, b = self.out_keys
-        parts = self.glob if parts is None else parts
-        return torch.cat([parts[w].T, parts[b][:, None]], 1)
+        return torch.cat([self.glob[w].T, self.glob[b][:, None]], 1)
 
-    def row_table(self, parts: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def row_table(self) -> torch.Tensor:
         """Every item table the server averages, as rows of one width: `out_table`'s m rows, then
         (a global encoder) its first layer's m rows, a zero after each. A client sends every
         output row (its softmax reaches every item) and the encoder rows of its bag, so a rule
-        judges each row over the clients that sent it. ``parts``: tensors laid out as `glob`
-        (the server's Adam moments), by default `glob` itself."""
-        parts = self.glob if parts is None else parts
-        out = self.out_table(parts)
-        if FIRST not in parts:
-            return out
-        first = parts[FIRST]
-        return torch.cat([out, torch.cat([first, first.new_zeros((len(first), 1))], 1)])
+        judges each row over the clients that sent it."""
+        rows = self.n_items * (2 if FIRST in self.glob else 1)
+        return self.table_rows(self.glob, torch.arange(rows))
 
     def table_rows(self, parts: dict[str, torch.Tensor], at: torch.Tensor) -> torch.Tensor:
-        """Rows ``at`` of `row_table` (``parts``), gathered without building the table."""
+        """Rows ``at`` of `row_table`'s layout of ``parts`` (tensors laid out as `glob`: the
+        global parts or the server's Adam moments)."""
         w, b = self.out_keys
         at = at.to(parts[w].device)
         out = parts[w].new_zeros((len(at), parts[w].shape[0] + 1))
@@ -158,10 +152,9 @@ class TableView:
             out[~dec, :-1] = parts[FIRST][at[~dec] - self.n_items]
         return out
 
-    def adam_rows(self, moments: dict[str, tuple[torch.Tensor, torch.Tensor]], steps: int, lr: float
-                  ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    def adam_rows(self, moments: dict[str, tuple[torch.Tensor, torch.Tensor]], steps: int, lr: float) -> RowStep:
         """How the server's next Adam step (`server_step`, from ``moments`` after ``steps``
-        steps) moves `row_table`'s rows, as UNION reads a client (`fedrec.security.robust.RowStep`):
+        steps) moves `row_table`'s rows, as UNION reads a client (`fedrec.federated.threats.RowStep`):
         the client's upload (`DAEState.client_uploads`: -lr x its accumulated gradient) taken as
         the round's mean gradient, as the official UNION takes its Adam server's step; rows no
         client changed move by their moments and the weight decay. Only the moments of the rows

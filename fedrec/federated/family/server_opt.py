@@ -21,13 +21,13 @@ FedMF with theirs. Each keeps its buffers per server tensor, in the server's sta
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fedrec.errors import FedrecError
+from fedrec.federated.threats import RowStep
 from fedrec.options import check, parse_named, typed
 
 #: the server optimisers a run can name (`ServerOpt.name`)
@@ -106,9 +106,9 @@ class ServerOptimizer:
         ``mean`` of the clients' values."""
         return mean if self.server_lr == 1.0 else current + self.server_lr * (mean - current)
 
-    def row_step(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+    def row_step(self, name: str) -> RowStep | None:
         """How this server's next step moves rows of server tensor ``name``, as UNION judges a
-        client (`fedrec.security.robust.RowStep`): None for FedAvg and FedAvgM, which UNION
+        client (`fedrec.federated.threats.RowStep`): None for FedAvg and FedAvgM, which UNION
         judges at the client's share of a plain average (`fedrec.security.robust.share`), not at
         their own step (FedAvg at a ``server_lr`` other than 1 moves by ``server_lr`` x that
         share, FedAvgM every row by its momentum buffer as well)."""
@@ -162,7 +162,7 @@ class Adam(ServerOptimizer):
         self.moments[name] = (m, v)
         return current + self.server_lr * m / (v.sqrt() + self.tau)
 
-    def row_step(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    def row_step(self, name: str) -> RowStep:
         """The next step on rows of ``name`` with one client's change as the round's
         pseudo-gradient (the official UNION's form of its Adam server's step): every row moves
         by its moments, a client's rows by its change as well. Reads the moments, changes none."""
