@@ -19,9 +19,14 @@ def _algorithm(name: str, aggregation: str, **engine: object):  # type: ignore[n
     return build_trainable(cfg, split)[1]
 
 
-@pytest.mark.parametrize("name", ["fedmf", "pfedrec"])
-def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str) -> None:
-    kept = _algorithm(name, "contributors", clients_per_round=5, lr_item=960.0)
+ATTACKED = {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}
+
+
+@pytest.mark.parametrize(("name", "attack"), [("fedmf", {}), ("pfedrec", {}), ("fedmf", ATTACKED)])
+def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str, attack: dict[str, object]) -> None:
+    """Each row's summed deltas over the clients that sent it, an attacker's crafted rows
+    counted as any client's."""
+    kept = _algorithm(name, "contributors", clients_per_round=5, lr_item=960.0, **attack)
     kept.keep_uploads = True
     before = kept.state.items.clone()
     plan = kept.plan(1)
@@ -32,6 +37,8 @@ def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str) -> 
     for u in uploads.per_client:
         total.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
         senders.index_add_(0, torch.as_tensor(u.items), torch.ones(len(u.items)))
+    n_users = kept.split.n_users
+    assert any(u.client >= n_users for u in uploads.per_client) == bool(attack)
     kept.aggregate(uploads, plan)
     sent = senders > 0
     assert 0 < int(sent.sum()) < before.shape[0]  # rows sent by one client or several, some by none
@@ -40,7 +47,7 @@ def test_contributors_divide_each_row_by_the_clients_that_sent_it(name: str) -> 
     expected[sent] += total[sent] / senders[sent, None]
     torch.testing.assert_close(kept.state.items, expected, rtol=1e-5, atol=1e-6)
     # the papers' rule on the same round divides by every client instead
-    plain = _algorithm(name, "clients", clients_per_round=5, lr_item=960.0)
+    plain = _algorithm(name, "clients", clients_per_round=5, lr_item=960.0, **attack)
     plain.train_round(1)
     torch.testing.assert_close(plain.state.items, before + total / len(uploads.per_client), rtol=1e-5, atol=1e-6)
 
@@ -62,11 +69,33 @@ def test_the_papers_rule_keeps_keys_and_figures() -> None:
     assert FederatedConfig.identity(ours.federated.__dict__)["aggregation"] == "samples"
 
 
+@pytest.mark.parametrize("aggregation", ["clients", "contributors", "samples"])
+def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rule(aggregation: str) -> None:
+    """The attacker's honest-norm budget (its cover client's step) is of the size of the rows
+    the round's honest clients send, whichever rule sets their step: under ``samples`` they
+    step on the batch's summed loss, which a batch-mean cover step would undercut about
+    sixty-fold."""
+    from fedrec.security.surrogate import Surrogate
+
+    cfg = RunConfig(algorithm="fedmf", dataset="synthetic:200x300", protocol="loo-full",
+                    federated=federated_config("fedmf", rounds=1, aggregation=aggregation, attack="fedrecattack",
+                                               malicious=0.1))
+    alg = build_trainable(cfg, prepare_split(cfg))[1]
+    alg.keep_uploads = True
+    plan = alg.plan(1)
+    alg.begin_round(plan)
+    uploads = alg.local_update(plan)
+    honest = torch.cat([u.tensors[ITEMS].norm(dim=1) for u in uploads.per_client if u.client < alg.split.n_users])
+    budget = alg.security.attack.budget(alg.state.items, 1, Surrogate.dot(alg.state.items.shape[1]))
+    assert 0.5 < budget / float(honest.median()) < 2.0
+
+
 def test_contributors_are_refused_where_they_do_not_apply() -> None:
     with pytest.raises(FedrecError, match="aggregates its own way"):
         _algorithm("gpfedrec", "contributors")
-    with pytest.raises(FedrecError, match="does not yet combine"):
-        federated_config("fedmf", aggregation="contributors", ldp=0.1).validate()
+    for noise_or_rule in ({"ldp": 0.1}, {"defence": "median"}):
+        with pytest.raises(FedrecError, match="does not yet combine"):
+            federated_config("fedmf", aggregation="contributors", **noise_or_rule).validate()
     with pytest.raises(FedrecError, match="--aggregation must be one of"):
         federated_config("fedmf", aggregation="rows").validate()
     assert np.isfinite(train(RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",

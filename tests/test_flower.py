@@ -80,6 +80,9 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
 
 @pytest.mark.parametrize(("alg", "engine"), [
     ("fedmf", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
+    # under fedrec's item-row rules the attacker's node counts each row's senders too
+    ("fedmf", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "aggregation": "contributors"}),
+    ("pfedrec", {"attack": "a-ra", "malicious": 0.1, "clients_per_round": 0.5, "aggregation": "samples"}),
     ("fedncf", {"attack": "a-ra", "clients_per_round": 0.5, "malicious": 0.1}),  # poisons shared weights
     # crafted rows travel as the round's r coordinates
     ("colr", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1, "model": {"rank": 3}}),

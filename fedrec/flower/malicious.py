@@ -125,14 +125,18 @@ class MaliciousNode(AttackerNode):
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
             ids = np.arange(self.n_users + self.security.n_malicious)  # the uploads name their ids
             return {**per_client_payload(sent, ids, shared), **counts}
-        total = torch.zeros_like(table)
+        total, senders = torch.zeros_like(table), torch.zeros(self.n_items)
         shared_sum = {k: torch.zeros_like(v) for k, v in shared.items()}
         for up in sent:
-            total.index_add_(0, torch.as_tensor(up.items), up.tensors["items"])
+            at = torch.as_tensor(up.items)
+            total.index_add_(0, at, up.tensors["items"])
+            senders.index_add_(0, at, torch.ones(len(at)))
             for k in shared_sum:
                 shared_sum[k] += up.tensors[k]
-        touched = torch.nonzero(total.abs().sum(1) > 0).flatten()
+        per_row = self.cfg.aggregation != "clients"  # fedrec's item-row rules divide a row by its senders
+        touched = torch.nonzero((senders > 0) if per_row else (total.abs().sum(1) > 0)).flatten()
         return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
+                **({"senders": senders[touched].numpy().astype(np.int32)} if per_row else {}),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
 
     def _forged(self, msg: Payload, table: torch.Tensor, shared: dict[str, torch.Tensor], r: int,

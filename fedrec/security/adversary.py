@@ -83,7 +83,8 @@ class Security:
                        n_users=None if n_clients is None else split.n_users)
         if cfg.attack is not None:
             know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
-                             cfg.lr, row_clip=cfg.clip, step_bound=step_bound)
+                             cfg.lr, row_clip=cfg.clip, step_bound=step_bound,
+                             per_sample=getattr(cfg, "aggregation", "clients") == "samples")
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:

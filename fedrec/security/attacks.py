@@ -112,14 +112,18 @@ class Knowledge:
     #: (PersonalFR: the rate x the local steps; an Adam step moves a coordinate by about the
     #: rate, in the sign of a steady gradient); None: one SGD step at ``lr_item``
     step_bound: float | None = None
+    #: an honest client steps its item rows on its batch's summed loss, not its mean
+    #: (``--aggregation samples``, `fedrec.federated.family.state.FamilyState.per_sample`)
+    per_sample: bool = False
 
-    def honest_step(self, grad: torch.Tensor) -> torch.Tensor:
-        """The row step an honest client takes on the gradient ``grad``: ``-lr_item x grad``,
-        or under Adam (``step_bound``) ``-step_bound x sign(grad)``, the round's movement of a
-        coordinate whose gradient keeps its sign."""
+    def honest_step(self, grad: torch.Tensor, batch: int) -> torch.Tensor:
+        """The row step an honest client takes on ``grad``, the gradient of a ``batch``-sample
+        batch's mean loss: ``-lr_item x grad`` (``x batch`` under ``per_sample``: the summed
+        loss's gradient), or under Adam (``step_bound``) ``-step_bound x sign(grad)``, the
+        round's movement of a coordinate whose gradient keeps its sign."""
         if self.step_bound is not None:
             return -self.step_bound * grad.sign()
-        return -self.lr_item * grad
+        return -self.lr_item * (grad * batch if self.per_sample else grad)
 
     @property
     def popularity(self) -> np.ndarray:
@@ -282,8 +286,9 @@ class Attack:
     def _honest_norms(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
         """The row norms of the honest step of the attacker's *cover* client (a profile of κ/2
         random items as positives and as many random negatives, a user drawn as the run draws
-        one, one batch-mean BCE step at the run's item rate (`Knowledge.honest_step`), each row held to the protocol's
-        ``--clip`` as an honest client's is). Everything it needs is what any
+        one, one BCE step at the run's item rate on the batch's mean loss or, under
+        ``--aggregation samples``, its summed loss (`Knowledge.honest_step`), each row held to
+        the protocol's ``--clip`` as an honest client's is). Everything it needs is what any
         client holds, so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
         pos = self.cover_items()
@@ -296,7 +301,7 @@ class Attack:
         with torch.enable_grad():
             loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
             (g,) = torch.autograd.grad(loss, [v])
-        norms = self.know.honest_step(g).norm(dim=1)
+        norms = self.know.honest_step(g, len(items)).norm(dim=1)
         return norms if self.know.row_clip is None else norms.clamp(max=self.know.row_clip)
 
     def cover_items(self) -> np.ndarray:
@@ -546,7 +551,8 @@ class Attack:
     def _bce_step(self, q: torch.Tensor, c: int, items: np.ndarray, labels: torch.Tensor, norm: float | None,
                   model: Surrogate, train_own: bool) -> tuple[np.ndarray, torch.Tensor]:
         """The item step (and, with ``train_own``, the own parameters' step) of the batch-mean
-        BCE, as a benign client of the engine takes it; held to ``norm x boost`` per row when
+        BCE (the item step on the summed BCE under ``--aggregation samples``), as a benign
+        client of the engine takes it; held to ``norm x boost`` per row when
         ``norm`` is given, else multiplied by ``boost``."""
         assert self._own is not None
         order = np.argsort(items)
@@ -560,7 +566,7 @@ class Attack:
         if train_own:
             for (k, t), g in zip(own.items(), grads[1:], strict=True):
                 self._own[k][c] = (t - 0.1 * g)[0].detach()
-        delta = self.know.honest_step(grads[0])
+        delta = self.know.honest_step(grads[0], len(items))
         return items, (_held(delta, norm * self.boost) if norm is not None else delta * self.boost)
 
 
