@@ -240,9 +240,9 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     (`AlgorithmSpec.engine_for`): its item-row rule, the rates it gives for ``dataset`` and a
     fixed round budget. Where fedrec's item-row rule is not the papers', asking
     for the papers' rule (``aggregation="clients"``) takes the paper's rates too, which go with
-    the rule; so do LDP, DP noise and a robust defence, whose noise and rules are calibrated per
-    round's clients, and an attack, as the attack tables ran it (the papers' setting), unless a
-    rule is given (an attack runs under fedrec's rules too)."""
+    the rule; so do LDP and DP noise, whose noise is calibrated per round's clients, and a
+    robust defence or an attack, as the attack tables ran them (the papers' setting), unless a
+    rule is given (a defence and an attack run under fedrec's rules too)."""
     spec = get_algorithm(algorithm)
     known = {f.name for f in fields(FederatedConfig)}
     unknown = sorted(set(options) - known)

@@ -69,6 +69,27 @@ def test_the_papers_rule_keeps_keys_and_figures() -> None:
     assert FederatedConfig.identity(ours.federated.__dict__)["aggregation"] == "samples"
 
 
+def test_a_robust_rule_under_contributors_steps_each_row_by_its_estimate_over_the_rows_senders() -> None:
+    """Under fedrec's item-row rules a defended row moves by the rule's estimate of its mean
+    delta over the clients that sent it (here the coordinate-wise median, attackers among them)."""
+    alg = _algorithm("fedmf", "contributors", clients_per_round=5, lr_item=960.0, defence="median", **ATTACKED)
+    before = alg.state.items.clone()
+    plan = alg.plan(1)
+    alg.begin_round(plan)
+    uploads = alg.local_update(plan)
+    assert any(u.client >= alg.split.n_users for u in uploads.per_client)
+    alg.aggregate(uploads, plan)
+    expected = before.clone()
+    by_row: dict[int, list[torch.Tensor]] = {}
+    for u in uploads.per_client:
+        for i, row in zip(u.items.tolist(), u.tensors[ITEMS], strict=True):
+            by_row.setdefault(i, []).append(row)
+    for i, rows in by_row.items():
+        expected[i] += torch.quantile(torch.stack(rows), 0.5, dim=0)  # the middle one, or the two's mean
+    assert any(len(rows) > 2 for rows in by_row.values())
+    torch.testing.assert_close(alg.state.items, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("aggregation", ["clients", "contributors", "samples"])
 def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rule(aggregation: str) -> None:
     """The attacker's honest-norm budget (its cover client's step) is of the size of the rows
@@ -93,9 +114,9 @@ def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rul
 def test_contributors_are_refused_where_they_do_not_apply() -> None:
     with pytest.raises(FedrecError, match="aggregates its own way"):
         _algorithm("gpfedrec", "contributors")
-    for noise_or_rule in ({"ldp": 0.1}, {"defence": "median"}):
+    for noise in ({"ldp": 0.1}, {"dp_noise": 1.0, "dp_clip": 1.0}):
         with pytest.raises(FedrecError, match="does not yet combine"):
-            federated_config("fedmf", aggregation="contributors", **noise_or_rule).validate()
+            federated_config("fedmf", aggregation="contributors", **noise).validate()
     with pytest.raises(FedrecError, match="--aggregation must be one of"):
         federated_config("fedmf", aggregation="rows").validate()
     assert np.isfinite(train(RunConfig(algorithm="fedmf", dataset="synthetic:60x120", protocol="loo-full",

@@ -179,6 +179,12 @@ def test_a_graph_server_refuses_a_declaration_that_does_not_fit_its_attackers() 
                    "model": {"neighbours": 3}}),
     ("perfedrec", {"defence": "median", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
                    "rounds": 4, "model": {"clusters": 3}}),
+    # fedrec's item-row rules: each row's estimate over its senders among the uploads kept
+    ("pfedrec", {"defence": "median", "aggregation": "contributors", "clients_per_round": 0.5}),
+    ("fedmf", {"defence": "union", "attack": "clusterattack", "boost": 10.0, "malicious": 0.1,
+               "aggregation": "samples"}),
+    ("fedpergnn", {"defence": "union", "attack": "fedrecattack", "boost": 10.0, "malicious": 0.1,
+                   "aggregation": "contributors", "model": {"neighbours": 3}}),
 ])
 def test_a_defended_deployment_makes_the_simulators_run(alg: str, engine: dict[str, Any]) -> None:
     """Under --defence the server side asks the nodes for each client's upload and aggregates

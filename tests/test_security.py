@@ -516,6 +516,16 @@ def test_union_uniformity_matches_the_mean_pairwise_distance_written_out():
             x = after[torch.as_tensor(sample)]
             want = float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1))
             assert g == pytest.approx(want, rel=1e-9)
+    # a server that averages each row over its senders: a client's change / the row's senders
+    from fedrec.security.robust import row_senders, row_share
+
+    senders = row_senders(ups, 9)
+    assert senders.tolist() == [sum(i in u.items for u in ups) for i in range(9)] and senders.max() > 1
+    for u, g in zip(ups, uniformities(ups, table, sample, row_share(senders)), strict=True):
+        after = table.clone().double()
+        after[torch.as_tensor(u.items)] += u.tensors[ITEMS].double() / senders[torch.as_tensor(u.items), None].double()
+        x = after[torch.as_tensor(sample)]
+        assert g == pytest.approx(float(torch.cdist(x, x).sum()) / (len(sample) * (len(sample) - 1)), rel=1e-9)
 
 
 def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round():
@@ -548,6 +558,13 @@ def test_union_drops_the_clients_that_collapse_the_table_and_keeps_a_clean_round
         want.index_add_(0, torch.as_tensor(u.items), u.tensors[ITEMS])
     assert n == 30 and torch.allclose(item_sum, want, atol=1e-5)
     assert sec.last["flag_precision"] == 1.0 and sec.last["flag_recall"] == 1.0
+    # where the server divides each row by its senders, judged at each row's share, the same
+    # clients are dropped and the senders counted are the kept uploads'
+    senders = torch.full((n_items,), -1.0)
+    item_sum, _, n = sec.sums(ups, n_items, width, {}, table, senders=senders)
+    assert n == 30 and torch.allclose(item_sum, want, atol=1e-5) and sec.last["flag_recall"] == 1.0
+    kept = np.concatenate([u.items for u in honest])
+    assert senders.tolist() == np.bincount(kept, minlength=n_items).tolist()
 
 
 def test_union_judges_a_pull_at_the_servers_step_not_by_the_uploads_size():
@@ -595,6 +612,13 @@ def test_union_takes_each_upload_at_its_share_of_the_accepted_uploads(monkeypatc
     robust.RobustRule("union").aggregate(ups, 30, 4, {}, table)
     robust.RobustRule("union").admit(ups, table)
     assert seen == [(5, pytest.approx(1 / 5)), (5, pytest.approx(1 / 5))]
+    # where the server averages each row over its senders, 1/(the row's accepted senders):
+    # row 4 is sent by clients 0, 1, 3 and 4 (2 is rejected), row 9 by 5 alone
+    shares = []
+    monkeypatch.setattr(robust, "uniformities", lambda u, t, s, step: shares.append(
+        [float(step(0 * one, torch.tensor([i]), one)) for i in (4, 9)]) or real(u, t, s, step))
+    robust.RobustRule("union").aggregate(ups, 30, 4, {}, table, per_row=True)
+    assert shares == [[pytest.approx(1 / 4), pytest.approx(1.0)]]
 
 
 class RunConfigLike:

@@ -208,9 +208,9 @@ class FederatedConfig:
              f"--rating-baseline must be one of {', '.join(RATING_BASELINES)} (got {self.rating_baseline!r})"),
             (self.aggregation not in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)} (got {self.aggregation!r})"),
-            (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0 or self.defence is not None),
-             f"--aggregation {self.aggregation} does not yet combine with --ldp, --dp-noise or --defence "
-             "(their noise and robust rules are per round's clients): leave --aggregation out, "
+            (self.aggregation != "clients" and (self.ldp > 0 or self.dp_noise > 0),
+             f"--aggregation {self.aggregation} does not yet combine with --ldp or --dp-noise "
+             "(their noise is calibrated per round's clients): leave --aggregation out, "
              "or give --aggregation clients"),
             (self.pad_items > 0 and (self.encoding == "dense" or self.ldp > 0 or self.dp_noise > 0),
              "--pad-items hides which rows a client sends; a dense or noised upload already sends every row"),

@@ -33,7 +33,7 @@ from fedrec.federated.threats import RowStep
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
-from fedrec.security.robust import FLAGGING, RobustRule
+from fedrec.security.robust import FLAGGING, RobustRule, row_senders
 from fedrec.security.surrogate import Surrogate
 
 DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm
@@ -151,19 +151,26 @@ class Security:
 
     def sums(self, per_client: list[ClientUpload], n_items: int, width: int,
              shared: dict[str, torch.Tensor], table: torch.Tensor | None = None, r: int = 0,
-             step: RowStep | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+             step: RowStep | None = None, senders: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """Round ``r``'s item-row sums, shared-weight sums and accepted count, by the defence's
         rule (plain sums without one; ``table``, the global item table, and ``step``, how the
         server moves its rows (`fedrec.federated.threats.RowStep`, which UNION reads under
         ``--union-step server``; None: a plain average's), for the rules that read them);
         records the defence's detection figures. Uploads a filter dropped (UNION) do not
-        count."""
+        count. ``senders``: given where the server divides each row by its senders (fedrec's
+        item-row rules, `fedrec.federated.family.state.Accumulator.item_count`), it is
+        overwritten with each row's count of the uploads the sums hold, and UNION judges a
+        client at its share of each row's average."""
         rule = self.rule or RobustRule("mean")
         item_sum, shared_sum, flagged = rule.aggregate(per_client, n_items, width, shared, table, (self.seed, r),
-                                                       step)
+                                                       step, per_row=senders is not None)
         self._detected(per_client, flagged)
         dropped = flagged if rule.name == "union" else np.zeros(len(per_client), bool)
-        return item_sum, shared_sum, sum(u.accepted and not d for u, d in zip(per_client, dropped, strict=True))
+        kept = [u for u, d in zip(per_client, dropped, strict=True) if u.accepted and not d]
+        if senders is not None:
+            senders.copy_(row_senders(kept, n_items).to(senders))
+        return item_sum, shared_sum, len(kept)
 
     def admit(self, per_client: list[ClientUpload], table: torch.Tensor, r: int) -> list[torch.Tensor]:
         """Round ``r``'s item rows as the defence's rule keeps them client by client

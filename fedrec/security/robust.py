@@ -34,7 +34,9 @@ Rules (`DEFENCES`):
 
   - ``share`` (the default): the client's share of the round's average, its row changes divided
     by the n accepted uploads judged (`share`; the server then divides by the uploads UNION
-    kept, slightly fewer). That is the step of a server that averages the round's rows (the
+    kept, slightly fewer), or under fedrec's item-row rules (``--aggregation contributors|samples``),
+    which average each row over its senders, each row's change divided by that row's senders
+    among the uploads judged (`row_share`). That is the step of a server that averages the round's rows (the
     item family at its default server step, FedPerGNN, FedCIA, PersonalFR, PerFedRec's tables,
     the global table of GPFedRec and GFed-PP). Where a server steps otherwise (FedDAE's Adam, a
     server optimiser, FedCA's mixtures of clients' tables, GPFedRec's personalised tables) it is
@@ -87,6 +89,25 @@ def share(n: int) -> RowStep:
     return lambda rows, at, change: rows if change is None else rows + change / n
 
 
+def row_share(senders: torch.Tensor) -> RowStep:
+    """The step of a server that averages each row over the uploads that sent it (fedrec's
+    item-row rules, ``--aggregation contributors|samples``): a client's change to a row / that
+    row's ``senders`` (one count per item row)."""
+    def step(rows: torch.Tensor, at: torch.Tensor, change: torch.Tensor | None) -> torch.Tensor:
+        if change is None:
+            return rows
+        return rows + change / senders[at.cpu()].clamp(min=1).to(change)[:, None]
+
+    return step
+
+
+def row_senders(uploads: list[ClientUpload], n_items: int) -> torch.Tensor:
+    """How many of ``uploads`` sent each of the ``n_items`` item rows."""
+    items = [np.asarray(u.items, np.int64) for u in uploads]
+    return torch.as_tensor(np.bincount(np.concatenate([np.zeros(0, np.int64), *items]), minlength=n_items),
+                           dtype=torch.float32)
+
+
 @dataclass(frozen=True)
 class RobustRule:
     """A per-row robust aggregation rule and its parameters (see the module docstring)."""
@@ -108,22 +129,28 @@ class RobustRule:
 
     def aggregate(self, uploads: list[ClientUpload], n_items: int, width: int,
                   shared: dict[str, torch.Tensor], table: torch.Tensor | None = None,
-                  key: tuple[int, ...] = (), step: RowStep | None = None
+                  key: tuple[int, ...] = (), step: RowStep | None = None, per_row: bool = False
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         """Sum-equivalents of a round's accepted ``uploads``: the item table's ``(n_items, width)``
         row sums, each shared weight's sum (``shared`` gives their shapes), and which uploads
-        the rule flagged (a boolean per upload, all False for rules that do not flag). UNION
-        reads the global item ``table`` the uploads' deltas apply to, moved by the server's
-        ``step`` under ``union_step`` "server" (otherwise, or without one, by `share` of the
-        uploads judged), and draws its sample keyed by ``key``
-        (the run's seed and the round); its dropped uploads are flagged and left out of the
-        sums."""
+        the rule flagged (a boolean per upload, all False for rules that do not flag). A row's
+        sum-equivalent is its senders x the rule's estimate of the row's mean, so a server
+        that divides each row by its senders (``per_row``: fedrec's item-row rules) takes the
+        estimate itself. UNION reads the global item ``table`` the uploads' deltas apply to,
+        moved by the server's ``step`` under ``union_step`` "server" (otherwise, or without
+        one, by the client's share of the average of the uploads judged: `share`, or
+        `row_share` under ``per_row``), and draws its sample keyed by ``key`` (the run's seed
+        and the round); its dropped uploads are flagged and left out of the sums."""
         if self.name == "union":
             if table is None:
                 raise ValueError("the union defence needs the global item table")
             accepted = [i for i, u in enumerate(uploads) if u.accepted]
-            dropped = union_filter([uploads[i] for i in accepted], table, self.byzantine, key,
-                                   step if self.union_step == "server" else None)
+            judged = [uploads[i] for i in accepted]
+            if self.union_step == "server" and step is not None:
+                form: RowStep | None = step
+            else:
+                form = row_share(row_senders(judged, n_items)) if per_row else None
+            dropped = union_filter(judged, table, self.byzantine, key, form)
             flagged = np.zeros(len(uploads), bool)
             flagged[np.asarray(accepted, np.int64)[dropped]] = True
             kept = [u for i, u in enumerate(uploads) if u.accepted and not flagged[i]]

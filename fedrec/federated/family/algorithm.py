@@ -100,7 +100,8 @@ class CohortAlgorithm(FederatedAlgorithm):
         elif sec is not None and sec.rule is not None and uploads.per_client is not None:
             acc.item_sum, acc.shared_sum, acc.n = sec.sums(uploads.per_client, *self.state.items.shape,
                                                            self.state.shared, self.state.items, plan.round,
-                                                           self.state.server_optimizer.row_step(ITEMS))
+                                                           self.state.server_optimizer.row_step(ITEMS),
+                                                           senders=acc.item_count)
             guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
             if guard is not None:
                 guard(uploads.per_client, sec.rule, (self.seed, plan.round))

@@ -211,13 +211,8 @@ class FamilyServer(ServerSide):
     def fold(self, node: int, reply: Payload) -> None:
         acc = self.acc
         if self.rule is not None:  # each client's upload, for the rule
-            ups = client_uploads(reply, list(self.state.shared))
-            # the rows each benign client sent count its senders, as the simulator's running sums
-            # count them (a malicious client's, beyond the data's users, do not)
-            benign = [u.items for u in ups if u.accepted and u.client < self.n_clients]
-            if benign:
-                acc.contributed(torch.as_tensor(np.concatenate(benign)))
-            self.kept.extend(ups)
+            # (the rule's sums count each row's senders among the uploads they hold: `finish`)
+            self.kept.extend(client_uploads(reply, list(self.state.shared)))
             _fold_counts(acc, reply)
             self.want[node] = (int(reply["want_round"]), np.asarray(reply["want_items"]))
             return
@@ -263,7 +258,8 @@ class FamilyServer(ServerSide):
         if self.rule is not None:
             acc.item_sum, acc.shared_sum, acc.n = self.rule.sums(self.kept, *self.state.items.shape,
                                                                  self.state.shared, self.state.items, r,
-                                                                 self.state.server_optimizer.row_step(ITEMS))
+                                                                 self.state.server_optimizer.row_step(ITEMS),
+                                                                 senders=acc.item_count)
             guard = getattr(self.state, "guard_clusters", None)  # PerFedRec: its cluster tables too
             if guard is not None:
                 guard(self.kept, self.rule.rule, (self.state.seed, r), benign=self.n_clients)

@@ -244,8 +244,7 @@ class GNNServer(ServerSide):
         self.expanded[self.fresh[node]] = True
         self.totals.add(reply)
         self.n += int(reply["n"])
-        if self.rule is not None:  # each client's upload, for the rule
-            # (a rule runs under the papers' item-row rule only: the round's clients divide)
+        if self.rule is not None:  # each client's upload, for the rule (which counts the senders)
             self.kept.extend(client_uploads(reply, ["w", "a"]))
             return
         at = torch.as_tensor(reply["items"], dtype=torch.int64)
@@ -260,8 +259,9 @@ class GNNServer(ServerSide):
             self.has_published[clients] = True
         n = self.n
         if self.rule is not None and n:  # as the simulator's `GNNAlgorithm.aggregate`
+            per_row = self.item_count if self.cfg.aggregation == "contributors" else None
             self.item_sum, self.layer, n = self.rule.sums(self.kept, *self.items.shape, {"w": self.w, "a": self.a},
-                                                          self.items, r)
+                                                          self.items, r, senders=per_row)
         if n:
             divisor = self.item_count.clamp_min(1)[:, None] if self.cfg.aggregation == "contributors" else n
             self.items = self.items + self.item_sum.to(self.items) / divisor

@@ -534,10 +534,10 @@ class GNNAlgorithm(FederatedAlgorithm):
         rows_n = n
         if sec is not None and sec.rule is not None and uploads.per_client is not None:
             # the rule's row and graph-layer sums over the uploads it kept (UNION's dropped ones
-            # do not count); the engine runs a rule under the papers' item-row rule only (the
-            # round's clients)
+            # do not count), and under ``contributors`` each row's senders among them
+            per_row = item_count if self.cfg.aggregation == "contributors" else None
             item_sum, layer_sum, rows_n = sec.sums(uploads.per_client, *st.items.shape, {"w": st.w, "a": st.a},
-                                                   st.items, plan.round)
+                                                   st.items, plan.round, senders=per_row)
             item_sum = item_sum.to(st.items)
             if not rows_n:
                 return
