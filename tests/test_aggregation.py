@@ -229,3 +229,18 @@ def test_samples_step_each_row_by_its_summed_slot_gradients(name: str) -> None:
         slots = (train_rows.indptr[mean.client + 1] - train_rows.indptr[mean.client]) * (1 + negatives)
         assert slots <= alg.cfg.batch_size  # one batch: one step, linear in the rate
         torch.testing.assert_close(summed.tensors[ITEMS], mean.tensors[ITEMS] * slots, rtol=1e-4, atol=1e-6)
+
+
+def test_the_runs_note_says_which_options_can_take_fedrecs_rule(tmp_path) -> None:
+    """Without --aggregation, an attack, a defence or noise runs under the papers' rule; the
+    note offers fedrec's rule where the options take it (an attack, a defence), not for noise."""
+    from cli_outcome import said
+
+    base = ["run", "fedmf", "-d", "synthetic:60x120", "--protocol", "loo-full", "--rounds", "1"]
+    code, out = said(*base, "--attack", "fedrecattack", "-o", str(tmp_path / "a.json"))
+    assert code == 0 and "note: --attack runs under the papers' item-row rule" in out
+    assert "give --aggregation samples to run --attack under fedrec's rule" in out
+    code, out = said(*base, "--ldp", "0.1", "-o", str(tmp_path / "b.json"))
+    assert code == 0 and "note: --ldp runs under the papers' item-row rule" in out and "give --aggregation" not in out
+    code, out = said(*base, "--attack", "fedrecattack", "--aggregation", "samples", "-o", str(tmp_path / "c.json"))
+    assert code == 0 and "note:" not in out
