@@ -231,7 +231,7 @@ def test_samples_step_each_row_by_its_summed_slot_gradients(name: str) -> None:
         torch.testing.assert_close(summed.tensors[ITEMS], mean.tensors[ITEMS] * slots, rtol=1e-4, atol=1e-6)
 
 
-def test_the_runs_note_says_which_options_can_take_fedrecs_rule(tmp_path) -> None:
+def test_the_runs_note_says_which_options_can_take_fedrecs_rule(tmp_path, monkeypatch) -> None:
     """Without --aggregation, an attack, a defence or noise runs under the papers' rule; the
     note offers fedrec's rule where the options take it (an attack, a defence), not for noise."""
     from cli_outcome import said
@@ -244,3 +244,6 @@ def test_the_runs_note_says_which_options_can_take_fedrecs_rule(tmp_path) -> Non
     assert code == 0 and "note: --ldp runs under the papers' item-row rule" in out and "give --aggregation" not in out
     code, out = said(*base, "--attack", "fedrecattack", "--aggregation", "samples", "-o", str(tmp_path / "c.json"))
     assert code == 0 and "note:" not in out
+    monkeypatch.chdir(tmp_path)  # runs/NAME.json, named by the options given
+    code, out = said(*base, "--defence", "median")
+    assert code == 0 and "give --aggregation samples to run --defence under fedrec's rule" in out

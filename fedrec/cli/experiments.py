@@ -282,10 +282,10 @@ def run_command(
                           + ([f"item-lr-scale {fed.item_lr_scale:g}"] if fed.item_lr_scale is not None else []))
         noise = [flag for flag, on in (("--ldp", ldp), ("--dp-noise", dp_noise)) if on]
         threats = [flag for flag, on in (("--attack", attack is not None), ("--defence", defence is not None)) if on]
-        given = " and ".join(noise + threats)
+        named = " and ".join(noise + threats)
         ours_too = (f", or give --aggregation {ours} to run {' and '.join(threats)} under fedrec's rule"
                     if threats and not noise else "")
-        console.print(f"note: {given} run{'s' if len(noise + threats) == 1 else ''} under the papers' item-row "
+        console.print(f"note: {named} run{'s' if len(noise + threats) == 1 else ''} under the papers' item-row "
                       f"rule (--aggregation clients, not {ours}) and its rates ({rates}); compare with a run of "
                       f"--aggregation clients{ours_too}", highlight=False)
     # data errors the first line of a file (or a folder) tells are said before an earlier run's file is

@@ -136,7 +136,7 @@ class MaliciousNode(AttackerNode):
         per_row = self.cfg.aggregation != "clients"  # fedrec's item-row rules divide a row by its senders
         touched = torch.nonzero((senders > 0) if per_row else (total.abs().sum(1) > 0)).flatten()
         return {"items": wire_ids(touched.cpu().numpy()), "rows": self.server.wire_rows(total[touched]).cpu().numpy(),
-                **({"senders": senders[touched].numpy().astype(np.int32)} if per_row else {}),
+                **({"senders": senders[touched].cpu().numpy().astype(np.int32)} if per_row else {}),
                 **{f"shared.{k}": v.cpu().numpy() for k, v in shared_sum.items()}, **counts}
 
     def _forged(self, msg: Payload, table: torch.Tensor, shared: dict[str, torch.Tensor], r: int,
