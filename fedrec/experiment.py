@@ -264,10 +264,11 @@ def federated_config(algorithm: str, dataset: str | None = None, protocol: str |
     ranking = get_protocol(protocol).ranking if protocol else None
     ours = spec.engine_for(dataset, ranking)
     rule = options.get("aggregation")
-    per_round_clients = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence")
+    # noise is calibrated per round's clients; a defence and an attack run as the attack tables did
+    papers_by_default = bool(options.get("ldp") or options.get("dp_noise") or options.get("defence")
                              or options.get("attack"))
     papers_rule = ours.get("aggregation", "clients") != "clients" and (
-        rule == "clients" or (rule is None and per_round_clients))
+        rule == "clients" or (rule is None and papers_by_default))
     merged: dict[str, Any]
     if paper:
         merged = spec.engine_for(dataset, ranking, paper=True)

@@ -154,7 +154,8 @@ def test_under_the_papers_rule_a_cluster_divides_by_the_members_union_kept(split
     class DropFirst:  # UNION's shape: flags the first upload it is given, sums the others
         name = "union"
 
-        def aggregate(self, ups, n_items, width, shared, table, key):  # type: ignore[no-untyped-def]
+        def aggregate(self, ups, n_items, width, shared, table, key, per_row=None):  # type: ignore[no-untyped-def]
+            assert per_row is False  # UNION judges a member at its share of the cluster's plain average
             total = torch.zeros(n_items, width)
             for u in ups[1:]:
                 total[torch.as_tensor(u.items)] += u.tensors[ITEMS]
@@ -240,6 +241,28 @@ def test_bad_options_are_one_line(split: Split, model: dict[str, int], says: str
     alg = get_algorithm("perfedrec")
     with pytest.raises(FedrecError, match=says):
         alg.build(split, {**alg.defaults, **model})
+
+
+def test_under_fedrecs_rule_a_rule_judges_cluster_members_at_each_rows_share(split: Split) -> None:
+    """Under fedrec's item-row rules a cluster's row is averaged over its senders, so the rule
+    guarding a cluster's table is told so (UNION then judges a member at `row_share`)."""
+    state = _state(split)
+    assert state.per_row
+    _round(state, _cohort(split, 1), 1)
+    seen = []
+
+    class Spy:
+        name = "mean"
+
+        def aggregate(self, ups, n_items, width, shared, table, key, per_row=None):  # type: ignore[no-untyped-def]
+            seen.append(per_row)
+            return torch.zeros(n_items, width), {}, np.zeros(len(ups), bool)
+
+    acc = state.begin_round(2)
+    up = state.local_update(_cohort(split, 2), UploadPath())
+    state.accumulate(acc, up)
+    state.guard_clusters([u for u in up.per_client() if u.accepted], Spy(), (0, 2))
+    assert seen and all(p is True for p in seen)
 
 
 def test_attacks_join_clusters_and_the_defences_guard_every_table() -> None:

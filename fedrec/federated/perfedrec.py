@@ -296,7 +296,8 @@ class PerFedRecState(FamilyState):
             ups = [u if u.client >= benign else
                    replace(u, tensors={**u.tensors, ITEMS: u.tensors[ITEMS] - offset[torch.as_tensor(u.items)]})
                    for u in members]
-            item_sum, _, flagged = rule.aggregate(ups, n_items, width, {}, self.cluster_items[k], (*key, 1 + k))
+            item_sum, _, flagged = rule.aggregate(ups, n_items, width, {}, self.cluster_items[k], (*key, 1 + k),
+                                                  per_row=self.per_row)
             kept = [u for u, f in zip(ups, flagged, strict=True) if not (rule.name == "union" and f)]
             self._kept_members[k] = len(kept)
             if not kept:

@@ -105,7 +105,7 @@ def row_senders(uploads: list[ClientUpload], n_items: int) -> torch.Tensor:
     """How many of ``uploads`` sent each of the ``n_items`` item rows."""
     items = [np.asarray(u.items, np.int64) for u in uploads]
     return torch.as_tensor(np.bincount(np.concatenate([np.zeros(0, np.int64), *items]), minlength=n_items),
-                           dtype=torch.float32)
+                           dtype=torch.float32, device="cpu")  # UNION runs on the host
 
 
 @dataclass(frozen=True)
