@@ -57,6 +57,14 @@ class ClientUpload:
     accepted: bool = True
 
 
+def row_senders(uploads: list[ClientUpload], n_items: int) -> torch.Tensor:
+    """How many of ``uploads`` sent each of the ``n_items`` item rows (on the host), the
+    divisor of a server that averages each row over its senders."""
+    items = [np.asarray(u.items, np.int64) for u in uploads]
+    return torch.as_tensor(np.bincount(np.concatenate([np.zeros(0, np.int64), *items]), minlength=n_items),
+                           dtype=torch.float32, device="cpu")
+
+
 @dataclass
 class Uploads:
     """What the clients of a round sent, and what it cost.

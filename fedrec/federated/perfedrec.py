@@ -58,6 +58,7 @@ import torch
 from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment
 
+from fedrec.core.contract import row_senders
 from fedrec.federated.family.model import ITEMS, score
 from fedrec.federated.family.sides import FamilyClient, FamilyServer
 from fedrec.federated.family.state import Accumulator, CohortUpload, FamilyState
@@ -302,11 +303,9 @@ class PerFedRecState(FamilyState):
             self._kept_members[k] = len(kept)
             if not kept:
                 continue
-            items = np.concatenate([np.asarray(u.items, np.int64) for u in kept])
-            counts = torch.as_tensor(np.bincount(items, minlength=n_items), dtype=self._cluster_count.dtype)
             rows = slice(k * n_items, (k + 1) * n_items)
             self._cluster_sum[rows] = item_sum.to(self._cluster_sum)
-            self._cluster_count[rows] = counts.to(self._cluster_count.device)
+            self._cluster_count[rows] = row_senders(kept, n_items).to(self._cluster_count)
 
     # -- scores ----------------------------------------------------------------------------
 

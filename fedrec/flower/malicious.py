@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrec.core.contract import row_senders
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig
 from fedrec.federated.ca.spec import CASpec
@@ -125,12 +126,10 @@ class MaliciousNode(AttackerNode):
         if msg.get("per_client"):  # the server's robust rule looks at each client's upload
             ids = np.arange(self.n_users + self.security.n_malicious)  # the uploads name their ids
             return {**per_client_payload(sent, ids, shared), **counts}
-        total, senders = torch.zeros_like(table), torch.zeros(self.n_items)
+        total, senders = torch.zeros_like(table), row_senders(sent, self.n_items)
         shared_sum = {k: torch.zeros_like(v) for k, v in shared.items()}
         for up in sent:
-            at = torch.as_tensor(up.items)
-            total.index_add_(0, at, up.tensors["items"])
-            senders.index_add_(0, at, torch.ones(len(at)))
+            total.index_add_(0, torch.as_tensor(up.items), up.tensors["items"])
             for k in shared_sum:
                 shared_sum[k] += up.tensors[k]
         per_row = self.cfg.aggregation != "clients"  # fedrec's item-row rules divide a row by its senders

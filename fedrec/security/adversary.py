@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fedrec.core.contract import ClientUpload
+from fedrec.core.contract import ClientUpload, row_senders
 from fedrec.core.plan import extra_sample
 from fedrec.errors import FedrecError
 from fedrec.federated.family.model import ITEMS
@@ -33,7 +33,7 @@ from fedrec.federated.threats import RowStep
 from fedrec.rounds.upload import FLOAT_BYTES, INDEX_BYTES
 from fedrec.security.attacks import UNTARGETED, Attack, Knowledge, choose_targets, public_share
 from fedrec.security.exposure import exposure, known_interactions
-from fedrec.security.robust import FLAGGING, RobustRule, row_senders
+from fedrec.security.robust import FLAGGING, RobustRule
 from fedrec.security.surrogate import Surrogate
 
 DEFAULT_BOOST = {"boost": 10.0}  # explicit boosting; every other attack sends at the benign norm

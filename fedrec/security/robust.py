@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrec.core.contract import ClientUpload
+from fedrec.core.contract import ClientUpload, row_senders
 from fedrec.federated.family.model import ITEMS
 from fedrec.federated.threats import DEFENCES, UNION_STEPS, RowStep
 
@@ -99,13 +99,6 @@ def row_share(senders: torch.Tensor) -> RowStep:
         return rows + change / senders[at.cpu()].clamp(min=1).to(change)[:, None]
 
     return step
-
-
-def row_senders(uploads: list[ClientUpload], n_items: int) -> torch.Tensor:
-    """How many of ``uploads`` sent each of the ``n_items`` item rows."""
-    items = [np.asarray(u.items, np.int64) for u in uploads]
-    return torch.as_tensor(np.bincount(np.concatenate([np.zeros(0, np.int64), *items]), minlength=n_items),
-                           dtype=torch.float32, device="cpu")  # UNION runs on the host
 
 
 @dataclass(frozen=True)
