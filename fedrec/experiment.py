@@ -331,8 +331,8 @@ def read_own_file(path: str, columns: str | None) -> Interactions:
     refuse_columns_for_a_registered_name(path)
     data = user_sets.read(path, columns)
     digest = sha256_of(Path(path))
-    return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()),
-                                                       "origin": "--dataset", "sha256": digest})
+    return replace(data, name=Path(path).stem, source={"file": str(Path(path).resolve()), "origin": "--dataset",
+                                                       "sha256": digest, "content": data.content_digest()})
 
 
 def prepare_split(cfg: RunConfig) -> Split:

@@ -479,3 +479,43 @@ def test_a_cell_whose_options_the_algorithm_no_longer_takes_is_not_called_outdat
     grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
     cell = dataclasses.replace(load_grid(grid).cells[0], model=(("gone", 1),))
     assert outdated(cell, {"config": {"model": {"dim": 32}}}) is None
+
+
+def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A built-in data set's cells are keyed without where its copy lives, so a copy in another
+    format keeps them (the events are the same: their content digest is); a copy with other
+    events sets the old results aside, never on the boards, and runs the cell again."""
+    rng = np.random.default_rng(0)
+    rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
+            for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
+    data = tmp_path / "data"
+    data.mkdir()
+    u_data = data / "u.data"
+    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1).replace('"synthetic:60x500"', '"ml-100k"')
+                    .replace('["fedmf", "pfedrec"]', '["fedmf"]') + f'data_dir = "{data}"\n')
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "1 cells: 1 run, 0 cached, 0 failed" in capsys.readouterr().out
+    cell = next((out / "cells").glob("*.json"))
+    first = json.loads(cell.read_text())
+    # the same events as RecBole's atomic file: the cell stays
+    u_data.unlink()
+    (data / "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+                                        + "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "1 cells: 0 run, 1 cached, 0 failed" in capsys.readouterr().out
+    # one rating changed: the old results are set aside (kept, named by their data) and the cell runs again
+    (data / "ml-100k.inter").unlink()
+    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "1 cells: 1 run, 0 cached, 0 failed" in printed and "1 results of cells whose runs read other data" in printed
+    aside = out / "cells" / f"{cell.stem}.other-data-{first['data']['source']['content'][:12]}.json"
+    assert json.loads(aside.read_text()) == first
+    again = json.loads(cell.read_text())
+    assert again["data"]["source"]["content"] != first["data"]["source"]["content"]
+    assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
+    assert "1 result files in" in " ".join(capsys.readouterr().out.split())

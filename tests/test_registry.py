@@ -74,6 +74,37 @@ def test_locate_and_load_from_data_dir(tmp_path: Path) -> None:
     assert data.user_ids.tolist() == [196, 186, 22, 244]
 
 
+def test_a_data_sets_content_digest_is_the_same_in_any_format_and_tells_other_events_apart(tmp_path: Path) -> None:
+    """GroupLens' u.data and RecBole's atomic copy hold the same events in the same order: one
+    content digest, though their bytes (the file sha256) differ. Other values, other events, or
+    the same events in another row order (PFedRec's copy, ordered by user: ties in time are
+    broken by row order) give another."""
+    from dataclasses import replace
+
+    from fedrec.data.interactions import Interactions
+
+    u_data, inter = (registry.load("ml-100k", _copy(f, tmp_path / f.name).parent, file=f.name) for f in (U_DATA, INTER))
+    assert u_data.source["sha256"] != inter.source["sha256"]
+    assert u_data.source["content"] == inter.source["content"] == u_data.content_digest()
+    reordered = registry.load("ml-100k", _copy(FIXTURES / "ml-100k" / "ratings.dat", tmp_path / "csv").parent,
+                              file="ratings.dat")
+    assert reordered.source["content"] != u_data.source["content"]
+    lines = U_DATA.read_text().splitlines()
+    for i, changed in enumerate((lines[0].replace("\t3\t", "\t4\t"), lines[0].replace("881250949", "881250950"),
+                                 lines[0].replace("196\t242", "196\t243"))):
+        (tmp_path / f"edit{i}").mkdir()
+        (tmp_path / f"edit{i}" / "u.data").write_text("\n".join([changed, *lines[1:]]) + "\n")
+        assert registry.load("ml-100k", tmp_path / f"edit{i}").source["content"] != u_data.source["content"], changed
+    # the numbering a parser gives the ids, and whether it reads them as numbers, do not count
+    events = np.array([line.split("\t") for line in lines])
+    as_text = Interactions.from_raw(events[:, 0], events[:, 1], events[:, 2].astype(float), events[:, 3].astype(int))
+    assert as_text.content_digest() == u_data.content_digest()
+    flip = np.array([1, 0, *range(2, u_data.n_users)])  # users 0 and 1 numbered the other way round
+    renumbered = replace(u_data, users=flip[u_data.users], user_ids=u_data.user_ids[flip])
+    assert renumbered.content_digest() == u_data.content_digest()
+    assert replace(u_data, implicit=True).content_digest() != u_data.content_digest()
+
+
 def test_fedrec_data_env_one_level_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "datasets"
     path = _copy(INTER, root / "ml-100k")

@@ -45,7 +45,12 @@ The file::
 
 A name in ``datasets`` may also be one registered with `fedrec data add`. Either way each cell
 carries the file's description (`fedrec.data.user_sets`), and its key holds the file's sha256
-rather than its path: an edited file makes new cells, a moved one keeps them.
+rather than its path: an edited file makes new cells, a moved one keeps them. A built-in data
+set's cells are keyed without where its copy lives (``data_dir``, or where fedrec finds it), so
+each run records the content digest of the events it read (`Interactions.content_digest`, the
+same for a copy in another format); before a grid runs, a cell whose results were read from
+other events than the copy it would read now is set aside (`set_aside_other_data`) and run
+again. Results written before runs recorded the digest are kept as they are.
 
 Paths are relative to the bench file. A joined grid's cells are never run from here (it may have
 run on a GPU machine, or under another budget): its finished cells become rows of the boards,
@@ -331,7 +336,8 @@ def _run_cells(grid: Grid, out: Path, on_cell: Callable[[Cell, str], None] | Non
                on_progress: Callable[[Cell, RoundNote], None] | None) -> dict[str, int]:
     from fedrec.pool import run_files
 
-    counts = {"cached": 0, "done": 0, "diverged": 0, "failed": 0}
+    counts = {"cached": 0, "done": 0, "diverged": 0, "failed": 0,
+              "set aside": set_aside_other_data(grid, out, data_digests(grid, out))}
     todo = []
     for cell in grid.cells:
         if current_result(out, cell)[0] is not None:
@@ -379,6 +385,46 @@ def outdated(cell: Cell, result: dict[str, Any]) -> str | None:
         return None
     changed = [f"{k} {then!r} -> {now!r}" for k, (then, now) in changes.items()]
     return f"outdated: its run had {', '.join(changed)} (a default changed since)" if changed else None
+
+
+def other_data(cell: Cell, result: dict[str, Any], digests: dict[str, str]) -> str | None:
+    """The content digest ``result``'s run recorded for its data (`Interactions.content_digest`)
+    where it differs from ``digests[cell.dataset]``, the data the cell would read now. None when
+    they agree, or when either is unknown (a result written before runs recorded it)."""
+    now = digests.get(cell.dataset)
+    then = ((result.get("data") or {}).get("source") or {}).get("content")
+    return None if now is None or then is None or now == then else str(then)
+
+
+def data_digests(grid: Grid, out: Path) -> dict[str, str]:
+    """The content digest of each built-in data set that a cell with a results file in ``out``
+    reads, each read once from the grid's ``data_dir`` (or where fedrec finds it). A cell's key
+    leaves out where its data live, so that a moved copy keeps its cells; this is what tells a
+    copy with other events from a copy in another format. A user's data set needs none: its
+    key holds its file's sha256."""
+    from fedrec.data.catalogue import REGISTRY
+    from fedrec.data.registry import load
+
+    names = sorted({cell.dataset for cell in grid.cells
+                    if cell.dataset in REGISTRY and not cell.user_data and cell_path(out, cell).exists()})
+    return {name: load(name, data_dir=grid.data_dir).source["content"] for name in names}
+
+
+def set_aside_other_data(grid: Grid, out: Path, digests: dict[str, str]) -> int:
+    """Rename the results file of each cell of ``grid`` whose run read other data than
+    ``digests`` (`data_digests`) say its data set holds now, to ``<key>.other-data-<digest>.json``:
+    the cell runs again, the boards (which read no data) never show the old figures, and the file
+    is kept, listed among the files that belong to no cell (`stale_cells`). Returns how many."""
+    moved = 0
+    for cell in grid.cells:
+        path = cell_path(out, cell)
+        if not path.exists() or cell.dataset not in digests:
+            continue
+        then = other_data(cell, json.loads(path.read_text()), digests)
+        if then is not None:
+            path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
+            moved += 1
+    return moved
 
 
 def current_result(out: Path, cell: Cell) -> tuple[dict[str, Any] | None, str | None]:

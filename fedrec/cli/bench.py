@@ -62,6 +62,10 @@ def bench_command(
             counts = run_grid(grid, out, on_cell=on_cell, on_progress=on_progress)
         # a diverged cell ran and is recorded (status: diverged); the boards leave it out of their figures
         went = f", {counts['diverged']} diverged" if counts.get("diverged") else ""
+        if counts.get("set aside"):
+            console.print(f"{counts['set aside']} results of cells whose runs read other data than the data sets "
+                          f"hold now were set aside as {out / 'cells'}/*.other-data-*.json and run again",
+                          highlight=False)
         console.print(f"{len(grid.cells)} cells: {counts['done']} run{went}, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
     results, missing = board_cells(grid, out)

@@ -278,4 +278,5 @@ def load(entry: UserDataset) -> Interactions:
     file = Path(entry.path)
     data = read(file, entry.columns, entry.sep)
     return replace(data, name=entry.name, source={"file": str(file), "origin": f"registered data set '{entry.name}'",
-                                                  "sha256": digest, "columns": entry.columns})
+                                                  "sha256": digest, "content": data.content_digest(),
+                                                  "columns": entry.columns})
