@@ -509,6 +509,11 @@ def test_cli_stats_on_fixture(tmp_path: Path) -> None:
     assert re.search(r"items\s+4\n", result.output)
     assert re.search(r"interactions\s+5\n", result.output)
     assert re.search(r"sparsity\s+68\.75%", result.output)  # 1 - 5 / (4 * 4)
+    # the same events in RecBole's format: the same content digest, the one a run records
+    _copy(INTER, tmp_path / "data")
+    atomic = runner.invoke(cli.app, ["stats", "ml-100k", "--data-dir", str(tmp_path / "data"), "--file", "ml-100k.inter"])
+    digest = registry.load("ml-100k", tmp_path / "data", file="ml-100k.inter").source["content"]
+    assert f"content digest {digest[:16]}" in result.output and f"content digest {digest[:16]}" in atomic.output
     filtered = runner.invoke(
         cli.app, ["stats", "ml-100k", "--data-dir", str(tmp_path / "data"), "--min-rating", "3"]
     )
