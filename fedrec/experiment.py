@@ -455,17 +455,20 @@ def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
 
 def fingerprint(cfg: RunConfig, options: dict[str, Any], source: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a checkpoint of this run must match to be resumed: its recorded options, less where
-    the data lives, and the sha256 of the file its data were read from (``source``, the data's
-    `Interactions.source`, where known): a file named by its path and edited since is other
-    data (`fedrec.core.checkpoint`)."""
+    the data lives, and the sha256 of the file its data were read from and the content digest
+    of its events (``source``, the data's `Interactions.source`, where known): a file edited
+    since is other data, a copy of the same events in another format is not
+    (`fedrec.core.checkpoint`)."""
     blob = RunConfig.identity(recorded_config(cfg, options))
     blob.pop("data_dir")
     if "federated" in blob:
         blob["federated"] = FederatedConfig.identity(blob["federated"])
-    if source and source.get("sha256"):
-        from fedrec.core.checkpoint import DATA_SHA256
+    from fedrec.core.checkpoint import DATA_CONTENT, DATA_SHA256
 
+    if source and source.get("sha256"):
         blob[DATA_SHA256] = source["sha256"]
+    if source and source.get("content"):
+        blob[DATA_CONTENT] = source["content"]
     return blob
 
 

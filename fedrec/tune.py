@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedrec.algorithms import AlgorithmSpec, get_algorithm
-from fedrec.core.checkpoint import flatten, peek
+from fedrec.core.checkpoint import DATA_CONTENT, flatten, peek
 from fedrec.errors import FedrecError, UnstableSetting
 from fedrec.experiment import (
     RunConfig,
@@ -570,6 +570,7 @@ def _base_identity(base: RunConfig, spec: AlgorithmSpec, fixed: dict[str, Any], 
     options (``(where, name)``: ``engine`` or ``model``) reach a trial only ``from_defaults``
     (its first trial); otherwise they are left out."""
     blob = fingerprint(base, spec.parse(fixed).values(), split.data.source)
+    blob.pop(DATA_CONTENT, None)  # a search is tied to its file, as the journals and configs written so far are
     unused = set() if from_defaults else drawn
     for part, where in (("federated", "engine"), ("train", "engine"), ("model", "model")):
         if isinstance(blob.get(part), dict):

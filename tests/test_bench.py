@@ -481,11 +481,13 @@ def test_a_cell_whose_options_the_algorithm_no_longer_takes_is_not_called_outdat
     assert outdated(cell, {"config": {"model": {"dim": 32}}}) is None
 
 
-def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path: Path,
+def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A built-in data set's cells are keyed without where its copy lives, so a copy in another
     format keeps them (the events are the same: their content digest is); a copy with other
-    events sets the old results aside, never on the boards, and runs the cell again."""
+    events sets the old results aside, never on the boards, and runs the cell again; the first
+    events back, their results are back. Data not at hand are not checked."""
+    monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
     rng = np.random.default_rng(0)
     rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
             for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
@@ -512,10 +514,21 @@ def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path:
     u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
     assert _bench([str(grid), "-o", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "1 cells: 1 run, 0 cached, 0 failed" in printed and "1 results of cells whose runs read other data" in printed
+    assert "1 cells: 1 run, 0 cached, 0 failed" in printed and "1 cell had results read from other events" in printed
     aside = out / "cells" / f"{cell.stem}.other-data-{first['data']['source']['content'][:12]}.json"
     assert json.loads(aside.read_text()) == first
-    again = json.loads(cell.read_text())
-    assert again["data"]["source"]["content"] != first["data"]["source"]["content"]
+    edited = json.loads(cell.read_text())
+    assert edited["data"]["source"]["content"] != first["data"]["source"]["content"]
     assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
     assert "1 result files in" in " ".join(capsys.readouterr().out.split())
+    # the first events back: their results are back, the edited events' set aside in turn
+    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "1 cells: 0 run, 1 cached, 0 failed" in capsys.readouterr().out
+    assert json.loads(cell.read_text()) == first and not aside.exists()
+    assert json.loads((out / "cells" / f"{cell.stem}.other-data-{edited['data']['source']['content'][:12]}.json")
+                      .read_text()) == edited
+    # no copy at hand: nothing to compare with, the cell stays
+    u_data.unlink()
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    assert "1 cells: 0 run, 1 cached, 0 failed" in capsys.readouterr().out

@@ -99,6 +99,24 @@ def test_a_checkpoint_is_compared_on_its_data_files_sha256_when_it_holds_one(tmp
     assert out.resumed_at == [3] and model.trained == 4
 
 
+def test_a_checkpoint_holding_its_events_digest_is_compared_on_it_not_on_the_files_bytes(tmp_path):
+    """Where both hold the events' content digest, a copy of the same events in another file
+    (another sha256) resumes and other events are refused; a checkpoint written before
+    checkpoints held the digest is compared on the file's sha256."""
+    ckpt = tmp_path / "c.ckpt"
+    both = {"seed": 0, "data_sha256": "aa", "data_content": "c1"}
+    _run(3, checkpoint=ckpt, checkpoint_every=1, fingerprint=both)
+    _, out = _run(4, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={**both, "data_sha256": "bb"})
+    assert out.resumed_at == [3]
+    with pytest.raises(FedrecError, match=r"data_content \(checkpoint 'c1', now 'c2'\)"):
+        _run(5, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={**both, "data_content": "c2"})
+    _run(3, checkpoint=ckpt, checkpoint_every=1, fingerprint={"seed": 0, "data_sha256": "aa"})
+    with pytest.raises(FedrecError, match=r"data_sha256 \(checkpoint 'aa', now 'bb'\)"):
+        _run(4, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={**both, "data_sha256": "bb"})
+    _, out = _run(4, checkpoint=ckpt, checkpoint_every=1, resume=True, fingerprint={**both, "data_content": "c9"})
+    assert out.resumed_at == [3]
+
+
 class ScoresNaNFromRoundFour(Scripted):
     """A model whose scores turn NaN in round 4 while its loss stays finite (GPFedRec at a high
     rate did so on Lastfm-2K), ranked by the real metrics."""

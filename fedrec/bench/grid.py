@@ -397,33 +397,56 @@ def other_data(cell: Cell, result: dict[str, Any], digests: dict[str, str]) -> s
 
 
 def data_digests(grid: Grid, out: Path) -> dict[str, str]:
-    """The content digest of each built-in data set that a cell with a results file in ``out``
-    reads, each read once from the grid's ``data_dir`` (or where fedrec finds it). A cell's key
-    leaves out where its data live, so that a moved copy keeps its cells; this is what tells a
-    copy with other events from a copy in another format. A user's data set needs none: its
-    key holds its file's sha256."""
+    """The content digest of each built-in data set read by a cell of ``grid`` that has results
+    in ``out`` (current or set aside), each read once from the grid's ``data_dir`` (or where
+    fedrec finds it without downloading). A cell's key leaves out where its data live, so that
+    a moved copy keeps its cells; this is what tells a copy with other events from a copy in
+    another format. A data set not at hand is left out (its cells are not checked, and run or
+    fail as they would); a user's data set needs none: its key holds its file's sha256."""
     from fedrec.data.catalogue import REGISTRY
     from fedrec.data.registry import load
 
-    names = sorted({cell.dataset for cell in grid.cells
-                    if cell.dataset in REGISTRY and not cell.user_data and cell_path(out, cell).exists()})
-    return {name: load(name, data_dir=grid.data_dir).source["content"] for name in names}
+    names = sorted({cell.dataset for cell in grid.cells if cell.dataset in REGISTRY and not cell.user_data
+                    and (cell_path(out, cell).exists() or _set_aside(out, cell))})
+    found = {}
+    for name in names:
+        try:
+            found[name] = load(name, data_dir=grid.data_dir, download=False).source["content"]
+        except FedrecError:
+            continue
+    return found
+
+
+def _set_aside(out: Path, cell: Cell, digest: str = "") -> list[Path]:
+    """The set-aside results files of ``cell`` (`set_aside_other_data`), those of the data with
+    content digest ``digest`` where given."""
+    return sorted(cell_path(out, cell).parent.glob(f"{cell.key()}.other-data-{digest[:12]}*.json"))
 
 
 def set_aside_other_data(grid: Grid, out: Path, digests: dict[str, str]) -> int:
-    """Rename the results file of each cell of ``grid`` whose run read other data than
-    ``digests`` (`data_digests`) say its data set holds now, to ``<key>.other-data-<digest>.json``:
-    the cell runs again, the boards (which read no data) never show the old figures, and the file
-    is kept, listed among the files that belong to no cell (`stale_cells`). Returns how many."""
+    """Rename the results file of each cell of ``grid`` whose run read other events than
+    ``digests`` (`data_digests`) say its data set holds now to ``<key>.other-data-<digest>.json``
+    (``digest``: the first 12 hex digits of the digest of the events it read): the cell runs
+    again, the boards (which read no data) never show the old figures, and the file is kept,
+    counted among the files that belong to no cell (`stale_cells`). A cell without results whose
+    set-aside results were read from the events its data set holds now gets them back. Returns
+    how many were set aside."""
     moved = 0
     for cell in grid.cells:
-        path = cell_path(out, cell)
-        if not path.exists() or cell.dataset not in digests:
+        now = digests.get(cell.dataset)
+        if now is None:
             continue
-        then = other_data(cell, json.loads(path.read_text()), digests)
-        if then is not None:
+        path = cell_path(out, cell)
+        if path.exists():
+            then = other_data(cell, json.loads(path.read_text()), digests)
+            if then is None:
+                continue
+            # one run a key and data: a file already there holds the same run
             path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
             moved += 1
+        back = _set_aside(out, cell, now)
+        if back:
+            back[0].replace(path)
     return moved
 
 
@@ -477,7 +500,8 @@ def missing_cells(grid: Grid, out: str | Path) -> list[tuple[Cell, str]]:
 
 def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
     """Result files in ``out`` that belong to no cell of ``grid``: cells of an earlier version of
-    it (a re-tuned config, a changed option). The tables leave them out; listing them says why a
+    it (a re-tuned config, a changed option), and results set aside because their runs read
+    other data (`set_aside_other_data`). The tables leave them out; listing them says why a
     folder holds more results than its tables show."""
     keys = {cell_path(Path(out), cell).name for cell in grid.cells}
     return sorted(p for p in (Path(out) / "cells").glob("*.json") if p.name not in keys)

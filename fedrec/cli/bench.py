@@ -63,9 +63,10 @@ def bench_command(
         # a diverged cell ran and is recorded (status: diverged); the boards leave it out of their figures
         went = f", {counts['diverged']} diverged" if counts.get("diverged") else ""
         if counts.get("set aside"):
-            console.print(f"{counts['set aside']} results of cells whose runs read other data than the data sets "
-                          f"hold now were set aside as {out / 'cells'}/*.other-data-*.json and run again",
-                          highlight=False)
+            n = counts["set aside"]
+            console.print(f"{n} cell{'s' if n > 1 else ''} had results read from other events than "
+                          f"{'their data sets hold' if n > 1 else 'its data set holds'} now: set aside as "
+                          f"{out / 'cells'}/KEY.other-data-DIGEST.json and run again", highlight=False)
         console.print(f"{len(grid.cells)} cells: {counts['done']} run{went}, {counts['cached']} cached, "
                       f"{counts['failed']} failed", highlight=False)
     results, missing = board_cells(grid, out)
@@ -84,7 +85,8 @@ def bench_command(
     stale = stale_cells(grid, out)
     if stale:
         console.print(f"{len(stale)} result files in {out / 'cells'} belong to no cell of this grid (an earlier "
-                      f"config of it) and are not in the tables", highlight=False)
+                      f"config of it, or results set aside as read from other data) and are not in the tables",
+                      highlight=False)
     if summary:
         (out / "leaderboard.md").write_text("\n".join(summary))
         console.print(f"wrote {out / 'leaderboard.md'}", highlight=False)

@@ -37,6 +37,10 @@ FREE = frozenset({"rounds", "epochs", "patience", "checkpoint_every", "data_dir"
 #: the fingerprint's entry for the sha256 of the file the run's data were read from
 #: (`fedrec.experiment.fingerprint`); a checkpoint written before it held one is not compared on it
 DATA_SHA256 = "data_sha256"
+#: the fingerprint's entry for the content digest of the events the run read
+#: (`Interactions.content_digest`); where both sides hold it, it is compared instead of the file's
+#: sha256, so that a copy of the data in another format resumes
+DATA_CONTENT = "data_content"
 
 
 def flatten(blob: Any, prefix: str = "", free: frozenset[str] = FREE) -> dict[str, Any]:
@@ -127,8 +131,12 @@ def load(path: Path, algorithm: Trainable, out: TrainOutcome, fingerprint: dict[
     # checkpoint of another device is refused below by its fingerprint's `device`, not by the read
     blob = read(path, torch.get_default_device())
     mine, theirs = flatten(fingerprint), flatten(blob["fingerprint"])
-    if DATA_SHA256 not in theirs:  # written before checkpoints held their data's sha256
-        mine.pop(DATA_SHA256, None)
+    if DATA_CONTENT in mine and DATA_CONTENT in theirs:  # the same events, whichever file held them
+        mine.pop(DATA_SHA256, None), theirs.pop(DATA_SHA256, None)
+    else:  # written before checkpoints held the events' digest: the file's sha256, where it has one
+        mine.pop(DATA_CONTENT, None), theirs.pop(DATA_CONTENT, None)
+        if DATA_SHA256 not in theirs:  # written before checkpoints held their data's sha256
+            mine.pop(DATA_SHA256, None)
     changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if changed:
         shown = ", ".join(f"{k} (checkpoint {theirs.get(k)!r}, now {mine.get(k)!r})" for k in changed[:4])

@@ -91,29 +91,33 @@ class Interactions:
         )
 
     def content_digest(self) -> str:
-        """A sha256 of the events themselves, the same whatever file format held them.
+        """A sha256 of the events as fedrec reads them, the same whatever file format held them.
 
         It covers, event by event in the source's row order, the raw user and item ids (as
         text, so a parser that reads them as numbers and one that keeps them as text agree; the
-        numbering a parser gave them does not count), the ratings, the timestamps where the
-        source has a clock, and the split a file fixes; and whether the data are implicit. So
+        numbering a parser gave them does not count), the ratings (as float32), the timestamps
+        where the source has a clock (as the parser made them: whole seconds, or the ranks of
+        times with fractions), and the split a file fixes; and whether the data are implicit. So
         GroupLens' ``u.data`` and RecBole's atomic copy of it give one digest, while a copy with
         other events, other values, or its rows in another order (ties in time are broken by row
-        order) gives another. A file's own sha256 tells copies apart by their bytes; this tells
-        them apart by what a run reads (`fedrec.bench` compares it before it reuses a cell).
+        order) gives another. Being of the events as read, it is one for files a parser reads
+        alike: an id written ``0196`` in a file whose parser reads ids as numbers and ``196``;
+        times with fractions in the same order. A file's own sha256 tells copies apart by their
+        bytes; this tells them apart by what a run reads (`fedrec.bench` compares it before it
+        reuses a cell).
         """
         h = hashlib.sha256(b"fedrec-interactions-v1")
         order = np.argsort(self.row_order, kind="stable")
         h.update(np.array([len(self), self.implicit, self.clock, self.given_split is not None], "<i8").tobytes())
         for codes, raw in ((self.users, self.user_ids), (self.items, self.item_ids)):
             used = np.unique(codes)
-            text = np.asarray(raw)[used].astype(str)
-            by_text = np.argsort(text, kind="stable")
+            words = [str(w).encode() for w in np.asarray(raw, dtype=object)[used]]
+            by_text = sorted(range(len(words)), key=words.__getitem__)
             rank = np.zeros(len(raw), np.int64)
             rank[used[by_text]] = np.arange(len(used))
-            for word in text[by_text]:  # each id length-prefixed: no separator can be forged
-                blob = str(word).encode()
-                h.update(len(blob).to_bytes(4, "little") + blob)
+            h.update(len(words).to_bytes(8, "little"))
+            for i in by_text:  # each id length-prefixed: no separator can be forged
+                h.update(len(words[i]).to_bytes(4, "little") + words[i])
             h.update(rank[codes[order]].astype("<i8").tobytes())
         h.update(self.ratings[order].astype("<f4").tobytes())
         if self.clock:
