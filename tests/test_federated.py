@@ -228,6 +228,10 @@ def test_a_papers_settings_follow_the_data_set_and_fedrecs_defaults_do_not(capsy
     assert pfedrec.untuned_note("synthetic:50x80") is None
     assert "untuned" in get_algorithm("gpfedrec").untuned_note("ml-1m")
     assert get_algorithm("fedrap").untuned_note("ml-1m") is None  # measured in the transfer table
+    for newer in ("colr", "perfedrec", "fedpergnn"):  # tuned on Lastfm-2K: nothing beat the defaults
+        assert get_algorithm(newer).untuned_note("lastfm-2k") is None, newer
+    assert "untuned on lastfm-2k" in get_algorithm("fedca").untuned_note("lastfm-2k")  # tuning moved it 0.08
+    assert "for ratings were chosen on ml-100k" in get_algorithm("fedpergnn").untuned_note("ciao", "rating")
     with pytest.raises(SystemExit):
         main(["algorithms", "fedmf"])
     shown = " ".join(capsys.readouterr().out.split())

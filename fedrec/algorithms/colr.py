@@ -52,4 +52,5 @@ register(AlgorithmSpec(
     "CoLR: FedMF whose item updates lie in a random rank-r subspace each round; uploads r numbers a row "
     "(--set rank=)",
     None, CoLROptions, samples(0.1), flower=True, ignores=IGNORES, paper=PAPERS_RULE,
+    transfers=True,  # tuning on Lastfm-2K kept its defaults (docs/defaults.md, "The newer methods")
 ))

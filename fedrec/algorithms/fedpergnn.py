@@ -61,4 +61,5 @@ register(AlgorithmSpec(
     "third party), one gradient a client a round; pseudo items and LDP as the engine's --pad-items and --ldp",
     None, GNNOptions, ENGINE, ignores=IGNORES, paper=PAPERS_RULE, rankings=("sampled", "full", "rating"),
     rating_engine=RATING_ENGINE, flower=True,
+    transfers=True,  # for ranking: no tuned setting beat its defaults on test (docs/defaults.md); not for ratings
 ))

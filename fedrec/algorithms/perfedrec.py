@@ -60,4 +60,5 @@ register(AlgorithmSpec(
     "PerFedRec: FedMF whose server clusters the users by their vectors (a table a cluster); a client "
     "scores with the mean of the global, its cluster's and its own model (--set clusters=)",
     None, PerFedRecOptions, samples(0.1), ignores=IGNORES, flower=True, paper=PAPERS_RULE,
+    transfers=True,  # no tuned setting beat its defaults on test (docs/defaults.md, "The newer methods")
 ))
