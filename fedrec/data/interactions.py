@@ -104,7 +104,8 @@ class Interactions:
         alike: an id written ``0196`` in a file whose parser reads ids as numbers and ``196``;
         times with fractions in the same order. A file's own sha256 tells copies apart by their
         bytes; this tells them apart by what a run reads (`fedrec.bench` compares it before it
-        reuses a cell).
+        reuses a cell). Results files keep it, so its scheme is fixed (a test pins it): a change
+        would make every recorded run read as a run of other data.
         """
         h = hashlib.sha256(b"fedrec-interactions-v1")
         order = np.argsort(self.row_order, kind="stable")
