@@ -55,6 +55,7 @@ def test_add_list_info_stats_remove(tmp_path: Path) -> None:
     assert entry.path in cli("data", "info", "mine")[1].replace("\n", "")
     code, out = cli("data", "stats", "mine")
     assert code == 0 and " ".join(out.split()).count("users 60 items 90") == 1
+    assert f"content digest {user_sets.load(entry).content_digest()[:16]}" in out  # the one its runs record
     assert cli("data", "remove", "mine")[0] == 0
     assert user_sets.get("mine") is None and data.exists()  # the file is left alone
 

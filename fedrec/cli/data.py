@@ -232,7 +232,8 @@ def stats_command(
     table.add_row("sparsity", f"{sparsity:.2%}")
     out.print(table)
     # the events as a run reads them, whatever the file's format (`Interactions.content_digest`)
-    out.print(f"content digest {data.content_digest()[:16]} (the same for a copy of these events in any format)")
+    digest = data.source.get("content") or data.content_digest()  # a user's file was read with it
+    out.print(f"content digest {digest[:16]} (the same for a copy of these events in any format)")
     if events > distinct:  # what a run uses: one row per (user, item) pair
         out.print(f"note: {events - distinct:,} rows repeat a (user, item) pair; a run keeps the "
                   f"last of each ({distinct:,} interactions)")
