@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 
 from fedrec.data import user_sets
-from fedrec.data.registry import REGISTRY
+from fedrec.data.registry import REGISTRY, content_at_hand
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import federated_config
 from fedrec.reproduce.attacks import (
@@ -87,6 +87,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     boosts = [float(b) for b in args.boosts.split(",")]
     tables = AttackTables()  # what reused files say of the settings they were made with
+    # the events at hand, so that a cell run on another copy is set aside and run again
+    content = content_at_hand(args.dataset, args.data_dir) if args.dataset in REGISTRY else None
     for method in args.methods.split(","):
         for attack in args.attacks.split(","):
             # the options that describe an attacker (--attacker-norm) leave the clean run as it is
@@ -98,9 +100,10 @@ def main() -> None:
                     tag = "" if b is None else f"-b{b:g}"
                     where = "" if args.dataset == "ml-100k" else f"{args.dataset}-"
                     path = out / f"poison-{where}{method}{named}-{attack}{tag}-{defence}-r{args.rounds}-s{args.seed}.json"
-                    ran = not path.exists()
+                    ran = []
 
-                    def run(b=b, method=method, attack=attack, defence=defence, opts=opts):  # type: ignore[no-untyped-def]
+                    def run(b=b, method=method, attack=attack, defence=defence, opts=opts, ran=ran):  # type: ignore[no-untyped-def]
+                        ran.append(True)
                         return poison_run(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
                                           args.data_dir, args.protocol, model, opts, args.dataset)
 
@@ -108,10 +111,13 @@ def main() -> None:
                         return poison_config(method, attack, b, defence, args.seed, MAIN_SHARE, args.rounds,
                                              args.data_dir, args.protocol, model, opts, args.dataset)
 
-                    blob = cached_figures(path, run, True, planned, tables)
+                    blob = cached_figures(path, run, True, planned, tables, content)
                     if not ran:
                         continue
                     print(path.name, {k: blob.get(k) for k in ("er@10", "hr@10", "ndcg@10", "flag_recall")}, flush=True)
+    for name, then, now in tables.set_aside:
+        print(f"set aside {name}: its run read other events of {args.dataset} (content {then[:12]}) than the "
+              f"copy at hand ({now[:12]}); kept as {name.removesuffix('.json')}.other-data-{then[:12]}.json, run again")
     for name, changes in dict(tables.stale).items():  # a clean cell is visited once a boost
         print(f"reused {name} was made with {changes}; delete it to run it again")
     if tables.unchecked:

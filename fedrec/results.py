@@ -231,3 +231,40 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def read_content(result: Any) -> str | None:
+    """The content digest of the events ``result``'s run read (`Interactions.content_digest`,
+    recorded as ``data.source.content``); None for a file written before runs recorded it."""
+    if not isinstance(result, dict):  # a cached table's list of figures records none
+        return None
+    content = ((result.get("data") or {}).get("source") or {}).get("content")
+    return None if content is None else str(content)
+
+
+def set_aside_files(path: Path, content: str = "") -> list[Path]:
+    """The results files set aside from ``path`` by `set_aside_other_events`, those read from the
+    events with content digest ``content`` where given."""
+    return sorted(path.parent.glob(f"{path.stem}.other-data-{content[:12]}*.json"))
+
+
+def set_aside_other_events(path: Path, now: str) -> str | None:
+    """Keep a cached run's results from standing for a run of other events: the results file at
+    ``path`` is renamed to ``<stem>.other-data-<digest>.json`` (``digest``: the first 12 hex
+    digits of the content it read) when its run read other events than ``now``, the digest of
+    the copy a run would read today, so that a cache found by name runs again and the old file
+    is kept. Where ``path`` then holds no results and an earlier set-aside file was read from
+    ``now``'s events, that file is given back. Returns the set-aside digest, or None when
+    nothing was set aside (a file without a recorded digest is kept as it is)."""
+    moved = None
+    if path.exists():
+        then = read_content(json.loads(path.read_text()))
+        if then is not None and then != now:
+            # one run a name and data: a file already there holds the same run
+            path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
+            moved = then
+    if not path.exists():
+        back = set_aside_files(path, now)
+        if back:
+            back[0].replace(path)
+    return moved

@@ -481,6 +481,52 @@ def test_a_cell_whose_options_the_algorithm_no_longer_takes_is_not_called_outdat
     assert outdated(cell, {"config": {"model": {"dim": 32}}}) is None
 
 
+def test_a_joined_cell_read_from_other_events_is_left_off_the_board(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows are paired seed by seed, so a board holds one copy of each data set's events: a
+    joined grid's cell whose run read other events than the board's other rows (its recorded
+    content digest differs) is listed, not shown; this grid's own rows set the reference even
+    when the joined grid has more of them, and a result recording no digest is kept."""
+    other = tmp_path / "other.toml"
+    other.write_text(GRID.format(seeds=[0, 1], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["fedmf"]')
+                     + 'label = "elsewhere"\n')
+    assert _bench([str(other), "-o", str(tmp_path / "other-out")]) == 0
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["pfedrec"]')
+                    + '\n[join]\n"other.toml" = "other-out"\n')
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+
+    def record(folder: str, seed: int, content: str | None) -> None:
+        for p in (tmp_path / folder / "cells").glob("*.json"):
+            blob = json.loads(p.read_text())
+            if blob["seed"] == seed:
+                blob["data"]["source"].pop("content", None)
+                blob["data"]["source"].update({"content": content} if content else {})
+                p.write_text(json.dumps(blob))
+
+    def shown() -> dict[str, str]:
+        assert _bench([str(grid), "-o", str(tmp_path / "out"), "--report-only"]) == 0
+        csv = (tmp_path / "out" / "leaderboard-synthetic_60x500-loo-sampled.csv").read_text()
+        return {line.split(",")[1]: line.split(",")[2] for line in csv.splitlines()[1:]}
+
+    assert shown() == {"pfedrec": "1", "fedmf (elsewhere)": "2"}  # no digests: nothing to compare
+    record("out", 0, "a" * 64)
+    record("other-out", 0, "b" * 64)
+    record("other-out", 1, "b" * 64)
+    assert shown() == {"pfedrec": "1"}  # two against one, but this grid's own copy is the reference
+    board = " ".join((tmp_path / "out" / "leaderboard.md").read_text().split())
+    assert ("fedmf (leak-free) seed 1: read other events of synthetic:60x500 (content bbbbbbbbbbbb) than the "
+            "board's other rows (aaaaaaaaaaaa): run it again on their copy (in other.toml)") in board
+    record("other-out", 1, "a" * 64)
+    assert shown() == {"pfedrec": "1", "fedmf (elsewhere)": "1"}
+    record("other-out", 0, None)  # written before runs recorded the digest: kept
+    assert shown() == {"pfedrec": "1", "fedmf (elsewhere)": "2"}
+    record("out", 0, None)  # no own digest: the joined rows' own (both "a") are the reference
+    record("other-out", 0, "c" * 64)
+    assert shown() == {"pfedrec": "1", "fedmf (elsewhere)": "1"}
+
+
 def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A built-in data set's cells are keyed without where its copy lives, so a copy in another

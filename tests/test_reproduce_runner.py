@@ -249,3 +249,49 @@ def test_a_reproduction_whose_every_run_failed_exits_non_zero(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert done.value.code == 2 and "no run finished (6 of 6 failed; first: data unreadable)" in err, err
     assert not out.exists()
+
+
+def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path, monkeypatch, capsys):
+    """A run's file is found by its name, which does not say where the data set's copy lives: a
+    run of other events (one rating edited) is set aside, kept under its digest, and run again;
+    the first events back, their run is back; a copy in another format or none at hand keeps it."""
+    import numpy as np
+
+    monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
+    rng = np.random.default_rng(0)
+    rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
+            for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    u_data = data / "u.data"
+
+    def reproduce(*extra: str, code: int = 0) -> str:
+        with pytest.raises(SystemExit) as done:
+            main(["reproduce", "pfedrec", "--tables", "1", "--methods", "fedmf", "--negatives", "leak-free",
+                  "--rounds", "1", "--data-dir", str(data), "--out-dir", str(out), *extra])
+        assert (done.value.code or 0) == code
+        return " ".join(capsys.readouterr().out.split())
+
+    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    reproduce()
+    (path,) = out.rglob("*.json")
+    first = json.loads(path.read_text())
+    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
+    said = reproduce("--reuse-only", code=2)  # the only run set aside: no table to print
+    digest = first["data"]["source"]["content"][:12]
+    assert f"set aside {path.name}: its run read other events of ml-100k (content {digest})" in said
+    assert "left out (--reuse-only)" in said and not path.exists()
+    aside = path.with_name(f"{path.stem}.other-data-{digest}.json")
+    assert json.loads(aside.read_text()) == first
+    said = reproduce()
+    edited = json.loads(path.read_text())
+    assert "set aside" not in said and edited["data"]["source"]["content"][:12] != digest
+    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))  # the first events back
+    said = reproduce()
+    assert "run again" in said and json.loads(path.read_text()) == first and not aside.exists()
+    u_data.unlink()  # the same events in RecBole's atomic file: reused
+    (data / "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+                                        + "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    assert "set aside" not in reproduce() and json.loads(path.read_text()) == first
+    (data / "ml-100k.inter").unlink()  # no copy at hand: not checked, still reused
+    assert "set aside" not in reproduce("--reuse-only") and json.loads(path.read_text()) == first

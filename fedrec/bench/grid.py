@@ -57,7 +57,9 @@ run on a GPU machine, or under another budget): its finished cells become rows o
 paired seed by seed with the rest, and its missing ones are listed under them. That is how a board
 gathers rows that ran at different times and places without copying result files; a grid's own
 ``label`` keeps its rows apart from a joined grid's rows of the same algorithm. Joins do not
-chain: a joined grid's own ``[join]`` is not read.
+chain: a joined grid's own ``[join]`` is not read. Its cells are checked against the board's
+other rows rather than against the data (`board_cells`): one read from other events is listed,
+not shown.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
+from fedrec.results import read_content, set_aside_files, set_aside_other_events
 
 if TYPE_CHECKING:
     from fedrec.progress import RoundNote
@@ -391,9 +394,8 @@ def other_data(cell: Cell, result: dict[str, Any], digests: dict[str, str]) -> s
     """The content digest ``result``'s run recorded for its data (`Interactions.content_digest`)
     where it differs from ``digests[cell.dataset]``, the data the cell would read now. None when
     they agree, or when either is unknown (a result written before runs recorded it)."""
-    now = digests.get(cell.dataset)
-    then = ((result.get("data") or {}).get("source") or {}).get("content")
-    return None if now is None or then is None or now == then else str(then)
+    now, then = digests.get(cell.dataset), read_content(result)
+    return None if now is None or then is None or now == then else then
 
 
 def data_digests(grid: Grid, out: Path) -> dict[str, str]:
@@ -404,49 +406,26 @@ def data_digests(grid: Grid, out: Path) -> dict[str, str]:
     another format. A data set not at hand is left out (its cells are not checked, and run or
     fail as they would); a user's data set needs none: its key holds its file's sha256."""
     from fedrec.data.catalogue import REGISTRY
-    from fedrec.data.registry import load
+    from fedrec.data.registry import content_at_hand
 
     names = sorted({cell.dataset for cell in grid.cells if cell.dataset in REGISTRY and not cell.user_data
-                    and (cell_path(out, cell).exists() or _set_aside(out, cell))})
-    found = {}
-    for name in names:
-        try:
-            found[name] = load(name, data_dir=grid.data_dir, download=False).source["content"]
-        except FedrecError:
-            continue
-    return found
-
-
-def _set_aside(out: Path, cell: Cell, digest: str = "") -> list[Path]:
-    """The set-aside results files of ``cell`` (`set_aside_other_data`), those of the data with
-    content digest ``digest`` where given."""
-    return sorted(cell_path(out, cell).parent.glob(f"{cell.key()}.other-data-{digest[:12]}*.json"))
+                    and (cell_path(out, cell).exists() or set_aside_files(cell_path(out, cell)))})
+    found = {name: content_at_hand(name, grid.data_dir) for name in names}
+    return {name: digest for name, digest in found.items() if digest is not None}
 
 
 def set_aside_other_data(grid: Grid, out: Path, digests: dict[str, str]) -> int:
-    """Rename the results file of each cell of ``grid`` whose run read other events than
-    ``digests`` (`data_digests`) say its data set holds now to ``<key>.other-data-<digest>.json``
-    (``digest``: the first 12 hex digits of the digest of the events it read): the cell runs
-    again, the boards (which read no data) never show the old figures, and the file is kept,
-    counted among the files that belong to no cell (`stale_cells`). A cell without results whose
-    set-aside results were read from the events its data set holds now gets them back. Returns
-    how many were set aside."""
+    """Set aside the results file of each cell of ``grid`` whose run read other events than
+    ``digests`` (`data_digests`) say its data set holds now (`fedrec.results.set_aside_other_events`):
+    the cell runs again, the boards (which read no data) never show the old figures, and the
+    file is kept, counted among the files that belong to no cell (`stale_cells`). A cell
+    without results whose set-aside results were read from the events its data set holds now
+    gets them back. Returns how many were set aside."""
     moved = 0
     for cell in grid.cells:
         now = digests.get(cell.dataset)
-        if now is None:
-            continue
-        path = cell_path(out, cell)
-        if path.exists():
-            then = other_data(cell, json.loads(path.read_text()), digests)
-            if then is None:
-                continue
-            # one run a key and data: a file already there holds the same run
-            path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
+        if now is not None and set_aside_other_events(cell_path(out, cell), now) is not None:
             moved += 1
-        back = _set_aside(out, cell, now)
-        if back:
-            back[0].replace(path)
     return moved
 
 
@@ -478,17 +457,17 @@ def diverged_at(out: Path, cell: Cell) -> int | None:
     return int(result.get("diverged_at") or 0) if diverged(result) else None
 
 
-def _read_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
-    """One pass over ``grid``'s cells in ``out``: the current results (with the grid's ``label``,
-    when it has one: the boards name rows by it), and the cells without one, each with why
-    (`current_result`)."""
+def _read_cells(grid: Grid, out: str | Path) -> tuple[list[tuple[Cell, dict[str, Any]]], list[tuple[Cell, str]]]:
+    """One pass over ``grid``'s cells in ``out``: each cell with a current result and that result
+    (with the grid's ``label``, when it has one: the boards name rows by it), and the cells
+    without one, each with why (`current_result`)."""
     found, missing = [], []
     for cell in grid.cells:
         result, why = current_result(Path(out), cell)
         if result is None:
             missing.append((cell, why))
         else:
-            found.append({**result, **({"label": grid.label} if grid.label else {})})
+            found.append((cell, {**result, **({"label": grid.label} if grid.label else {})}))
     return found, missing
 
 
@@ -510,26 +489,59 @@ def stale_cells(grid: Grid, out: str | Path) -> list[Path]:
 def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
     """The results JSON of every finished cell of ``grid`` that is not `outdated` (with its
     ``label``, when it has one: the boards name rows by it)."""
-    return _read_cells(grid, out)[0]
+    return [result for _, result in _read_cells(grid, out)[0]]
 
 
 def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
     """What the boards of ``grid`` show: the finished cells of it and of the grids it joins, and
     the cells of either without a result (a joined one says which grid it is from). Two results
-    for one row and seed, one here and one joined, are an error: the board could show only one."""
+    for one row and seed, one here and one joined, are an error: the board could show only one.
+    Rows are paired seed by seed, so every result of a data set on a board must have been read
+    from the same events: a result whose run read other events of its data set than the board's
+    others (`same_events`) is listed among the cells without one, with both digests."""
     from fedrec.bench.leaderboard import method_name
 
-    results, missing = _read_cells(grid, out)
-    source = {}
-    for name, other, folder in [("this grid", grid, Path(out))] + grid.joined:
-        found, lacking = (results, []) if other is grid else _read_cells(other, folder)
-        for r in found:
-            row = (r["dataset"], r["protocol"], method_name(r, one_policy=False), int(r["seed"]))
-            if row in source:
-                raise FedrecError(f"{r['algorithm']} seed {r['seed']} on {r['dataset']} · {r['protocol']} has a result "
-                                  f"in {source[row]} and in {name}; a grid.label in one of them keeps their rows apart")
-            source[row] = name
-        if other is not grid:
-            results += found
-            missing += [(cell, f"{why} (in {name})") for cell, why in lacking]
+    found, missing = _read_cells(grid, out)
+    gathered = [("this grid", cell, result) for cell, result in found]
+    for name, other, folder in grid.joined:
+        theirs, lacking = _read_cells(other, folder)
+        gathered += [(name, cell, result) for cell, result in theirs]
+        missing += [(cell, f"{why} (in {name})") for cell, why in lacking]
+    source: dict[tuple[str, str, str, int], str] = {}
+    for name, _, r in gathered:
+        row = (r["dataset"], r["protocol"], method_name(r, one_policy=False), int(r["seed"]))
+        if row in source:
+            raise FedrecError(f"{r['algorithm']} seed {r['seed']} on {r['dataset']} · {r['protocol']} has a result "
+                              f"in {source[row]} and in {name}; a grid.label in one of them keeps their rows apart")
+        source[row] = name
+    events = same_events([(name == "this grid", r) for name, _, r in gathered])
+    results = []
+    for name, cell, r in gathered:
+        then, now = read_content(r), events.get(r["dataset"])
+        if then is None or now is None or then == now:
+            results.append(r)
+        else:
+            where = "" if name == "this grid" else f" (in {name})"
+            missing.append((cell, f"read other events of {r['dataset']} (content {then[:12]}) than the board's "
+                                  f"other rows ({now[:12]}): run it again on their copy{where}"))
     return results, missing
+
+
+def same_events(results: list[tuple[bool, dict[str, Any]]]) -> dict[str, str]:
+    """The content digest each data set's rows on a board are paired under: of ``results``
+    (``(own, result)``: whether it is the grid's own cell, in board order), the digest most of
+    the grid's own results of that data set recorded, or, where it has none, most of the joined
+    ones; a tie goes to the first met. A grid's own cells were checked against the data when it
+    last ran (`set_aside_other_data`); a joined grid's were checked only where it ran."""
+    from collections import Counter
+
+    counts: dict[tuple[str, bool], Counter[str]] = {}
+    for own, r in results:
+        content = read_content(r)
+        if content is not None:
+            counts.setdefault((r["dataset"], own), Counter())[content] += 1
+    chosen = {}
+    for dataset in dict.fromkeys(d for d, _ in counts):
+        tally = counts.get((dataset, True)) or counts[(dataset, False)]
+        chosen[dataset] = tally.most_common(1)[0][0]  # Counter keeps first-met order among ties
+    return chosen

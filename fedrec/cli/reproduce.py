@@ -144,13 +144,19 @@ def reproduce_command(
             console.print(f"[yellow]reused[/] {label_of(planned, policy, seed)} was made with {made}; "
                           "delete its file to run it again")
 
+        def on_set_aside(path, then, now) -> None:  # type: ignore[no-untyped-def]
+            console.print(f"[yellow]set aside[/] {path.name}: its run read other events of {dataset} (content "
+                          f"{then[:12]}) than the copy at hand ({now[:12]}); kept as "
+                          f"{path.stem}.other-data-{then[:12]}.json, "
+                          + ("left out (--reuse-only)" if reuse_only else "run again"), highlight=False)
+
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives],
                           rounds=rounds or ROUNDS.get(paper, 100), out_dir=out_dir,
                           data_dir=data_dir, on_run=on_run, on_fail=on_fail,
                           run_missing=not reuse_only, data_options=DATA_OPTIONS.get((paper, dataset)),
                           checkpoint_every=checkpoint_every, workers=workers, on_progress=on_progress,
-                          device=device, on_stale=on_stale, patience=patience)
+                          device=device, on_stale=on_stale, patience=patience, on_set_aside=on_set_aside)
         if not results:  # nothing to print: a failure, not an empty table
             raise FedrecError(f"no run finished ({len(failed)} of {n_total} failed; first: {failed[0]})" if failed
                               else f"no result of these runs is in {out_dir} (--reuse-only runs nothing)")
@@ -266,6 +272,11 @@ def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path
     with console.status("attacks") as status:
         tables = reproduce_attacks(out_dir, data_dir, seeds=seeds, rounds=rounds or 20, run_missing=not reuse_only,
                                    on_run=lambda label: status.update(f"attacks: {label}"))
+    for name, then, now in tables.set_aside:
+        stem = name.removesuffix(".json")
+        console.print(f"[yellow]set aside[/] {name}: its run read other events of ml-100k (content {then[:12]}) "
+                      f"than the copy at hand ({now[:12]}); kept as {stem}.other-data-{then[:12]}.json, "
+                      + ("left out (--reuse-only)" if reuse_only else "run again"), highlight=False)
     if not (tables.anchor or tables.poisoning or tables.inference):
         raise FedrecError(f"no result of the attack tables' runs is in {out_dir} (--reuse-only runs nothing)")
     for name, changes in tables.stale:

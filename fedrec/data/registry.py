@@ -115,6 +115,17 @@ def load(
     return dataclasses.replace(data, name=name, source=source)
 
 
+def content_at_hand(name: str, data_dir: str | Path | None = None) -> str | None:
+    """The content digest (`Interactions.content_digest`) of the copy of built-in data set
+    ``name`` a run would read now, found without downloading; None when no copy is at hand or
+    it cannot be read (a run then fails or downloads on its own). What tells a cached run's
+    results from results of other events (`fedrec.results.set_aside_other_events`)."""
+    try:
+        return str(load(name, data_dir, download=False).source["content"])
+    except FedrecError:
+        return None
+
+
 def resolve(
     name: str,
     data_dir: str | Path | None = None,

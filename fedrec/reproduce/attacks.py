@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from fedrec.results import set_aside_other_events
+
 POISON_METHODS = ("fedmf", "pfedrec", "fedncf")
 ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost",
                "random", "bandwagon", "popular", "fedattack", "clusterattack")
@@ -60,15 +62,25 @@ class AttackTables:
     stale: list[tuple[str, dict[str, tuple[Any, Any]]]] = field(default_factory=list)
     #: reused files that record no settings (written before the files held them): not checked
     unchecked: int = 0
+    #: files set aside because their runs read other events than the data at hand, ``(file
+    #: name, digest then, digest now)`` (`fedrec.results.set_aside_other_events`)
+    set_aside: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, planned: Callable[[], Any] | None = None,
-            tables: AttackTables | None = None) -> Any:
+            tables: AttackTables | None = None, content: str | None = None) -> Any:
     """The figures in ``path``, or those ``make()`` measures (then written to ``path``) when it
     has none and ``run_missing``. A file is found by its name, which does not hold every
     setting: a reused file's recorded ``config`` is compared with ``planned()``, the run it
     stands for now, and what differs is noted in ``tables.stale`` (still used: deleting the
-    file runs it again)."""
+    file runs it again). Nor does the name say where the data's copy lives: with ``content``,
+    the content digest of the copy at hand (`fedrec.data.registry.content_at_hand`), a file whose
+    run recorded another one (``data.source.content``) is set aside and its run is missing again
+    (`fedrec.results.set_aside_other_events`; noted in ``tables.set_aside``)."""
+    if content is not None:
+        then = set_aside_other_events(path, content)
+        if then is not None and tables is not None:
+            tables.set_aside.append((path.name, then, content))
     if path.exists():
         blob = json.loads(path.read_text())
         if planned is not None and tables is not None:
@@ -117,8 +129,11 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
     from fedrec.security.legacy import run_legacy
 
     tell = on_run or (lambda _: None)
+    from fedrec.data.registry import content_at_hand
+
     out = AttackTables()
     tr, test, target = anchor_split(data_dir)
+    content = content_at_hand("ml-100k", data_dir)  # read (or downloaded) just now by the split
     for seed in seeds:
         tell(f"anchor s{seed}")
         figs = cached_figures(out_dir / f"anchor-s{seed}.json",
@@ -145,7 +160,8 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
             tag = ("" if b is None else f"-b{b:g}") + ("" if p == MAIN_SHARE else f"-p{p:g}")
             blob = cached_figures(out_dir / f"poison-{m}-{a}{tag}-{d}-r{rounds}-s{seed}.json",
                            lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poison(m, a, b, d, seed, p), run_missing,
-                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poisoned(m, a, b, d, seed, p), out)
+                           lambda m=m, a=a, b=b, d=d, p=p, seed=seed: poisoned(m, a, b, d, seed, p), out,
+                           content)
             if blob:
                 out.poisoning.append({**blob, "malicious": p, "attack": _label(a, b)})
 
@@ -160,7 +176,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                 "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
                 "epsilon": res.extra.get("privacy", {}).get("epsilon"),
                 "bytes_up": float(np.mean([h.bytes_up for h in res.history])),
-                "config": res.config, "git_revision": res.git_revision}
+                "config": res.config, "data": {"source": res.data.get("source", {})}, "git_revision": res.git_revision}
 
     for seed in seeds:
         for m in INFER_METHODS:
@@ -169,7 +185,7 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
                 slug = v.replace(" ", "").replace("=", "")
                 blob = cached_figures(out_dir / f"infer-{m}-{slug}-r{rounds}-s{seed}.json",
                                lambda m=m, v=v, seed=seed: infer(m, v, seed), run_missing,
-                               lambda m=m, v=v, seed=seed: inferred(m, v, seed), out)
+                               lambda m=m, v=v, seed=seed: inferred(m, v, seed), out, content)
                 if blob:
                     out.inference.append(blob)
     return out
@@ -375,7 +391,8 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
             "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
             **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
-            "wall_seconds": time.perf_counter() - start, "config": res.config, "git_revision": res.git_revision}
+            "wall_seconds": time.perf_counter() - start, "config": res.config,
+            "data": {"source": res.data.get("source", {})}, "git_revision": res.git_revision}
 
 
 def poison_config(method: str, attack: str, boost: float | None, defence: str, seed: int, share: float,

@@ -27,7 +27,7 @@ from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.planned import PlannedRun
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
-from fedrec.results import diverged, load_result
+from fedrec.results import diverged, load_result, set_aside_files, set_aside_other_events
 from fedrec.train.centralised import TrainConfig
 
 LEGACY = "legacy-exclude-heldout"
@@ -297,6 +297,7 @@ def execute(
     device: str = "cpu",
     on_stale: Callable[[PlannedRun, str, int, dict[str, tuple[Any, Any]]], None] | None = None,
     patience: int | None = None,
+    on_set_aside: Callable[[Path, str, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -322,6 +323,12 @@ def execute(
     A run that diverges is reported to ``on_fail`` and still returned, from the results file it
     wrote (``status: diverged``; `fedrec.experiment.train`), so that its table says it diverged
     (`fedrec.reproduce.table.summarise`); a later reproduction reuses it as it reuses any result.
+    A file is found by its name, which does not say where the data set's copy lives, so a reused
+    file whose run read other events than the copy at hand (an edited or filtered file, another
+    release: its recorded content digest differs) is set aside as ``<name>.other-data-<digest>.json``
+    and its run is missing again (`fedrec.results.set_aside_other_events`); ``on_set_aside(path,
+    then, now)`` is told of each, with both digests. The copy is read once, without downloading,
+    and only when a result file is there; one not at hand is not checked.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -343,6 +350,7 @@ def execute(
                                        ldp=planned.ldp, device=device, **{**dict(planned.engine), **stop}),
         )
 
+    _set_aside_other_events([path_of(key) for key in keys], dataset, data_dir, on_set_aside)
     # one run a file: a later planned run of the same file name reuses its result
     first: dict[Path, tuple[PlannedRun, str, int]] = {}
     for key in keys if run_missing else []:
@@ -403,6 +411,24 @@ def execute(
         result["config"]["setting"] = key[0].setting
         results.append(result)
     return results
+
+
+def _set_aside_other_events(paths: list[Path], dataset: str, data_dir: str | None,
+                            on_set_aside: Callable[[Path, str, str], None] | None) -> None:
+    """Set aside each of ``paths`` whose run read other events of ``dataset`` than the copy at
+    hand, and give back set-aside results of that copy (see `execute`)."""
+    paths = list(dict.fromkeys(paths))
+    if not any(path.exists() or set_aside_files(path) for path in paths):
+        return  # nothing cached: the runs read the data themselves
+    from fedrec.data.registry import content_at_hand
+
+    now = content_at_hand(dataset, data_dir)
+    if now is None:
+        return
+    for path in paths:
+        then = set_aside_other_events(path, now)
+        if then is not None and on_set_aside is not None:
+            on_set_aside(path, then, now)
 
 
 def _drop_diverged_checkpoint(path: Path) -> None:
