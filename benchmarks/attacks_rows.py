@@ -26,9 +26,9 @@ import argparse
 from pathlib import Path
 
 from fedrec.data import user_sets
-from fedrec.data.registry import REGISTRY, content_at_hand
+from fedrec.data.registry import REGISTRY
 from fedrec.errors import FedrecError, UnknownNameError
-from fedrec.experiment import federated_config
+from fedrec.experiment import content_at_hand, federated_config
 from fedrec.reproduce.attacks import (
     MAIN_SHARE,
     POISON_METHODS,
@@ -88,7 +88,7 @@ def main() -> None:
     boosts = [float(b) for b in args.boosts.split(",")]
     tables = AttackTables()  # what reused files say of the settings they were made with
     # the events at hand, so that a cell run on another copy is set aside and run again
-    content = content_at_hand(args.dataset, args.data_dir) if args.dataset in REGISTRY else None
+    content = content_at_hand(args.dataset, args.data_dir)
     for method in args.methods.split(","):
         for attack in args.attacks.split(","):
             # the options that describe an attacker (--attacker-norm) leave the clean run as it is
@@ -115,9 +115,10 @@ def main() -> None:
                     if not ran:
                         continue
                     print(path.name, {k: blob.get(k) for k in ("er@10", "hr@10", "ndcg@10", "flag_recall")}, flush=True)
-    for name, then, now in tables.set_aside:
+    for name, then, now, outcome in tables.set_aside:
         print(f"set aside {name}: its run read other events of {args.dataset} (content {then[:12]}) than the "
-              f"copy at hand ({now[:12]}); kept as {name.removesuffix('.json')}.other-data-{then[:12]}.json, run again")
+              f"copy at hand ({now[:12]}); kept as {name.removesuffix('.json')}.other-data-{then[:12]}.json, "
+              + ("and the run of the copy at hand given back" if outcome == "given back" else "run again"))
     for name, changes in dict(tables.stale).items():  # a clean cell is visited once a boost
         print(f"reused {name} was made with {changes}; delete it to run it again")
     if tables.unchecked:

@@ -198,6 +198,28 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int,
     raise _unknown_dataset(dataset)
 
 
+def content_at_hand(dataset: str, data_dir: str | None = None, known: dict[str, str] | None = None) -> str | None:
+    """The content digest (`Interactions.content_digest`) of the events a run of ``dataset``
+    would read now: a built-in data set's copy found without downloading
+    (`fedrec.data.registry.content_at_hand`, ``known`` as there), a registered or given file.
+    None for generated data, or data not at hand or unreadable (a run fails or downloads on its
+    own). What a cached run found by its name is checked against
+    (`fedrec.results.set_aside_other_events`)."""
+    from fedrec.data.catalogue import REGISTRY
+
+    if _SYNTHETIC.match(dataset):
+        return None
+    if dataset in REGISTRY:
+        from fedrec.data.registry import content_at_hand as built_in
+
+        return built_in(dataset, data_dir, known)
+    try:
+        content = load_interactions(dataset, data_dir, 0).source.get("content")
+    except (FedrecError, OSError):
+        return None
+    return None if content is None else str(content)
+
+
 def check_dataset_name(dataset: str) -> None:
     """What `load_interactions` would say of an unknown ``dataset``, without reading any data:
     a file path, ``synthetic[:USERSxITEMS]``, a built-in or a registered name pass."""

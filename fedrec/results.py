@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
@@ -9,6 +10,7 @@ import resource
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -235,36 +237,56 @@ def cpu_model() -> str:
 
 def read_content(result: Any) -> str | None:
     """The content digest of the events ``result``'s run read (`Interactions.content_digest`,
-    recorded as ``data.source.content``); None for a file written before runs recorded it."""
-    if not isinstance(result, dict):  # a cached table's list of figures records none
-        return None
-    content = ((result.get("data") or {}).get("source") or {}).get("content")
+    recorded as ``data.source.content``); None for a file written before runs recorded it, or
+    one of another shape (a cached table's list of figures)."""
+    data = result.get("data") if isinstance(result, dict) else None
+    source = data.get("source") if isinstance(data, dict) else None
+    content = source.get("content") if isinstance(source, dict) else None
     return None if content is None else str(content)
+
+
+def known_contents(results: Iterable[Any]) -> dict[str, str]:
+    """The content digest each data file's runs recorded, by the file's sha256 (both in
+    ``data.source``), over ``results`` (results dicts as read): what
+    `fedrec.data.registry.content_at_hand` need not parse again."""
+    known = {}
+    for result in results:
+        content = read_content(result)
+        sha = result["data"]["source"].get("sha256") if content is not None else None
+        if sha is not None:
+            known[str(sha)] = content
+    return known
+
+
+def other_events(path: Path, now: str) -> str | None:
+    """The content digest the run in results file ``path`` recorded, where it differs from
+    ``now`` (the digest of the copy a run would read today); None when they agree, when the
+    file is not there or when it records none."""
+    if not path.exists():
+        return None
+    then = read_content(json.loads(path.read_text()))
+    return then if then is not None and then != now else None
 
 
 def set_aside_files(path: Path, content: str = "") -> list[Path]:
     """The results files set aside from ``path`` by `set_aside_other_events`, those read from the
     events with content digest ``content`` where given."""
-    return sorted(path.parent.glob(f"{path.stem}.other-data-{content[:12]}*.json"))
+    return sorted(path.parent.glob(f"{glob.escape(path.stem)}.other-data-{content[:12]}*.json"))
 
 
-def set_aside_other_events(path: Path, now: str) -> str | None:
+def set_aside_other_events(path: Path, now: str) -> tuple[str | None, bool]:
     """Keep a cached run's results from standing for a run of other events: the results file at
     ``path`` is renamed to ``<stem>.other-data-<digest>.json`` (``digest``: the first 12 hex
     digits of the content it read) when its run read other events than ``now``, the digest of
     the copy a run would read today, so that a cache found by name runs again and the old file
     is kept. Where ``path`` then holds no results and an earlier set-aside file was read from
-    ``now``'s events, that file is given back. Returns the set-aside digest, or None when
-    nothing was set aside (a file without a recorded digest is kept as it is)."""
-    moved = None
-    if path.exists():
-        then = read_content(json.loads(path.read_text()))
-        if then is not None and then != now:
-            # one run a name and data: a file already there holds the same run
-            path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
-            moved = then
-    if not path.exists():
-        back = set_aside_files(path, now)
-        if back:
-            back[0].replace(path)
-    return moved
+    ``now``'s events, that file is given back. Returns the set-aside digest (None when nothing
+    was set aside: a file without a recorded digest is kept as it is) and whether a file was
+    given back."""
+    then = other_events(path, now)
+    if then is not None:
+        path.replace(path.with_name(f"{path.stem}.other-data-{then[:12]}.json"))
+    back = [] if path.exists() else set_aside_files(path, now)
+    if back:
+        back[0].replace(path)
+    return then, bool(back)

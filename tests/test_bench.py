@@ -517,7 +517,7 @@ def test_a_joined_cell_read_from_other_events_is_left_off_the_board(tmp_path: Pa
     assert shown() == {"pfedrec": "1"}  # two against one, but this grid's own copy is the reference
     board = " ".join((tmp_path / "out" / "leaderboard.md").read_text().split())
     assert ("fedmf (leak-free) seed 1: read other events of synthetic:60x500 (content bbbbbbbbbbbb) than the "
-            "board's other rows (aaaaaaaaaaaa): run it again on their copy (in other.toml)") in board
+            "board's other rows (aaaaaaaaaaaa): run it again with their copy at hand (in other.toml)") in board
     record("other-out", 1, "a" * 64)
     assert shown() == {"pfedrec": "1", "fedmf (elsewhere)": "1"}
     record("other-out", 0, None)  # written before runs recorded the digest: kept

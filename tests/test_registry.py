@@ -108,6 +108,58 @@ def test_a_data_sets_content_digest_is_the_same_in_any_format_and_tells_other_ev
     assert replace(u_data, implicit=True).content_digest() != u_data.content_digest()
 
 
+def test_the_content_at_hand_is_hashed_not_parsed_when_its_bytes_are_known(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached run is checked against the events at hand: a copy whose bytes a result recorded
+    (its sha256) holds the events that result recorded, so it is not parsed again; other bytes
+    are; no copy at hand, generated data, or an unreadable file give None; a registered or given
+    file gives its own digest."""
+    from fedrec.experiment import content_at_hand
+    from fedrec.results import known_contents, read_content
+
+    monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))
+    data = _copy(U_DATA, tmp_path / "d" / "u.data").parent
+    loaded = registry.load("ml-100k", data)
+    assert content_at_hand("ml-100k", str(data)) == loaded.source["content"]
+    known = known_contents([{"data": {"source": loaded.source}}, {"data": []}, [1, 2], {}])
+    assert known == {loaded.source["sha256"]: loaded.source["content"]}
+    parsed: list[str] = []
+    real_load = registry.load
+    monkeypatch.setattr(registry, "load", lambda *a, **k: parsed.append(a[0]) or real_load(*a, **k))
+    assert content_at_hand("ml-100k", str(data), {loaded.source["sha256"]: "recorded"}) == "recorded"
+    assert parsed == []  # hashed only
+    assert content_at_hand("ml-100k", str(data), {"0" * 64: "recorded"}) == loaded.source["content"]
+    assert parsed == ["ml-100k"]
+    assert content_at_hand("ml-100k", str(tmp_path / "nowhere")) is None
+    assert content_at_hand("synthetic:30x40") is None
+    from fedrec.data import user_sets
+
+    own = tmp_path / "mine.csv"
+    own.write_text("user,item,rating\n1,2,5\n2,3,4\n")
+    user_sets.add("mine", own, "user,item,rating")
+    mine = content_at_hand("mine")
+    assert mine is not None and mine != loaded.source["content"]
+    own.write_text("user,item,rating\n1,2,5\n2,3,5\n")  # edited since it was registered: a run refuses it
+    assert content_at_hand("mine") is None
+    assert read_content({"data": {"source": "a file"}}) is None and read_content(None) is None
+
+
+def test_a_set_aside_file_is_found_whatever_its_name_holds(tmp_path: Path) -> None:
+    """Run files are named by their options, which may hold glob characters ([, ], *): their
+    set-aside copies are found by the name as written, and given back to it."""
+    import json
+
+    from fedrec.results import set_aside_files, set_aside_other_events
+
+    path = tmp_path / "poison-fedmf-items=[1, 2]-none-r1-s0.json"
+    path.write_text(json.dumps({"data": {"source": {"content": "a" * 64}}}))
+    (tmp_path / "poison-fedmf-items=1-none-r1-s0.other-data-bbbbbbbbbbbb.json").write_text("{}")  # another run's
+    assert set_aside_other_events(path, "b" * 64) == ("a" * 64, False) and not path.exists()
+    assert [p.name for p in set_aside_files(path)] == [f"{path.stem}.other-data-{'a' * 12}.json"]
+    assert set_aside_other_events(path, "a" * 64) == (None, True) and path.exists()
+    assert set_aside_files(path) == []
+
+
 def test_fedrec_data_env_one_level_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "datasets"
     path = _copy(INTER, root / "ml-100k")

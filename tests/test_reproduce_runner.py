@@ -253,8 +253,9 @@ def test_a_reproduction_whose_every_run_failed_exits_non_zero(tmp_path, capsys, 
 
 def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path, monkeypatch, capsys):
     """A run's file is found by its name, which does not say where the data set's copy lives: a
-    run of other events (one rating edited) is set aside, kept under its digest, and run again;
-    the first events back, their run is back; a copy in another format or none at hand keeps it."""
+    run of other events (one rating edited) is left out by --reuse-only (nothing renamed), set
+    aside (kept under its digest) and run again otherwise; the first events back, their run is
+    given back; a copy in another format or none at hand keeps it."""
     import numpy as np
 
     monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
@@ -276,19 +277,22 @@ def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path
     reproduce()
     (path,) = out.rglob("*.json")
     first = json.loads(path.read_text())
-    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
-    said = reproduce("--reuse-only", code=2)  # the only run set aside: no table to print
     digest = first["data"]["source"]["content"][:12]
-    assert f"set aside {path.name}: its run read other events of ml-100k (content {digest})" in said
-    assert "left out (--reuse-only)" in said and not path.exists()
     aside = path.with_name(f"{path.stem}.other-data-{digest}.json")
-    assert json.loads(aside.read_text()) == first
+    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
+    said = reproduce("--reuse-only", code=2)  # the only run left out: no table to print
+    assert f"left out {path.name}: its run read other events of ml-100k (content {digest})" in said
+    assert json.loads(path.read_text()) == first and not aside.exists()  # --reuse-only renames nothing
     said = reproduce()
+    assert f"set aside {path.name}: its run read other events of ml-100k (content {digest})" in said
+    assert said.count("set aside") == 1 and "run again" in said and json.loads(aside.read_text()) == first
     edited = json.loads(path.read_text())
-    assert "set aside" not in said and edited["data"]["source"]["content"][:12] != digest
+    assert edited["data"]["source"]["content"][:12] != digest
+    assert "set aside" not in reproduce()  # the edited copy's own run: reused
     u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))  # the first events back
     said = reproduce()
-    assert "run again" in said and json.loads(path.read_text()) == first and not aside.exists()
+    assert "the run of the copy at hand given back" in said and "run again" not in said
+    assert json.loads(path.read_text()) == first and not aside.exists()
     u_data.unlink()  # the same events in RecBole's atomic file: reused
     (data / "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
                                         + "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))

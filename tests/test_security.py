@@ -688,13 +688,16 @@ def test_attack_table_runs_read_from_other_events_are_set_aside_and_run_again(tm
                                          for n, (u, i, r, t) in enumerate(rows)))
     edited_events = content_at_hand("ml-100k", str(data))
     assert cached_figures(path, made, False, None, tables, edited_events) is None  # --reuse-only: left out
-    assert tables.set_aside == [(path.name, first_events, edited_events)]
+    assert tables.set_aside == [(path.name, first_events, edited_events, "left out")]
     aside = path.with_name(f"{path.stem}.other-data-{first_events[:12]}.json")
-    assert json.loads(aside.read_text()) == first
+    assert json.loads(path.read_text()) == first and not aside.exists()  # renamed nothing
     again = cached_figures(path, made, True, None, tables, edited_events)
     assert len(runs) == 2 and again["data"]["source"]["content"] == edited_events
+    assert tables.set_aside[-1] == (path.name, first_events, edited_events, "run again")
+    assert json.loads(aside.read_text()) == first
     # the first events back: their run is back, without running
     assert cached_figures(path, made, True, None, tables, first_events) == first and len(runs) == 2
+    assert tables.set_aside[-1] == (path.name, edited_events, first_events, "given back")
     blob = json.loads(path.read_text())
     blob.pop("data")  # written before runs recorded their events: reused as it is
     path.write_text(json.dumps(blob))

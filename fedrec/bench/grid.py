@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedrec.errors import FedrecError
-from fedrec.results import read_content, set_aside_files, set_aside_other_events
+from fedrec.results import known_contents, read_content, set_aside_files, set_aside_other_events
 
 if TYPE_CHECKING:
     from fedrec.progress import RoundNote
@@ -390,27 +390,25 @@ def outdated(cell: Cell, result: dict[str, Any]) -> str | None:
     return f"outdated: its run had {', '.join(changed)} (a default changed since)" if changed else None
 
 
-def other_data(cell: Cell, result: dict[str, Any], digests: dict[str, str]) -> str | None:
-    """The content digest ``result``'s run recorded for its data (`Interactions.content_digest`)
-    where it differs from ``digests[cell.dataset]``, the data the cell would read now. None when
-    they agree, or when either is unknown (a result written before runs recorded it)."""
-    now, then = digests.get(cell.dataset), read_content(result)
-    return None if now is None or then is None or now == then else then
-
-
 def data_digests(grid: Grid, out: Path) -> dict[str, str]:
     """The content digest of each built-in data set read by a cell of ``grid`` that has results
     in ``out`` (current or set aside), each read once from the grid's ``data_dir`` (or where
-    fedrec finds it without downloading). A cell's key leaves out where its data live, so that
+    fedrec finds it without downloading; hashed, not parsed, when its bytes are those the
+    results record). A cell's key leaves out where its data live, so that
     a moved copy keeps its cells; this is what tells a copy with other events from a copy in
     another format. A data set not at hand is left out (its cells are not checked, and run or
     fail as they would); a user's data set needs none: its key holds its file's sha256."""
     from fedrec.data.catalogue import REGISTRY
     from fedrec.data.registry import content_at_hand
 
-    names = sorted({cell.dataset for cell in grid.cells if cell.dataset in REGISTRY and not cell.user_data
-                    and (cell_path(out, cell).exists() or set_aside_files(cell_path(out, cell)))})
-    found = {name: content_at_hand(name, grid.data_dir) for name in names}
+    cached: dict[str, list[Path]] = {}
+    for cell in grid.cells:
+        path = cell_path(out, cell)
+        if cell.dataset in REGISTRY and not cell.user_data and (path.exists() or set_aside_files(path)):
+            cached.setdefault(cell.dataset, []).append(path)
+    found = {name: content_at_hand(name, grid.data_dir,  # a copy of the bytes the results record is not parsed
+                                   known_contents(json.loads(p.read_text()) for p in paths if p.exists()))
+             for name, paths in sorted(cached.items())}
     return {name: digest for name, digest in found.items() if digest is not None}
 
 
@@ -424,7 +422,7 @@ def set_aside_other_data(grid: Grid, out: Path, digests: dict[str, str]) -> int:
     moved = 0
     for cell in grid.cells:
         now = digests.get(cell.dataset)
-        if now is not None and set_aside_other_events(cell_path(out, cell), now) is not None:
+        if now is not None and set_aside_other_events(cell_path(out, cell), now)[0] is not None:
             moved += 1
     return moved
 
@@ -523,7 +521,7 @@ def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list
         else:
             where = "" if name == "this grid" else f" (in {name})"
             missing.append((cell, f"read other events of {r['dataset']} (content {then[:12]}) than the board's "
-                                  f"other rows ({now[:12]}): run it again on their copy{where}"))
+                                  f"other rows ({now[:12]}): run it again with their copy at hand{where}"))
     return results, missing
 
 
@@ -531,8 +529,8 @@ def same_events(results: list[tuple[bool, dict[str, Any]]]) -> dict[str, str]:
     """The content digest each data set's rows on a board are paired under: of ``results``
     (``(own, result)``: whether it is the grid's own cell, in board order), the digest most of
     the grid's own results of that data set recorded, or, where it has none, most of the joined
-    ones; a tie goes to the first met. A grid's own cells were checked against the data when it
-    last ran (`set_aside_other_data`); a joined grid's were checked only where it ran."""
+    ones; a tie goes to the first met. A grid's own cells are checked against the data before it
+    runs (`set_aside_other_data`, where the data are at hand); a joined grid's only where it ran."""
     from collections import Counter
 
     counts: dict[tuple[str, bool], Counter[str]] = {}

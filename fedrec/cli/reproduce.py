@@ -144,11 +144,8 @@ def reproduce_command(
             console.print(f"[yellow]reused[/] {label_of(planned, policy, seed)} was made with {made}; "
                           "delete its file to run it again")
 
-        def on_set_aside(path, then, now) -> None:  # type: ignore[no-untyped-def]
-            console.print(f"[yellow]set aside[/] {path.name}: its run read other events of {dataset} (content "
-                          f"{then[:12]}) than the copy at hand ({now[:12]}); kept as "
-                          f"{path.stem}.other-data-{then[:12]}.json, "
-                          + ("left out (--reuse-only)" if reuse_only else "run again"), highlight=False)
+        def on_set_aside(path, then, now, outcome) -> None:  # type: ignore[no-untyped-def]
+            console.print(other_events_line(path.name, dataset, then, now, outcome), highlight=False)
 
         results = execute(every, dataset=dataset, seeds=seed_list,
                           policies=POLICY_CHOICES[negatives],
@@ -272,11 +269,8 @@ def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path
     with console.status("attacks") as status:
         tables = reproduce_attacks(out_dir, data_dir, seeds=seeds, rounds=rounds or 20, run_missing=not reuse_only,
                                    on_run=lambda label: status.update(f"attacks: {label}"))
-    for name, then, now in tables.set_aside:
-        stem = name.removesuffix(".json")
-        console.print(f"[yellow]set aside[/] {name}: its run read other events of ml-100k (content {then[:12]}) "
-                      f"than the copy at hand ({now[:12]}); kept as {stem}.other-data-{then[:12]}.json, "
-                      + ("left out (--reuse-only)" if reuse_only else "run again"), highlight=False)
+    for name, then, now, outcome in tables.set_aside:
+        console.print(other_events_line(name, "ml-100k", then, now, outcome), highlight=False)
     if not (tables.anchor or tables.poisoning or tables.inference):
         raise FedrecError(f"no result of the attack tables' runs is in {out_dir} (--reuse-only runs nothing)")
     for name, changes in tables.stale:
@@ -292,3 +286,17 @@ def _attacks(seeds: list[int], rounds: int | None, out_dir: Path, markdown: Path
         markdown.write_text(text)
     for path in plot(tables, plots or out_dir / "plots"):
         console.print(f"wrote {path}")
+
+
+def other_events_line(name: str, dataset: str, then: str, now: str, outcome: str) -> str:
+    """What became of a cached run's file ``name`` whose run read other events of ``dataset``
+    (content digest ``then``) than the copy at hand (``now``): ``run again`` or ``given back``
+    (set aside as ``NAME.other-data-DIGEST.json``, `fedrec.results.set_aside_other_events`) or
+    ``left out`` (``--reuse-only`` renames nothing)."""
+    read = f"its run read other events of {dataset} (content {then[:12]}) than the copy at hand ({now[:12]})"
+    stem = name.removesuffix(".json")
+    if outcome == "left out":
+        return (f"[yellow]left out[/] {name}: {read}; --reuse-only renames nothing (without it the file is "
+                f"set aside and its run runs again)")
+    kept = f"[yellow]set aside[/] {name}: {read}; kept as {stem}.other-data-{then[:12]}.json"
+    return kept + (", and the run of the copy at hand given back" if outcome == "given back" else ", run again")

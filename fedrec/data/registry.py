@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +116,21 @@ def load(
     return dataclasses.replace(data, name=name, source=source)
 
 
-def content_at_hand(name: str, data_dir: str | Path | None = None) -> str | None:
+def content_at_hand(name: str, data_dir: str | Path | None = None,
+                    known: Mapping[str, str] | None = None) -> str | None:
     """The content digest (`Interactions.content_digest`) of the copy of built-in data set
     ``name`` a run would read now, found without downloading; None when no copy is at hand or
     it cannot be read (a run then fails or downloads on its own). What tells a cached run's
-    results from results of other events (`fedrec.results.set_aside_other_events`)."""
+    results from results of other events (`fedrec.results.set_aside_other_events`).
+    ``known`` maps a file's sha256 to the digest runs of that file recorded (`known_contents`):
+    the same bytes hold the same events, so such a copy is hashed, not parsed again."""
     try:
+        if known:
+            digest = known.get(sha256_of(resolve(name, data_dir, download=False).path))
+            if digest is not None:
+                return digest
         return str(load(name, data_dir, download=False).source["content"])
-    except FedrecError:
+    except (FedrecError, OSError):
         return None
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrec.results import set_aside_other_events
+from fedrec.results import other_events, set_aside_other_events
 
 POISON_METHODS = ("fedmf", "pfedrec", "fedncf")
 ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost",
@@ -62,9 +62,10 @@ class AttackTables:
     stale: list[tuple[str, dict[str, tuple[Any, Any]]]] = field(default_factory=list)
     #: reused files that record no settings (written before the files held them): not checked
     unchecked: int = 0
-    #: files set aside because their runs read other events than the data at hand, ``(file
-    #: name, digest then, digest now)`` (`fedrec.results.set_aside_other_events`)
-    set_aside: list[tuple[str, str, str]] = field(default_factory=list)
+    #: files whose runs read other events than the data at hand, ``(file name, digest then,
+    #: digest now, outcome)``: ``run again`` or ``given back`` (set aside,
+    #: `fedrec.results.set_aside_other_events`), or ``left out`` (nothing run, nothing renamed)
+    set_aside: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, planned: Callable[[], Any] | None = None,
@@ -74,13 +75,21 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     setting: a reused file's recorded ``config`` is compared with ``planned()``, the run it
     stands for now, and what differs is noted in ``tables.stale`` (still used: deleting the
     file runs it again). Nor does the name say where the data's copy lives: with ``content``,
-    the content digest of the copy at hand (`fedrec.data.registry.content_at_hand`), a file whose
-    run recorded another one (``data.source.content``) is set aside and its run is missing again
-    (`fedrec.results.set_aside_other_events`; noted in ``tables.set_aside``)."""
+    the content digest of the copy at hand (`fedrec.experiment.content_at_hand`), a file whose
+    run recorded another one (``data.source.content``) is set aside and its run is missing again,
+    or an earlier set-aside file of the copy at hand given back
+    (`fedrec.results.set_aside_other_events`); without ``run_missing`` it is left out, renamed
+    nothing. Each is noted in ``tables.set_aside``."""
     if content is not None:
-        then = set_aside_other_events(path, content)
+        if run_missing:
+            then, given_back = set_aside_other_events(path, content)
+            outcome = "given back" if given_back else "run again"
+        else:
+            then, outcome = other_events(path, content), "left out"
         if then is not None and tables is not None:
-            tables.set_aside.append((path.name, then, content))
+            tables.set_aside.append((path.name, then, content, outcome))
+        if outcome == "left out" and then is not None:
+            return None
     if path.exists():
         blob = json.loads(path.read_text())
         if planned is not None and tables is not None:
@@ -103,9 +112,10 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     return blob
 
 
-def anchor_split(data_dir: str | None) -> tuple[Any, Any, int]:
+def anchor_split(data_dir: str | None) -> tuple[Any, Any, int, str | None]:
     """ML-100K as FedRecAttack uses it: each user's latest interaction is its test item, the rest
-    trains; the target is item 895 (index 894 in its files, the target of its README's run)."""
+    trains; the target is item 895 (index 894 in its files, the target of its README's run).
+    Last, the content digest of the events read (`Interactions.content_digest`)."""
     import scipy.sparse as sp
 
     from fedrec.experiment import RunConfig, prepare_split
@@ -117,7 +127,7 @@ def anchor_split(data_dir: str | None) -> tuple[Any, Any, int]:
     t = split.test.targets.tocoo()
     test[t.row] = t.col
     target = int(np.flatnonzero(np.asarray(split.data.item_ids).astype(str) == "895")[0])
-    return train, test, target
+    return train, test, target, split.data.source.get("content")
 
 
 def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], rounds: int = 20,
@@ -129,11 +139,8 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
     from fedrec.security.legacy import run_legacy
 
     tell = on_run or (lambda _: None)
-    from fedrec.data.registry import content_at_hand
-
     out = AttackTables()
-    tr, test, target = anchor_split(data_dir)
-    content = content_at_hand("ml-100k", data_dir)  # read (or downloaded) just now by the split
+    tr, test, target, content = anchor_split(data_dir)
     for seed in seeds:
         tell(f"anchor s{seed}")
         figs = cached_figures(out_dir / f"anchor-s{seed}.json",

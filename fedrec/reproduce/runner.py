@@ -27,7 +27,14 @@ from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.planned import PlannedRun
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
-from fedrec.results import diverged, load_result, set_aside_files, set_aside_other_events
+from fedrec.results import (
+    diverged,
+    known_contents,
+    load_result,
+    other_events,
+    set_aside_files,
+    set_aside_other_events,
+)
 from fedrec.train.centralised import TrainConfig
 
 LEGACY = "legacy-exclude-heldout"
@@ -297,7 +304,7 @@ def execute(
     device: str = "cpu",
     on_stale: Callable[[PlannedRun, str, int, dict[str, tuple[Any, Any]]], None] | None = None,
     patience: int | None = None,
-    on_set_aside: Callable[[Path, str, str], None] | None = None,
+    on_set_aside: Callable[[Path, str, str, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every planned run for every policy and seed; return their result dicts.
 
@@ -326,9 +333,12 @@ def execute(
     A file is found by its name, which does not say where the data set's copy lives, so a reused
     file whose run read other events than the copy at hand (an edited or filtered file, another
     release: its recorded content digest differs) is set aside as ``<name>.other-data-<digest>.json``
-    and its run is missing again (`fedrec.results.set_aside_other_events`); ``on_set_aside(path,
-    then, now)`` is told of each, with both digests. The copy is read once, without downloading,
-    and only when a result file is there; one not at hand is not checked.
+    and its run is missing again, or given back from an earlier set-aside file of the copy at
+    hand (`fedrec.results.set_aside_other_events`); with ``run_missing`` False nothing is renamed
+    and such a file is left out. ``on_set_aside(path, then, now, outcome)`` is told of each, with
+    both digests and ``run again``, ``given back`` or ``left out``. The copy is looked at only
+    when a result file is there, without downloading (hashed, not parsed, when its bytes are
+    those the results record); one not at hand is not checked.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = [(planned, negatives, seed) for planned in dict.fromkeys(runs)
@@ -350,7 +360,7 @@ def execute(
                                        ldp=planned.ldp, device=device, **{**dict(planned.engine), **stop}),
         )
 
-    _set_aside_other_events([path_of(key) for key in keys], dataset, data_dir, on_set_aside)
+    left_out = _check_events([path_of(key) for key in keys], dataset, data_dir, run_missing, on_set_aside)
     # one run a file: a later planned run of the same file name reuses its result
     first: dict[Path, tuple[PlannedRun, str, int]] = {}
     for key in keys if run_missing else []:
@@ -395,7 +405,7 @@ def execute(
     results = []
     for key in keys:
         path = path_of(key)
-        if not path.exists():  # not run (--reuse-only) or failed
+        if not path.exists() or path in left_out:  # not run (--reuse-only), failed, or of other events
             continue
         if key not in ran and on_run is not None:
             on_run(*key, True)
@@ -413,22 +423,32 @@ def execute(
     return results
 
 
-def _set_aside_other_events(paths: list[Path], dataset: str, data_dir: str | None,
-                            on_set_aside: Callable[[Path, str, str], None] | None) -> None:
+def _check_events(paths: list[Path], dataset: str, data_dir: str | None, rename: bool,
+                  on_set_aside: Callable[[Path, str, str, str], None] | None) -> set[Path]:
     """Set aside each of ``paths`` whose run read other events of ``dataset`` than the copy at
-    hand, and give back set-aside results of that copy (see `execute`)."""
-    paths = list(dict.fromkeys(paths))
-    if not any(path.exists() or set_aside_files(path) for path in paths):
-        return  # nothing cached: the runs read the data themselves
-    from fedrec.data.registry import content_at_hand
+    hand, and give back set-aside results of that copy; without ``rename``, rename nothing and
+    return the paths of other events instead, to be left out (see `execute`)."""
+    from fedrec.experiment import content_at_hand
 
-    now = content_at_hand(dataset, data_dir)
+    paths = list(dict.fromkeys(paths))
+    cached = [path for path in paths if path.exists()]
+    if not cached and not (rename and any(set_aside_files(path) for path in paths)):
+        return set()  # nothing cached: the runs read the data themselves
+    now = content_at_hand(dataset, data_dir, known_contents(load_result(path) for path in cached))
     if now is None:
-        return
+        return set()
+    left_out = set()
     for path in paths:
-        then = set_aside_other_events(path, now)
+        if rename:
+            then, given_back = set_aside_other_events(path, now)
+            outcome = "given back" if given_back else "run again"
+        else:
+            then, outcome = other_events(path, now), "left out"
+            if then is not None:
+                left_out.add(path)
         if then is not None and on_set_aside is not None:
-            on_set_aside(path, then, now)
+            on_set_aside(path, then, now, outcome)
+    return left_out
 
 
 def _drop_diverged_checkpoint(path: Path) -> None:
