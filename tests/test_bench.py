@@ -534,13 +534,10 @@ def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path:
     events sets the old results aside, never on the boards, and runs the cell again; the first
     events back, their results are back. Data not at hand are not checked."""
     monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
-    rng = np.random.default_rng(0)
-    rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
-            for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
+    from tiny_ml100k import write_atomic, write_u_data
+
     data = tmp_path / "data"
-    data.mkdir()
-    u_data = data / "u.data"
-    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    u_data = write_u_data(data)
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1).replace('"synthetic:60x500"', '"ml-100k"')
                     .replace('["fedmf", "pfedrec"]', '["fedmf"]') + f'data_dir = "{data}"\n')
@@ -551,13 +548,12 @@ def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path:
     first = json.loads(cell.read_text())
     # the same events as RecBole's atomic file: the cell stays
     u_data.unlink()
-    (data / "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
-                                        + "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    write_atomic(data)
     assert _bench([str(grid), "-o", str(out)]) == 0
     assert "1 cells: 0 run, 1 cached, 0 failed" in capsys.readouterr().out
     # one rating changed: the old results are set aside (kept, named by their data) and the cell runs again
     (data / "ml-100k.inter").unlink()
-    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
+    write_u_data(data, edited=True)
     assert _bench([str(grid), "-o", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "1 cells: 1 run, 0 cached, 0 failed" in printed and "1 cell had results read from other events" in printed
@@ -568,7 +564,7 @@ def test_a_cell_whose_run_read_other_events_is_set_aside_and_run_again(tmp_path:
     assert _bench([str(grid), "-o", str(out), "--report-only"]) == 0
     assert "1 result files in" in " ".join(capsys.readouterr().out.split())
     # the first events back: their results are back, the edited events' set aside in turn
-    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    write_u_data(data)
     assert _bench([str(grid), "-o", str(out)]) == 0
     assert "1 cells: 0 run, 1 cached, 0 failed" in capsys.readouterr().out
     assert json.loads(cell.read_text()) == first and not aside.exists()

@@ -256,15 +256,10 @@ def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path
     run of other events (one rating edited) is left out by --reuse-only (nothing renamed), set
     aside (kept under its digest) and run again otherwise; the first events back, their run is
     given back; a copy in another format or none at hand keeps it."""
-    import numpy as np
+    from tiny_ml100k import write_atomic, write_u_data
 
     monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
-    rng = np.random.default_rng(0)
-    rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
-            for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
     data, out = tmp_path / "data", tmp_path / "out"
-    data.mkdir()
-    u_data = data / "u.data"
 
     def reproduce(*extra: str, code: int = 0) -> str:
         with pytest.raises(SystemExit) as done:
@@ -273,13 +268,13 @@ def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path
         assert (done.value.code or 0) == code
         return " ".join(capsys.readouterr().out.split())
 
-    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    u_data = write_u_data(data)
     reproduce()
     (path,) = out.rglob("*.json")
     first = json.loads(path.read_text())
     digest = first["data"]["source"]["content"][:12]
     aside = path.with_name(f"{path.stem}.other-data-{digest}.json")
-    u_data.write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n" for n, (u, i, r, t) in enumerate(rows)))
+    write_u_data(data, edited=True)
     said = reproduce("--reuse-only", code=2)  # the only run left out: no table to print
     assert f"left out {path.name}: its run read other events of ml-100k (content {digest})" in said
     assert json.loads(path.read_text()) == first and not aside.exists()  # --reuse-only renames nothing
@@ -289,13 +284,12 @@ def test_a_reused_run_read_from_other_events_is_set_aside_and_run_again(tmp_path
     edited = json.loads(path.read_text())
     assert edited["data"]["source"]["content"][:12] != digest
     assert "set aside" not in reproduce()  # the edited copy's own run: reused
-    u_data.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))  # the first events back
+    write_u_data(data)  # the first events back
     said = reproduce()
     assert "the run of the copy at hand given back" in said and "run again" not in said
     assert json.loads(path.read_text()) == first and not aside.exists()
     u_data.unlink()  # the same events in RecBole's atomic file: reused
-    (data / "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
-                                        + "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    write_atomic(data)
     assert "set aside" not in reproduce() and json.loads(path.read_text()) == first
     (data / "ml-100k.inter").unlink()  # no copy at hand: not checked, still reused
     assert "set aside" not in reproduce("--reuse-only") and json.loads(path.read_text()) == first

@@ -662,16 +662,14 @@ def test_attack_table_runs_read_from_other_events_are_set_aside_and_run_again(tm
     """Nor does a file name say where the data's copy lives: a run records the digest of the
     events it read, and one read from other events than the copy at hand is set aside (kept
     under its digest, noted) and run again; one without a digest is reused as it is."""
+    from tiny_ml100k import write_u_data
+
     from fedrec.data.registry import content_at_hand
     from fedrec.reproduce.attacks import AttackTables, cached_figures, poison_run
 
     monkeypatch.setenv("FEDREC_CACHE", str(tmp_path / "cache"))  # nothing to fall back on
-    rng = np.random.default_rng(0)
-    rows = [(u, i, int(rng.integers(1, 6)), 880000000 + 1000 * u + k)
-            for u in range(1, 41) for k, i in enumerate(rng.choice(np.arange(1, 201), 12, replace=False))]
     data = tmp_path / "data"
-    data.mkdir()
-    (data / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    write_u_data(data)
     path = tmp_path / "poison-fedmf-none-none-r1-s0.json"
     runs: list[int] = []
 
@@ -684,8 +682,7 @@ def test_attack_table_runs_read_from_other_events_are_set_aside_and_run_again(tm
     first = cached_figures(path, made, True, None, tables, first_events)
     assert first["data"]["source"]["content"] == first_events and len(runs) == 1
     assert cached_figures(path, made, True, None, tables, first_events) == first and len(runs) == 1
-    (data / "u.data").write_text("".join(f"{u}\t{i}\t{5 if n == 0 else r}\t{t}\n"
-                                         for n, (u, i, r, t) in enumerate(rows)))
+    write_u_data(data, edited=True)
     edited_events = content_at_hand("ml-100k", str(data))
     assert cached_figures(path, made, False, None, tables, edited_events) is None  # --reuse-only: left out
     assert tables.set_aside == [(path.name, first_events, edited_events, "left out")]
