@@ -290,3 +290,14 @@ def set_aside_other_events(path: Path, now: str) -> tuple[str | None, bool]:
     if back:
         back[0].replace(path)
     return then, bool(back)
+
+
+def check_events(path: Path, now: str, rename: bool) -> tuple[str | None, str]:
+    """What becomes of a cached run found by its name at ``path`` when the copy at hand holds
+    the events with content digest ``now``: the digest its run read where that differs (else
+    None), and the outcome: ``run again`` or ``given back`` (`set_aside_other_events`), or,
+    without ``rename`` (a reader that runs nothing), ``left out`` and nothing renamed."""
+    if not rename:
+        return other_events(path, now), "left out"
+    then, given_back = set_aside_other_events(path, now)
+    return then, "given back" if given_back else "run again"

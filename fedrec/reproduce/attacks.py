@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrec.results import other_events, set_aside_other_events
+from fedrec.results import check_events
 
 POISON_METHODS = ("fedmf", "pfedrec", "fedncf")
 ALL_ATTACKS = ("none", "fedrecattack", "a-ra", "a-hum", "pipattack", "pieck-ipe", "pieck-uea", "poisonfrs", "boost",
@@ -81,11 +81,7 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     (`fedrec.results.set_aside_other_events`); without ``run_missing`` it is left out, renamed
     nothing. Each is noted in ``tables.set_aside``."""
     if content is not None:
-        if run_missing:
-            then, given_back = set_aside_other_events(path, content)
-            outcome = "given back" if given_back else "run again"
-        else:
-            then, outcome = other_events(path, content), "left out"
+        then, outcome = check_events(path, content, rename=run_missing)
         if then is not None and tables is not None:
             tables.set_aside.append((path.name, then, content, outcome))
         if outcome == "left out" and then is not None:

@@ -27,14 +27,7 @@ from fedrec.progress import RoundNote, noting
 from fedrec.reproduce.papers import load_figures
 from fedrec.reproduce.planned import PlannedRun
 from fedrec.reproduce.table import POLICY_GROUPS, negatives_of
-from fedrec.results import (
-    diverged,
-    known_contents,
-    load_result,
-    other_events,
-    set_aside_files,
-    set_aside_other_events,
-)
+from fedrec.results import check_events, diverged, known_contents, load_result, set_aside_files
 from fedrec.train.centralised import TrainConfig
 
 LEGACY = "legacy-exclude-heldout"
@@ -439,13 +432,9 @@ def _check_events(paths: list[Path], dataset: str, data_dir: str | None, rename:
         return set()
     left_out = set()
     for path in paths:
-        if rename:
-            then, given_back = set_aside_other_events(path, now)
-            outcome = "given back" if given_back else "run again"
-        else:
-            then, outcome = other_events(path, now), "left out"
-            if then is not None:
-                left_out.add(path)
+        then, outcome = check_events(path, now, rename)
+        if then is not None and outcome == "left out":
+            left_out.add(path)
         if then is not None and on_set_aside is not None:
             on_set_aside(path, then, now, outcome)
     return left_out
