@@ -699,3 +699,31 @@ def test_attack_table_runs_read_from_other_events_are_set_aside_and_run_again(tm
     blob.pop("data")  # written before runs recorded their events: reused as it is
     path.write_text(json.dumps(blob))
     assert cached_figures(path, made, True, None, tables, edited_events) == blob and len(runs) == 2
+
+
+def test_the_anchor_table_files_record_their_events_and_are_set_aside_as_the_others(tmp_path):
+    """The anchor run's figures are kept beside the digest of the events it read: a file of
+    other events is set aside and run again, the first events' file given back; a file of the
+    figures alone (written before the anchor recorded its events) is reused as it is."""
+    from fedrec.reproduce.attacks import AttackTables, anchor_figures
+
+    path = tmp_path / "anchor-s0.json"
+    runs: list[int] = []
+
+    def made() -> list[dict[str, float]]:
+        runs.append(1)
+        return [{"er@10": 0.01 * len(runs), "hr@10": 0.5}]
+
+    tables = AttackTables()
+    first = anchor_figures(path, made, True, tables, "a" * 64)
+    assert first == [{"er@10": 0.01, "hr@10": 0.5}]
+    assert json.loads(path.read_text())["data"]["source"]["content"] == "a" * 64
+    assert anchor_figures(path, made, True, tables, "a" * 64) == first and len(runs) == 1
+    assert anchor_figures(path, made, False, tables, "b" * 64) is None  # --reuse-only: left out
+    assert tables.set_aside == [(path.name, "a" * 64, "b" * 64, "left out")] and len(runs) == 1
+    again = anchor_figures(path, made, True, tables, "b" * 64)
+    assert again == [{"er@10": 0.02, "hr@10": 0.5}] and tables.set_aside[-1][3] == "run again"
+    assert anchor_figures(path, made, True, tables, "a" * 64) == first and len(runs) == 2
+    assert tables.set_aside[-1] == (path.name, "b" * 64, "a" * 64, "given back")
+    path.write_text(json.dumps(first))  # the list alone: reused as it is
+    assert anchor_figures(path, made, True, tables, "b" * 64) == first and len(runs) == 2

@@ -108,6 +108,19 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     return blob
 
 
+def anchor_figures(path: Path, make: Callable[[], list[dict[str, float]]], run_missing: bool,
+                   tables: AttackTables | None = None, content: str | None = None) -> list[dict[str, float]] | None:
+    """The anchor run's figures by iteration, cached in ``path`` as `cached_figures` caches a
+    run: written beside the content digest of the events it read (``content``), so a file of
+    other events is set aside as the other tables' files are. A file of the list alone (written
+    before the anchor recorded its events) is reused as it is."""
+    def made() -> dict[str, Any]:
+        return {"figures": make(), "data": {"source": {"content": content}}}
+
+    blob = cached_figures(path, made, run_missing, None, tables, content)
+    return blob.get("figures") if isinstance(blob, dict) else blob
+
+
 def anchor_split(data_dir: str | None) -> tuple[Any, Any, int, str | None]:
     """ML-100K as FedRecAttack uses it: each user's latest interaction is its test item, the rest
     trains; the target is item 895 (index 894 in its files, the target of its README's run).
@@ -139,8 +152,9 @@ def reproduce_attacks(out_dir: Path, data_dir: str | None, *, seeds: list[int], 
     tr, test, target, content = anchor_split(data_dir)
     for seed in seeds:
         tell(f"anchor s{seed}")
-        figs = cached_figures(out_dir / f"anchor-s{seed}.json",
-                       lambda seed=seed: run_legacy(tr, test, np.array([target]), iterations, seed=seed), run_missing)
+        figs = anchor_figures(out_dir / f"anchor-s{seed}.json",
+                              lambda seed=seed: run_legacy(tr, test, np.array([target]), iterations, seed=seed),
+                              run_missing, out, content)
         if figs:
             out.anchor.extend({**f, "iteration": i, "seed": seed} for i, f in enumerate(figs))
 
