@@ -32,6 +32,7 @@ from fedrec.protocols.protocol import (
     Split,
     get_protocol,
     make_split,
+    with_cutoffs,
 )
 from fedrec.results import COMPLETED, DIVERGED, RoundRecord, RunResult, git_revision, peak_memory_mb
 from fedrec.train.centralised import CentralisedModel, TrainConfig
@@ -76,10 +77,16 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
+    #: further cut-offs K of the ranking metrics, beside the protocol's own (``--ks``,
+    #: `fedrec.protocols.protocol.with_cutoffs`); the model is still chosen at the protocol's
+    ks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         from fedrec.data.catalogue import REGISTRY
         from fedrec.protocols.protocol import NEGATIVE_ALIASES
+
+        # as a results file records them (a list), sorted and once each
+        self.ks = tuple(sorted(set(self.ks))) if isinstance(self.ks, (list, tuple)) else self.ks
 
         # the leaky policy's short name (as `fedrec reproduce` calls it) is recorded in full
         self.negatives = NEGATIVE_ALIASES.get(self.negatives, self.negatives)
@@ -109,15 +116,15 @@ class RunConfig:
 
     @staticmethod
     def identity(blob: dict[str, Any]) -> dict[str, Any]:
-        """``blob`` (this config as a dict) less ``repeats`` when it is off and ``user_data``
-        when there is none: a default changes nothing, so a cache key or checkpoint made before
+        """``blob`` (this config as a dict) less ``repeats`` when it is off, and ``user_data``
+        and ``ks`` when there are none: a default changes nothing, so a cache key or checkpoint made before
         the option existed still matches. Inline data count by content, not by path. A
         leave-one-out split of data without a time column is marked (``held_out: random``): its
         held-out items are drawn, not the latest, so results of the row-order split it replaced
         are never taken for its own."""
         from fedrec.data.user_sets import UserDataset
 
-        out = {k: v for k, v in blob.items() if not (k in ("repeats", "user_data") and not v)}
+        out = {k: v for k, v in blob.items() if not (k in ("repeats", "user_data", "ks") and not v)}
         if out.get("user_data"):
             out["user_data"] = UserDataset.from_dict(out["user_data"], "user_data").identity
         if random_holdout(blob):
@@ -149,6 +156,9 @@ class RunConfig:
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
             (self.threshold is not None and not math.isfinite(self.threshold), "--threshold must be a finite number"),
+            (not isinstance(self.ks, tuple) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
+                                                       for k in self.ks),
+             "--ks takes cut-offs K such as 20 or 5,20 (whole numbers >= 1)"),
         )
         if self.negatives not in NEGATIVE_POLICIES:
             raise FedrecError(
@@ -362,7 +372,7 @@ def prepare_split(cfg: RunConfig) -> Split:
     from fedrec.data.preprocess import PreprocessConfig, preprocess
 
     check_seed(cfg.seed)
-    protocol = get_protocol(cfg.protocol)
+    protocol = with_cutoffs(get_protocol(cfg.protocol), cfg.ks)
     threshold = cfg.threshold
     # a user's data set may say which ratings count as positive (`fedrec data add`)
     registered = implicit_threshold(cfg.dataset, cfg.user_data) if threshold is None else None

@@ -121,3 +121,44 @@ def test_legacy_repeats_keep_a_repeated_event_as_the_test_item(tmp_path):
     with pytest.raises(FedrecError, match="loo-sampled"):
         prepare_split(RunConfig(algorithm="fedmf", dataset=str(path), columns="user,item,rating,ts",
                                 protocol="loo-full", repeats=True))
+
+
+def test_further_cutoffs_add_figures_and_change_nothing_else(tmp_path):
+    """`--ks` adds each ranking metric at further cut-offs; the model is still chosen at the
+    protocol's own, so the run and its figures at 10 are the run without them."""
+    from dataclasses import asdict, replace
+
+    plain = run(_cfg(epochs=3))
+    cfg = replace(_cfg(epochs=3), ks=[20, 5, 20])  # as a results file records them
+    assert cfg.ks == (5, 20)
+    more = run(cfg, out=tmp_path / "r.json")
+    assert set(more.test) == {"users", "hr@5", "ndcg@5", "hr@10", "ndcg@10", "hr@20", "ndcg@20"}
+    assert {k: more.test[k] for k in plain.test} == plain.test
+    assert [r.loss for r in more.history] == [r.loss for r in plain.history]
+    assert more.best_round == plain.best_round
+    assert more.test["hr@5"] <= more.test["hr@10"] <= more.test["hr@20"]
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["ks"] == [5, 20]
+    # without further cut-offs a run's identity (cache keys, checkpoints) is what it was before them
+    assert "ks" not in RunConfig.identity(asdict(_cfg())) and "ks" in RunConfig.identity(asdict(cfg))
+
+
+def test_further_cutoffs_are_refused_where_they_mean_nothing(tmp_path, capsys):
+    from fedrec.protocols.protocol import get_protocol, parse_cutoffs, with_cutoffs
+
+    assert parse_cutoffs("20, 5,20") == (5, 20)
+    assert with_cutoffs(get_protocol("loo-full"), (50,)).ks == (10, 50)
+    assert with_cutoffs(get_protocol("loo-sampled"), (99,)).ks == (10, 99)
+    bad = tmp_path / "bad.json"
+    for ks, needle in [("0", "whole numbers >= 1"), ("5,x", "not '5,x'"), ("", "not ''"),
+                       ("100", "ranked among 100 items, so a top 100 holds every one")]:
+        with pytest.raises(SystemExit) as failed:
+            main(["run", "mf", "--dataset", SYN, "--ks", ks, "--out", str(bad), "-q"])
+        assert failed.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as failed:
+        main(["run", "mf", "--dataset", SYN, "--protocol", "ratio-rating", "--ks", "20", "--out", str(bad), "-q"])
+    assert failed.value.code == 2 and "scores predicted ratings" in capsys.readouterr().err
+    assert not bad.exists()
+    with pytest.raises(FedrecError, match="whole numbers >= 1"):
+        run(RunConfig(algorithm="mf", dataset=SYN, ks=(0,)))

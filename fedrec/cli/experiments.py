@@ -111,6 +111,7 @@ def run_command(
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, synthetic[:USERSxITEMS], or your own CSV/TSV/Parquet file (with --columns)."),
     columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns: header names, or 0-based positions for a file without a header."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (see `fedrec protocols`)."),
+    ks: str | None = typer.Option(None, "--ks", help="Further cut-offs K of the ranking metrics, beside the protocol's 10, e.g. 20 or 5,20 (hr@20, ndcg@20, ...: a paper's own K); the round is still chosen at 10."),
     seed: int = typer.Option(0, help="Seed of every random choice in the run."),
     rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Federated rounds (centralised: epochs); default: the algorithm's, else 100."),
     batch_size: int | None = typer.Option(None, help="Minibatch size (default: the algorithm's, else 256)."),
@@ -210,9 +211,11 @@ def run_command(
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, no_negatives_under_ratings, train
-    from fedrec.protocols.protocol import get_protocol, negative_policy
+    from fedrec.protocols.protocol import get_protocol, negative_policy, parse_cutoffs, with_cutoffs
     from fedrec.train.centralised import TrainConfig
 
+    cutoffs = parse_cutoffs(ks) if ks is not None else ()
+    with_cutoffs(get_protocol(protocol), cutoffs)  # a cut-off the protocol cannot take is said first
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
     negatives = negative_policy(negatives)  # an alias (legacy) is recorded by the policy's own name
@@ -250,7 +253,7 @@ def run_command(
         algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed, negatives=negatives,
         tie_break=tie_break, repeats=legacy_repeats, threshold=threshold, min_user=min_user, min_item=min_item,
         one_pass_core=one_pass_core, max_users=max_users,
-        data_dir=data_dir, columns=columns,
+        data_dir=data_dir, columns=columns, ks=cutoffs,
         model=model,
         train=TrainConfig(
             epochs=100 if rounds is None else rounds, batch_size=256 if batch_size is None else batch_size, lr=lr,

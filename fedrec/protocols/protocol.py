@@ -8,7 +8,8 @@ negatives is part of the protocol's leak-freedom (see `NEGATIVE_POLICIES`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -153,6 +154,35 @@ def get_protocol(name: str) -> Protocol:
     if name not in PROTOCOLS:
         raise UnknownNameError("protocol", name, list(PROTOCOLS))
     return PROTOCOLS[name]
+
+
+def with_cutoffs(protocol: Protocol, ks: Iterable[int]) -> Protocol:
+    """``protocol`` with its ranking metrics also taken at the cut-offs ``ks`` (`--ks`), beside
+    its own: a paper that reports HR@20 is compared at 20, while the model is still chosen by
+    the protocol's ``select`` figure, so the training and every figure at its own cut-offs stay
+    what they are without them."""
+    ks = tuple(ks)
+    if not ks:
+        return protocol
+    if protocol.ranking == "rating":
+        raise FedrecError(f"--ks sets the cut-offs of ranking metrics, and protocol '{protocol.name}' "
+                          "scores predicted ratings (RMSE)")
+    if protocol.ranking == "sampled" and max(ks) > protocol.eval_negatives:
+        raise FedrecError(f"--ks {max(ks)}: under '{protocol.name}' a target is ranked among "
+                          f"{protocol.eval_negatives + 1} items, so a top {max(ks)} holds every one; "
+                          f"give cut-offs up to {protocol.eval_negatives}")
+    return replace(protocol, ks=tuple(sorted(set(protocol.ks) | set(ks))))
+
+
+def parse_cutoffs(text: str) -> tuple[int, ...]:
+    """``--ks``'s cut-offs from ``20`` or ``5,20``: whole numbers of at least 1, sorted, once each."""
+    ks = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers >= 1), not {text!r}")
+        ks.append(int(part))
+    return tuple(sorted(set(ks)))
 
 
 def user_means(train: sp.csr_matrix, rows: np.ndarray | None = None) -> np.ndarray:
