@@ -235,6 +235,10 @@ def test_a_board_says_when_its_rows_were_trained_under_different_budgets() -> No
      "grid.seeds must be a whole number in [0, 2^64), not -1"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\ncheckpoint_every = -2\n",
      "grid.checkpoint_every must hold whole numbers >= 0, not -2"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nks = 20\n",
+     "grid.ks must list cut-offs K beside 10 (whole numbers >= 1), not 20"),
+    ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-full', 'loo-sampled']\nseeds = [0]\n"
+     "ks = [100]\n", "--ks 100: under 'loo-sampled' a target is ranked among 100 items"),
 ])
 def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "grid.toml"
@@ -256,6 +260,26 @@ def test_checkpointed_cells_keep_their_keys_and_leave_no_checkpoint(tmp_path: Pa
     out = tmp_path / "out"
     assert _bench([str(grid), "-o", str(out)]) == 0
     assert len(list((out / "cells").glob("*.json"))) == 2 and not list((out / "cells").glob("*.ckpt"))
+
+
+def test_a_grid_of_further_cutoffs_reports_them_and_a_grid_without_keeps_its_cells(tmp_path: Path) -> None:
+    """``ks = [20]`` runs each cell with its ranking metrics also at 20, on the boards too; a
+    cell's key holds the cut-offs only when they are given, so the cells of a grid without
+    them are the ones it had before the key existed."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0], rounds=1, workers=1))
+    plain = load_grid(grid)
+    assert plain.cells[0].run_config(None).ks == ()
+    grid.write_text(grid.read_text() + "ks = [20, 5]\n")
+    further = load_grid(grid)
+    assert further.cells[0].run_config(None).ks == (5, 20)
+    assert {c.key() for c in further.cells}.isdisjoint(c.key() for c in plain.cells)
+    out = tmp_path / "out"
+    assert _bench([str(grid), "-o", str(out)]) == 0
+    for cell in (out / "cells").glob("*.json"):
+        assert {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "hr@20", "ndcg@20"} <= set(json.loads(cell.read_text())["test"])
+    board = (out / "leaderboard-synthetic_60x500-loo-sampled.md").read_text()
+    assert "| hr@5 | ndcg@5 | hr@10 | ndcg@10 | hr@20 | ndcg@20 |" in board
 
 
 def test_cells_run_on_the_gpu_when_one_is_present(tmp_path: Path) -> None:

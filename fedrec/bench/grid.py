@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from fedrec.progress import RoundNote
 
 GRID_KEYS = {"algorithms", "datasets", "protocols", "negatives", "seeds", "rounds", "workers", "data_dir", "device",
-             "checkpoint_every", "label", "settings"}
+             "checkpoint_every", "label", "settings", "ks"}
 #: ``settings``: fedrec's defaults, or each algorithm's paper setting (`fedrec.experiment.federated_config`)
 SETTINGS = ("defaults", "paper")
 TABLES = ("grid", "tuned", "join", "datasets")
@@ -106,6 +106,8 @@ class Cell:
     #: the paper's setting instead of fedrec's defaults (``settings = "paper"``; the key is the
     #: config it resolves to, so it needs no place of its own there)
     paper: bool = False
+    #: further cut-offs of the ranking metrics (``ks = [20]``, `fedrec run --ks`)
+    ks: tuple[int, ...] = ()
 
     def run_config(self, data_dir: str | None) -> Any:
         from fedrec.algorithms import get_algorithm
@@ -115,7 +117,7 @@ class Cell:
         spec = get_algorithm(self.algorithm)
         cfg = RunConfig(algorithm=self.algorithm, dataset=self.dataset, protocol=self.protocol, seed=self.seed,
                         negatives=self.negatives, data_dir=data_dir, model=dict(self.model),
-                        user_data=json.loads(self.user_data) if self.user_data else None)
+                        user_data=json.loads(self.user_data) if self.user_data else None, ks=self.ks)
         engine = dict(self.engine)
         if spec.kind == "federated":
             cfg.federated = federated_config(self.algorithm, self.dataset, self.protocol, paper=self.paper,
@@ -158,7 +160,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import check_seed
-    from fedrec.protocols.protocol import get_protocol, negative_policy
+    from fedrec.protocols.protocol import get_protocol, negative_policy, with_cutoffs
     from fedrec.tune import read_config
 
     p = Path(path)
@@ -190,11 +192,14 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         if key != "seeds" and not all(isinstance(v, str) for v in value):  # seeds: whole numbers, below
             raise FedrecError(f"{p}: grid.{key} must list names (text), not {value!r}")
         lists[key] = value
+    ks = grid.get("ks", [])
+    if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+        raise FedrecError(f"{p}: grid.ks must list cut-offs K beside 10 (whole numbers >= 1), not {ks!r}")
     try:
         for name in lists["algorithms"]:
             get_algorithm(name)
         for name in lists["protocols"]:
-            get_protocol(name)
+            with_cutoffs(get_protocol(name), ks)
     except FedrecError as e:  # which file says it
         raise FedrecError(f"{p}: {e}") from None
     try:
@@ -245,7 +250,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
                                           tuple(sorted(engine.items())), model, device, own.get(dataset, ""),
-                                          settings == "paper"))
+                                          settings == "paper", tuple(sorted(set(ks)))))
     joined = []
     for name, folder in (blob.get("join", {}) if join else {}).items():
         if not isinstance(folder, str):
