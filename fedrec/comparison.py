@@ -121,6 +121,19 @@ def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, tria
                               "methods that share a protocol (`fedrec algorithms NAME` lists each one's)")
 
 
+def _cutoffs(ks: Any, protocols: Sequence[str]) -> tuple[int, ...]:
+    """``ks`` as sorted whole numbers, each one every protocol can take (one line if not)."""
+    from fedrec.options import is_whole
+    from fedrec.protocols.protocol import get_protocol, with_cutoffs
+
+    if not isinstance(ks, list | tuple) or not all(is_whole(k) and k >= 1 for k in ks):
+        raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers >= 1), not {ks!r}")
+    ks = tuple(sorted({int(k) for k in ks}))
+    for name in protocols:
+        with_cutoffs(get_protocol(name), ks)
+    return ks
+
+
 def _toml_value(value: Any) -> str:
     """A TOML value for a string, a number or a list of them (JSON's escapes are TOML's)."""
     if isinstance(value, list):
@@ -141,6 +154,7 @@ def compare(
     data_dir: str | None = None,
     workers: int = 1,
     device: str = "cpu",
+    ks: Sequence[int] = (),
     command: str | None = None,
     on_trial: Callable[[str, dict[str, Any]], None] | None = None,
     on_cell: Callable[[Any, str], None] | None = None,
@@ -148,7 +162,8 @@ def compare(
     """Tune each of ``algorithms`` with ``trials`` trials on ``dataset``'s validation split
     (under the first of ``protocols``), train each best setting on seeds ``0..seeds-1`` under
     every protocol, and write the boards, curves and report into ``out`` (default
-    ``compare-DATASET``). ``columns``: ``dataset`` is a file of one's own. ``on_trial(algorithm,
+    ``compare-DATASET``). ``columns``: ``dataset`` is a file of one's own; ``ks``: further
+    cut-offs of the ranking metrics, beside 10 (`fedrec.protocols.protocol.with_cutoffs`). ``on_trial(algorithm,
     entry)`` and ``on_cell(cell, state)`` report progress. Run again with the same arguments, it
     goes on where it stopped."""
     from fedrec.files import atomic_write, check_folder
@@ -164,6 +179,7 @@ def compare(
         if not isinstance(value, kinds):
             raise FedrecError(f"{what} must be {'text' if kinds is str else 'text or None'}, not {value!r}")
     _check(algorithms, protocols, seeds, trials, rounds, workers)
+    ks = _cutoffs(ks, protocols)
     if not isinstance(dataset, str):
         raise FedrecError(f"dataset must be a name or a file's path (text), not {dataset!r}")
     from fedrec.core.device import resolve
@@ -183,6 +199,8 @@ def compare(
         check_dataset_name(dataset)
     settings = {"algorithms": algorithms, "dataset": dataset, "columns": columns, "protocols": protocols,
                 "seeds": seeds, "trials": trials, "rounds": rounds}
+    if ks:  # only when given: a comparison made before they existed keeps its settings
+        settings["ks"] = list(ks)
     digest = _data_sha256(name, inline)
     if digest is not None:  # a file edited since is another comparison (its settings were tuned on the old)
         settings["sha256"] = digest
@@ -206,7 +224,7 @@ def compare(
         tuned, failed = _tune_all(algorithms, dataset, columns, protocols[0], trials, rounds, folder,
                                   data_dir, device, on_trial)
     grid_file = _write_grid(folder, algorithms, name, inline, dataset if inline is None else None, protocols,
-                            seeds, rounds, tuned, data_dir, device, workers)
+                            seeds, rounds, tuned, data_dir, device, workers, ks)
     from fedrec.bench import board_cells, boards, load_grid, run_grid, to_markdown, write
 
     grid = load_grid(grid_file)
@@ -267,11 +285,14 @@ def _tune_all(algorithms: list[str], dataset: str, columns: str | None, protocol
 
 def _write_grid(folder: Path, algorithms: list[str], name: str, inline: dict[str, Any] | None,
                 dataset: str | None, protocols: list[str], seeds: int, rounds: int | None,
-                tuned: dict[str, dict[str, Any]], data_dir: str | None, device: str, workers: int) -> Path:
+                tuned: dict[str, dict[str, Any]], data_dir: str | None, device: str, workers: int,
+                ks: tuple[int, ...] = ()) -> Path:
     """The comparison as a bench file (`fedrec.bench.grid`): its cells are the runs."""
     lines = ["[grid]", f"algorithms = {_toml_value(algorithms)}", f"datasets = {_toml_value([name])}",
              f"protocols = {_toml_value(protocols)}", f"seeds = {_toml_value(list(range(seeds)))}",
              f"workers = {workers}", f"device = {_toml_value(device)}"]
+    if ks:
+        lines.append(f"ks = {_toml_value(list(ks))}")
     if rounds is not None:
         lines.append(f"rounds = {rounds}")
     if data_dir is not None:
@@ -311,6 +332,8 @@ def _command(settings: dict[str, Any]) -> str:
              "--trials", str(settings["trials"])]
     if settings["rounds"] is not None:
         argv += ["--rounds", str(settings["rounds"])]
+    if settings.get("ks"):
+        argv += ["--ks", ",".join(str(k) for k in settings["ks"])]
     return shlex.join(argv)
 
 

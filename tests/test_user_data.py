@@ -265,6 +265,9 @@ def test_compare_refuses_what_would_run_nothing_and_fails_when_nothing_finished(
                          ({"dataset": "synthetic:100x400", "algorithms": 5}, "give a name or a list of names"),
                          ({"dataset": "synthetic:100x400", "device": None}, "device must be text"),
                          ({"dataset": "synthetic:100x400", "out": 5}, "out must be text or None"),
+                         ({"dataset": "synthetic:100x400", "ks": [0]}, "--ks takes cut-offs K"),
+                         ({"dataset": "synthetic:100x400", "ks": [20], "protocols": ["ratio-rating"],
+                           "algorithms": ["mf"]}, "scores predicted ratings"),
                          ({"dataset": "nope.csv"}, "--dataset nope.csv: no such file")):
         args = {"algorithms": ["fedmf"], "protocols": ["loo-full"], "seeds": 1, "trials": 1, "rounds": 1,
                 "out": "cmp", **kwargs}
@@ -274,6 +277,13 @@ def test_compare_refuses_what_would_run_nothing_and_fails_when_nothing_finished(
     # one name is one algorithm (and one protocol), not its letters
     done = fedrec.compare("fedmf", "synthetic:100x400", protocols="loo-full", seeds=1, trials=0, rounds=1, out="one")
     assert [b.protocol for b in done.boards] == ["loo-full"] and "fedmf" in done.leaderboard.read_text()
+    assert "hr@20" not in done.leaderboard.read_text()
+    # further cut-offs: on the boards, in the grid and in the command the report gives
+    code, out = cli("compare", "fedmf", "-d", "synthetic:100x400", "-p", "loo-full", "--seeds", "1", "--trials", "0",
+                    "--rounds", "1", "--ks", "20", "-o", "at20")
+    assert code == 0, out
+    assert "| hr@10 | ndcg@10 | mrr@10 | hr@20 | ndcg@20 | mrr@20 |" in (tmp_path / "at20" / "leaderboard.md").read_text()
+    assert "--ks 20" in (tmp_path / "at20" / "report.md").read_text()
     rows = ["user,item"] + [f"u{u},i{(3 * u + k) % 40}" for u in range(20) for k in range(2)]
     (tmp_path / "two.csv").write_text("\n".join(rows) + "\n")
     code, out = cli("compare", "fedmf", "mf", "-d", "two.csv", "--columns", "user,item", "-p", "loo-full",

@@ -22,6 +22,7 @@ def compare_command(
     dataset: str = typer.Option(..., "--dataset", "-d", help="Data set: built in, added with `fedrec data add`, synthetic[:USERSxITEMS], or your own file with --columns."),
     columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING][,TIME] columns (as `fedrec run --columns`)."),
     protocols: str = typer.Option("loo-sampled,loo-full", "--protocols", "-p", help="Comma-separated protocols, each a board; the first one's validation split is tuned on."),
+    ks: str | None = typer.Option(None, "--ks", help="Further cut-offs K of the ranking metrics, beside 10, e.g. 20 or 5,20 (as `fedrec run --ks`); tuning and the paired tests stay at the protocols' own."),
     seeds: int = typer.Option(3, help="Seeds each tuned setting runs on (0..N-1): mean ± std and paired tests over them."),
     trials: int = typer.Option(8, help="Tuning trials per algorithm, the same for each (0: compare at the defaults)."),
     rounds: int | None = typer.Option(None, "--rounds", "--epochs", help="Rounds (epochs) of every trial and run (default: each algorithm's)."),
@@ -40,6 +41,9 @@ def compare_command(
         raise FedrecError("--workers must be >= 1")
     device = resolve(device)
     names = [p.strip() for p in protocols.split(",") if p.strip()]
+    from fedrec.protocols.protocol import parse_cutoffs
+
+    cutoffs = parse_cutoffs(ks) if ks is not None else ()
     bar = batch_progress(console, disable=not console.is_terminal)
     tuning = bar.add_task("tuning", total=trials * len(algorithms) or 1, status="", visible=bool(trials))
     cells = bar.add_task("runs", total=seeds * len(names) * len(algorithms), status="")
@@ -60,7 +64,7 @@ def compare_command(
     command = shlex.join(["fedrec", *sys.argv[1:]]) if sys.argv[1:2] == ["compare"] else None
     with bar:
         done = compare(algorithms, dataset, protocols=names, seeds=seeds, trials=trials, rounds=rounds, out=out,
-                       columns=columns, data_dir=data_dir, workers=workers, device=device, command=command,
+                       columns=columns, data_dir=data_dir, workers=workers, device=device, ks=cutoffs, command=command,
                        on_trial=on_trial, on_cell=on_cell)
     for line in done.failed:
         console.print(f"note: {line}", highlight=False)
