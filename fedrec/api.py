@@ -150,7 +150,7 @@ def _split_from(config: RunConfig, stored: Any, where: str) -> Split:
 
     from fedrec.data.interactions import Interactions
     from fedrec.protocols.negatives import ComplementSampler
-    from fedrec.protocols.protocol import EvalSet, get_protocol
+    from fedrec.protocols.protocol import EvalSet, get_protocol, with_cutoffs
 
     try:
         user_ids, item_ids = (np.asarray(stored[k], dtype=np.int64 if isinstance(stored[k], np.ndarray) else object)
@@ -170,7 +170,7 @@ def _split_from(config: RunConfig, stored: Any, where: str) -> Split:
     data = Interactions(coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(np.float32),
                         np.zeros(coo.nnz, np.int64), user_ids, item_ids, name=str(stored.get("name", config.dataset)),
                         implicit=bool(stored.get("implicit")), source=dict(source), clock=False)
-    protocol = get_protocol(config.protocol)
+    protocol = with_cutoffs(get_protocol(config.protocol), config.ks)
     if positive_at is not None:
         protocol = dataclasses.replace(protocol, positive_at=positive_at)
     empty = sp.csr_matrix(shape, dtype=np.float32)

@@ -25,6 +25,7 @@ from fedrec.federated.engine import FederatedConfig, engine_flag
 from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
+    MAX_CUTOFF,
     NEGATIVE_POLICIES,
     POSITIVE_AT,
     PROTOCOLS,
@@ -85,8 +86,7 @@ class RunConfig:
         from fedrec.data.catalogue import REGISTRY
         from fedrec.protocols.protocol import NEGATIVE_ALIASES
 
-        # as a results file records them (a list), sorted and once each
-        self.ks = tuple(sorted(set(self.ks))) if isinstance(self.ks, (list, tuple)) else self.ks
+        self.ks = _cutoffs(self.ks, self.protocol)
 
         # the leaky policy's short name (as `fedrec reproduce` calls it) is recorded in full
         self.negatives = NEGATIVE_ALIASES.get(self.negatives, self.negatives)
@@ -156,15 +156,33 @@ class RunConfig:
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
             (self.threshold is not None and not math.isfinite(self.threshold), "--threshold must be a finite number"),
-            (not isinstance(self.ks, tuple) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
-                                                       for k in self.ks),
-             "--ks takes cut-offs K such as 20 or 5,20 (whole numbers >= 1)"),
+            (not isinstance(self.ks, tuple) or not all(isinstance(k, int) and not isinstance(k, bool)
+                                                       and 1 <= k <= MAX_CUTOFF for k in self.ks),
+             f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,})"),
         )
         if self.negatives not in NEGATIVE_POLICIES:
             raise FedrecError(
                 f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
             )
         self.trainer.validate()
+
+
+def _cutoffs(ks: Any, protocol: str) -> Any:
+    """``ks`` (a results file's list, numpy's integers) as sorted whole numbers, once each and
+    without the protocol's own cut-offs (``--ks 10`` is the run without ``--ks``); anything
+    else as it is, for `RunConfig.validate` to refuse in one line."""
+    import operator
+
+    if not isinstance(ks, list | tuple):
+        return ks
+    try:
+        whole = [operator.index(k) for k in ks if not isinstance(k, bool | np.bool_)]
+    except TypeError:
+        return tuple(ks)
+    if len(whole) < len(ks):
+        return tuple(ks)
+    own = PROTOCOLS[protocol].ks if protocol in PROTOCOLS else ()
+    return tuple(sorted(set(whole) - set(own)))
 
 
 def random_holdout(blob: dict[str, Any]) -> bool:
@@ -411,6 +429,9 @@ def prepare_split(cfg: RunConfig) -> Split:
         raise FedrecError(f"no interactions left in '{cfg.dataset}' after preprocessing ({pre.describe()})")
     split = make_split(data, protocol, seed=cfg.seed, negatives=cfg.negatives, tie_break=cfg.tie_break,
                        repeats=cfg.repeats)
+    if cfg.ks and protocol.ranking != "sampled" and max(cfg.ks) >= split.n_items:
+        raise FedrecError(f"--ks {max(cfg.ks)}: '{cfg.dataset}' has {split.n_items:,} items, so a top "
+                          f"{max(cfg.ks)} holds every candidate; give cut-offs below {split.n_items:,}")
     split = replace(split, notes=preprocessing_notes(raw, data, pre) + few_candidates(split))
     trained_by = ALGORITHMS.get(cfg.algorithm)  # none for a split made without a method (the audits)
     if (protocol.ranking == "rating" and trained_by is not None and trained_by.kind == "federated"
@@ -481,6 +502,7 @@ def recorded_config(cfg: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     engine's or the centralised trainer's options, whichever the algorithm runs with."""
     blob = asdict(cfg)
     blob["model"] = options
+    blob["ks"] = list(cfg.ks)  # as the file holds them: a run's blob equals the blob read back
     blob.pop("train" if cfg.trainer_field == "federated" else "federated")
     return blob
 

@@ -236,9 +236,9 @@ def test_a_board_says_when_its_rows_were_trained_under_different_budgets() -> No
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\ncheckpoint_every = -2\n",
      "grid.checkpoint_every must hold whole numbers >= 0, not -2"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nks = 20\n",
-     "grid.ks must list cut-offs K beside 10 (whole numbers >= 1), not 20"),
+     "grid.ks must list cut-offs K beside 10 (whole numbers from 1 to 1,000,000), not 20"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-full', 'loo-sampled']\nseeds = [0]\n"
-     "ks = [100]\n", "--ks 100: under 'loo-sampled' a target is ranked among 100 items"),
+     "ks = [100]\n", "grid.ks 100: under 'loo-sampled' a target is ranked among 100 items"),
 ])
 def test_a_bench_file_is_checked_before_anything_runs(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "grid.toml"

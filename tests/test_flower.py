@@ -78,6 +78,17 @@ def test_three_nodes_make_the_simulators_run(alg: str, engine: dict[str, Any]) -
     assert_same_outcome(run_in_process(run, 3).out, engine_outcome(run))
 
 
+def test_a_deployment_takes_the_runs_further_cutoffs() -> None:
+    """Under `--ks` the server combines the nodes' figures at every cut-off as the simulator
+    scores them: F1@20 from the pooled precision and recall, not the nodes' mean F1."""
+    from dataclasses import replace
+
+    run = replace(make_run("fedcia", model=CIA, protocol="ratio-full"), ks=(20,))
+    deployed, simulated = run_in_process(run, 3).out, engine_outcome(run)
+    assert {"f1@10", "f1@20", "precision@20", "recall@20"} <= set(simulated.test)
+    assert_same_outcome(deployed, simulated)
+
+
 @pytest.mark.parametrize(("alg", "engine"), [
     ("fedmf", {"attack": "fedrecattack", "boost": 10.0, "malicious": 0.1}),
     # under fedrec's item-row rules the attacker's node counts each row's senders too

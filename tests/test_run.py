@@ -149,7 +149,8 @@ def test_further_cutoffs_are_refused_where_they_mean_nothing(tmp_path, capsys):
     assert with_cutoffs(get_protocol("loo-full"), (50,)).ks == (10, 50)
     assert with_cutoffs(get_protocol("loo-sampled"), (99,)).ks == (10, 99)
     bad = tmp_path / "bad.json"
-    for ks, needle in [("0", "whole numbers >= 1"), ("5,x", "not '5,x'"), ("", "not ''"),
+    for ks, needle in [("0", "whole numbers from 1"), ("5,x", "not '5,x'"), ("", "not ''"), ("\u00b2", "not '\u00b2'"),
+                       ("9" * 30, "whole numbers from 1 to 1,000,000"),
                        ("100", "ranked among 100 items, so a top 100 holds every one")]:
         with pytest.raises(SystemExit) as failed:
             main(["run", "mf", "--dataset", SYN, "--ks", ks, "--out", str(bad), "-q"])
@@ -160,5 +161,14 @@ def test_further_cutoffs_are_refused_where_they_mean_nothing(tmp_path, capsys):
         main(["run", "mf", "--dataset", SYN, "--protocol", "ratio-rating", "--ks", "20", "--out", str(bad), "-q"])
     assert failed.value.code == 2 and "scores predicted ratings" in capsys.readouterr().err
     assert not bad.exists()
-    with pytest.raises(FedrecError, match="whole numbers >= 1"):
-        run(RunConfig(algorithm="mf", dataset=SYN, ks=(0,)))
+    # under full ranking, a top K of every item is refused with the data, before training
+    with pytest.raises(SystemExit) as failed:
+        main(["run", "mf", "--dataset", SYN, "-p", "loo-full", "--ks", "1000", "--out", str(bad), "-q"])
+    assert failed.value.code == 2 and "has 921 items, so a top 1000 holds every candidate" in capsys.readouterr().err
+    assert not bad.exists()
+    for ks in ((0,), (True,), ("20",), ([20],)):
+        with pytest.raises(FedrecError, match="whole numbers from 1"):
+            run(RunConfig(algorithm="mf", dataset=SYN, ks=ks))
+    # numpy's integers count; the protocol's own cut-off is the run without further ones
+    assert RunConfig(algorithm="mf", ks=[np.int64(20), 10]).ks == (20,)
+    assert RunConfig(algorithm="mf", ks=(10,)).ks == ()

@@ -160,7 +160,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import check_seed
-    from fedrec.protocols.protocol import get_protocol, negative_policy, with_cutoffs
+    from fedrec.protocols.protocol import MAX_CUTOFF, get_protocol, negative_policy, with_cutoffs
     from fedrec.tune import read_config
 
     p = Path(path)
@@ -193,13 +193,15 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
             raise FedrecError(f"{p}: grid.{key} must list names (text), not {value!r}")
         lists[key] = value
     ks = grid.get("ks", [])
-    if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
-        raise FedrecError(f"{p}: grid.ks must list cut-offs K beside 10 (whole numbers >= 1), not {ks!r}")
+    if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_CUTOFF
+                                           for k in ks):
+        raise FedrecError(f"{p}: grid.ks must list cut-offs K beside 10 (whole numbers from 1 to {MAX_CUTOFF:,}), "
+                          f"not {ks!r}")
     try:
         for name in lists["algorithms"]:
             get_algorithm(name)
         for name in lists["protocols"]:
-            with_cutoffs(get_protocol(name), ks)
+            with_cutoffs(get_protocol(name), ks, "grid.ks")
     except FedrecError as e:  # which file says it
         raise FedrecError(f"{p}: {e}") from None
     try:

@@ -216,6 +216,8 @@ def run_command(
 
     cutoffs = parse_cutoffs(ks) if ks is not None else ()
     with_cutoffs(get_protocol(protocol), cutoffs)  # a cut-off the protocol cannot take is said first
+    cutoffs = tuple(k for k in cutoffs if k not in get_protocol(protocol).ks)  # --ks 10: the plain run
+    ks = ",".join(map(str, cutoffs)) or None  # the file's name: 5,20 whichever order they were given in
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"
     negatives = negative_policy(negatives)  # an alias (legacy) is recorded by the policy's own name

@@ -26,7 +26,7 @@ from fedrec.algorithms import get_algorithm
 from fedrec.core.plan import round_plan
 from fedrec.errors import FedrecError
 from fedrec.experiment import RunConfig, prepare_split
-from fedrec.protocols.protocol import Protocol, Split, get_protocol
+from fedrec.protocols.protocol import Protocol, Split, get_protocol, with_cutoffs
 from fedrec.results import RoundRecord
 from fedrec.rounds.sides import Payload
 
@@ -124,7 +124,7 @@ class Server:
         """``secure``: uploads are summed by secure aggregation (`finish_secure_round`)."""
         self.run, self.cfg, self.secure = run, run.federated, secure
         self.spec = check_deployable(run, secure)
-        self.protocol = get_protocol(run.protocol)
+        self.protocol = with_cutoffs(get_protocol(run.protocol), run.ks)  # as the nodes' splits
         if not hellos:
             raise FedrecError("no node answered the first message")
         sizes = {(int(h["n_clients"]), int(h["n_items"])) for h in hellos.values()}

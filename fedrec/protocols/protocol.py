@@ -156,7 +156,11 @@ def get_protocol(name: str) -> Protocol:
     return PROTOCOLS[name]
 
 
-def with_cutoffs(protocol: Protocol, ks: Iterable[int]) -> Protocol:
+#: the largest cut-off ``--ks`` takes (a top K past a data set's items is refused with the data)
+MAX_CUTOFF = 1_000_000
+
+
+def with_cutoffs(protocol: Protocol, ks: Iterable[int], flag: str = "--ks") -> Protocol:
     """``protocol`` with its ranking metrics also taken at the cut-offs ``ks`` (`--ks`), beside
     its own: a paper that reports HR@20 is compared at 20, while the model is still chosen by
     the protocol's ``select`` figure, so the training and every figure at its own cut-offs stay
@@ -165,10 +169,10 @@ def with_cutoffs(protocol: Protocol, ks: Iterable[int]) -> Protocol:
     if not ks:
         return protocol
     if protocol.ranking == "rating":
-        raise FedrecError(f"--ks sets the cut-offs of ranking metrics, and protocol '{protocol.name}' "
+        raise FedrecError(f"{flag} sets the cut-offs of ranking metrics, and protocol '{protocol.name}' "
                           "scores predicted ratings (RMSE)")
     if protocol.ranking == "sampled" and max(ks) > protocol.eval_negatives:
-        raise FedrecError(f"--ks {max(ks)}: under '{protocol.name}' a target is ranked among "
+        raise FedrecError(f"{flag} {max(ks)}: under '{protocol.name}' a target is ranked among "
                           f"{protocol.eval_negatives + 1} items, so a top {max(ks)} holds every one; "
                           f"give cut-offs up to {protocol.eval_negatives}")
     return replace(protocol, ks=tuple(sorted(set(protocol.ks) | set(ks))))
@@ -179,8 +183,9 @@ def parse_cutoffs(text: str) -> tuple[int, ...]:
     ks = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers >= 1), not {text!r}")
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= MAX_CUTOFF:
+            raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,}), "
+                              f"not {text!r}")
         ks.append(int(part))
     return tuple(sorted(set(ks)))
 
