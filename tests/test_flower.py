@@ -620,6 +620,9 @@ def test_app_mode_writes_a_secure_deployment_beside_the_app(tmp_path: Path, monk
     code, said = cli("--app-dir", "plain", "--insecure")
     assert code == 0 and "warning: --insecure" in said and not (tmp_path / "plain-deployment" / "credentials").exists()
     assert "insecure = true" in (tmp_path / "plain-deployment" / "flwr-home" / "config.toml").read_text()
+    code, said = cli("--app-dir", "at20", "--insecure", "--ks", "20")  # the cut-offs travel with the run
+    assert code == 0 and '\\"ks\\": [20]' in (tmp_path / "at20" / "pyproject.toml").read_text()
+    assert "-ks-20-rounds1-flower.json" in (tmp_path / "at20" / "pyproject.toml").read_text()
     code, said = cli("--app-dir", "x", "--mode", "loopback", "--tls-host", "h")
     assert code == 2 and "--tls-host applies to a secure --mode app" in said
     ca = (deployment / "credentials" / "ca.pem").read_bytes()

@@ -34,6 +34,7 @@ def flower_command(
     dataset: str = typer.Option("ml-100k", "--dataset", "-d", help="Data set name, synthetic[:USERSxITEMS], or your own CSV/TSV/Parquet file (with --columns); every node reads it."),
     columns: str | None = typer.Option(None, "--columns", help="Your own file's USER,ITEM[,RATING[,TIMESTAMP]] columns: header names, or 0-based positions for a file without a header."),
     protocol: str = typer.Option("loo-sampled", "--protocol", "-p", help="Evaluation protocol (ranking)."),
+    ks: str | None = typer.Option(None, "--ks", help="Further cut-offs K of the ranking metrics, beside 10, as `fedrec run --ks` (e.g. 20 or 5,20)."),
     seed: int = typer.Option(0, help="Seed of every random choice (the same draws as `fedrec run`)."),
     rounds: int | None = typer.Option(None, help="Rounds (default: the algorithm's, else 100)."),
     clients_per_round: float | None = typer.Option(None, help="Fraction (<= 1) or number of clients (users) per round."),
@@ -104,9 +105,14 @@ def flower_command(
         raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
     if ray_address is not None:
         launch.check_ray_address(ray_address)
+    from fedrec.protocols.protocol import get_protocol, parse_cutoffs, with_cutoffs
+
+    cutoffs = parse_cutoffs(ks) if ks is not None else ()
+    with_cutoffs(get_protocol(protocol), cutoffs)
+    ks = ",".join(str(k) for k in cutoffs if k not in get_protocol(protocol).ks) or None  # as `fedrec run` names it
     run = RunConfig(
         algorithm=algorithm, dataset=_for_nodes(dataset, columns), protocol=protocol, seed=seed,
-        data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns,
+        data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns, ks=cutoffs,
         model=model_options({"dim": dim}, parse_settings(set_options)),
         federated=federated_config(algorithm, dataset, protocol, paper=paper, rounds=rounds,
                                    clients_per_round=clients_per_round, local_epochs=local_epochs, lr=lr,
