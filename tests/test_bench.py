@@ -387,6 +387,26 @@ def test_a_grid_joins_the_finished_cells_of_another_to_its_boards(tmp_path: Path
         load_grid(grid)
 
 
+def test_a_joined_grid_adds_rows_to_this_grids_boards_and_no_board_of_its_own(tmp_path: Path) -> None:
+    """A joined grid's cells under a protocol this grid does not run make no board here (it
+    would copy the joined grid's own), and their missing cells are not listed."""
+    other = tmp_path / "other.toml"
+    other.write_text(GRID.format(seeds=[0, 1], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["fedmf"]')
+                     .replace('["loo-sampled"]', '["loo-sampled", "loo-full"]') + 'label = "elsewhere"\n')
+    assert _bench([str(other), "-o", str(tmp_path / "other-out")]) == 0
+    full = [p for p in (tmp_path / "other-out" / "cells").glob("*.json")
+            if json.loads(p.read_text())["protocol"] == "loo-full"]
+    full[0].unlink()  # a missing joined cell of the other protocol
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.format(seeds=[0, 1], rounds=1, workers=1).replace('["fedmf", "pfedrec"]', '["pfedrec"]')
+                    + '\n[join]\n"other.toml" = "other-out"\n')
+    assert _bench([str(grid), "-o", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").glob("leaderboard-*.md")) == [
+        "leaderboard-synthetic_60x500-loo-sampled.md"]
+    board = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| fedmf (elsewhere) | 2 |" in board and "loo-full" not in board and "not run" not in board
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "benchmarks").glob("*.toml")), ids=lambda p: p.name)
 def test_the_shipped_grids_load(path: Path) -> None:
     """Every grid docs/leaderboard.md runs parses, names known algorithms and protocols, and

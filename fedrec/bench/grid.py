@@ -499,7 +499,9 @@ def cell_results(grid: Grid, out: str | Path) -> list[dict[str, Any]]:
 
 def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Cell, str]]]:
     """What the boards of ``grid`` show: the finished cells of it and of the grids it joins, and
-    the cells of either without a result (a joined one says which grid it is from). Two results
+    the cells of either without a result (a joined one says which grid it is from). A joined
+    grid's cells join the boards this grid has, its data sets under its protocols: a joined
+    board of another protocol would only copy that grid's own. Two results
     for one row and seed, one here and one joined, are an error: the board could show only one.
     Rows are paired seed by seed, so every result of a data set on a board must have been read
     from the same events: a result whose run read other events of its data set than the board's
@@ -508,10 +510,11 @@ def board_cells(grid: Grid, out: str | Path) -> tuple[list[dict[str, Any]], list
 
     found, missing = _read_cells(grid, out)
     gathered = [("this grid", cell, result) for cell, result in found]
+    boards = {(c.dataset, c.protocol) for c in grid.cells}
     for name, other, folder in grid.joined:
         theirs, lacking = _read_cells(other, folder)
-        gathered += [(name, cell, result) for cell, result in theirs]
-        missing += [(cell, f"{why} (in {name})") for cell, why in lacking]
+        gathered += [(name, cell, result) for cell, result in theirs if (cell.dataset, cell.protocol) in boards]
+        missing += [(cell, f"{why} (in {name})") for cell, why in lacking if (cell.dataset, cell.protocol) in boards]
     source: dict[tuple[str, str, str, int], str] = {}
     for name, _, r in gathered:
         row = (r["dataset"], r["protocol"], method_name(r, one_policy=False), int(r["seed"]))
