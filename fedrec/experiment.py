@@ -79,7 +79,7 @@ class RunConfig:
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     model: dict[str, Any] = field(default_factory=dict)
     #: further cut-offs K of the ranking metrics, beside the protocol's own (``--ks``,
-    #: `fedrec.protocols.protocol.with_cutoffs`); the model is still chosen at the protocol's
+    #: `fedrec.protocols.protocol.with_cutoffs`); the round is still chosen by the protocol's figure
     ks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
