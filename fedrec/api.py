@@ -10,7 +10,7 @@ recommend, and save or load a trained run as one file (see docs/api.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
@@ -304,6 +304,7 @@ def run(
     out: str | Path | None = None,
     on_round: Callable[[RoundRecord, int, dict[str, float]], None] | None = None,
     paper: bool = False,
+    ks: Sequence[int] = (),
     **data: Any,
 ) -> Run:
     """Train ``algorithm`` on ``dataset`` under ``protocol`` and return the trained `Run`.
@@ -312,8 +313,9 @@ def run(
     ``engine``: engine options (federated: `fedrec.federated.engine.FederatedConfig`'s fields,
     e.g. ``clients_per_round``, ``ldp``; centralised: `TrainConfig`'s); ``rounds``: rounds
     (epochs); ``paper``: a federated algorithm's paper setting under ``engine`` instead of
-    fedrec's defaults (docs/defaults.md); ``data``: preprocessing options of `RunConfig`
-    (``min_user``, ``max_users``, ...).
+    fedrec's defaults (docs/defaults.md); ``ks``: further cut-offs of the ranking metrics,
+    beside the protocol's (``(20,)``: HR@20, ...; `fedrec.protocols.protocol.with_cutoffs`);
+    ``data``: preprocessing options of `RunConfig` (``min_user``, ``max_users``, ...).
 
     A run that diverges with no back-off left (fedrec's defaults take three; a paper's setting
     none) raises `fedrec.errors.Diverged` (a `FedrecError`): its ``round``, and its
@@ -337,7 +339,7 @@ def run(
         raise FedrecError(f"on_round must be a function of (record, best_round, valid_at_best) or None "
                           f"(got {on_round!r})")
     own = {"algorithm", "dataset", "protocol", "seed", "negatives", "data_dir", "model", "train",
-           "federated"}
+           "federated", "ks"}
     clash = sorted(set(data) & own)
     if clash:
         instead = {"model": "options", "train": "engine", "federated": "engine"}
@@ -352,7 +354,7 @@ def run(
             rounds = engine.pop(key)
             _check_arguments(rounds=(rounds, int))
     cfg = RunConfig(algorithm=algorithm, dataset=dataset, protocol=protocol, seed=seed,
-                    negatives=negatives, data_dir=data_dir, model=dict(options or {}), **data)
+                    negatives=negatives, data_dir=data_dir, model=dict(options or {}), ks=ks, **data)
     if paper and spec.kind != "federated":
         raise FedrecError(f"'{algorithm}' is centralised: it has no paper setting to run (paper=True)")
     if spec.kind == "federated":
