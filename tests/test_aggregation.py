@@ -3,6 +3,8 @@ round's clients, or each row over the clients that sent it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -143,6 +145,41 @@ def test_backoffs_go_back_a_round_halve_the_rates_and_go_on() -> None:
     assert sum(e["backoffs"] for e in marked.values()) == len(rounds)
     assert min(e["rate_scale"] for e in marked.values()) == 0.5 ** len(rounds)
     assert all(np.isfinite(h.loss) for h in done.history)
+
+
+@pytest.mark.parametrize("keep_best", [False, True])
+def test_a_large_state_backs_off_from_a_file_to_the_same_run(tmp_path, monkeypatch, keep_best) -> None:
+    """A state over `SPILL_BYTES` waits for a back-off in a file beside the checkpoint, not as
+    a copy in memory; the run backs off to the same states and ends as the run that kept them
+    in memory, and leaves no file behind."""
+    from fedrec.core import driver
+
+    def config() -> RunConfig:
+        return RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
+                         federated=federated_config("fedmf", rounds=12, lr=1e3, backoffs=30, paper=True,
+                                                    checkpoint_every=1))
+
+    in_memory = train(config(), keep_best=keep_best).result
+    assert len(in_memory.extra["backoffs"]) >= 2  # a back-off to the initial state and to a later one
+    monkeypatch.setattr(driver, "SPILL_BYTES", 0)
+    ckpt = tmp_path / "run.ckpt"
+    beside: list[set[str]] = []
+
+    def look(*_: object) -> None:
+        beside.append({p.name for p in tmp_path.glob("run.ckpt.backoff-*")})
+
+    from_files = train(config(), checkpoint=ckpt, on_round=look, keep_best=keep_best).result
+    assert from_files.extra["backoffs"] == in_memory.extra["backoffs"]
+    assert [h.loss for h in from_files.history] == [h.loss for h in in_memory.history]
+    assert from_files.test == in_memory.test and from_files.best_round == in_memory.best_round
+    assert {"run.ckpt.backoff-initial", "run.ckpt.backoff-good"} in beside
+    assert not list(tmp_path.glob("run.ckpt.backoff-*"))
+    # without a checkpoint: a temporary folder of the run's own, removed when it ends
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("fedrec-backoff-*"))
+    assert train(config()).result.extra["backoffs"] == in_memory.extra["backoffs"]
+    assert set(Path(tempfile.gettempdir()).glob("fedrec-backoff-*")) == before
 
 
 def test_a_resumed_run_keeps_the_rates_it_backed_off_to(tmp_path) -> None:

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from fedrec import tensorfile
 from fedrec.core import checkpoint as ckpt
 from fedrec.core.contract import Trainable
 from fedrec.core.selection import Selection, TrainOutcome
@@ -54,7 +61,7 @@ def run_rounds(
     metric that selects the best round. ``backoffs``: on divergence (a loss or scores that are
     not finite, or a loss that explodes, `EXPLODING`), go back to the state of a best validation
     round (copied at most every `SNAPSHOT_EVERY` rounds; the initial state before one, and when
-    the round diverges again), halve the learning rates
+    the round diverges again; a large state is kept in a file, `BackoffStates`), halve the learning rates
     (`Trainable.scale_rates`) and train the round again, up to that many times in the run; each
     back-off is in the round's record (``extra["backoffs"]``, ``extra["rate_scale"]``) and the
     run's (``extra["backoffs"]``: the rounds, which a resumed run reads to take its rates back
@@ -89,7 +96,26 @@ def run_rounds(
     # a round that diverges again from there goes back to the first state (a run whose first
     # rounds exploded while finite has no good state since)
     # (one copy until the first snapshot: both names hold it, and a back-off loads a copy of it)
-    good = initial = copy.deepcopy(best_state or algorithm.state_dict()) if backoffs else None
+    kept = BackoffStates(path)
+    try:
+        good = initial = kept.keep(best_state or algorithm.state_dict(), "initial") if backoffs else None
+        best_state = _rounds(algorithm, split, first, rounds, eval_every, selection, out, groups, on_round, path,
+                             checkpoint_every, fingerprint, keep_best, backoffs, began, scale, kept, good, initial,
+                             best_state)
+    finally:
+        kept.remove()
+    out.extra = {**algorithm.run_extra(), **out.extra}
+    if keep_best and best_state is not None:
+        algorithm.load_state_dict(best_state)
+    return out
+
+
+def _rounds(algorithm: Trainable, split: Split | None, first: int, rounds: int, eval_every: int,
+            selection: Selection, out: TrainOutcome, groups: Any, on_round: OnRound | None, path: Path | None,
+            checkpoint_every: int, fingerprint: dict[str, Any], keep_best: bool, backoffs: int, began: float,
+            scale: float, kept: BackoffStates, good: Kept | None, initial: Kept | None,
+            best_state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`run_rounds`' rounds ``first..rounds``; the state of the best round where ``keep_best``."""
     good_round = first - 1
     lowest = math.inf  # the lowest training loss so far: a back-off also catches a loss that explodes
     for r in range(first, rounds + 1):
@@ -104,7 +130,7 @@ def run_rounds(
                 if good is None or len(out.extra.get("backoffs", [])) >= backoffs or not algorithm.scale_rates(0.5):
                     e.outcome = out  # the rounds before ``r``: the caller records a diverged run with them
                     raise
-                algorithm.load_state_dict(copy.deepcopy(good if not again else initial))
+                algorithm.load_state_dict(kept.restore(good if not again else initial))
                 scale, again = scale * 0.5, again + 1
                 out.extra.setdefault("backoffs", []).append(r)
         if again:
@@ -117,10 +143,12 @@ def run_rounds(
         if keep_best and out.best_round == r:
             best_state = None
         if refresh:
-            good = None  # (``initial`` keeps the first state when ``good`` held it)
-            good, good_round = copy.deepcopy(algorithm.state_dict()), r
+            kept.drop(good, initial)  # (``initial`` keeps the first state when ``good`` held it)
+            good = None
+            good, good_round = kept.keep(algorithm.state_dict(), "good"), r
         if keep_best and out.best_round == r:
-            best_state = good if refresh else copy.deepcopy(algorithm.state_dict())
+            shared = refresh and good is not None and good.state is not None
+            best_state = good.state if shared else copy.deepcopy(algorithm.state_dict())
         record.seconds = time.perf_counter() - start
         out.history.append(record)
         if on_round is not None:
@@ -130,10 +158,90 @@ def run_rounds(
                       seconds=out.earlier_seconds + time.perf_counter() - began)
         if selection.should_stop:
             break
-    out.extra = {**algorithm.run_extra(), **out.extra}
-    if keep_best and best_state is not None:
-        algorithm.load_state_dict(best_state)
-    return out
+    return best_state
+
+
+#: a state whose tensors (all on the CPU) hold more bytes than this is kept for a back-off in a
+#: file, not as a copy in memory: it is read back only when a round diverges, and FedDAE's state
+#: on ML-100K (2.9 GB) held three of its run's 10.5 GB that way
+SPILL_BYTES = 1 << 28
+
+
+@dataclass
+class Kept:
+    """A state a back-off can go back to: a copy in memory (``state``), or a file (``file``)."""
+
+    state: dict[str, Any] | None = None
+    file: Path | None = None
+
+
+class BackoffStates:
+    """Where a run keeps the states a back-off returns to (`SPILL_BYTES`): a large one in a file
+    beside the run's checkpoint (``CHECKPOINT.backoff-initial``, ``-good``: a killed run's are
+    overwritten when it goes on, and removed when it ends), or in a temporary folder of its own
+    when it has no checkpoint. The file is the checkpoint's format (`fedrec.tensorfile`), so it
+    reads back what a resumed run would read."""
+
+    def __init__(self, checkpoint: Path | None) -> None:
+        self.checkpoint, self.folder = checkpoint, None
+        self.files: set[Path] = set()
+
+    def keep(self, state: dict[str, Any], role: str) -> Kept:
+        """A copy of ``state`` as it is now (``role``: ``initial`` or ``good``, its file's name)."""
+        if not _spills(state):
+            return Kept(state=copy.deepcopy(state))
+        if self.checkpoint is not None:
+            file = self.checkpoint.with_name(f"{self.checkpoint.name}.backoff-{role}")
+        else:
+            if self.folder is None:
+                self.folder = Path(tempfile.mkdtemp(prefix="fedrec-backoff-"))
+            file = self.folder / role
+        tensorfile.save(file, state, ckpt.KIND, ckpt.FORMAT)
+        self.files.add(file)
+        return Kept(file=file)
+
+    def restore(self, kept: Kept) -> dict[str, Any]:
+        """A fresh copy of the state ``kept`` holds, for the algorithm to load."""
+        if kept.file is None:
+            return copy.deepcopy(kept.state)
+        return tensorfile.load(kept.file, ckpt.KIND, ckpt.FORMAT, what="back-off state")
+
+    def drop(self, kept: Kept | None, initial: Kept | None) -> None:
+        """Let ``kept`` go (its file too), unless it is ``initial``, which the run keeps."""
+        if kept is not None and kept is not initial and kept.file is not None:
+            kept.file.unlink(missing_ok=True)
+            self.files.discard(kept.file)
+
+    def remove(self) -> None:
+        """Remove every file kept (the run has ended, or stopped with an error)."""
+        for file in self.files:
+            file.unlink(missing_ok=True)
+        self.files.clear()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _spills(state: Any) -> bool:
+    """Whether ``state`` is kept in a file: its tensors and arrays hold over `SPILL_BYTES`, and
+    every tensor is on the CPU (a file reads back onto one device)."""
+    size, cpu = 0, True
+
+    def walk(x: Any) -> None:
+        nonlocal size, cpu
+        if isinstance(x, torch.Tensor):
+            size += x.numel() * x.element_size()
+            cpu = cpu and x.device.type == "cpu"
+        elif isinstance(x, np.ndarray):
+            size += x.nbytes
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    return cpu and size > SPILL_BYTES
 
 
 #: the state a back-off returns to is copied at a best validation round at most this often: a
