@@ -153,6 +153,7 @@ def test_a_large_state_backs_off_from_a_file_to_the_same_run(tmp_path, monkeypat
     a copy in memory; the run backs off to the same states and ends as the run that kept them
     in memory, and leaves no file behind."""
     from fedrec.core import driver
+    from fedrec.errors import Diverged
 
     def config() -> RunConfig:
         return RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
@@ -163,17 +164,38 @@ def test_a_large_state_backs_off_from_a_file_to_the_same_run(tmp_path, monkeypat
     assert len(in_memory.extra["backoffs"]) >= 2  # a back-off to the initial state and to a later one
     monkeypatch.setattr(driver, "SPILL_BYTES", 0)
     ckpt = tmp_path / "run.ckpt"
+    gone = tmp_path / ".run.ckpt.backoff-999999999-x"  # a killed process's (pids stop below this)
+    gone.mkdir()
+    (gone / "initial").write_bytes(b"0")
     beside: list[set[str]] = []
 
     def look(*_: object) -> None:
-        beside.append({p.name for p in tmp_path.glob("run.ckpt.backoff-*")})
+        beside.append({p.name for folder in tmp_path.glob(".run.ckpt.backoff-*") for p in folder.iterdir()})
 
     from_files = train(config(), checkpoint=ckpt, on_round=look, keep_best=keep_best).result
     assert from_files.extra["backoffs"] == in_memory.extra["backoffs"]
     assert [h.loss for h in from_files.history] == [h.loss for h in in_memory.history]
     assert from_files.test == in_memory.test and from_files.best_round == in_memory.best_round
-    assert {"run.ckpt.backoff-initial", "run.ckpt.backoff-good"} in beside
-    assert not list(tmp_path.glob("run.ckpt.backoff-*"))
+    assert {"initial", "good"} in beside
+    assert not list(tmp_path.glob(".run.ckpt.backoff-*"))  # its own folder, and the killed one's
+    # two runs beside one checkpoint keep their states apart
+    a, b = driver.BackoffStates(ckpt), driver.BackoffStates(ckpt)
+    kept_a = a.keep({"w": torch.zeros(2)}, "initial")
+    kept_b = b.keep({"w": torch.ones(2)}, "initial")
+    assert kept_a.file != kept_b.file and a.restore(kept_a)["w"].sum() == 0 and b.restore(kept_b)["w"].sum() == 2
+    a.remove(), b.remove()
+    # a run that stops diverged removes its folder too
+    with pytest.raises(Diverged):
+        train(RunConfig(algorithm="fedmf", dataset="synthetic:40x200", protocol="loo-full",
+                        federated=federated_config("fedmf", rounds=12, lr=1e3, backoffs=1, paper=True)),
+              checkpoint=ckpt)
+    assert not list(tmp_path.glob(".run.ckpt.backoff-*"))
+    # a state the file cannot hold is kept in memory, as before, said once
+    odd = driver.BackoffStates(ckpt)
+    with pytest.warns(UserWarning, match="kept in memory"):
+        kept = odd.keep({"w": torch.zeros(2), "tags": {"a"}}, "initial")
+    assert kept.file is None and odd.restore(kept)["tags"] == {"a"}
+    odd.remove()
     # without a checkpoint: a temporary folder of the run's own, removed when it ends
     import tempfile
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import re
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +102,11 @@ def run_rounds(
     kept = BackoffStates(path)
     try:
         good = initial = kept.keep(best_state or algorithm.state_dict(), "initial") if backoffs else None
-        best_state = _rounds(algorithm, split, first, rounds, eval_every, selection, out, groups, on_round, path,
-                             checkpoint_every, fingerprint, keep_best, backoffs, began, scale, kept, good, initial,
-                             best_state)
+        best_state = _rounds(algorithm, split, first=first, rounds=rounds, eval_every=eval_every,
+                             selection=selection, out=out, groups=groups, on_round=on_round, path=path,
+                             checkpoint_every=checkpoint_every, fingerprint=fingerprint, keep_best=keep_best,
+                             backoffs=backoffs, began=began, scale=scale, kept=kept, good=good, initial=initial,
+                             best_state=best_state)
     finally:
         kept.remove()
     out.extra = {**algorithm.run_extra(), **out.extra}
@@ -110,7 +115,7 @@ def run_rounds(
     return out
 
 
-def _rounds(algorithm: Trainable, split: Split | None, first: int, rounds: int, eval_every: int,
+def _rounds(algorithm: Trainable, split: Split | None, *, first: int, rounds: int, eval_every: int,
             selection: Selection, out: TrainOutcome, groups: Any, on_round: OnRound | None, path: Path | None,
             checkpoint_every: int, fingerprint: dict[str, Any], keep_best: bool, backoffs: int, began: float,
             scale: float, kept: BackoffStates, good: Kept | None, initial: Kept | None,
@@ -137,8 +142,9 @@ def _rounds(algorithm: Trainable, split: Split | None, first: int, rounds: int, 
             record.extra.update(backoffs=float(again), rate_scale=scale)
         lowest = min(lowest, record.loss)
         # each copy replaces one no longer needed: that one is let go first, so a state is held at
-        # most live, initial, back-off and best (FedDAE on ML-100K: 2.9 GB a copy), and a round
-        # whose state is both the back-off's and the best round's copies it once
+        # most live, initial, back-off and best (a large one's initial and back-off copies in
+        # files: `BackoffStates`), and a round whose state is both the back-off's and the best
+        # round's copies it once
         refresh = good is not None and out.best_round == r and r - good_round >= SNAPSHOT_EVERY
         if keep_best and out.best_round == r:
             best_state = None
@@ -162,8 +168,8 @@ def _rounds(algorithm: Trainable, split: Split | None, first: int, rounds: int, 
 
 
 #: a state whose tensors (all on the CPU) hold more bytes than this is kept for a back-off in a
-#: file, not as a copy in memory: it is read back only when a round diverges, and FedDAE's state
-#: on ML-100K (2.9 GB) held three of its run's 10.5 GB that way
+#: file, not as a copy in memory: it is read back only when a round diverges (FedDAE's state on
+#: ML-100K is 2.9 GB: its run peaked at 10.5 GB with two such copies in memory, 4.9 GB without)
 SPILL_BYTES = 1 << 28
 
 
@@ -177,48 +183,78 @@ class Kept:
 
 class BackoffStates:
     """Where a run keeps the states a back-off returns to (`SPILL_BYTES`): a large one in a file
-    beside the run's checkpoint (``CHECKPOINT.backoff-initial``, ``-good``: a killed run's are
-    overwritten when it goes on, and removed when it ends), or in a temporary folder of its own
-    when it has no checkpoint. The file is the checkpoint's format (`fedrec.tensorfile`), so it
-    reads back what a resumed run would read."""
+    of a folder of the run's own (``.CHECKPOINT.backoff-PID-*`` beside its checkpoint, else
+    ``fedrec-backoff-PID-*`` in the temporary folder), removed when the run ends or stops with
+    an error; the folders a killed process left there (its process gone) are removed by the
+    next run that keeps a state beside them. The file is the checkpoint's tensor format
+    (`fedrec.tensorfile`). A state the file cannot hold, or a disk that refuses it, is copied in
+    memory instead, as before."""
 
     def __init__(self, checkpoint: Path | None) -> None:
-        self.checkpoint, self.folder = checkpoint, None
-        self.files: set[Path] = set()
+        self.checkpoint = checkpoint
+        self.folder: Path | None = None
+        self.warned = False
 
     def keep(self, state: dict[str, Any], role: str) -> Kept:
         """A copy of ``state`` as it is now (``role``: ``initial`` or ``good``, its file's name)."""
         if not _spills(state):
             return Kept(state=copy.deepcopy(state))
-        if self.checkpoint is not None:
-            file = self.checkpoint.with_name(f"{self.checkpoint.name}.backoff-{role}")
-        else:
-            if self.folder is None:
-                self.folder = Path(tempfile.mkdtemp(prefix="fedrec-backoff-"))
-            file = self.folder / role
-        tensorfile.save(file, state, ckpt.KIND, ckpt.FORMAT)
-        self.files.add(file)
+        try:
+            file = self._folder() / role
+            tensorfile.save(file, state, BACKOFF_KIND, 1)
+        except (TypeError, ValueError, OSError, FedrecError) as e:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(f"a back-off state is kept in memory, not in a file ({type(e).__name__}: "
+                              f"{str(e)[:120]})", stacklevel=2)
+            return Kept(state=copy.deepcopy(state))
         return Kept(file=file)
 
     def restore(self, kept: Kept) -> dict[str, Any]:
         """A fresh copy of the state ``kept`` holds, for the algorithm to load."""
         if kept.file is None:
             return copy.deepcopy(kept.state)
-        return tensorfile.load(kept.file, ckpt.KIND, ckpt.FORMAT, what="back-off state")
+        return tensorfile.load(kept.file, BACKOFF_KIND, 1, what="back-off state")
 
     def drop(self, kept: Kept | None, initial: Kept | None) -> None:
         """Let ``kept`` go (its file too), unless it is ``initial``, which the run keeps."""
         if kept is not None and kept is not initial and kept.file is not None:
             kept.file.unlink(missing_ok=True)
-            self.files.discard(kept.file)
 
     def remove(self) -> None:
-        """Remove every file kept (the run has ended, or stopped with an error)."""
-        for file in self.files:
-            file.unlink(missing_ok=True)
-        self.files.clear()
+        """Remove the run's folder (the run has ended, or stopped with an error)."""
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def _folder(self) -> Path:
+        """The run's own folder, made at its first file, once the folders of gone processes
+        beside it are removed."""
+        if self.folder is None:
+            where = self.checkpoint.parent if self.checkpoint is not None else Path(tempfile.gettempdir())
+            stem = f".{self.checkpoint.name}.backoff-" if self.checkpoint is not None else "fedrec-backoff-"
+            where.mkdir(parents=True, exist_ok=True)
+            for old in where.glob(".*.backoff-*" if self.checkpoint is not None else "fedrec-backoff-*"):
+                pid = re.search(r"\.?backoff-(\d+)-", old.name)
+                if old.is_dir() and pid is not None and not _alive(int(pid.group(1))):
+                    shutil.rmtree(old, ignore_errors=True)
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{stem}{os.getpid()}-", dir=where))
+        return self.folder
+
+
+#: the kind of a back-off state's file (`fedrec.tensorfile`): not a checkpoint, so not resumed
+BACKOFF_KIND = "backoff-state"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _spills(state: Any) -> bool:
