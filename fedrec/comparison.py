@@ -123,13 +123,9 @@ def _check(algorithms: Sequence[str], protocols: Sequence[str], seeds: int, tria
 
 def _cutoffs(ks: Any, protocols: Sequence[str]) -> tuple[int, ...]:
     """``ks`` as sorted whole numbers, each one every protocol can take (one line if not)."""
-    from fedrec.options import is_whole
-    from fedrec.protocols.protocol import MAX_CUTOFF, get_protocol, with_cutoffs
+    from fedrec.protocols.protocol import check_cutoffs, get_protocol, with_cutoffs
 
-    if not isinstance(ks, list | tuple) or not all(is_whole(k) and 1 <= k <= MAX_CUTOFF for k in ks):
-        raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,}), "
-                          f"not {ks!r}")
-    ks = tuple(sorted({int(k) for k in ks}))
+    ks = check_cutoffs(ks)
     for name in protocols:
         with_cutoffs(get_protocol(name), ks)
     return ks

@@ -25,12 +25,12 @@ from fedrec.federated.engine import FederatedConfig, engine_flag
 from fedrec.files import check_writable
 from fedrec.options import Options, check
 from fedrec.protocols.protocol import (
-    MAX_CUTOFF,
     NEGATIVE_POLICIES,
     POSITIVE_AT,
     PROTOCOLS,
     ColdFallback,
     Split,
+    check_cutoffs,
     get_protocol,
     make_split,
     with_cutoffs,
@@ -156,10 +156,8 @@ class RunConfig:
             (self.min_user < 0 or self.min_item < 0, "--min-user/--min-item must be >= 0"),
             (self.max_users is not None and self.max_users < 1, "--max-users must be >= 1"),
             (self.threshold is not None and not math.isfinite(self.threshold), "--threshold must be a finite number"),
-            (not isinstance(self.ks, tuple) or not all(isinstance(k, int) and not isinstance(k, bool)
-                                                       and 1 <= k <= MAX_CUTOFF for k in self.ks),
-             f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,})"),
         )
+        check_cutoffs(self.ks)
         if self.negatives not in NEGATIVE_POLICIES:
             raise FedrecError(
                 f"unknown negative policy '{self.negatives}'; known: {', '.join(NEGATIVE_POLICIES)}"
@@ -168,21 +166,14 @@ class RunConfig:
 
 
 def _cutoffs(ks: Any, protocol: str) -> Any:
-    """``ks`` (a results file's list, numpy's integers) as sorted whole numbers, once each and
-    without the protocol's own cut-offs (``--ks 10`` is the run without ``--ks``); anything
-    else as it is, for `RunConfig.validate` to refuse in one line."""
-    import operator
-
-    if not isinstance(ks, list | tuple):
-        return ks
+    """``ks`` as `check_cutoffs` gives them, less the protocol's own cut-offs (``--ks 10`` is the
+    run without ``--ks``); anything else as it is, for `RunConfig.validate` to refuse in one line."""
     try:
-        whole = [operator.index(k) for k in ks if not isinstance(k, bool | np.bool_)]
-    except TypeError:
-        return tuple(ks)
-    if len(whole) < len(ks):
-        return tuple(ks)
+        ks = check_cutoffs(ks)
+    except FedrecError:
+        return ks
     own = PROTOCOLS[protocol].ks if protocol in PROTOCOLS else ()
-    return tuple(sorted(set(whole) - set(own)))
+    return tuple(k for k in ks if k not in own)
 
 
 def random_holdout(blob: dict[str, Any]) -> bool:

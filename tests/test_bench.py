@@ -236,7 +236,7 @@ def test_a_board_says_when_its_rows_were_trained_under_different_budgets() -> No
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\ncheckpoint_every = -2\n",
      "grid.checkpoint_every must hold whole numbers >= 0, not -2"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-sampled']\nseeds = [0]\nks = 20\n",
-     "grid.ks must list cut-offs K beside 10 (whole numbers from 1 to 1,000,000), not 20"),
+     "grid.ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to 1,000,000), not 20"),
     ("[grid]\nalgorithms = ['fedmf']\ndatasets = ['ml-100k']\nprotocols = ['loo-full', 'loo-sampled']\nseeds = [0]\n"
      "ks = [100]\n", "grid.ks 100: under 'loo-sampled' a target is ranked among 100 items"),
 ])

@@ -160,7 +160,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
     ``join`` False leaves its ``[join]`` unread (a joined grid's own)."""
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import check_seed
-    from fedrec.protocols.protocol import MAX_CUTOFF, get_protocol, negative_policy, with_cutoffs
+    from fedrec.protocols.protocol import check_cutoffs, get_protocol, negative_policy, with_cutoffs
     from fedrec.tune import read_config
 
     p = Path(path)
@@ -192,11 +192,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
         if key != "seeds" and not all(isinstance(v, str) for v in value):  # seeds: whole numbers, below
             raise FedrecError(f"{p}: grid.{key} must list names (text), not {value!r}")
         lists[key] = value
-    ks = grid.get("ks", [])
-    if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_CUTOFF
-                                           for k in ks):
-        raise FedrecError(f"{p}: grid.ks must list cut-offs K beside 10 (whole numbers from 1 to {MAX_CUTOFF:,}), "
-                          f"not {ks!r}")
+    ks = check_cutoffs(grid.get("ks", []), f"{p}: grid.ks")
     try:
         for name in lists["algorithms"]:
             get_algorithm(name)
@@ -252,7 +248,7 @@ def load_grid(path: str | Path, *, check_device: bool = True, join: bool = True)
                     for seed in lists["seeds"]:
                         cells.append(Cell(algorithm, dataset, protocol, negatives, seed, cell_rounds,
                                           tuple(sorted(engine.items())), model, device, own.get(dataset, ""),
-                                          settings == "paper", tuple(sorted(set(ks)))))
+                                          settings == "paper", ks))
     joined = []
     for name, folder in (blob.get("join", {}) if join else {}).items():
         if not isinstance(folder, str):

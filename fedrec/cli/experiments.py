@@ -211,12 +211,10 @@ def run_command(
             console.print(f"note: {config} was tuned on {tuned['dataset']}, this run is on {dataset}", highlight=False)
     from fedrec.algorithms import get_algorithm
     from fedrec.experiment import RunConfig, federated_config, no_negatives_under_ratings, train
-    from fedrec.protocols.protocol import get_protocol, negative_policy, parse_cutoffs, with_cutoffs
+    from fedrec.protocols.protocol import get_protocol, negative_policy, parse_cutoffs
     from fedrec.train.centralised import TrainConfig
 
-    cutoffs = parse_cutoffs(ks) if ks is not None else ()
-    with_cutoffs(get_protocol(protocol), cutoffs)  # a cut-off the protocol cannot take is said first
-    cutoffs = tuple(k for k in cutoffs if k not in get_protocol(protocol).ks)  # --ks 10: the plain run
+    cutoffs = parse_cutoffs(ks, protocol) if ks is not None else ()  # said first, if the protocol cannot take them
     ks = ",".join(map(str, cutoffs)) or None  # the file's name: 5,20 whichever order they were given in
     spec = get_algorithm(algorithm)
     federated = spec.kind == "federated"

@@ -105,11 +105,10 @@ def flower_command(
         raise FedrecError("--node-cpus must be >= 1 and --node-gpus >= 0")
     if ray_address is not None:
         launch.check_ray_address(ray_address)
-    from fedrec.protocols.protocol import get_protocol, parse_cutoffs, with_cutoffs
+    from fedrec.protocols.protocol import parse_cutoffs
 
-    cutoffs = parse_cutoffs(ks) if ks is not None else ()
-    with_cutoffs(get_protocol(protocol), cutoffs)
-    ks = ",".join(str(k) for k in cutoffs if k not in get_protocol(protocol).ks) or None  # as `fedrec run` names it
+    cutoffs = parse_cutoffs(ks, protocol) if ks is not None else ()
+    ks = ",".join(map(str, cutoffs)) or None  # the file's name, as `fedrec run` names it
     run = RunConfig(
         algorithm=algorithm, dataset=_for_nodes(dataset, columns), protocol=protocol, seed=seed,
         data_dir=os.path.abspath(data_dir) if data_dir else None, columns=columns, ks=cutoffs,

@@ -178,16 +178,34 @@ def with_cutoffs(protocol: Protocol, ks: Iterable[int], flag: str = "--ks") -> P
     return replace(protocol, ks=tuple(sorted(set(protocol.ks) | set(ks))))
 
 
-def parse_cutoffs(text: str) -> tuple[int, ...]:
-    """``--ks``'s cut-offs from ``20`` or ``5,20``: whole numbers of at least 1, sorted, once each."""
-    ks = []
-    for part in text.split(","):
-        part = part.strip()
-        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= MAX_CUTOFF:
-            raise FedrecError(f"--ks takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,}), "
-                              f"not {text!r}")
-        ks.append(int(part))
-    return tuple(sorted(set(ks)))
+def check_cutoffs(ks: object, where: str = "--ks") -> tuple[int, ...]:
+    """``ks`` (a list or tuple: a results file's, a bench file's, Python's or numpy's integers)
+    as sorted whole numbers, once each; one `FedrecError` naming ``where`` for anything else."""
+    import operator
+
+    try:
+        whole = [operator.index(k) for k in ks if not isinstance(k, bool | np.bool_)]  # type: ignore[attr-defined]
+        ok = isinstance(ks, list | tuple) and len(whole) == len(ks) and all(1 <= k <= MAX_CUTOFF for k in whole)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise FedrecError(f"{where} takes cut-offs K such as 20 or 5,20 (whole numbers from 1 to {MAX_CUTOFF:,}), "
+                          f"not {ks!r}")
+    return tuple(sorted(set(whole)))
+
+
+def parse_cutoffs(text: str, protocol: str | None = None) -> tuple[int, ...]:
+    """``--ks``'s cut-offs from ``20`` or ``5,20`` (`check_cutoffs`); with ``protocol``, checked
+    against it (`with_cutoffs`) and less its own (``--ks 10`` is the run without them)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and 1 <= int(p) <= MAX_CUTOFF for p in parts):
+        check_cutoffs(text)  # the one line, naming what was given
+    ks = check_cutoffs([int(p) for p in parts])
+    if protocol is None:
+        return ks
+    own = get_protocol(protocol)
+    with_cutoffs(own, ks)
+    return tuple(k for k in ks if k not in own.ks)
 
 
 def user_means(train: sp.csr_matrix, rows: np.ndarray | None = None) -> np.ndarray:
