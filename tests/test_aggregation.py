@@ -92,17 +92,20 @@ def test_a_robust_rule_under_contributors_steps_each_row_by_its_estimate_over_th
     torch.testing.assert_close(alg.state.items, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("aggregation", ["clients", "contributors", "samples"])
-def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rule(aggregation: str) -> None:
+@pytest.mark.parametrize(("aggregation", "batch_size"),
+                         [("clients", 256), ("contributors", 256), ("samples", 256), ("clients", 16), ("samples", 16)])
+def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rule(aggregation: str,
+                                                                                  batch_size: int) -> None:
     """The attacker's honest-norm budget (its cover client's step) is of the size of the rows
     the round's honest clients send, whichever rule sets their step: under ``samples`` they
     step on the batch's summed loss, which a batch-mean cover step would undercut about
-    sixty-fold."""
+    sixty-fold; under the batch mean their batches hold ``--batch-size`` samples, so a cover
+    step over its 60 samples alone would be nearly four times theirs at 16."""
     from fedrec.security.surrogate import Surrogate
 
     cfg = RunConfig(algorithm="fedmf", dataset="synthetic:200x300", protocol="loo-full",
                     federated=federated_config("fedmf", rounds=1, aggregation=aggregation, attack="fedrecattack",
-                                               malicious=0.1))
+                                               malicious=0.1, batch_size=batch_size))
     alg = build_trainable(cfg, prepare_split(cfg))[1]
     alg.keep_uploads = True
     plan = alg.plan(1)

@@ -94,7 +94,7 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
             else:
                 from fedrec.reproduce.runner import config_changes
 
-                changes = config_changes(blob["config"], planned())
+                changes = {**config_changes(blob["config"], planned()), **budget_change(blob)}
                 if changes:
                     tables.stale.append((path.name, changes))
         return blob
@@ -106,6 +106,25 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     tmp.write_text(json.dumps(blob, indent=1))
     tmp.replace(path)
     return blob
+
+
+def budget_change(blob: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{"attack budget": (then, now)}`` where an attacked cell was made under another rule for
+    its attacker's budget than `fedrec.security.attacks.BUDGET_RULE` (a cell that records none
+    was made under the "cover batch" one); empty for a clean cell, and under ``--aggregation
+    samples``, whose clients step on their batch's summed loss, which the rule does not
+    change. Where the clients step by Adam the budget is their step bound
+    (`fedrec.security.attacks.Knowledge.step_bound`) and did not move either, and where a method
+    measures its honest clients' norm (``--attacker-norm honest``) the budget is not used by
+    most attacks; a cell records neither, so it is noted all the same."""
+    from fedrec.security.attacks import BUDGET_RULE
+
+    if blob.get("attack", "none") == "none":
+        return {}
+    if blob.get("config", {}).get("federated", {}).get("aggregation") == "samples":
+        return {}
+    then = blob.get("budget_rule", "cover batch")
+    return {} if then == BUDGET_RULE else {"attack budget": (then, BUDGET_RULE)}
 
 
 def anchor_figures(path: Path, make: Callable[[], list[dict[str, float]]], run_missing: bool,
@@ -388,6 +407,7 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
     ``engine``: engine options beside the paper setting (FedDAE's ``clients_per_round``);
     ``dataset``: another registered data set than ML-100K."""
     from fedrec.experiment import train
+    from fedrec.security.attacks import BUDGET_RULE
 
     cfg = poison_config(method, attack, boost, defence, seed, share, rounds, data_dir, protocol, model, engine,
                         dataset)
@@ -409,6 +429,7 @@ def poison_run(method: str, attack: str, boost: float | None, defence: str, seed
             **({"protocol": protocol, "test": res.test} if protocol is not None else {}),
             "aggregate_seconds": float(np.mean([h.extra["aggregate_seconds"] for h in res.history])),
             "wall_seconds": time.perf_counter() - start, "config": res.config,
+            **({"budget_rule": BUDGET_RULE} if attack != "none" else {}),
             "data": {"source": res.data.get("source", {})}, "git_revision": res.git_revision}
 
 

@@ -48,6 +48,27 @@ def _carried(rows: torch.Tensor, wire: Any) -> torch.Tensor:
     return torch.where(norm > 0, sent * (rows.norm(dim=1, keepdim=True) / norm.clamp_min(1e-30)), sent)
 
 
+def honest_batch(cfg: Any, train: sp.csr_matrix) -> int | None:
+    """How many samples the batch of a typical honest row holds (`Knowledge.batch`): a client's
+    batch is the run's ``--batch-size`` or, where it has fewer training samples (positives
+    and their ``--num-negatives``), all of them; the median of that over the samples (a
+    client with more samples sends more rows, so the honest rows' median norm is theirs).
+    These are statistics of the data set that its published description gives an attacker;
+    a malicious Flower node reads them from the split it holds, as the simulator does. None
+    where the run has no batch size."""
+    size = getattr(cfg, "batch_size", None)
+    if size is None:
+        return None
+    samples = np.diff(sp.csr_matrix(train).indptr) * (1 + int(getattr(cfg, "negatives", 0)))
+    samples = samples[samples > 0]
+    if not len(samples):
+        return int(size)
+    batch = np.minimum(samples, size)
+    order = np.argsort(batch, kind="stable")
+    weight = np.cumsum(samples[order])
+    return int(batch[order][np.searchsorted(weight, weight[-1] / 2)])
+
+
 @dataclass
 class Security:
     """The run's adversary and defence (see the module docstring)."""
@@ -84,7 +105,8 @@ class Security:
         if cfg.attack is not None:
             know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
                              cfg.lr, row_clip=cfg.clip, step_bound=step_bound,
-                             per_sample=getattr(cfg, "aggregation", "clients") == "samples")
+                             per_sample=getattr(cfg, "aggregation", "clients") == "samples",
+                             batch=honest_batch(cfg, split.train))
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:

@@ -4,10 +4,9 @@ The attacker controls ``m`` extra clients (ids after the benign ones). Each roun
 malicious client downloads the global item table like any client and uploads row deltas for
 at most ``attack_items`` rows (κ in FedRecAttack), so on the wire it looks like a benign
 upload; each row's L2 norm is held to (at most) ``norm x boost``, ``norm`` the median row norm
-of an honest step of the attacker's own cover client (`Attack.budget`). The cover client takes
-that step over its few items as one batch, so at ``boost`` 1 its rows are several times an
-honest client's, whose loss is a mean over batches of the run's size (on ML-100K under the
-papers' rule, 4.5x to 6.5x the honest median row norm; docs/security.md).
+of an honest step of the attacker's own cover client (`Attack.budget`), its few samples in a
+batch of the run's size as an honest client's are (docs/security.md measures it against the
+honest clients' rows).
 The attacker scores items for the users it approximates with the run's own score function and
 the global shared weights (`fedrec.security.surrogate`): MF's dot product, PFedRec's linear
 layer, NeuMF for FedNCF.
@@ -91,7 +90,14 @@ import torch.nn.functional as F
 from fedrec.federated.threats import ATTACKS, UNTARGETED
 from fedrec.security.surrogate import Surrogate
 
-__all__ = ["ATTACKS", "UNTARGETED", "Attack", "Knowledge", "choose_targets", "public_share"]
+__all__ = ["ATTACKS", "BUDGET_RULE", "UNTARGETED", "Attack", "Knowledge", "choose_targets", "public_share"]
+
+#: how `Attack.budget` sizes its cover client's step: each sample a 1/`Knowledge.batch` share of
+#: the loss, as in an honest client's batch. Recorded in every attacked cell of the attack
+#: tables (`fedrec.reproduce.attacks.budget_change`); a cell without it was made when the
+#: cover's own samples were its batch ("cover batch"), its x1 rows 4.5 to 6.9 times an
+#: honest client's on ML-100K under the papers' rule
+BUDGET_RULE = "honest batch"
 
 
 @dataclass
@@ -115,6 +121,11 @@ class Knowledge:
     #: an honest client steps its item rows on its batch's summed loss, not its mean
     #: (``--aggregation samples``, `fedrec.federated.family.state.FamilyState.per_sample`)
     per_sample: bool = False
+    #: how many samples an honest client's batch holds (`fedrec.security.adversary.honest_batch`):
+    #: its loss is a mean over batches of this many, so the cover client's step
+    #: (`Attack.budget`) gives each of its samples a 1/batch share too, as if its samples were
+    #: spread over such batches; None: the cover's own samples are one batch
+    batch: int | None = None
 
     def honest_step(self, grad: torch.Tensor, batch: int) -> torch.Tensor:
         """The row step an honest client takes on ``grad``, the gradient of a ``batch``-sample
@@ -286,7 +297,9 @@ class Attack:
     def _honest_norms(self, q: torch.Tensor, r: int, model: Surrogate) -> torch.Tensor:
         """The row norms of the honest step of the attacker's *cover* client (a profile of κ/2
         random items as positives and as many random negatives, a user drawn as the run draws
-        one, one BCE step at the run's item rate on the batch's mean loss or, under
+        one, one BCE step at the run's item rate with each sample's loss a 1/batch share, as in
+        an honest client's batch (`Knowledge.batch`; the cover's κ samples taken as the batch
+        would make its rows about batch/κ times an honest client's) or, under
         ``--aggregation samples``, its summed loss (`Knowledge.honest_step`), each row held to
         the protocol's ``--clip`` as an honest client's is). Everything it needs is what any
         client holds, so a malicious Flower node computes the same norms as the simulator."""
@@ -297,11 +310,12 @@ class Attack:
         items = np.concatenate([pos, neg]).astype(np.int64)
         labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
         cover = model.draw(1, self.rng(13))
+        batch = self.know.batch or len(items)  # each sample's share of an honest batch's mean loss
         v = q[torch.as_tensor(items)].clone().requires_grad_(True)
         with torch.enable_grad():
-            loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels)
+            loss = F.binary_cross_entropy_with_logits(model.logits(cover, v[None])[0], labels, reduction="sum") / batch
             (g,) = torch.autograd.grad(loss, [v])
-        norms = self.know.honest_step(g, len(items)).norm(dim=1)
+        norms = self.know.honest_step(g, batch).norm(dim=1)
         return norms if self.know.row_clip is None else norms.clamp(max=self.know.row_clip)
 
     def cover_items(self) -> np.ndarray:
