@@ -18,11 +18,19 @@ caches it (`fedrec.reproduce.attacks.poison_run`).
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-regula \
         --methods fedmf,fedncf --engine client_objective=regula --boosts 10 \
         --attacks none,pieck-ipe,pieck-uea,fedrecattack
+
+A folder's cells made under an earlier rule for the attacker's budget
+(`fedrec.reproduce.attacks.budget_change`) are run again in place, each from what its file
+records (method, attack, factor, defence, seed, rounds, options), with ``--rerun-stale``:
+
+    python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-regula --rerun-stale
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from pathlib import Path
 
 from fedrec.data import user_sets
@@ -33,6 +41,7 @@ from fedrec.reproduce.attacks import (
     MAIN_SHARE,
     POISON_METHODS,
     AttackTables,
+    budget_change,
     cached_figures,
     poison_config,
     poison_run,
@@ -52,6 +61,48 @@ def _value(text: str) -> int | float | str:
     return text
 
 
+def stale_cell(path: Path, blob: dict) -> dict:
+    """The `poison_run` arguments of a cell file, read from what it records: the attack's name
+    from its label and its factor from the file's name (``-bB``, absent at x1: explicit
+    boosting's label carries no factor), the rounds from the name's ``-rN``."""
+    attack = blob["attack"].split(" x")[0]
+    found = re.search(rf"-{re.escape(attack)}(?:-b([^-]+))?-{re.escape(blob['defence'])}-r(\d+)-s\d+\.json$",
+                      path.name)
+    if found is None:
+        raise ValueError(f"{path.name}: the name does not hold attack {attack!r} and defence {blob['defence']!r}")
+    return {"method": blob["method"], "attack": attack, "boost": None if found[1] is None else float(found[1]),
+            "defence": blob["defence"], "seed": blob["seed"], "share": blob["malicious"], "rounds": int(found[2]),
+            "protocol": blob.get("protocol"), "model": blob.get("model") or {}, "engine": blob.get("engine") or {},
+            "dataset": blob.get("dataset", "ml-100k")}
+
+
+def rerun_stale(out: Path, dataset: str, data_dir: str | None) -> None:
+    """Run again, in place, each cell of ``out`` on ``dataset`` made under another budget rule;
+    where a file records its config, the rebuilt one must match it (less the budget), else the
+    cell is left as it is and said."""
+    from fedrec.reproduce.runner import config_changes
+
+    content = content_at_hand(dataset, data_dir)
+    files = [f for f in sorted(out.glob("poison-*.json")) if budget_change(blob := json.loads(f.read_text()))
+             and blob.get("dataset", "ml-100k") == dataset]
+    print(f"{len(files)} cells of {out} on {dataset} made under another budget rule", flush=True)
+    for path in files:
+        blob = json.loads(path.read_text())
+        a = stale_cell(path, blob)
+        args = (a["method"], a["attack"], a["boost"], a["defence"], a["seed"], a["share"], a["rounds"], data_dir,
+                a["protocol"], a["model"], a["engine"], a["dataset"])
+        if "config" in blob and (changes := config_changes(blob["config"], poison_config(*args))):
+            print(f"left {path.name}: its run is not rebuilt from the file ({changes})", flush=True)
+            continue
+        new = poison_run(*args)
+        if content is not None and new["data"]["source"].get("content") not in (None, content):
+            raise SystemExit(f"{path.name}: the run read other events than the copy at hand")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(new, indent=1))
+        tmp.replace(path)
+        print(path.name, {k: (blob.get(k), new.get(k)) for k in ("er@10", "hr@10")}, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=None)
@@ -60,7 +111,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--protocol", default=None, help="the split (default: each method's own)")
     ap.add_argument("--methods", default=",".join(POISON_METHODS))
-    ap.add_argument("--attacks", required=True, help="comma-separated attacks (none: the clean run)")
+    ap.add_argument("--attacks", help="comma-separated attacks (none: the clean run)")
     ap.add_argument("--defences", default="none", help="comma-separated defences (none: undefended)")
     ap.add_argument("--boosts", default="1,10", help="undefended runs take each; defended runs the largest")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -69,7 +120,16 @@ def main() -> None:
                     help="an engine option beside the paper setting, a number or a text such as "
                          "client_objective=regula (named in the file)")
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--rerun-stale", action="store_true",
+                    help="run again, in place, OUT's cells made under an earlier budget rule (nothing else)")
     args = ap.parse_args()
+    if args.rerun_stale:
+        if not Path(args.out).is_dir():
+            ap.error(f"{args.out} is not a folder of cells")
+        rerun_stale(Path(args.out), args.dataset, args.data_dir)
+        return
+    if not args.attacks:
+        ap.error("--attacks is required (or --rerun-stale)")
     if any("=" not in kv for kv in args.set + args.engine):
         ap.error("--set and --engine take KEY=VALUE")
     model = dict(kv.split("=", 1) for kv in args.set)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -682,6 +683,48 @@ def test_attacked_cells_made_under_another_budget_rule_are_noted_as_stale(tmp_pa
         path.write_text(json.dumps(blob))
         cached_figures(path, made, True, planned, tables)
         assert tables.stale == ([(path.name, {"attack budget": ("cover batch", BUDGET_RULE)})] if noted else [])
+
+
+def test_cells_of_an_earlier_budget_rule_are_run_again_in_place_from_what_they_record(tmp_path):
+    """``attacks_rows.py --rerun-stale``: each attacked cell of an earlier budget rule is run
+    again from its file (the factor from its name, the rest from its record; with or without a
+    recorded config) and ends with a fresh run's figures; a clean cell and a current one are
+    left as they are."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from attacks_rows import rerun_stale
+
+    from fedrec.reproduce.attacks import poison_run
+    from fedrec.security.attacks import BUDGET_RULE
+
+    data = "synthetic:60x300"
+    cells = {  # file name: poison_run's arguments
+        "poison-synthetic:60x300-fedmf-fedrecattack-b10-none-r2-s0.json": ("fedmf", "fedrecattack", 10.0, "none"),
+        "poison-synthetic:60x300-fedmf-boost-b10-median-r2-s0.json": ("fedmf", "boost", 10.0, "median"),
+        "poison-synthetic:60x300-fedmf-clusterattack-none-r2-s0.json": ("fedmf", "clusterattack", None, "none"),
+        "poison-synthetic:60x300-fedmf-none-none-r2-s0.json": ("fedmf", "none", None, "none"),
+    }
+    fresh = {}
+    for i, (name, (method, attack, boost, defence)) in enumerate(cells.items()):
+        fresh[name] = poison_run(method, attack, boost, defence, 0, 0.1, 2, None, dataset=data)
+        old = dict(fresh[name], **{"hr@10": -1.0})  # a figure a rerun must replace
+        old.pop("budget_rule", None)
+        if i == 1:
+            old.pop("config")  # as most cells made before cells recorded their config
+        (tmp_path / name).write_text(json.dumps(old))
+    current = tmp_path / "poison-synthetic:60x300-fedmf-pieck-ipe-b10-none-r2-s0.json"
+    current.write_text(json.dumps({"method": "fedmf", "attack": "pieck-ipe x10", "defence": "none", "seed": 0,
+                                   "malicious": 0.1, "dataset": data, "budget_rule": BUDGET_RULE, "er@10": -1.0}))
+    rerun_stale(tmp_path, data, None)
+    for name, made in fresh.items():
+        blob = json.loads((tmp_path / name).read_text())
+        if made["attack"] == "none":
+            assert blob["hr@10"] == -1.0 and "budget_rule" not in blob
+        else:
+            assert blob["budget_rule"] == BUDGET_RULE and blob["attack"] == made["attack"]
+            assert (blob.get("er@10"), blob["hr@10"]) == (made.get("er@10"), made["hr@10"])
+    assert json.loads(current.read_text())["er@10"] == -1.0
 
 
 def test_attack_table_runs_read_from_other_events_are_set_aside_and_run_again(tmp_path, monkeypatch):
