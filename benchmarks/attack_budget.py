@@ -24,7 +24,8 @@ def row_norms(method: str, attack: str, dataset: str, data_dir: str | None, roun
     cfg = RunConfig(algorithm=method, dataset=dataset, data_dir=data_dir, seed=0,
                     federated=federated_config(method, dataset, paper=True, rounds=rounds, attack=attack,
                                                boost=1.0, malicious=0.05))
-    alg = build_trainable(cfg, prepare_split(cfg))[1]
+    split = prepare_split(cfg)
+    alg = build_trainable(cfg, split)[1]
     alg.keep_uploads = True
     for r in range(1, rounds + 1):
         plan = alg.plan(r)
@@ -32,7 +33,7 @@ def row_norms(method: str, attack: str, dataset: str, data_dir: str | None, roun
         uploads = alg.local_update(plan)
         if r < rounds:
             alg.aggregate(uploads, plan)
-    n = alg.split.n_users
+    n = split.n_users
     honest = torch.cat([u.tensors[ITEMS].norm(dim=1) for u in uploads.per_client if u.client < n])
     sent = [u.tensors[ITEMS].norm(dim=1) for u in uploads.per_client if u.client >= n]
     malicious = torch.cat(sent) if sent else torch.zeros(0)
@@ -43,7 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--dataset", default="ml-100k")
-    ap.add_argument("--methods", default="fedmf,pfedrec,fedncf", help="methods of the item-embedding family")
+    ap.add_argument("--methods", default="fedmf,pfedrec,fedncf",
+                    help="methods whose uploads carry item rows (the item family, FedPerGNN)")
     ap.add_argument("--attacks", default="clusterattack,pieck-ipe,fedrecattack")
     ap.add_argument("--round", type=int, default=3, help="the round whose uploads are measured")
     args = ap.parse_args()

@@ -100,7 +100,7 @@ def test_an_attackers_row_budget_follows_the_honest_clients_step_under_every_rul
     the round's honest clients send, whichever rule sets their step: under ``samples`` they
     step on the batch's summed loss, which a batch-mean cover step would undercut about
     sixty-fold; under the batch mean their batches hold ``--batch-size`` samples, so a cover
-    step over its 60 samples alone would be nearly four times theirs at 16."""
+    step taken over its 60 samples as one batch would be about a quarter of theirs at 16."""
     from fedrec.security.surrogate import Surrogate
 
     cfg = RunConfig(algorithm="fedmf", dataset="synthetic:200x300", protocol="loo-full",

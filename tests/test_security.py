@@ -683,6 +683,46 @@ def test_attacked_cells_made_under_another_budget_rule_are_noted_as_stale(tmp_pa
         path.write_text(json.dumps(blob))
         cached_figures(path, made, True, planned, tables)
         assert tables.stale == ([(path.name, {"attack budget": ("cover batch", BUDGET_RULE)})] if noted else [])
+        blob.pop("config")  # as most cells made before cells recorded their config
+        path.write_text(json.dumps(blob))
+        tables = AttackTables()
+        cached_figures(path, made, True, planned, tables)
+        assert tables.unchecked == 1
+        assert tables.stale == ([(path.name, {"attack budget": ("cover batch", BUDGET_RULE)})] if noted else [])
+
+
+def test_the_honest_batch_is_the_sample_weighted_median_of_the_clients_batches():
+    """`honest_batch`: a client's batch is ``--batch-size`` or all its samples where fewer
+    (positives and their negatives), the median taken over samples, not clients (the many
+    small clients send few rows); a client without samples counts for nothing; ``whole``
+    (clients stepping on all their samples, FedPerGNN's) drops the batch size."""
+    from types import SimpleNamespace
+
+    from fedrec.security.adversary import honest_batch
+
+    positives = [1, 1, 1, 0, 20]  # samples with one negative each: 2, 2, 2, 0, 40
+    train = sp.csr_matrix((np.ones(sum(positives)), (np.repeat(np.arange(5), positives), np.arange(sum(positives)))))
+    assert honest_batch(SimpleNamespace(batch_size=64, negatives=1), train) == 40  # clients' median: 2
+    assert honest_batch(SimpleNamespace(batch_size=16, negatives=1), train) == 16
+    assert honest_batch(SimpleNamespace(batch_size=16, negatives=1), train, whole=True) == 40
+    assert honest_batch(SimpleNamespace(batch_size=64, negatives=4), train) == 64  # 100 samples, held to 64
+    assert honest_batch(SimpleNamespace(negatives=1), train) is None  # no batch size, no budget rule
+    assert honest_batch(SimpleNamespace(batch_size=8, negatives=1), sp.csr_matrix((3, 5))) == 8
+
+
+def test_fedpergnns_attacker_sizes_its_cover_step_to_a_whole_clients_samples():
+    """FedPerGNN's clients step once on the mean over all their samples, so its attacker's
+    cover batch is the clients' whole sample count, not ``--batch-size``."""
+    from fedrec.experiment import build_trainable, prepare_split
+    from fedrec.security.adversary import honest_batch
+
+    cfg = RunConfig(algorithm="fedpergnn", dataset="synthetic:60x300", protocol="loo-full",
+                    federated=federated_config("fedpergnn", rounds=1, attack="fedrecattack", malicious=0.1))
+    cfg.federated.batch_size = 4  # not read by its training (refused on the command line): the cover ignores it too
+    split = prepare_split(cfg)
+    alg = build_trainable(cfg, split)[1]
+    whole = honest_batch(cfg.federated, split.train, whole=True)
+    assert alg.security.attack.know.batch == whole > honest_batch(cfg.federated, split.train) == 4
 
 
 def test_cells_of_an_earlier_budget_rule_are_run_again_in_place_from_what_they_record(tmp_path):

@@ -289,7 +289,7 @@ class GNNMaliciousNode(AttackerNode):
         from fedrec.federated.family.spec import FamilySpec
 
         self.run, self.cfg = run, run.federated
-        security = Security.build(self.cfg, split, item_rate(self.cfg), run.seed)
+        security = Security.build(self.cfg, split, item_rate(self.cfg), run.seed, whole_batch=True)
         if security is None or security.attack is None:
             raise FedrecError("a malicious node needs an --attack")
         self.security, self.n_users, self.n_items = security, split.n_users, split.n_items

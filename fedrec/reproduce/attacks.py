@@ -89,14 +89,15 @@ def cached_figures(path: Path, make: Callable[[], Any], run_missing: bool, plann
     if path.exists():
         blob = json.loads(path.read_text())
         if planned is not None and tables is not None:
+            changes = budget_change(blob)  # a file records its attack, with or without its config
             if "config" not in blob:
                 tables.unchecked += 1
             else:
                 from fedrec.reproduce.runner import config_changes
 
-                changes = {**config_changes(blob["config"], planned()), **budget_change(blob)}
-                if changes:
-                    tables.stale.append((path.name, changes))
+                changes = {**config_changes(blob["config"], planned()), **changes}
+            if changes:
+                tables.stale.append((path.name, changes))
         return blob
     if not run_missing:
         return None
@@ -121,7 +122,8 @@ def budget_change(blob: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
 
     if blob.get("attack", "none") == "none":
         return {}
-    if blob.get("config", {}).get("federated", {}).get("aggregation") == "samples":
+    if "samples" in (blob.get("config", {}).get("federated", {}).get("aggregation"),
+                     (blob.get("engine") or {}).get("aggregation")):  # the engine options a file names
         return {}
     then = blob.get("budget_rule", "cover batch")
     return {} if then == BUDGET_RULE else {"attack budget": (then, BUDGET_RULE)}

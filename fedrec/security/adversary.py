@@ -48,22 +48,23 @@ def _carried(rows: torch.Tensor, wire: Any) -> torch.Tensor:
     return torch.where(norm > 0, sent * (rows.norm(dim=1, keepdim=True) / norm.clamp_min(1e-30)), sent)
 
 
-def honest_batch(cfg: Any, train: sp.csr_matrix) -> int | None:
+def honest_batch(cfg: Any, train: sp.csr_matrix, whole: bool = False) -> int | None:
     """How many samples the batch of a typical honest row holds (`Knowledge.batch`): a client's
     batch is the run's ``--batch-size`` or, where it has fewer training samples (positives
-    and their ``--num-negatives``), all of them; the median of that over the samples (a
-    client with more samples sends more rows, so the honest rows' median norm is theirs).
-    These are statistics of the data set that its published description gives an attacker;
-    a malicious Flower node reads them from the split it holds, as the simulator does. None
-    where the run has no batch size."""
+    and their ``--num-negatives``), all of them; ``whole``: all of them always (a method whose
+    clients take one step on the mean over all their samples, as FedPerGNN's do). The median of
+    that over the samples (a client with more samples sends more rows, so the honest rows'
+    median norm is theirs). These are statistics of the data set that its published
+    description gives an attacker; a malicious Flower node reads them from the split it holds,
+    as the simulator does. None where the run has no batch size."""
     size = getattr(cfg, "batch_size", None)
-    if size is None:
+    if size is None and not whole:
         return None
     samples = np.diff(sp.csr_matrix(train).indptr) * (1 + int(getattr(cfg, "negatives", 0)))
     samples = samples[samples > 0]
     if not len(samples):
-        return int(size)
-    batch = np.minimum(samples, size)
+        return None if size is None else int(size)
+    batch = samples if whole else np.minimum(samples, size)
     order = np.argsort(batch, kind="stable")
     weight = np.cumsum(samples[order])
     return int(batch[order][np.searchsorted(weight, weight[-1] / 2)])
@@ -88,11 +89,12 @@ class Security:
 
     @staticmethod
     def build(cfg: Any, split: Any, lr_item: float, seed: int, n_clients: int | None = None,
-              step_bound: float | None = None) -> Security | None:
+              step_bound: float | None = None, whole_batch: bool = False) -> Security | None:
         """The security layer ``cfg`` asks for, or None (no attack, defence or targets).
         ``n_clients``: the benign clients when they are not the data's users (the malicious are
         ``--malicious`` of them); ``step_bound``: an Adam client's movement of a coordinate in a
-        round (`Knowledge.step_bound`)."""
+        round (`Knowledge.step_bound`); ``whole_batch``: the clients step on the mean over all
+        their samples, not on ``--batch-size`` of them (`honest_batch`)."""
         if cfg.attack is None and cfg.defence is None and not cfg.targets:
             return None
         n_targets = cfg.targets or (1 if cfg.attack is not None and cfg.attack not in UNTARGETED else 0)
@@ -106,7 +108,7 @@ class Security:
             know = Knowledge(split.n_items, targets, public_share(split.train, cfg.prior_knowledge, seed), lr_item,
                              cfg.lr, row_clip=cfg.clip, step_bound=step_bound,
                              per_sample=getattr(cfg, "aggregation", "clients") == "samples",
-                             batch=honest_batch(cfg, split.train))
+                             batch=honest_batch(cfg, split.train, whole_batch))
             boost = cfg.boost if cfg.boost is not None else DEFAULT_BOOST.get(cfg.attack, 1.0)
             sec.attack = Attack(cfg.attack, know, n_mal, seed, attack_items=cfg.attack_items, boost=boost)
         if cfg.defence is not None:
@@ -258,9 +260,11 @@ def attach(algorithm: Any, split: Any, cfg: Any, seed: int, label: str | None = 
     if not slot:
         raise FedrecError(f"--attack, --defence and --targets run on the methods of the item-embedding family, "
                           f"FedRAP, FedPerGNN, PersonalFR, FedDAE, FedCIA, FedCA, GPFedRec and GFed-PP, not on {name} yet")
-    # a method whose clients are not the data's users, or whose clients step by Adam, says so
+    # a method whose clients are not the data's users, step by Adam, or step once on all their
+    # samples, says so
     sec = Security.build(cfg, split, algorithm.lr_item, seed, n_clients=getattr(algorithm, "security_clients", None),
-                         step_bound=getattr(algorithm, "step_bound", None))
+                         step_bound=getattr(algorithm, "step_bound", None),
+                         whole_batch=bool(getattr(algorithm, "whole_batch", False)))
     if sec is not None and (sec.keeps_uploads or sec.attack is not None) and not guarded:
         raise FedrecError(f"--attack and --defence run on {PLAIN_AVERAGE} and on the tables GPFedRec's, GFed-PP's "
                           f"and FedCA's servers keep of each client, not on {name}'s aggregation yet")

@@ -301,8 +301,9 @@ class Attack:
         an honest client's batch (`Knowledge.batch`; the cover's κ samples taken as the batch
         would make its rows about batch/κ times an honest client's) or, under
         ``--aggregation samples``, its summed loss (`Knowledge.honest_step`), each row held to
-        the protocol's ``--clip`` as an honest client's is). Everything it needs is what any
-        client holds, so a malicious Flower node computes the same norms as the simulator."""
+        the protocol's ``--clip`` as an honest client's is). It needs what any client holds and
+        the data set's published statistics (the batch, `fedrec.security.adversary.honest_batch`),
+        so a malicious Flower node computes the same norms as the simulator."""
         n = self.know.n_items
         pos = self.cover_items()
         free = np.setdiff1d(np.arange(n), pos)

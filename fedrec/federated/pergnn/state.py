@@ -385,6 +385,9 @@ class GNNAlgorithm(FederatedAlgorithm):
 
     #: its clients draw their own pseudo items (``--pad-items``, `_sent_rows`)
     pads_uploads = True
+    #: each client takes one step on the mean over all its samples, not on ``--batch-size`` of
+    #: them: an attacker's cover step is sized to that (`fedrec.security.adversary.honest_batch`)
+    whole_batch = True
     #: the key of the clients' own noise and pseudo rows (``--ldp``, ``--pad-items``): the
     #: run's seed in the simulator; a deployment's node draws its own, which the server cannot
     #: redraw (`fedrec.federated.pergnn.sides`)
