@@ -24,6 +24,10 @@ A folder's cells made under an earlier rule for the attacker's budget
 records (method, attack, factor, defence, seed, rounds, options), with ``--rerun-stale``:
 
     python benchmarks/attacks_rows.py --data-dir ../shared/data/ml-100k -o results/attacks-regula --rerun-stale
+
+It runs each cell with the code at hand: a folder kept as the record of earlier code (such as
+``results/attacks-fedpergnn-plain-layer/``, the graph layer averaged plainly under the rules at
+57936f8) is not one to run again.
 """
 
 from __future__ import annotations
