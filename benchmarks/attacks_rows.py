@@ -41,6 +41,7 @@ from fedrec.data import user_sets
 from fedrec.data.registry import REGISTRY
 from fedrec.errors import FedrecError, UnknownNameError
 from fedrec.experiment import content_at_hand, federated_config
+from fedrec.files import atomic_write
 from fedrec.reproduce.attacks import (
     MAIN_SHARE,
     POISON_METHODS,
@@ -73,7 +74,7 @@ def stale_cell(path: Path, blob: dict) -> dict:
     found = re.search(rf"-{re.escape(attack)}(?:-b([^-]+))?-{re.escape(blob['defence'])}-r(\d+)-s\d+\.json$",
                       path.name)
     if found is None:
-        raise ValueError(f"{path.name}: the name does not hold attack {attack!r} and defence {blob['defence']!r}")
+        raise ValueError(f"the name does not hold attack {attack!r} and defence {blob['defence']!r}")
     return {"method": blob["method"], "attack": attack, "boost": None if found[1] is None else float(found[1]),
             "defence": blob["defence"], "seed": blob["seed"], "share": blob["malicious"], "rounds": int(found[2]),
             "protocol": blob.get("protocol"), "model": blob.get("model") or {}, "engine": blob.get("engine") or {},
@@ -83,27 +84,27 @@ def stale_cell(path: Path, blob: dict) -> dict:
 def rerun_stale(out: Path, dataset: str, data_dir: str | None) -> None:
     """Run again, in place, each cell of ``out`` on ``dataset`` made under another budget rule;
     where a file records its config, the rebuilt one must match it (less the budget), else the
-    cell is left as it is and said."""
+    cell is left as it is and said, as is one whose name or run fails (one line each)."""
     from fedrec.reproduce.runner import config_changes
 
     content = content_at_hand(dataset, data_dir)
-    files = [f for f in sorted(out.glob("poison-*.json")) if budget_change(blob := json.loads(f.read_text()))
-             and blob.get("dataset", "ml-100k") == dataset]
-    print(f"{len(files)} cells of {out} on {dataset} made under another budget rule", flush=True)
-    for path in files:
-        blob = json.loads(path.read_text())
-        a = stale_cell(path, blob)
-        args = (a["method"], a["attack"], a["boost"], a["defence"], a["seed"], a["share"], a["rounds"], data_dir,
-                a["protocol"], a["model"], a["engine"], a["dataset"])
-        if "config" in blob and (changes := config_changes(blob["config"], poison_config(*args))):
-            print(f"left {path.name}: its run is not rebuilt from the file ({changes})", flush=True)
+    blobs = {f: json.loads(f.read_text()) for f in sorted(out.glob("poison-*.json"))}
+    stale = {f: b for f, b in blobs.items() if budget_change(b) and b.get("dataset", "ml-100k") == dataset}
+    print(f"{len(stale)} cells of {out} on {dataset} made under another budget rule", flush=True)
+    for path, blob in stale.items():
+        try:
+            a = stale_cell(path, blob)
+            args = (a["method"], a["attack"], a["boost"], a["defence"], a["seed"], a["share"], a["rounds"],
+                    data_dir, a["protocol"], a["model"], a["engine"], a["dataset"])
+            if "config" in blob and (changes := config_changes(blob["config"], poison_config(*args))):
+                raise ValueError(f"its run is not rebuilt from the file ({changes})")
+            new = poison_run(*args)
+        except (ValueError, FedrecError) as e:
+            print(f"left {path.name}: {e}", flush=True)
             continue
-        new = poison_run(*args)
         if content is not None and new["data"]["source"].get("content") not in (None, content):
             raise SystemExit(f"{path.name}: the run read other events than the copy at hand")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(new, indent=1))
-        tmp.replace(path)
+        atomic_write(path, lambda tmp, new=new: Path(tmp).write_text(json.dumps(new, indent=1)))
         print(path.name, {k: (blob.get(k), new.get(k)) for k in ("er@10", "hr@10")}, flush=True)
 
 

@@ -756,7 +756,11 @@ def test_cells_of_an_earlier_budget_rule_are_run_again_in_place_from_what_they_r
     current = tmp_path / "poison-synthetic:60x300-fedmf-pieck-ipe-b10-none-r2-s0.json"
     current.write_text(json.dumps({"method": "fedmf", "attack": "pieck-ipe x10", "defence": "none", "seed": 0,
                                    "malicious": 0.1, "dataset": data, "budget_rule": BUDGET_RULE, "er@10": -1.0}))
+    odd = tmp_path / "poison-synthetic:60x300-fedmf-renamed.json"  # a name that does not hold its run
+    odd.write_text(json.dumps({"method": "fedmf", "attack": "fedrecattack x10", "defence": "none", "seed": 0,
+                               "malicious": 0.1, "dataset": data, "hr@10": -1.0}))
     rerun_stale(tmp_path, data, None)
+    assert json.loads(odd.read_text())["hr@10"] == -1.0  # left as it is, with a line
     for name, made in fresh.items():
         blob = json.loads((tmp_path / name).read_text())
         if made["attack"] == "none":
