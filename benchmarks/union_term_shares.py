@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from fedrec.experiment import RunConfig, federated_config, train
+from fedrec.security.attacks import BUDGET_RULE
 
 SETTINGS = {"none": {}, "filter": {"defence": "union"},
             "full": {"defence": "union", "client_objective": "union"}}
@@ -42,6 +43,7 @@ def main() -> None:
         res = train(cfg).result
         last = res.history[-1].extra
         blob = {"attack": attack, "malicious": share, "setting": setting, "rounds": args.rounds,
+                **({} if attack == "clean" else {"budget_rule": BUDGET_RULE}),
                 "hr@10": res.test.get("hr@10"), "ndcg@10": res.test.get("ndcg@10"),
                 **{k: last[k] for k in ("flagged", "flag_precision", "flag_recall") if k in last},
                 "flag_recall_by_round": [h.extra.get("flag_recall") for h in res.history]}
